@@ -1,0 +1,146 @@
+//! A pipelined RPC connection to one insitu endpoint (a shard or the coordinator).
+//!
+//! Requests get increasing ids; a reader task matches responses to callers by
+//! id, so many requests can be in flight on one TCP connection. Reading and
+//! writing run in separate tasks so a large request and a large response can
+//! never wait on each other.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use insitu_protocol::{decode_response, encode_request, FrameCodec, FrameKind, ProtocolError, Request, Response, Status};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+
+/// A reply whose body is still encoded; `decode` borrows from it.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: Status,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn decode(&self) -> Result<Response<'_>, RpcError> {
+        decode_response(&self.body).map_err(RpcError::Protocol)
+    }
+
+    /// The error message of a non-Ok reply (empty if the body is not an error).
+    pub fn error_message(&self) -> String {
+        match self.decode() {
+            Ok(Response::Error { message }) => message,
+            _ => String::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: String, source: std::io::Error },
+    #[error("connection to {0} closed")]
+    Closed(String),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("protocol: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
+
+/// One connection. Cheap to clone; clones share the socket.
+#[derive(Clone)]
+pub struct RpcConn {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: String,
+    next_id: AtomicU64,
+    pending: Pending,
+    /// Encoded frames to the writer task.
+    tx: mpsc::UnboundedSender<BytesMut>,
+    closed: Arc<AtomicBool>,
+}
+
+impl RpcConn {
+    pub async fn connect(addr: &str) -> Result<RpcConn, RpcError> {
+        let stream = TcpStream::connect(addr).await.map_err(|source| RpcError::Connect { addr: addr.to_string(), source })?;
+        stream.set_nodelay(true).ok();
+        let (read_half, mut write_half) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let closed = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = mpsc::unbounded_channel::<BytesMut>();
+
+        let closed_w = closed.clone();
+        tokio::spawn(async move {
+            while let Some(mut buf) = rx.recv().await {
+                // Coalesce whatever else is queued into one write.
+                while let Ok(more) = rx.try_recv() {
+                    buf.extend_from_slice(&more);
+                    if buf.len() > 1 << 20 {
+                        break;
+                    }
+                }
+                if write_half.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+            closed_w.store(true, Ordering::Release);
+        });
+
+        let pending_r = pending.clone();
+        let closed_r = closed.clone();
+        tokio::spawn(async move {
+            let mut frames = FramedRead::new(read_half, FrameCodec::default());
+            while let Some(Ok(frame)) = frames.next().await {
+                if frame.header.kind != FrameKind::Response {
+                    break;
+                }
+                let waiter = pending_r.lock().expect("pending map").remove(&frame.header.request_id);
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(Reply { status: frame.header.status, body: frame.body.freeze() });
+                }
+            }
+            closed_r.store(true, Ordering::Release);
+            // Dropping the senders wakes every waiter with "closed".
+            pending_r.lock().expect("pending map").clear();
+        });
+
+        Ok(RpcConn { inner: Arc::new(Inner { addr: addr.to_string(), next_id: AtomicU64::new(1), pending, tx, closed }) })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Send one request and wait for its reply.
+    pub async fn call(&self, request: &Request<'_>) -> Result<Reply, RpcError> {
+        let mut buf = BytesMut::new();
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        encode_request(&mut buf, id, request)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        self.inner.pending.lock().expect("pending map").insert(id, reply_tx);
+        if self.is_closed() || self.inner.tx.send(buf).is_err() {
+            self.inner.pending.lock().expect("pending map").remove(&id);
+            return Err(RpcError::Closed(self.inner.addr.clone()));
+        }
+        reply_rx.await.map_err(|_| RpcError::Closed(self.inner.addr.clone()))
+    }
+
+    /// `call` with a deadline.
+    pub async fn call_timeout(&self, request: &Request<'_>, timeout: Duration) -> Result<Reply, RpcError> {
+        tokio::time::timeout(timeout, self.call(request)).await.map_err(|_| RpcError::Timeout(timeout))?
+    }
+}
