@@ -1,14 +1,125 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! insitu storage server: one single-threaded event loop per shard (core).
+//!
+//! Each shard owns an `Engine` and the tablets assigned to it outright, and
+//! listens on its own port, so a request never crosses threads and the data
+//! path takes no lock (see ARCHITECTURE.md, "Storage server").
+
+mod conn;
+mod handler;
+mod migrate;
+mod shard;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+use anyhow::{bail, Context};
+use insitu_client::rpc::RpcConn;
+use insitu_engine::EngineConfig;
+use insitu_protocol::{Request, Response};
+use tokio::sync::watch;
+
+/// How a storage server is started.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Coordinator address, "host:port".
+    pub coordinator: String,
+    /// Address the shards bind and advertise.
+    pub host: String,
+    /// Port of shard 0; shard i listens on `base_port + i`. 0 = any free ports.
+    pub base_port: u16,
+    /// Number of shards (event-loop threads). Default: the number of cores.
+    pub shards: usize,
+    /// Data directory (segment replicas will live here).
+    pub dir: PathBuf,
+    /// Engine settings; `memory_budget_bytes` is for the whole server and is split evenly over the shards.
+    pub engine: EngineConfig,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl ServerConfig {
+    pub fn new(coordinator: impl Into<String>, dir: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            coordinator: coordinator.into(),
+            host: "127.0.0.1".into(),
+            base_port: 0,
+            shards: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            dir: dir.into(),
+            engine: EngineConfig::default(),
+        }
     }
+}
+
+/// A running server. Dropping it does not stop it; call `shutdown`.
+pub struct ServerHandle {
+    /// Id the coordinator assigned at enlistment.
+    pub server_id: u64,
+    /// One address per shard, in shard order (what the coordinator publishes).
+    pub shard_addrs: Vec<SocketAddr>,
+    stop: watch::Sender<bool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Stop every shard's event loop and wait for the threads to end.
+    pub fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Bind every shard, start their threads, and enlist with the coordinator.
+pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
+    if config.shards == 0 || config.shards > 256 {
+        bail!("--shards must be between 1 and 256, got {}", config.shards);
+    }
+    std::fs::create_dir_all(&config.dir).with_context(|| format!("cannot create data directory {}", config.dir.display()))?;
+    let mut engine_config = config.engine.clone();
+    engine_config.memory_budget_bytes = (config.engine.memory_budget_bytes / config.shards).max(config.engine.segment_bytes);
+    // Fail early, with the engine's own message, on an inconsistent configuration.
+    insitu_engine::Engine::new(engine_config.clone()).map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut listeners = Vec::with_capacity(config.shards);
+    for i in 0..config.shards {
+        let port = if config.base_port == 0 { 0 } else { config.base_port.checked_add(i as u16).context("port out of range")? };
+        let addr = format!("{}:{}", config.host, port);
+        let l = std::net::TcpListener::bind(&addr).with_context(|| format!("shard {i}: cannot listen on {addr}"))?;
+        l.set_nonblocking(true)?;
+        listeners.push(l);
+    }
+    let shard_addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let mut threads = Vec::with_capacity(config.shards);
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let engine_config = engine_config.clone();
+        let stop = stop_rx.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("insitu-shard-{i}"))
+            .spawn(move || shard::run_shard(i, listener, engine_config, stop))
+            .context("cannot start shard thread")?;
+        threads.push(t);
+    }
+
+    let enlist = async {
+        let conn = RpcConn::connect(&config.coordinator).await?;
+        let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
+        let reply = conn.call(&Request::Enlist { shard_addrs: addrs }).await?;
+        match reply.decode()? {
+            Response::Enlisted { server_id } => Ok::<u64, anyhow::Error>(server_id),
+            other => bail!("coordinator refused enlistment: {} {:?}", reply.status, other),
+        }
+    };
+    let server_id = match enlist.await {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(e.context(format!("cannot enlist with the coordinator at {}", config.coordinator)));
+        }
+    };
+    tracing::info!(server_id, ?shard_addrs, "storage server enlisted");
+    Ok(ServerHandle { server_id, shard_addrs, stop: stop_tx, threads })
 }

@@ -1,0 +1,321 @@
+//! Request dispatch: decode, check the tablet's state, run on the engine,
+//! encode the reply into the connection's output buffer.
+
+use bytes::BytesMut;
+use insitu_engine::{key_hash, EngineError, HashRange, ObjectRef};
+use insitu_protocol::{
+    blob, decode_request, encode_error, encode_response, frame::MAX_BODY_BYTES, Number, Object, ReadResult, RejectRules, Request,
+    Response, ShardStats, Status, TabletState, TabletStat, WriteResult,
+};
+
+use crate::shard::{ShardState, TabletMeta};
+
+/// Bytes kept free in a reply for framing and per-entry overhead.
+const REPLY_SLACK_BYTES: usize = 64 * 1024;
+/// Most items one multi-operation request may carry.
+pub const MAX_MULTI_ITEMS: usize = 100_000;
+
+pub fn engine_status(e: &EngineError) -> Status {
+    match e {
+        EngineError::UnknownTablet => Status::UnknownTablet,
+        EngineError::OutOfMemory => Status::OutOfMemory,
+        EngineError::KeyTooLarge { .. } => Status::KeyTooLarge,
+        EngineError::ValueTooLarge { .. } => Status::ValueTooLarge,
+        EngineError::EmptyKey => Status::EmptyKey,
+        EngineError::ObjectExists { .. } => Status::ObjectExists,
+        EngineError::ObjectDoesntExist => Status::ObjectDoesntExist,
+        EngineError::WrongVersion { .. } => Status::WrongVersion,
+        EngineError::NotANumber { .. } => Status::NotANumber,
+        EngineError::BadTablet(_) => Status::BadRequest,
+    }
+}
+
+fn rules(r: &RejectRules) -> insitu_engine::RejectRules {
+    insitu_engine::RejectRules {
+        exists: r.exists,
+        doesnt_exist: r.doesnt_exist,
+        version_le_given: r.version_le_given,
+        version_ne_given: r.version_ne_given,
+        given_version: r.given_version,
+    }
+}
+
+/// Whether this shard may serve `key` of `table` now. Ok(()) to go on.
+#[inline]
+fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), Status> {
+    if state.unusual_tablets.get() == 0 {
+        return Ok(()); // every tablet here is plainly serving; the engine answers UnknownTablet itself
+    }
+    let hash = key_hash(table, key);
+    let engine = state.engine.borrow();
+    let Some(range) = engine.tablet_for(table, hash) else { return Err(Status::UnknownTablet) };
+    match state.tablets.borrow().get(&(table, range.start)) {
+        Some(m) if write && !m.serves_writes() => Err(Status::Retry),
+        Some(m) if !m.serves_reads() => Err(Status::Retry),
+        Some(_) => Ok(()),
+        None => Err(Status::UnknownTablet),
+    }
+}
+
+fn reply_engine_error(out: &mut BytesMut, id: u64, e: &EngineError) {
+    encode_error(out, id, engine_status(e), e.to_string());
+}
+
+fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
+    if let Err(e) = encode_response(out, id, Status::Ok, response) {
+        encode_error(out, id, Status::Internal, format!("cannot encode reply: {e}"));
+    }
+}
+
+pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) {
+    let request = match decode_request(body) {
+        Ok(r) => r,
+        Err(e) => return encode_error(out, id, Status::BadRequest, format!("cannot decode request: {e}")),
+    };
+    match request {
+        Request::Ping => reply(out, id, &Response::Pong),
+        Request::Read { table, key } => {
+            if let Err(s) = admit(state, table, key, false) {
+                return encode_error(out, id, s, s.to_string());
+            }
+            let engine = state.engine.borrow();
+            match engine.read(table, key) {
+                Ok(obj) => reply(out, id, &Response::Read { version: obj.version, value: blob(obj.value) }),
+                Err(e) => reply_engine_error(out, id, &e),
+            }
+        }
+        Request::Write { table, key, value, rules: r } => {
+            if let Err(s) = admit(state, table, key, true) {
+                return encode_error(out, id, s, s.to_string());
+            }
+            let result = state.engine.borrow_mut().write(table, key, value, &rules(&r));
+            match result {
+                Ok(version) => reply(out, id, &Response::Written { version }),
+                Err(e) => reply_engine_error(out, id, &e),
+            }
+        }
+        Request::Remove { table, key, rules: r } => {
+            if let Err(s) = admit(state, table, key, true) {
+                return encode_error(out, id, s, s.to_string());
+            }
+            let result = state.engine.borrow_mut().remove(table, key, &rules(&r));
+            match result {
+                Ok(version) => reply(out, id, &Response::Removed { version }),
+                Err(e) => reply_engine_error(out, id, &e),
+            }
+        }
+        Request::Increment { table, key, delta, rules: r } => {
+            if let Err(s) = admit(state, table, key, true) {
+                return encode_error(out, id, s, s.to_string());
+            }
+            let mut engine = state.engine.borrow_mut();
+            let result = match delta {
+                Number::I64(d) => engine.increment_i64(table, key, d, &rules(&r)).map(|(v, ver)| (Number::I64(v), ver)),
+                Number::F64(d) => engine.increment_f64(table, key, d, &rules(&r)).map(|(v, ver)| (Number::F64(v), ver)),
+            };
+            match result {
+                Ok((value, version)) => reply(out, id, &Response::Incremented { value, version }),
+                Err(e) => reply_engine_error(out, id, &e),
+            }
+        }
+        Request::MultiRead { table, keys } => multi_read(state, id, table, &keys, out),
+        Request::MultiWrite { table, items } => {
+            if items.len() > MAX_MULTI_ITEMS {
+                return encode_error(out, id, Status::BadRequest, format!("{} items exceed the limit of {MAX_MULTI_ITEMS}", items.len()));
+            }
+            let mut results = Vec::with_capacity(items.len());
+            for (key, value) in items {
+                results.push(match admit(state, table, key, true) {
+                    Err(status) => WriteResult { status, version: 0 },
+                    Ok(()) => match state.engine.borrow_mut().write(table, key, value, &insitu_engine::RejectRules::default()) {
+                        Ok(version) => WriteResult { status: Status::Ok, version },
+                        Err(e) => WriteResult { status: engine_status(&e), version: 0 },
+                    },
+                });
+            }
+            reply(out, id, &Response::MultiWrite { results })
+        }
+        Request::MultiRemove { table, keys } => {
+            if keys.len() > MAX_MULTI_ITEMS {
+                return encode_error(out, id, Status::BadRequest, format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()));
+            }
+            let mut results = Vec::with_capacity(keys.len());
+            for key in keys {
+                results.push(match admit(state, table, key, true) {
+                    Err(status) => WriteResult { status, version: 0 },
+                    Ok(()) => match state.engine.borrow_mut().remove(table, key, &insitu_engine::RejectRules::default()) {
+                        Ok(version) => WriteResult { status: Status::Ok, version },
+                        Err(e) => WriteResult { status: engine_status(&e), version: 0 },
+                    },
+                });
+            }
+            reply(out, id, &Response::MultiRemove { results })
+        }
+        Request::Enumerate { table, tablet_start, from_hash, max_bytes } => enumerate(state, id, table, tablet_start, from_hash, max_bytes, out),
+        Request::ShardStats => {
+            let engine = state.engine.borrow();
+            let mem = engine.memory();
+            let tablets = engine
+                .tablets()
+                .into_iter()
+                .map(|t| TabletStat {
+                    table: t.table,
+                    start_hash: t.range.start,
+                    end_hash: t.range.end,
+                    objects: t.object_count,
+                    live_bytes: t.live_bytes,
+                    segment_bytes: t.segment_bytes,
+                })
+                .collect();
+            reply(
+                out,
+                id,
+                &Response::ShardStats(ShardStats {
+                    tablets,
+                    memory_budget_bytes: mem.budget_bytes,
+                    segment_bytes: mem.segment_bytes,
+                    live_bytes: mem.live_bytes,
+                }),
+            )
+        }
+        Request::TakeTablet { table, start_hash, end_hash, map_version, state: tablet_state } => {
+            let Some(range) = HashRange::new(start_hash, end_hash) else {
+                return encode_error(out, id, Status::BadRequest, "tablet range start > end");
+            };
+            let exists = state.tablets.borrow().contains_key(&(table, start_hash));
+            if !exists {
+                if let Err(e) = state.engine.borrow_mut().create_tablet(table, range) {
+                    return reply_engine_error(out, id, &e);
+                }
+            }
+            // Taking a tablet we hold re-activates it (and un-freezes an aborted move).
+            let meta = TabletMeta { map_version, state: tablet_state, frozen: false };
+            state.tablets.borrow_mut().insert((table, start_hash), meta);
+            state.recount_unusual();
+            tracing::info!(shard = state.index, table, start_hash, end_hash, ?tablet_state, "took tablet");
+            reply(out, id, &Response::Done)
+        }
+        Request::DropTablet { table, start_hash } => {
+            state.tablets.borrow_mut().remove(&(table, start_hash));
+            state.engine.borrow_mut().drop_tablet(table, start_hash);
+            state.recount_unusual();
+            tracing::info!(shard = state.index, table, start_hash, "dropped tablet");
+            reply(out, id, &Response::Done)
+        }
+        Request::ActivateTablet { table, start_hash, map_version } => {
+            let found = match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
+                Some(m) => {
+                    m.state = TabletState::Active;
+                    m.frozen = false;
+                    m.map_version = map_version;
+                    true
+                }
+                None => false,
+            };
+            state.recount_unusual();
+            if found {
+                reply(out, id, &Response::Done)
+            } else {
+                encode_error(out, id, Status::UnknownTablet, "no such tablet on this shard")
+            }
+        }
+        Request::MigrateTablet { table, start_hash, dest_addr } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr).await {
+            Ok(()) => reply(out, id, &Response::Done),
+            Err((status, message)) => encode_error(out, id, status, message),
+        },
+        Request::MigrateBatch { table, start_hash, next_version, objects } => {
+            match crate::migrate::install_batch(state, table, start_hash, next_version, &objects) {
+                Ok(()) => reply(out, id, &Response::Done),
+                Err((status, message)) => encode_error(out, id, status, message),
+            }
+        }
+        Request::Enlist { .. }
+        | Request::CreateTable { .. }
+        | Request::DropTable { .. }
+        | Request::OpenTable { .. }
+        | Request::TableMap { .. }
+        | Request::ListTables
+        | Request::ListServers
+        | Request::MoveTablet { .. } => encode_error(out, id, Status::BadRequest, "this is a storage server; send metadata requests to the coordinator"),
+    }
+}
+
+fn multi_read(state: &ShardState, id: u64, table: u64, keys: &[insitu_protocol::Blob<'_>], out: &mut BytesMut) {
+    if keys.len() > MAX_MULTI_ITEMS {
+        return encode_error(out, id, Status::BadRequest, format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()));
+    }
+    let engine = state.engine.borrow();
+    let budget = MAX_BODY_BYTES - REPLY_SLACK_BYTES;
+    let mut used = 0usize;
+    let mut results = Vec::with_capacity(keys.len());
+    let empty = blob(&[]);
+    for key in keys {
+        // Per-entry overhead of the encoding: status, version varint, length varint.
+        if used + 24 > budget {
+            results.push(ReadResult { status: Status::Truncated, version: 0, value: empty });
+            continue;
+        }
+        if let Err(status) = admit(state, table, key, false) {
+            results.push(ReadResult { status, version: 0, value: empty });
+            used += 24;
+            continue;
+        }
+        match engine.read(table, key) {
+            Ok(obj) if used + 24 + obj.value.len() > budget => {
+                results.push(ReadResult { status: Status::Truncated, version: 0, value: empty });
+                used = budget; // keep order: nothing after a truncated key is served
+            }
+            Ok(obj) => {
+                used += 24 + obj.value.len();
+                results.push(ReadResult { status: Status::Ok, version: obj.version, value: blob(obj.value) });
+            }
+            Err(e) => {
+                used += 24;
+                results.push(ReadResult { status: engine_status(&e), version: 0, value: empty });
+            }
+        }
+    }
+    reply(out, id, &Response::MultiRead { results })
+}
+
+fn enumerate(state: &ShardState, id: u64, table: u64, tablet_start: u64, from_hash: u64, max_bytes: u32, out: &mut BytesMut) {
+    if let Some(m) = state.tablets.borrow().get(&(table, tablet_start)) {
+        if !m.serves_reads() {
+            return encode_error(out, id, Status::Retry, "tablet is being moved");
+        }
+    }
+    let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
+    let engine = state.engine.borrow();
+    // Objects at or after the cursor, in hash order. O(n log n) per batch:
+    // fine for scans of modest tables; pushdown scans do not use this path.
+    // Owned copies: the engine lends objects only for the visit.
+    let mut found: Vec<(u64, Vec<u8>, Vec<u8>, u64)> = Vec::new();
+    let visited = engine.for_each_index(table, tablet_start, |obj: ObjectRef<'_>| {
+        let h = key_hash(table, obj.key);
+        if h >= from_hash {
+            found.push((h, obj.key.to_vec(), obj.value.to_vec(), obj.version));
+        }
+    });
+    if let Err(e) = visited {
+        return reply_engine_error(out, id, &e);
+    }
+    found.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    let mut used = 0usize;
+    let mut objects = Vec::new();
+    let mut next_hash = None;
+    let mut i = 0;
+    while i < found.len() {
+        let (h, ref key, ref value, version) = found[i];
+        let size = key.len() + value.len() + 24;
+        // Never cut between objects that share a hash: the cursor is a hash.
+        let same_as_last = i > 0 && found[i - 1].0 == h;
+        if !objects.is_empty() && !same_as_last && used + size > max_bytes {
+            next_hash = Some(h);
+            break;
+        }
+        used += size;
+        objects.push(Object { key: blob(key), value: blob(value), version });
+        i += 1;
+    }
+    reply(out, id, &Response::Enumerate { objects, next_hash })
+}

@@ -1,0 +1,117 @@
+//! One shard: a thread with a single-threaded tokio runtime that owns an
+//! `Engine` and every connection made to its port.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use insitu_engine::{Engine, EngineConfig};
+use insitu_protocol::TabletState;
+use tokio::sync::watch;
+
+/// Connections one shard accepts at once; more are refused (closed) so a
+/// flood cannot exhaust file descriptors or memory.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// What the shard knows about a tablet beyond what the engine stores.
+#[derive(Clone, Copy, Debug)]
+pub struct TabletMeta {
+    /// Map version of the assignment; requests naming another are refused (pushdown ops).
+    pub map_version: u64,
+    pub state: TabletState,
+    /// Writes are refused with Retry while the tablet is being copied away.
+    pub frozen: bool,
+}
+
+impl TabletMeta {
+    pub fn serves_reads(&self) -> bool {
+        self.state == TabletState::Active
+    }
+    pub fn serves_writes(&self) -> bool {
+        self.state == TabletState::Active && !self.frozen
+    }
+}
+
+/// Everything one shard owns. Shared by its connection tasks through `Rc`:
+/// they all run on this thread, and no borrow is held across an `.await`.
+pub struct ShardState {
+    pub index: usize,
+    pub engine: RefCell<Engine>,
+    /// (table, start_hash) -> meta.
+    pub tablets: RefCell<HashMap<(u64, u64), TabletMeta>>,
+    /// Tablets not plainly serving (receiving or frozen). While zero, the
+    /// hot path skips the per-request state check.
+    pub unusual_tablets: Cell<usize>,
+    pub connections: Cell<usize>,
+}
+
+impl ShardState {
+    pub fn recount_unusual(&self) {
+        let n = self.tablets.borrow().values().filter(|m| !m.serves_writes()).count();
+        self.unusual_tablets.set(n);
+    }
+}
+
+pub fn run_shard(index: usize, listener: std::net::TcpListener, engine_config: EngineConfig, mut stop: watch::Receiver<bool>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(shard = index, "cannot build runtime: {e}");
+            return;
+        }
+    };
+    let engine = match Engine::new(engine_config) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(shard = index, "cannot create engine: {e}");
+            return;
+        }
+    };
+    let state = Rc::new(ShardState {
+        index,
+        engine: RefCell::new(engine),
+        tablets: RefCell::new(HashMap::new()),
+        unusual_tablets: Cell::new(0),
+        connections: Cell::new(0),
+    });
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(shard = index, "cannot register listener: {e}");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(s) => s,
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            tracing::warn!(shard = index, "accept failed: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    if state.connections.get() >= MAX_CONNECTIONS {
+                        tracing::warn!(shard = index, %peer, "connection limit reached; refusing");
+                        drop(stream);
+                        continue;
+                    }
+                    let _ = stream.set_nodelay(true);
+                    let state = state.clone();
+                    state.connections.set(state.connections.get() + 1);
+                    tokio::task::spawn_local(async move {
+                        if let Err(e) = crate::conn::serve(stream, &state).await {
+                            tracing::debug!(shard = index, %peer, "connection closed: {e}");
+                        }
+                        state.connections.set(state.connections.get() - 1);
+                    });
+                }
+            }
+        }
+    });
+}
