@@ -1,14 +1,176 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The insitu coordinator: cluster membership, tables and the tablet map.
+//!
+//! Start it with [`start`] on a bound listener; it serves the metadata
+//! requests of `insitu_protocol` (Enlist, CreateTable, DropTable, OpenTable,
+//! TableMap, ListTables, ListServers, MoveTablet, Ping) and drives storage
+//! shards with the control requests (TakeTablet, DropTablet, MigrateTablet,
+//! ActivateTablet).
+//!
+//! Metadata is durable in `DIR/coordinator.redb`; the layout is documented in
+//! the `store` module. Every change is one redb write transaction, committed
+//! before the reply. The global map version increases on every create, drop
+//! and move (and never goes back, across restarts too); each tablet records the
+//! version of its last assignment.
+//!
+//! # Placement
+//! A new table's hash space is split evenly; tablet `i` goes to slot
+//! `i % slots`, where the slots are shard 0 of every server (by id), then
+//! shard 1 of every server, and so on.
+//!
+//! # Moving a tablet (MoveTablet), one move at a time
+//! 1. `TakeTablet{state: Receiving, map_version: old}` on the destination shard
+//!    (the destination server's shard with the fewest tablets).
+//! 2. `MigrateTablet{dest_addr}` on the source shard: it freezes writes to the
+//!    tablet (clients get `Retry`), streams its objects to the destination and
+//!    replies once the destination holds them all.
+//! 3. Bump the global map version and commit the new owner.
+//! 4. `ActivateTablet{map_version: new}` on the destination.
+//! 5. `DropTablet` on the source (best effort: a failure is logged).
+//!
+//! If 1 or 2 fails, the destination's copy is dropped and the source is told
+//! to serve again with `TakeTablet{state: Active, map_version: old}` (the
+//! storage server treats TakeTablet Active on a tablet it holds as
+//! "un-freeze / activate with this version"). If 4 is refused, the owner goes
+//! back to the source under a new version (the destination never served, so
+//! the frozen source copy is complete); if 4 gets no reply at all, nothing is
+//! dropped and an error is returned. The reply to a move is the table's new
+//! map (`Response::Table`).
+
+mod conn;
+mod model;
+mod service;
+mod shards;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::BytesMut;
+use insitu_protocol::{Status, encode_error};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::service::Coordinator;
+use crate::store::Store;
+
+pub use crate::store::DB_FILE;
+
+/// At most this many client connections are served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+pub struct CoordinatorConfig {
+    /// Directory of the metadata database (`coordinator.redb`); created if missing.
+    pub dir: std::path::PathBuf,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub struct CoordinatorHandle {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl CoordinatorHandle {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
+
+    /// Stop accepting, close connections, flush metadata; resolves when done.
+    ///
+    /// A request being handled is finished first (its reply is sent), so a
+    /// move in progress completes or is undone before this returns.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        if let Err(e) = self.task.await {
+            error!("coordinator task failed: {e}");
+        }
+    }
+}
+
+/// Open the metadata in `config.dir` and serve on `listener` in background
+/// tasks on the current tokio runtime.
+pub async fn start(
+    config: CoordinatorConfig,
+    listener: TcpListener,
+) -> anyhow::Result<CoordinatorHandle> {
+    let addr = listener
+        .local_addr()
+        .context("coordinator listener has no local address")?;
+    let dir: PathBuf = config.dir;
+    let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
+        .await
+        .context("opening the metadata database")??;
+    info!(
+        %addr,
+        tables = model.tables.len(),
+        servers = model.servers.len(),
+        map_version = model.map_version,
+        "coordinator started"
+    );
+    let coordinator = Arc::new(Coordinator::new(store, model));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(accept_loop(listener, coordinator, shutdown.clone()));
+    Ok(CoordinatorHandle {
+        addr,
+        shutdown,
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    coordinator: Arc<Coordinator>,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(done) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(e) = done {
+                    error!("a connection task failed: {e}");
+                }
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match permits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let coordinator = coordinator.clone();
+                        let shutdown = shutdown.clone();
+                        connections.spawn(async move {
+                            conn::serve(coordinator, stream, shutdown).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        warn!(%peer, "refusing a connection: {MAX_CONNECTIONS} connections are open");
+                        let mut out = BytesMut::new();
+                        encode_error(&mut out, 0, Status::Retry, format!("too many connections (limit {MAX_CONNECTIONS})"));
+                        // Best effort, never blocks: the socket buffer takes a small frame.
+                        let _ = stream.try_write(&out);
+                        drop(stream);
+                    }
+                },
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    // Connections see the cancellation, finish the request in hand and close.
+    while let Some(done) = connections.join_next().await {
+        if let Err(e) = done {
+            error!("a connection task failed: {e}");
+        }
+    }
+    coordinator.close().await;
+    info!("coordinator stopped");
 }

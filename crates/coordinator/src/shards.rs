@@ -1,0 +1,91 @@
+//! Calls from the coordinator to storage shards: one cached `RpcConn` per address.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use insitu_client::rpc::RpcConn;
+use insitu_protocol::{Request, Status};
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Take / drop / activate a tablet: quick operations on the shard.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A migration copies a whole tablet; give it time.
+pub const MIGRATE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a call to a shard failed.
+#[derive(Debug, Clone)]
+pub enum CallError {
+    /// No reply: connect failure, closed connection, timeout. The shard may
+    /// or may not have acted on the request.
+    Transport(String),
+    /// The shard replied with an error status: it did not do it.
+    Rejected(Status, String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Transport(e) => write!(f, "{e}"),
+            CallError::Rejected(status, message) if message.is_empty() => {
+                write!(f, "refused: {status}")
+            }
+            CallError::Rejected(status, message) => write!(f, "refused: {status}: {message}"),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct ShardPool {
+    conns: Mutex<HashMap<String, RpcConn>>,
+}
+
+impl ShardPool {
+    async fn conn(&self, addr: &str) -> Result<RpcConn, CallError> {
+        {
+            let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(conn) = conns.get(addr)
+                && !conn.is_closed()
+            {
+                return Ok(conn.clone());
+            }
+        }
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+            .await
+            .map_err(|_| {
+                CallError::Transport(format!(
+                    "cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"
+                ))
+            })?
+            .map_err(|e| CallError::Transport(e.to_string()))?;
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr.to_string(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Call `addr` and expect an Ok reply (whose body is ignored).
+    pub async fn call(
+        &self,
+        addr: &str,
+        request: &Request<'_>,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        let conn = self.conn(addr).await?;
+        let reply = conn
+            .call_timeout(request, timeout)
+            .await
+            .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
+        if reply.status.is_ok() {
+            Ok(())
+        } else {
+            Err(CallError::Rejected(reply.status, reply.error_message()))
+        }
+    }
+
+    /// Forget every connection (their tasks end when the peers close).
+    pub fn clear(&self) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}

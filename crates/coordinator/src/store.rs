@@ -1,0 +1,218 @@
+//! Durable metadata: an embedded redb database at `DIR/coordinator.redb`.
+//!
+//! # Layout (redb tables)
+//!
+//! | redb table | key                          | value                                                      |
+//! |------------|------------------------------|------------------------------------------------------------|
+//! | `counters` | `&str` counter name          | `u64`                                                      |
+//! | `servers`  | `u64` server id              | `Vec<&str>`: one `host:port` per shard, by shard index     |
+//! | `tables`   | `u64` table id               | `&str` table name                                          |
+//! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
+//!
+//! Counters:
+//! - `layout_version`: version of this layout (currently 1); a database with
+//!   another value is refused.
+//! - `next_table_id`, `next_server_id`: the next id to hand out (ids start at
+//!   1 and are never reused, even when a create fails or a table is dropped).
+//! - `map_version`: the global tablet-map version, bumped by every create,
+//!   drop and move; it never goes back.
+//!
+//! A table's tablets are rows `(table id, 0..n)`, ordered by index, which is
+//! also the order of `start_hash`; together they cover `0..=u64::MAX`.
+//! A tablet's `map_version` is the global version at its last assignment.
+//!
+//! Every metadata change is one write transaction (`Store::commit`), committed
+//! with redb's default durability (fsync) before the coordinator replies.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::model::{MAP_VERSION, Model, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, Table, Tablet};
+
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+const SERVERS: TableDefinition<u64, Vec<&str>> = TableDefinition::new("servers");
+const TABLES: TableDefinition<u64, &str> = TableDefinition::new("tables");
+/// `(table id, index)`.
+type TabletKey = (u64, u32);
+/// `(start_hash, end_hash, server_id, shard, map_version)`.
+type TabletRow = (u64, u64, u64, u32, u64);
+const TABLETS: TableDefinition<TabletKey, TabletRow> = TableDefinition::new("tablets");
+
+const LAYOUT_VERSION: &str = "layout_version";
+const LAYOUT: u64 = 1;
+
+pub const DB_FILE: &str = "coordinator.redb";
+
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    /// Open (or create) the database in `dir` and load the whole model.
+    /// Blocking: call from a blocking thread.
+    pub fn open(dir: &Path) -> anyhow::Result<(Store, Model)> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating coordinator directory {}", dir.display()))?;
+        let path = dir.join(DB_FILE);
+        let db = Database::builder()
+            // A damaged file is reported as an error instead of being trusted.
+            .set_check_integrity_on_open(true)
+            .create(&path)
+            .with_context(|| format!("opening coordinator metadata {}", path.display()))?;
+        let store = Store { db };
+        store
+            .init()
+            .with_context(|| format!("initialising {}", path.display()))?;
+        let model = store
+            .load()
+            .with_context(|| format!("loading coordinator metadata from {}", path.display()))?;
+        Ok((store, model))
+    }
+
+    /// Create the redb tables and the layout version if this is a new database.
+    fn init(&self) -> anyhow::Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut counters = txn.open_table(COUNTERS)?;
+            let layout = counters.get(LAYOUT_VERSION)?.map(|v| v.value());
+            match layout {
+                None => {
+                    counters.insert(LAYOUT_VERSION, LAYOUT)?;
+                }
+                Some(LAYOUT) => {}
+                Some(other) => bail!(
+                    "metadata layout version {other} is not supported (this coordinator reads version {LAYOUT})"
+                ),
+            }
+            txn.open_table(SERVERS)?;
+            txn.open_table(TABLES)?;
+            txn.open_table(TABLETS)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    fn load(&self) -> anyhow::Result<Model> {
+        let txn = self.db.begin_read()?;
+        let mut model = Model::empty();
+
+        let counters = txn.open_table(COUNTERS)?;
+        let counter = |name: &str| -> anyhow::Result<Option<u64>> {
+            Ok(counters.get(name)?.map(|v| v.value()))
+        };
+        if let Some(v) = counter(NEXT_TABLE_ID)? {
+            model.next_table_id = v;
+        }
+        if let Some(v) = counter(NEXT_SERVER_ID)? {
+            model.next_server_id = v;
+        }
+        if let Some(v) = counter(MAP_VERSION)? {
+            model.map_version = v;
+        }
+
+        for row in txn.open_table(SERVERS)?.iter()? {
+            let (id, addrs) = row?;
+            let addrs: Vec<String> = addrs.value().into_iter().map(str::to_string).collect();
+            model.servers.insert(id.value(), addrs);
+        }
+
+        for row in txn.open_table(TABLES)?.iter()? {
+            let (id, name) = row?;
+            let (id, name) = (id.value(), name.value().to_string());
+            if model.by_name.insert(name.clone(), id).is_some() {
+                bail!("two tables are named {name:?}");
+            }
+            model.tables.insert(
+                id,
+                Table {
+                    id,
+                    name,
+                    tablets: Vec::new(),
+                },
+            );
+        }
+
+        for row in txn.open_table(TABLETS)?.iter()? {
+            let (key, value) = row?;
+            let (table_id, index) = key.value();
+            let (start_hash, end_hash, server_id, shard, map_version) = value.value();
+            let Some(table) = model.tables.get_mut(&table_id) else {
+                bail!("tablet {index} belongs to table {table_id}, which does not exist");
+            };
+            if index as usize != table.tablets.len() {
+                bail!(
+                    "table {table_id}: tablet index {index} found where {} was expected",
+                    table.tablets.len()
+                );
+            }
+            table.tablets.push(Tablet {
+                start_hash,
+                end_hash,
+                server_id,
+                shard,
+                map_version,
+            });
+        }
+
+        model
+            .validate()
+            .map_err(|e| anyhow::anyhow!("inconsistent metadata: {e}"))?;
+        Ok(model)
+    }
+
+    /// Commit `ops` as one write transaction. Blocking: call from a blocking thread.
+    pub fn commit(&self, ops: &[Op]) -> anyhow::Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut counters = txn.open_table(COUNTERS)?;
+            let mut servers = txn.open_table(SERVERS)?;
+            let mut tables = txn.open_table(TABLES)?;
+            let mut tablets = txn.open_table(TABLETS)?;
+            for op in ops {
+                match op {
+                    Op::Counter(name, value) => {
+                        counters.insert(*name, *value)?;
+                    }
+                    Op::PutServer { id, shard_addrs } => {
+                        let addrs: Vec<&str> = shard_addrs.iter().map(String::as_str).collect();
+                        servers.insert(*id, addrs)?;
+                    }
+                    Op::PutTable { id, name } => {
+                        tables.insert(*id, name.as_str())?;
+                    }
+                    Op::DeleteTable { id } => {
+                        tables.remove(*id)?;
+                        tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
+                    }
+                    Op::PutTablet {
+                        table,
+                        index,
+                        tablet,
+                    } => {
+                        let t = tablet;
+                        tablets.insert(
+                            (*table, *index),
+                            (
+                                t.start_hash,
+                                t.end_hash,
+                                t.server_id,
+                                t.shard,
+                                t.map_version,
+                            ),
+                        )?;
+                    }
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Close the database, reporting any error. Blocking.
+    pub fn close(self) -> anyhow::Result<()> {
+        self.db.close()?;
+        Ok(())
+    }
+}

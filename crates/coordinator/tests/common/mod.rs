@@ -1,0 +1,298 @@
+//! Test support: a coordinator on a temporary directory, fake storage shards
+//! that record the control requests they get, and RPC helpers.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use insitu_client::rpc::{Reply, RpcConn};
+use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
+use insitu_protocol::{
+    FrameCodec, Request, Response, ServerInfo, Status, TableInfo, TabletState, decode_request,
+    encode_error, encode_response,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio_util::codec::FramedRead;
+
+/// A control request as a fake shard saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ctl {
+    Take {
+        table: u64,
+        start: u64,
+        end: u64,
+        version: u64,
+        state: TabletState,
+    },
+    Drop {
+        table: u64,
+        start: u64,
+    },
+    Migrate {
+        table: u64,
+        start: u64,
+        dest: String,
+    },
+    Activate {
+        table: u64,
+        start: u64,
+        version: u64,
+    },
+}
+
+impl Ctl {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Ctl::Take { .. } => "Take",
+            Ctl::Drop { .. } => "Drop",
+            Ctl::Migrate { .. } => "Migrate",
+            Ctl::Activate { .. } => "Activate",
+        }
+    }
+}
+
+/// Every control request received by any fake shard, in arrival order: (shard address, request).
+pub type Log = Arc<Mutex<Vec<(String, Ctl)>>>;
+
+pub struct FakeShard {
+    pub addr: String,
+    /// Request kinds ("Take", "Drop", "Migrate", "Activate") this shard refuses.
+    pub fail: Arc<Mutex<HashSet<&'static str>>>,
+}
+
+/// A fake storage shard: answers control requests with Done (or an injected
+/// error) and records them in `log`.
+pub async fn fake_shard(log: Log) -> FakeShard {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fake shard");
+    let addr = listener.local_addr().expect("local addr").to_string();
+    let fail: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
+    let (addr2, fail2) = (addr.clone(), fail.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (log, addr, fail) = (log.clone(), addr2.clone(), fail2.clone());
+            tokio::spawn(async move {
+                let (read_half, mut write_half) = stream.into_split();
+                let mut frames = FramedRead::new(read_half, FrameCodec::default());
+                while let Some(Ok(frame)) = frames.next().await {
+                    let id = frame.header.request_id;
+                    let mut out = BytesMut::new();
+                    let ctl = match decode_request(&frame.body) {
+                        Ok(Request::TakeTablet {
+                            table,
+                            start_hash,
+                            end_hash,
+                            map_version,
+                            state,
+                        }) => Some(Ctl::Take {
+                            table,
+                            start: start_hash,
+                            end: end_hash,
+                            version: map_version,
+                            state,
+                        }),
+                        Ok(Request::DropTablet { table, start_hash }) => Some(Ctl::Drop {
+                            table,
+                            start: start_hash,
+                        }),
+                        Ok(Request::MigrateTablet {
+                            table,
+                            start_hash,
+                            dest_addr,
+                        }) => Some(Ctl::Migrate {
+                            table,
+                            start: start_hash,
+                            dest: dest_addr,
+                        }),
+                        Ok(Request::ActivateTablet {
+                            table,
+                            start_hash,
+                            map_version,
+                        }) => Some(Ctl::Activate {
+                            table,
+                            start: start_hash,
+                            version: map_version,
+                        }),
+                        _ => None,
+                    };
+                    match ctl {
+                        None => encode_error(
+                            &mut out,
+                            id,
+                            Status::BadRequest,
+                            "fake shard: unexpected request",
+                        ),
+                        Some(ctl) => {
+                            let refuse = fail.lock().unwrap().contains(ctl.kind());
+                            log.lock().unwrap().push((addr.clone(), ctl));
+                            if refuse {
+                                encode_error(
+                                    &mut out,
+                                    id,
+                                    Status::Internal,
+                                    "fake shard: injected failure",
+                                );
+                            } else {
+                                encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                            }
+                        }
+                    }
+                    if write_half.write_all(&out).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    FakeShard { addr, fail }
+}
+
+/// A fake server: `shards` fake shards.
+pub async fn fake_server(log: &Log, shards: usize) -> Vec<FakeShard> {
+    let mut v = Vec::new();
+    for _ in 0..shards {
+        v.push(fake_shard(log.clone()).await);
+    }
+    v
+}
+
+pub fn addrs(server: &[FakeShard]) -> Vec<String> {
+    server.iter().map(|s| s.addr.clone()).collect()
+}
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "insitu-coord-test-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub async fn start_coordinator(dir: &TempDir) -> CoordinatorHandle {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind coordinator");
+    insitu_coordinator::start(CoordinatorConfig { dir: dir.0.clone() }, listener)
+        .await
+        .expect("start coordinator")
+}
+
+pub async fn connect(handle: &CoordinatorHandle) -> RpcConn {
+    RpcConn::connect(&handle.addr().to_string())
+        .await
+        .expect("connect to coordinator")
+}
+
+pub async fn call(conn: &RpcConn, request: Request<'_>) -> Reply {
+    conn.call_timeout(&request, Duration::from_secs(20))
+        .await
+        .expect("coordinator replies")
+}
+
+pub fn expect_ok(reply: &Reply) -> Response<'_> {
+    assert_eq!(
+        reply.status,
+        Status::Ok,
+        "unexpected error reply: {}",
+        reply.error_message()
+    );
+    reply.decode().expect("decodable reply")
+}
+
+/// Assert an error reply with `status`; returns its message.
+pub fn expect_err(reply: &Reply, status: Status) -> String {
+    assert_eq!(
+        reply.status,
+        status,
+        "expected {status:?}, got {:?} ({})",
+        reply.status,
+        reply.error_message()
+    );
+    let message = reply.error_message();
+    assert!(!message.is_empty(), "error replies carry a message");
+    message
+}
+
+pub async fn enlist(conn: &RpcConn, shard_addrs: Vec<String>) -> u64 {
+    match expect_ok(&call(conn, Request::Enlist { shard_addrs }).await) {
+        Response::Enlisted { server_id } => server_id,
+        other => panic!("expected Enlisted, got {other:?}"),
+    }
+}
+
+pub async fn create(conn: &RpcConn, name: &str, tablets: u32) -> TableInfo {
+    table_of(
+        &call(
+            conn,
+            Request::CreateTable {
+                name: name.into(),
+                tablets,
+            },
+        )
+        .await,
+    )
+}
+
+pub async fn open(conn: &RpcConn, name: &str) -> TableInfo {
+    table_of(&call(conn, Request::OpenTable { name: name.into() }).await)
+}
+
+pub fn table_of(reply: &Reply) -> TableInfo {
+    match expect_ok(reply) {
+        Response::Table(info) => info,
+        other => panic!("expected Table, got {other:?}"),
+    }
+}
+
+pub async fn list_tables(conn: &RpcConn) -> Vec<TableInfo> {
+    match expect_ok(&call(conn, Request::ListTables).await) {
+        Response::Tables(tables) => tables,
+        other => panic!("expected Tables, got {other:?}"),
+    }
+}
+
+pub async fn list_servers(conn: &RpcConn) -> Vec<ServerInfo> {
+    match expect_ok(&call(conn, Request::ListServers).await) {
+        Response::Servers(servers) => servers,
+        other => panic!("expected Servers, got {other:?}"),
+    }
+}
+
+/// The tablets cover 0..=u64::MAX, in order, without gaps or overlaps.
+pub fn assert_covers_hash_space(info: &TableInfo) {
+    assert!(!info.tablets.is_empty());
+    assert_eq!(info.tablets[0].start_hash, 0);
+    assert_eq!(info.tablets.last().unwrap().end_hash, u64::MAX);
+    for w in info.tablets.windows(2) {
+        assert!(w[0].start_hash <= w[0].end_hash);
+        assert_eq!(
+            w[0].end_hash + 1,
+            w[1].start_hash,
+            "gap or overlap between tablets"
+        );
+    }
+}
+
+pub fn take_log(log: &Log) -> Vec<(String, Ctl)> {
+    std::mem::take(&mut *log.lock().unwrap())
+}

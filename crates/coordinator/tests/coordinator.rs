@@ -1,0 +1,877 @@
+//! The coordinator alone, over real TCP on 127.0.0.1, with fake storage shards.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use common::*;
+use insitu_protocol::frame::MAGIC;
+use insitu_protocol::{
+    FrameCodec, FrameKind, HEADER_BYTES, Request, Response, Status, TabletState, decode_response,
+    encode_request,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Decoder;
+
+#[tokio::test]
+async fn create_open_list_drop() {
+    let dir = TempDir::new("basic");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let s2 = fake_server(&log, 2).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    assert_ne!(id1, id2);
+
+    let servers = list_servers(&c).await;
+    assert_eq!(servers.len(), 2);
+    assert_eq!(servers[0].id, id1);
+    assert_eq!(servers[0].shard_addrs, addrs(&s1));
+    assert_eq!(servers[1].id, id2);
+    assert_eq!(servers[1].shard_addrs, addrs(&s2));
+
+    let t = create(&c, "t", 8).await;
+    assert_eq!(t.name, "t");
+    assert_eq!(t.tablets.len(), 8);
+    assert!(t.map_version > 0);
+    assert_covers_hash_space(&t);
+    // Round robin: shard 0 of each server, then shard 1 of each server, ...
+    let slots = [
+        (id1, 0u32, &s1[0].addr),
+        (id2, 0, &s2[0].addr),
+        (id1, 1, &s1[1].addr),
+        (id2, 1, &s2[1].addr),
+    ];
+    for (i, tablet) in t.tablets.iter().enumerate() {
+        let (server, shard, addr) = slots[i % 4];
+        assert_eq!(
+            (tablet.server_id, tablet.shard, &tablet.addr),
+            (server, shard, addr),
+            "tablet {i}"
+        );
+        assert_eq!(tablet.map_version, t.map_version);
+    }
+    for w in t.tablets.windows(2) {
+        assert_ne!(
+            w[0].server_id, w[1].server_id,
+            "consecutive tablets land on different servers"
+        );
+    }
+    // Each owning shard got TakeTablet Active for exactly its tablets.
+    let mut got = take_log(&log);
+    assert_eq!(got.len(), 8, "{got:?}");
+    got.sort_by_key(|(_, ctl)| match ctl {
+        Ctl::Take { start, .. } => *start,
+        _ => panic!("only TakeTablet expected, got {ctl:?}"),
+    });
+    for (tablet, (addr, ctl)) in t.tablets.iter().zip(&got) {
+        assert_eq!(addr, &tablet.addr);
+        assert_eq!(
+            ctl,
+            &Ctl::Take {
+                table: t.id,
+                start: tablet.start_hash,
+                end: tablet.end_hash,
+                version: t.map_version,
+                state: TabletState::Active
+            }
+        );
+    }
+
+    assert_eq!(open(&c, "t").await, t);
+    assert_eq!(
+        table_of(&call(&c, Request::TableMap { table: t.id }).await),
+        t
+    );
+    assert_eq!(list_tables(&c).await, vec![t.clone()]);
+
+    // Refusals, none of which reaches a shard.
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "t".into(),
+                tablets: 4,
+            },
+        )
+        .await,
+        Status::TableExists,
+    );
+    assert!(msg.contains("\"t\""), "{msg}");
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "z".into(),
+                tablets: 0,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    assert!(msg.contains("tablets"), "{msg}");
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "z".into(),
+                tablets: 1025,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: String::new(),
+                tablets: 1,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "x".repeat(257),
+                tablets: 1,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "a\nb".into(),
+                tablets: 1,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::OpenTable {
+                name: "nope".into(),
+            },
+        )
+        .await,
+        Status::UnknownTable,
+    );
+    expect_err(
+        &call(&c, Request::TableMap { table: 999 }).await,
+        Status::UnknownTable,
+    );
+    assert!(take_log(&log).is_empty());
+
+    // A 256-byte name is fine; so is one tablet.
+    let long = create(&c, &"y".repeat(256), 1).await;
+    assert_eq!(long.tablets.len(), 1);
+    assert!(long.map_version > t.map_version);
+    assert_ne!(long.id, t.id);
+    assert_covers_hash_space(&long);
+    take_log(&log);
+
+    // Drop.
+    let before = list_tables(&c).await;
+    assert_eq!(before.len(), 2);
+    assert!(matches!(
+        expect_ok(&call(&c, Request::DropTable { name: "t".into() }).await),
+        Response::Done
+    ));
+    let mut drops = take_log(&log);
+    drops.sort_by_key(|(_, ctl)| match ctl {
+        Ctl::Drop { start, .. } => *start,
+        _ => panic!("only DropTablet expected, got {ctl:?}"),
+    });
+    assert_eq!(drops.len(), 8);
+    for (tablet, (addr, ctl)) in t.tablets.iter().zip(&drops) {
+        assert_eq!(addr, &tablet.addr);
+        assert_eq!(
+            ctl,
+            &Ctl::Drop {
+                table: t.id,
+                start: tablet.start_hash
+            }
+        );
+    }
+    expect_err(
+        &call(&c, Request::OpenTable { name: "t".into() }).await,
+        Status::UnknownTable,
+    );
+    expect_err(
+        &call(&c, Request::TableMap { table: t.id }).await,
+        Status::UnknownTable,
+    );
+    expect_err(
+        &call(&c, Request::DropTable { name: "t".into() }).await,
+        Status::UnknownTable,
+    );
+    let after = list_tables(&c).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].id, long.id);
+    assert!(
+        after[0].map_version > long.map_version,
+        "drop bumps the map version"
+    );
+
+    // The name is free again, under a new id.
+    let t2 = create(&c, "t", 2).await;
+    assert!(t2.id > long.id);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_servers_and_bad_enlist() {
+    let dir = TempDir::new("noservers");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "t".into(),
+                tablets: 4,
+            },
+        )
+        .await,
+        Status::NoServers,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::Enlist {
+                shard_addrs: vec![],
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::Enlist {
+                shard_addrs: vec!["no-port".into()],
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    expect_err(
+        &call(
+            &c,
+            Request::Enlist {
+                shard_addrs: vec!["h:0".into()],
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    assert!(list_servers(&c).await.is_empty());
+    assert!(matches!(
+        expect_ok(&call(&c, Request::Ping).await),
+        Response::Pong
+    ));
+    // Data requests are not the coordinator's.
+    expect_err(&call(&c, Request::ShardStats).await, Status::BadRequest);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_survives_restart() {
+    let dir = TempDir::new("restart");
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let s2 = fake_server(&log, 1).await;
+
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    let a = create(&c, "a", 5).await;
+    create(&c, "b", 3).await;
+    create(&c, "gone", 2).await;
+    expect_ok(
+        &call(
+            &c,
+            Request::DropTable {
+                name: "gone".into(),
+            },
+        )
+        .await,
+    );
+    let moved = table_of(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "a".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+    );
+    assert_eq!(moved.tablets[0].server_id, id2);
+    assert!(moved.map_version > a.map_version);
+    let tables = list_tables(&c).await;
+    let servers = list_servers(&c).await;
+    let version = tables[0].map_version;
+    drop(c);
+    coord.shutdown().await;
+
+    // Same directory, new listener (new port).
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(list_servers(&c).await, servers);
+    let tables2 = list_tables(&c).await;
+    assert_eq!(
+        tables2, tables,
+        "tables, tablets and the map version are unchanged"
+    );
+    assert_eq!(
+        tables2.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(open(&c, "a").await, moved);
+
+    // Counters continue: no id or version is reused.
+    let id3 = enlist(&c, addrs(&s2)).await;
+    assert!(id3 > id1.max(id2));
+    let d = create(&c, "d", 2).await;
+    assert!(
+        d.map_version > version,
+        "map version continues after restart"
+    );
+    assert!(tables.iter().all(|t| d.id > t.id));
+    drop(c);
+    coord.shutdown().await;
+
+    // And once more, after the changes made by the second incarnation.
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(open(&c, "d").await, d);
+    assert_eq!(list_servers(&c).await.len(), 3);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn move_tablet_runs_the_protocol_in_order() {
+    let dir = TempDir::new("move");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let s2 = fake_server(&log, 2).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    // Slots: (1,0) (2,0) (1,1): server 2's shard 1 is empty, so it receives.
+    let t = create(&c, "m", 3).await;
+    assert_eq!((t.tablets[0].server_id, t.tablets[0].shard), (id1, 0));
+    take_log(&log);
+
+    let moved = table_of(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "m".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+    );
+    let tab = &t.tablets[0];
+    let (src, dest) = (s1[0].addr.clone(), s2[1].addr.clone());
+    let new_version = t.map_version + 1;
+    assert_eq!(
+        moved.map_version, new_version,
+        "a move bumps the map version"
+    );
+    assert_eq!(
+        (moved.tablets[0].server_id, moved.tablets[0].shard),
+        (id2, 1)
+    );
+    assert_eq!(moved.tablets[0].addr, dest);
+    assert_eq!(moved.tablets[0].map_version, new_version);
+    assert_eq!(
+        (moved.tablets[0].start_hash, moved.tablets[0].end_hash),
+        (tab.start_hash, tab.end_hash)
+    );
+    assert_eq!(
+        &moved.tablets[1..],
+        &t.tablets[1..],
+        "other tablets untouched"
+    );
+    let (table, start) = (t.id, tab.start_hash);
+    assert_eq!(
+        take_log(&log),
+        vec![
+            (
+                dest.clone(),
+                Ctl::Take {
+                    table,
+                    start,
+                    end: tab.end_hash,
+                    version: t.map_version,
+                    state: TabletState::Receiving
+                }
+            ),
+            (
+                src.clone(),
+                Ctl::Migrate {
+                    table,
+                    start,
+                    dest: dest.clone()
+                }
+            ),
+            (
+                dest.clone(),
+                Ctl::Activate {
+                    table,
+                    start,
+                    version: new_version
+                }
+            ),
+            (src.clone(), Ctl::Drop { table, start }),
+        ]
+    );
+    assert_eq!(open(&c, "m").await, moved);
+
+    // Moving to the current owner: success, nothing sent, nothing bumped.
+    let same = table_of(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "m".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+    );
+    assert_eq!(same, moved);
+    assert!(take_log(&log).is_empty());
+
+    // Bad requests.
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "m".into(),
+                tablet_index: 3,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
+    assert!(msg.contains("3 tablets"), "{msg}");
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "m".into(),
+                tablet_index: 1,
+                server_id: 42,
+            },
+        )
+        .await,
+        Status::UnknownServer,
+    );
+    assert!(msg.contains("42"), "{msg}");
+    expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "nope".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::UnknownTable,
+    );
+    assert!(take_log(&log).is_empty());
+    assert_eq!(open(&c, "m").await.map_version, new_version);
+
+    // The next move picks server 1's emptiest shard: shard 0 (now empty) over shard 1.
+    let back = table_of(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "m".into(),
+                tablet_index: 1,
+                server_id: id1,
+            },
+        )
+        .await,
+    );
+    assert_eq!((back.tablets[1].server_id, back.tablets[1].shard), (id1, 0));
+    assert_eq!(back.map_version, new_version + 1);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_migration_is_undone() {
+    let dir = TempDir::new("movefail");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    let s2 = fake_server(&log, 1).await;
+    enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    let t = create(&c, "f", 2).await;
+    take_log(&log);
+    s1[0].fail.lock().unwrap().insert("Migrate");
+
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "f".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::Internal,
+    );
+    assert!(msg.contains("injected failure"), "{msg}");
+    let tab = &t.tablets[0];
+    let (table, start) = (t.id, tab.start_hash);
+    let (src, dest) = (s1[0].addr.clone(), s2[0].addr.clone());
+    assert_eq!(
+        take_log(&log),
+        vec![
+            (
+                dest.clone(),
+                Ctl::Take {
+                    table,
+                    start,
+                    end: tab.end_hash,
+                    version: t.map_version,
+                    state: TabletState::Receiving
+                }
+            ),
+            (
+                src.clone(),
+                Ctl::Migrate {
+                    table,
+                    start,
+                    dest: dest.clone()
+                }
+            ),
+            (dest.clone(), Ctl::Drop { table, start }),
+            // Un-freeze the source under its old version.
+            (
+                src.clone(),
+                Ctl::Take {
+                    table,
+                    start,
+                    end: tab.end_hash,
+                    version: t.map_version,
+                    state: TabletState::Active
+                }
+            ),
+        ]
+    );
+    assert_eq!(open(&c, "f").await, t, "map and version unchanged");
+
+    // Destination refuses to receive: nothing reaches the source.
+    s1[0].fail.lock().unwrap().clear();
+    s2[0].fail.lock().unwrap().insert("Take");
+    expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "f".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::Internal,
+    );
+    let got = take_log(&log);
+    assert!(got.iter().all(|(addr, _)| *addr == dest), "{got:?}");
+    assert_eq!(open(&c, "f").await, t);
+
+    // Destination refuses to activate: the tablet goes back to the source under a new version.
+    s2[0].fail.lock().unwrap().clear();
+    s2[0].fail.lock().unwrap().insert("Activate");
+    expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "f".into(),
+                tablet_index: 0,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::Internal,
+    );
+    let after = open(&c, "f").await;
+    assert_eq!(after.tablets[0].server_id, t.tablets[0].server_id);
+    assert!(after.map_version > t.map_version);
+    let got = take_log(&log);
+    let last_two: Vec<_> = got.iter().rev().take(2).collect();
+    assert!(
+        last_two.contains(&&(dest.clone(), Ctl::Drop { table, start })),
+        "{got:?}"
+    );
+    assert!(
+        last_two.contains(&&(
+            src.clone(),
+            Ctl::Take {
+                table,
+                start,
+                end: tab.end_hash,
+                version: after.tablets[0].map_version,
+                state: TabletState::Active
+            }
+        )),
+        "{got:?}"
+    );
+    assert!(
+        !got.iter()
+            .any(|(addr, ctl)| *addr == src && matches!(ctl, Ctl::Drop { .. })),
+        "the source copy is kept: {got:?}"
+    );
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_create_is_rolled_back() {
+    let dir = TempDir::new("createfail");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let s2 = fake_server(&log, 2).await;
+    enlist(&c, addrs(&s1)).await;
+    enlist(&c, addrs(&s2)).await;
+    s2[0].fail.lock().unwrap().insert("Take");
+
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "r".into(),
+                tablets: 4,
+            },
+        )
+        .await,
+        Status::Internal,
+    );
+    assert!(msg.contains("injected failure"), "{msg}");
+    let got = take_log(&log);
+    let takes: Vec<_> = got
+        .iter()
+        .filter(|(_, ctl)| matches!(ctl, Ctl::Take { .. }))
+        .collect();
+    let drops: Vec<_> = got
+        .iter()
+        .filter(|(_, ctl)| matches!(ctl, Ctl::Drop { .. }))
+        .collect();
+    assert_eq!(takes.len(), 4, "{got:?}");
+    assert_eq!(
+        drops.len(),
+        3,
+        "the three that succeeded are dropped: {got:?}"
+    );
+    assert!(drops.iter().all(|(addr, _)| *addr != s2[0].addr));
+    expect_err(
+        &call(&c, Request::OpenTable { name: "r".into() }).await,
+        Status::UnknownTable,
+    );
+    assert!(list_tables(&c).await.is_empty());
+
+    s2[0].fail.lock().unwrap().clear();
+    let r = create(&c, "r", 4).await;
+    assert_covers_hash_space(&r);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_name() {
+    let dir = TempDir::new("race");
+    let coord = start_coordinator(&dir).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let c = connect(&coord).await;
+    enlist(&c, addrs(&s1)).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = connect(&coord).await;
+        tasks.push(tokio::spawn(async move {
+            call(
+                &c,
+                Request::CreateTable {
+                    name: "same".into(),
+                    tablets: 2,
+                },
+            )
+            .await
+            .status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == Status::Ok).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == Status::Ok || *s == Status::TableExists),
+        "{statuses:?}"
+    );
+    assert_eq!(list_tables(&c).await.len(), 1);
+    coord.shutdown().await;
+}
+
+/// Read everything the coordinator sends until it closes the connection.
+async fn read_until_closed(stream: &mut TcpStream) -> BytesMut {
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+        .await
+        .expect("the coordinator closes the connection")
+        .ok();
+    BytesMut::from(&buf[..])
+}
+
+/// Decode the first frame of `bytes`, expect an error reply; returns (request id, status).
+fn first_error(bytes: &mut BytesMut) -> (u64, Status) {
+    let frame = FrameCodec::default()
+        .decode(bytes)
+        .expect("a valid frame")
+        .expect("a whole frame");
+    assert_eq!(frame.header.kind, FrameKind::Response);
+    match decode_response(&frame.body).expect("decodable") {
+        Response::Error { message } => assert!(!message.is_empty()),
+        other => panic!("expected an error body, got {other:?}"),
+    }
+    (frame.header.request_id, frame.header.status)
+}
+
+fn header(body_len: u32, kind: u8, request_id: u64) -> BytesMut {
+    let mut b = BytesMut::new();
+    b.put_u32_le(body_len);
+    b.put_u16_le(MAGIC);
+    b.put_u8(kind);
+    b.put_u8(0);
+    b.put_u64_le(request_id);
+    b.put_u16_le(0);
+    b.put_u16_le(0);
+    assert_eq!(b.len(), HEADER_BYTES);
+    b
+}
+
+#[tokio::test]
+async fn hostile_input_does_not_stop_the_coordinator() {
+    let dir = TempDir::new("hostile");
+    let coord = start_coordinator(&dir).await;
+    let addr = coord.addr();
+
+    // A client that holds a half-sent frame open while everything below happens.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(&[1, 2, 3]).await.unwrap();
+
+    // Random bytes: an error reply (when possible) and the connection is closed.
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut garbage: Vec<u8> = (0..4096)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    if u16::from_le_bytes([garbage[4], garbage[5]]) == MAGIC {
+        garbage[4] ^= 0xff;
+    }
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&garbage).await.ok();
+    let mut got = read_until_closed(&mut s).await;
+    assert_eq!(first_error(&mut got).1, Status::BadRequest);
+
+    // A valid header announcing a 4 GiB body: refused without waiting for it, request id echoed.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&header(u32::MAX, 0, 77)).await.unwrap();
+    let mut got = read_until_closed(&mut s).await;
+    assert_eq!(first_error(&mut got), (77, Status::BadRequest));
+
+    // A well-framed but undecodable body, and a response-kind frame: an error
+    // each, and the connection keeps working.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut out = header(5, 0, 5);
+    out.extend_from_slice(&[0xff; 5]);
+    out.extend_from_slice(&header(0, 1, 6));
+    encode_request(&mut out, 7, &Request::Ping).unwrap();
+    s.write_all(&out).await.unwrap();
+    let mut codec = FrameCodec::default();
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    while frames.len() < 3 {
+        if let Some(frame) = codec.decode(&mut buf).unwrap() {
+            frames.push(frame);
+            continue;
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read_buf(&mut buf))
+            .await
+            .expect("reply")
+            .unwrap();
+        assert!(n > 0, "connection closed early");
+    }
+    assert_eq!(
+        (frames[0].header.request_id, frames[0].header.status),
+        (5, Status::BadRequest)
+    );
+    assert_eq!(
+        (frames[1].header.request_id, frames[1].header.status),
+        (6, Status::BadRequest)
+    );
+    assert_eq!(
+        (frames[2].header.request_id, frames[2].header.status),
+        (7, Status::Ok)
+    );
+    assert_eq!(decode_response(&frames[2].body).unwrap(), Response::Pong);
+
+    // A well-formed client is served.
+    let c = connect(&coord).await;
+    assert!(matches!(
+        expect_ok(&call(&c, Request::Ping).await),
+        Response::Pong
+    ));
+    assert!(list_tables(&c).await.is_empty());
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    enlist(&c, addrs(&s1)).await;
+    create(&c, "ok", 2).await;
+
+    // Shutdown does not wait for the idle half-frame client.
+    tokio::time::timeout(Duration::from_secs(10), coord.shutdown())
+        .await
+        .expect("shutdown completes");
+    drop(idle);
+}
