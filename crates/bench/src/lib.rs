@@ -1,3 +1,5 @@
+pub mod engine;
+
 pub fn add(left: u64, right: u64) -> u64 {
     left + right
 }

@@ -1,0 +1,370 @@
+//! The log cleaner: copies the live entries of lightly used segments into
+//! survivor segments of the same tablet and frees the sources.
+//!
+//! Policy (RAMCloud's cost-benefit, from LFS): a segment's score is
+//! `(1 - u) * age / (1 + u)`, where `u` is the fraction of the segment that
+//! must be copied (live objects, plus tombstones that cannot be dropped yet)
+//! and `age` is how long ago (in bytes appended engine-wide) its youngest
+//! data was written. Freeing `1 - u` of a segment costs reading it (1) and
+//! copying `u`; old data is unlikely to die soon by itself, so compacting it
+//! now is worth more than compacting young data that may still be
+//! overwritten for free. The head (where writes append) and the open
+//! survivor are never cleaned.
+//!
+//! Tombstones. A tombstone for key `k` records `R`, the id of the newest
+//! segment its tablet had allocated when the tombstone was written. It may be
+//! dropped (not copied) when the segment holding it is freed and no other
+//! segment of the tablet with id <= R still exists. Why that is safe: an
+//! older version of `k` can only be in a segment that existed when the
+//! tombstone was written, because (a) new writes of `k` get higher versions,
+//! and (b) the cleaner copies only live entries, and every older version of
+//! `k` was dead from the moment the tombstone was written, so no segment
+//! created afterwards (id > R, ids growing in creation order) receives one.
+//! Those older segments (id <= R) are all gone, except the one being freed
+//! now, whose dead entries vanish with it; so no replayable copy of an older
+//! version remains for the tombstone to cancel. (Recording the segment the
+//! tombstone landed in would not be enough: a survivor created after that
+//! head was opened may hold a copy made while the old version was still live.)
+//! A source is freed only after all it keeps was copied; if a survivor cannot
+//! be allocated midway, the source stays (its copied objects marked dead,
+//! its tombstones still physically there), so a failed pass loses nothing.
+
+use crate::entry::{self, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::index::{loc, probe_hash};
+use crate::segment::{Budget, Purpose, Segment};
+use crate::tablet::Tablet;
+use crate::{CleanStats, EngineError};
+
+/// What a pass is trying to achieve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Goal {
+    /// `Engine::clean`: every segment worth compacting.
+    Explicit,
+    /// Utilisation fell below `INCREMENTAL_LOW`: raise it to `INCREMENTAL_HIGH`.
+    Incremental,
+    /// A write found the budget full: free enough for a segment of `Purpose`.
+    Room(Purpose),
+}
+
+/// Incremental cleaning starts below this utilisation (live / allocated)...
+pub(crate) const INCREMENTAL_LOW: f64 = 0.88;
+/// ...and stops once it is back above this.
+pub(crate) const INCREMENTAL_HIGH: f64 = 0.90;
+/// No incremental cleaning while fewer segments than this are held.
+pub(crate) const INCREMENTAL_MIN_SEGMENTS: u64 = 8;
+/// Cap on segments one incremental pass cleans, bounding write latency.
+const INCREMENTAL_MAX_SOURCES: usize = 64;
+
+impl Goal {
+    /// Segments whose kept fraction is at or above this are not worth copying.
+    fn max_utilisation(self) -> f64 {
+        match self {
+            Goal::Explicit => 0.90,
+            Goal::Incremental => 0.95,
+            // Any gain helps when a write is waiting for room.
+            Goal::Room(_) => 0.999,
+        }
+    }
+}
+
+struct Candidate {
+    tablet: usize,
+    slot: u32,
+    id: u64,
+    score: f64,
+}
+
+/// Bytes the cleaner would copy out of `seg`: live objects, plus its
+/// tombstones unless all of them are droppable now.
+fn kept_bytes(t: &Tablet, slot: u32, seg: &Segment) -> u64 {
+    let droppable = seg.max_tombstone_segment < t.min_segment_id_except(slot);
+    seg.live_bytes + if droppable { 0 } else { seg.tombstone_bytes }
+}
+
+/// One pass over all tablets towards `goal`.
+pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goal) -> CleanStats {
+    let mut stats = CleanStats::default();
+    let segment_bytes = budget.segment_bytes as f64;
+    let max_u = goal.max_utilisation();
+    let mut candidates = Vec::new();
+    for (ti, t) in tablets.iter().enumerate() {
+        let Some(t) = t else { continue };
+        for &slot in &t.order {
+            if t.head == Some(slot) || t.survivor == Some(slot) {
+                continue;
+            }
+            let seg = &t.segs[slot as usize];
+            let u = kept_bytes(t, slot, seg) as f64 / segment_bytes;
+            if u >= max_u {
+                continue;
+            }
+            let age = (budget.clock.saturating_sub(seg.stamp) + 1) as f64;
+            // Never abort on allocation: a short candidate list just cleans less.
+            if candidates.try_reserve(1).is_err() {
+                break;
+            }
+            candidates.push(Candidate {
+                tablet: ti,
+                slot,
+                id: seg.id,
+                score: (1.0 - u) * age / (1.0 + u),
+            });
+        }
+    }
+    candidates.sort_unstable_by(|a, b| b.score.total_cmp(&a.score));
+
+    let live_total: u64 = tablets.iter().flatten().map(|t| t.live_bytes).sum();
+    let allocated_before = budget.allocated_bytes;
+    for (n, c) in candidates.iter().enumerate() {
+        let done = match goal {
+            Goal::Explicit => false,
+            Goal::Incremental => {
+                n >= INCREMENTAL_MAX_SOURCES
+                    || live_total as f64 >= INCREMENTAL_HIGH * budget.allocated_bytes as f64
+            }
+            Goal::Room(purpose) => budget.may_allocate(purpose),
+        };
+        if done {
+            break;
+        }
+        let Some(t) = tablets[c.tablet].as_mut() else {
+            continue;
+        };
+        // A survivor of this pass may have reused a cleaned slot.
+        if t.segs[c.slot as usize].id != c.id
+            || t.survivor == Some(c.slot)
+            || t.head == Some(c.slot)
+        {
+            continue;
+        }
+        if clean_segment(t, c.slot, budget, &mut stats).is_err() {
+            break; // no room even for a survivor: stop, nothing was lost
+        }
+    }
+    stats.bytes_freed = allocated_before.saturating_sub(budget.allocated_bytes);
+    stats
+}
+
+/// Copy what `slot` keeps into survivors and free it.
+pub(crate) fn clean_segment(
+    t: &mut Tablet,
+    slot: u32,
+    budget: &mut Budget,
+    stats: &mut CleanStats,
+) -> Result<(), EngineError> {
+    debug_assert!(t.head != Some(slot) && t.survivor != Some(slot));
+    t.free_slots
+        .try_reserve(1)
+        .map_err(|_| EngineError::OutOfMemory)?;
+    let min_other = t.min_segment_id_except(slot);
+    let mut src = std::mem::take(&mut t.segs[slot as usize]);
+    let mut dropped = 0;
+    let copied = copy_kept(t, slot, &mut src, min_other, budget, stats, &mut dropped);
+    match copied {
+        Ok(()) => {
+            stats.segments_cleaned += 1;
+            stats.tombstones_dropped += dropped;
+            t.free_segment(slot, src, budget);
+            Ok(())
+        }
+        Err(e) => {
+            t.segs[slot as usize] = src;
+            Err(e)
+        }
+    }
+}
+
+fn copy_kept(
+    t: &mut Tablet,
+    slot: u32,
+    src: &mut Segment,
+    min_other: u64,
+    budget: &mut Budget,
+    stats: &mut CleanStats,
+    dropped: &mut u64,
+) -> Result<(), EngineError> {
+    let mut at = 0;
+    while at < src.buf.len() {
+        let len = entry::len_at(&src.buf, at);
+        match entry::kind(&src.buf, at) {
+            KIND_OBJECT if !entry::is_dead(&src.buf, at) => {
+                let sv = survivor_with_room(t, budget, len)?;
+                let survivor = &mut t.segs[sv as usize];
+                let new_at = survivor.append_raw(&src.buf[at..at + len]);
+                survivor.live_bytes += len as u64;
+                survivor.stamp = survivor.stamp.max(src.stamp);
+                let hash = crate::key_hash(t.table, entry::key_at(&src.buf, at));
+                let old = loc(slot, at as u32);
+                let e = t
+                    .index
+                    .find_mut(probe_hash(hash), |e| e.loc == old)
+                    .expect("live object is indexed");
+                e.loc = loc(sv, new_at);
+                // Dead in the source now, so a pass that stops midway is consistent.
+                entry::set_dead(&mut src.buf, at);
+                src.live_bytes -= len as u64;
+                stats.entries_moved += 1;
+            }
+            KIND_TOMBSTONE => {
+                let recorded = entry::tombstone_segment(&src.buf, at);
+                if recorded < min_other {
+                    *dropped += 1;
+                } else {
+                    let sv = survivor_with_room(t, budget, len)?;
+                    let survivor = &mut t.segs[sv as usize];
+                    survivor.append_raw(&src.buf[at..at + len]);
+                    survivor.tombstone_bytes += len as u64;
+                    survivor.max_tombstone_segment = survivor.max_tombstone_segment.max(recorded);
+                    survivor.stamp = survivor.stamp.max(src.stamp);
+                    stats.entries_moved += 1;
+                }
+            }
+            // Dead objects go; marks go too: the head's mark and entries
+            // always bound the versions issued before it was opened.
+            _ => {}
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+/// The open survivor if `len` fits, else a new one (the old one is sealed).
+fn survivor_with_room(t: &mut Tablet, budget: &mut Budget, len: usize) -> Result<u32, EngineError> {
+    if let Some(s) = t.survivor
+        && t.segs[s as usize].room(budget.segment_bytes) >= len
+    {
+        return Ok(s);
+    }
+    let s = t.new_segment(budget, Purpose::Survivor)?;
+    t.segs[s as usize].stamp = 0; // takes the age of the data copied in
+    t.survivor = Some(s);
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HashRange;
+    use crate::entry::KIND_MARK;
+
+    const SEG: usize = 4096;
+
+    fn key(i: u32) -> Vec<u8> {
+        format!("key-{i}").into_bytes()
+    }
+
+    /// Tablet with a sealed segment of live objects (every third one dead),
+    /// a head, and an open survivor with little room left; budget exactly full.
+    fn setup() -> (Tablet, Budget, u32, Vec<u32>) {
+        let mut budget = Budget::new(3 * SEG as u64, SEG);
+        let mut t = Tablet::new(1, HashRange::FULL, 1);
+        t.open_head(&mut budget, Purpose::Object).expect("head");
+        let sealed = t.head.expect("head");
+        let mut i = 0;
+        while t.head_room(SEG) >= entry::entry_bytes(10, 100) {
+            let hash = crate::key_hash(1, &key(i));
+            t.reserve_index(1).expect("index");
+            let v = t.take_version();
+            t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, None);
+            i += 1;
+        }
+        let live: Vec<u32> = (0..i).filter(|j| j % 3 != 0).collect();
+        t.open_head(&mut budget, Purpose::Object)
+            .expect("second head");
+        for j in (0..i).filter(|j| j % 3 == 0) {
+            let hash = crate::key_hash(1, &key(j));
+            let old = t.find(hash, &key(j)).expect("present");
+            let v = t.take_version();
+            t.remove(&mut budget, hash, &key(j), v, old);
+        }
+        let s = t
+            .new_segment(&mut budget, Purpose::Survivor)
+            .expect("survivor");
+        t.survivor = Some(s);
+        while t.segs[s as usize].room(SEG) > 600 {
+            t.segs[s as usize].append(KIND_MARK, 1, 1, &[], &[], 0);
+        }
+        assert!(
+            !budget.may_allocate(Purpose::Survivor),
+            "budget must be full"
+        );
+        (t, budget, sealed, live)
+    }
+
+    fn assert_all_readable(t: &Tablet, live: &[u32]) {
+        t.check_consistency();
+        assert_eq!(t.object_count, live.len() as u64);
+        for &j in live {
+            let loc = t
+                .find(crate::key_hash(1, &key(j)), &key(j))
+                .expect("live object lost");
+            assert_eq!(t.object(loc).value, &[j as u8; 100][..]);
+        }
+    }
+
+    #[test]
+    fn a_pass_that_runs_out_of_room_midway_loses_nothing() {
+        let (mut t, mut budget, sealed, live) = setup();
+        let mut stats = CleanStats::default();
+        assert_eq!(
+            clean_segment(&mut t, sealed, &mut budget, &mut stats),
+            Err(EngineError::OutOfMemory)
+        );
+        assert!(
+            stats.entries_moved > 0,
+            "some entries fitted in the open survivor"
+        );
+        assert_eq!(stats.segments_cleaned, 0);
+        assert!(t.order.contains(&sealed), "the source stays");
+        assert_all_readable(&t, &live);
+        // With room again the same segment is cleaned completely.
+        budget.budget_bytes += SEG as u64;
+        clean_segment(&mut t, sealed, &mut budget, &mut stats).expect("clean");
+        assert!(!t.order.contains(&sealed));
+        assert_eq!(stats.segments_cleaned, 1);
+        assert_all_readable(&t, &live);
+    }
+
+    #[test]
+    fn tombstones_are_kept_while_an_older_segment_exists() {
+        let (mut t, mut budget, sealed, live) = setup();
+        budget.budget_bytes += 4 * SEG as u64;
+        // The tombstones sit in the second head, which recorded the newest id (2)
+        // while segment 1 (the sealed one, holding the removed versions) exists.
+        let head = t.head.expect("head");
+        t.open_head(&mut budget, Purpose::Object)
+            .expect("third head");
+        let mut stats = CleanStats::default();
+        clean_segment(&mut t, head, &mut budget, &mut stats).expect("clean the old head");
+        assert_eq!(
+            stats.tombstones_dropped, 0,
+            "segment 1 still holds the removed versions"
+        );
+        // Once segment 1 is gone, every copy may go (all recorded id 2 < 3).
+        clean_segment(&mut t, sealed, &mut budget, &mut stats).expect("clean segment 1");
+        t.survivor = None; // seal it so it can be cleaned
+        let holding: Vec<u32> = t
+            .order
+            .iter()
+            .copied()
+            .filter(|&s| t.segs[s as usize].tombstone_bytes > 0 && t.head != Some(s))
+            .collect();
+        assert!(!holding.is_empty());
+        for s in holding {
+            if t.survivor == Some(s) {
+                t.survivor = None;
+            }
+            clean_segment(&mut t, s, &mut budget, &mut stats).expect("clean a tombstone holder");
+        }
+        assert!(stats.tombstones_dropped > 0);
+        assert_eq!(
+            t.order
+                .iter()
+                .map(|&s| t.segs[s as usize].tombstone_bytes)
+                .sum::<u64>(),
+            0,
+            "all tombstones dropped"
+        );
+        assert_all_readable(&t, &live);
+    }
+}

@@ -1,0 +1,121 @@
+//! Replay: decide, from untrusted segment bytes, which objects a tablet holds.
+//!
+//! Every entry is verified (`entry::parse`) before it is believed. For each
+//! key the entry with the highest version wins, whether object or tombstone,
+//! across all segments and in any order; a winning tombstone means absent.
+//! Version marks and every valid entry of the table (even outside `range`,
+//! since a split tablet shares its parent's counter) raise the version
+//! counter, so versions keep growing after recovery. Building the tablet from
+//! the winners is left to the engine, which owns the budget.
+
+use hashbrown::HashTable;
+
+use crate::entry::{self, Bad, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::index::probe_hash;
+use crate::{CorruptEntry, EngineError, HashRange, ReplayReport, TableId};
+
+/// The newest entry seen for one key.
+#[derive(Clone, Copy)]
+pub(crate) struct Winner<'s> {
+    pub hash: u64,
+    pub version: u64,
+    pub kind: u8,
+    /// (segment index, offset): log order, for a deterministic rebuild.
+    pub position: (usize, usize),
+    pub key: &'s [u8],
+    pub value: &'s [u8],
+}
+
+pub(crate) struct Resolved<'s> {
+    /// Live objects, in log order.
+    pub objects: Vec<Winner<'s>>,
+    /// The counter the rebuilt tablet must start from.
+    pub next_version: u64,
+}
+
+fn oom<T>(_: T) -> EngineError {
+    EngineError::OutOfMemory
+}
+
+pub(crate) fn resolve<'s>(
+    table: TableId,
+    range: HashRange,
+    segments: impl IntoIterator<Item = &'s [u8]>,
+    max_key_bytes: usize,
+    max_value_bytes: usize,
+    report: &mut ReplayReport,
+) -> Result<Resolved<'s>, EngineError> {
+    let mut newest: HashTable<Winner<'s>> = HashTable::new();
+    let mut next_version = 1u64;
+    for (si, buf) in segments.into_iter().enumerate() {
+        let mut at = 0;
+        loop {
+            let p = match entry::parse(buf, at, table, max_key_bytes, max_value_bytes) {
+                Ok(p) => p,
+                Err(Bad::End) => break,
+                Err(Bad::Stop(reason)) => {
+                    report.corrupt.try_reserve(1).map_err(oom)?;
+                    report.corrupt.push(CorruptEntry {
+                        segment: si,
+                        offset: at,
+                        reason,
+                    });
+                    break; // the length cannot be trusted: the rest of this segment is lost
+                }
+                Err(Bad::Skip { reason, next }) => {
+                    report.corrupt.try_reserve(1).map_err(oom)?;
+                    report.corrupt.push(CorruptEntry {
+                        segment: si,
+                        offset: at,
+                        reason,
+                    });
+                    at = next;
+                    continue;
+                }
+            };
+            debug_assert_eq!(p.table, table);
+            let position = (si, at);
+            at = p.next;
+            if p.kind == KIND_MARK {
+                next_version = next_version.max(p.version);
+                continue;
+            }
+            debug_assert!(p.kind == KIND_OBJECT || p.kind == KIND_TOMBSTONE);
+            next_version = next_version.max(p.version.saturating_add(1));
+            let hash = crate::key_hash(table, p.key);
+            if !range.contains(hash) {
+                continue;
+            }
+            report.entries_read += 1;
+            let candidate = Winner {
+                hash,
+                version: p.version,
+                kind: p.kind,
+                position,
+                key: p.key,
+                value: p.value,
+            };
+            match newest.find_mut(probe_hash(hash), |w| w.hash == hash && w.key == p.key) {
+                // Equal versions are copies of one entry (a cleaner copy): keep the first.
+                Some(w) => {
+                    if p.version > w.version {
+                        *w = candidate;
+                    }
+                }
+                None => {
+                    newest.try_reserve(1, |w| probe_hash(w.hash)).map_err(oom)?;
+                    newest.insert_unique(probe_hash(hash), candidate, |w| probe_hash(w.hash));
+                }
+            }
+        }
+    }
+    let live = newest.iter().filter(|w| w.kind == KIND_OBJECT).count();
+    let mut objects = Vec::new();
+    objects.try_reserve_exact(live).map_err(oom)?;
+    objects.extend(newest.into_iter().filter(|w| w.kind == KIND_OBJECT));
+    objects.sort_unstable_by_key(|w| w.position);
+    Ok(Resolved {
+        objects,
+        next_version,
+    })
+}

@@ -1,0 +1,469 @@
+//! One tablet: its own log segments, its own hash index, its own counters.
+//!
+//! Everything here costs in proportion to this tablet's data only, which is
+//! what keeps a scan of one table independent of what else a server holds.
+//! Methods assume the engine already did the policy work (key checks, reject
+//! rules, making room in the head); they keep the log, the index and the
+//! statistics consistent with each other.
+
+use hashbrown::HashTable;
+
+use crate::entry::{self, HEADER_BYTES, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::index::{self, IndexEntry, loc, offset_of, probe_hash, slot_of};
+use crate::segment::{Budget, Purpose, Segment};
+use crate::{EngineError, HashRange, ObjectRef, TableId, TabletStats};
+
+pub(crate) struct Tablet {
+    pub table: TableId,
+    pub range: HashRange,
+    /// The version the next write gets; only grows.
+    pub next_version: u64,
+    pub object_count: u64,
+    /// Bytes of live object entries (header + key + value).
+    pub live_bytes: u64,
+    /// Segments by slot; a freed slot holds `Segment::default()` (id 0).
+    pub segs: Vec<Segment>,
+    pub free_slots: Vec<u32>,
+    /// Slots of the held segments in id (= creation) order, oldest first.
+    pub order: Vec<u32>,
+    /// Where writes append; never cleaned.
+    pub head: Option<u32>,
+    /// Where the cleaner appends survivors; kept open across passes so a
+    /// pass's last, partly filled survivor is topped up by the next pass.
+    pub survivor: Option<u32>,
+    pub next_segment_id: u64,
+    pub index: HashTable<IndexEntry>,
+}
+
+impl Tablet {
+    pub fn new(table: TableId, range: HashRange, next_version: u64) -> Tablet {
+        Tablet {
+            table,
+            range,
+            next_version: next_version.max(1),
+            object_count: 0,
+            live_bytes: 0,
+            segs: Vec::new(),
+            free_slots: Vec::new(),
+            order: Vec::new(),
+            head: None,
+            survivor: None,
+            next_segment_id: 1,
+            index: HashTable::new(),
+        }
+    }
+
+    // ---- lookups ----------------------------------------------------------
+
+    /// The log reference of the live object `key` (whose hash is `hash`).
+    #[inline]
+    pub fn find(&self, hash: u64, key: &[u8]) -> Option<u64> {
+        let segs = &self.segs;
+        self.index
+            .find(probe_hash(hash), |e| {
+                e.hash == hash && entry::key_at(&segs[slot_of(e.loc)].buf, offset_of(e.loc)) == key
+            })
+            .map(|e| e.loc)
+    }
+
+    #[inline]
+    pub fn object(&self, loc: u64) -> ObjectRef<'_> {
+        entry::object_at(&self.segs[slot_of(loc)].buf, offset_of(loc))
+    }
+
+    #[inline]
+    pub fn head_room(&self, segment_bytes: usize) -> usize {
+        self.head
+            .map_or(0, |h| self.segs[h as usize].room(segment_bytes))
+    }
+
+    /// Smallest id of a held segment other than `slot` (u64::MAX if none).
+    pub fn min_segment_id_except(&self, slot: u32) -> u64 {
+        self.order
+            .iter()
+            .find(|&&s| s != slot)
+            .map_or(u64::MAX, |&s| self.segs[s as usize].id)
+    }
+
+    /// Id of the newest segment this tablet ever allocated (0 if none).
+    pub fn newest_segment_id(&self) -> u64 {
+        self.next_segment_id - 1
+    }
+
+    // ---- versions -------------------------------------------------------------
+
+    #[inline]
+    pub fn take_version(&mut self) -> u64 {
+        let v = self.next_version;
+        self.next_version = v.saturating_add(1);
+        v
+    }
+
+    pub fn raise_version(&mut self, at_least: u64) {
+        self.next_version = self.next_version.max(at_least);
+    }
+
+    // ---- segments -------------------------------------------------------------
+
+    /// Allocate a segment from the budget and register it as the newest.
+    pub fn new_segment(
+        &mut self,
+        budget: &mut Budget,
+        purpose: Purpose,
+    ) -> Result<u32, EngineError> {
+        // Bookkeeping room first, so a failure leaves nothing half done.
+        self.order
+            .try_reserve(1)
+            .map_err(|_| EngineError::OutOfMemory)?;
+        if self.free_slots.is_empty() {
+            self.segs
+                .try_reserve(1)
+                .map_err(|_| EngineError::OutOfMemory)?;
+        }
+        let seg = budget.allocate(purpose, self.next_segment_id)?;
+        self.next_segment_id += 1;
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                debug_assert_eq!(self.segs[s as usize].id, 0);
+                self.segs[s as usize] = seg;
+                s
+            }
+            None => {
+                self.segs.push(seg);
+                (self.segs.len() - 1) as u32
+            }
+        };
+        self.order.push(slot);
+        Ok(slot)
+    }
+
+    /// Seal the head and open a new one, starting with a version mark so
+    /// that replaying the head alone restores the version counter.
+    pub fn open_head(&mut self, budget: &mut Budget, purpose: Purpose) -> Result<(), EngineError> {
+        let slot = self.new_segment(budget, purpose)?;
+        self.head = Some(slot);
+        self.append_mark(budget);
+        Ok(())
+    }
+
+    /// Append a version mark to the head (the caller made room).
+    pub fn append_mark(&mut self, budget: &mut Budget) {
+        let h = self.head.expect("append_mark needs a head") as usize;
+        debug_assert!(self.segs[h].room(budget.segment_bytes) >= HEADER_BYTES);
+        budget.clock += HEADER_BYTES as u64;
+        let (table, version) = (self.table, self.next_version);
+        self.segs[h].append(KIND_MARK, table, version, &[], &[], budget.clock);
+    }
+
+    /// Free the segment in `slot` (all its live entries must be gone).
+    pub fn free_segment(&mut self, slot: u32, seg: Segment, budget: &mut Budget) {
+        debug_assert_eq!(seg.live_bytes, 0, "freeing a segment with live objects");
+        debug_assert_eq!(
+            self.segs[slot as usize].id, 0,
+            "slot must already be emptied"
+        );
+        debug_assert!(self.head != Some(slot) && self.survivor != Some(slot));
+        self.order.retain(|&s| s != slot);
+        // Capacity was reserved by the caller; a failed push only loses slot reuse.
+        if self.free_slots.try_reserve(1).is_ok() {
+            self.free_slots.push(slot);
+        }
+        budget.free(seg);
+    }
+
+    /// Return every segment to the budget (tablet dropped or build abandoned).
+    pub fn release(mut self, budget: &mut Budget) {
+        for &slot in &self.order {
+            budget.free(std::mem::take(&mut self.segs[slot as usize]));
+        }
+    }
+
+    pub fn reserve_index(&mut self, additional: usize) -> Result<(), EngineError> {
+        self.index
+            .try_reserve(additional, index::rehash)
+            .map_err(|_| EngineError::OutOfMemory)
+    }
+
+    // ---- mutations (room in the head already made) ---------------------------
+
+    /// Mark the object entry at `loc` dead; returns its length.
+    fn kill(&mut self, loc: u64) -> u64 {
+        let seg = &mut self.segs[slot_of(loc)];
+        let at = offset_of(loc);
+        debug_assert_eq!(entry::kind(&seg.buf, at), KIND_OBJECT);
+        let len = entry::len_at(&seg.buf, at) as u64;
+        entry::set_dead(&mut seg.buf, at);
+        seg.live_bytes -= len;
+        len
+    }
+
+    /// Append an object to the head, superseding `old` (its current entry,
+    /// if any). With `old == None` the caller reserved index capacity.
+    pub fn put(
+        &mut self,
+        budget: &mut Budget,
+        hash: u64,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        old: Option<u64>,
+    ) {
+        let h = self.head.expect("put needs a head");
+        let len = entry::entry_bytes(key.len(), value.len());
+        budget.clock += len as u64;
+        let seg = &mut self.segs[h as usize];
+        debug_assert!(seg.room(budget.segment_bytes) >= len);
+        let at = seg.append(KIND_OBJECT, self.table, version, key, value, budget.clock);
+        seg.live_bytes += len as u64;
+        let new_loc = loc(h, at);
+        match old {
+            Some(old) => {
+                self.live_bytes -= self.kill(old);
+                let e = self
+                    .index
+                    .find_mut(probe_hash(hash), |e| e.loc == old)
+                    .expect("live object is indexed");
+                e.loc = new_loc;
+            }
+            None => {
+                debug_assert!(
+                    self.index.capacity() > self.index.len(),
+                    "index capacity not reserved"
+                );
+                self.index.insert_unique(
+                    probe_hash(hash),
+                    IndexEntry { hash, loc: new_loc },
+                    index::rehash,
+                );
+                self.object_count += 1;
+            }
+        }
+        self.live_bytes += len as u64;
+    }
+
+    /// Append a tombstone for the object at `old` and unindex it.
+    pub fn remove(&mut self, budget: &mut Budget, hash: u64, key: &[u8], version: u64, old: u64) {
+        let h = self.head.expect("remove needs a head");
+        // See cleaner.rs: the newest segment id now, not the one it lands in.
+        let newest = self.newest_segment_id();
+        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
+        budget.clock += len as u64;
+        let seg = &mut self.segs[h as usize];
+        debug_assert!(seg.room(budget.segment_bytes) >= len);
+        seg.append(
+            KIND_TOMBSTONE,
+            self.table,
+            version,
+            key,
+            &newest.to_le_bytes(),
+            budget.clock,
+        );
+        seg.tombstone_bytes += len as u64;
+        seg.max_tombstone_segment = seg.max_tombstone_segment.max(newest);
+        self.live_bytes -= self.kill(old);
+        self.object_count -= 1;
+        match self.index.find_entry(probe_hash(hash), |e| e.loc == old) {
+            Ok(e) => {
+                e.remove();
+            }
+            Err(_) => unreachable!("live object is indexed"),
+        }
+    }
+
+    /// Append a new object while building a tablet off-line (split, replay):
+    /// opens heads as needed but never cleans.
+    pub fn push_new(
+        &mut self,
+        budget: &mut Budget,
+        hash: u64,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+    ) -> Result<(), EngineError> {
+        let len = entry::entry_bytes(key.len(), value.len());
+        if self.head_room(budget.segment_bytes) < len {
+            self.open_head(budget, Purpose::Object)?;
+        }
+        self.reserve_index(1)?;
+        self.put(budget, hash, key, value, version, None);
+        Ok(())
+    }
+
+    /// Move the live objects whose hash lies in `part` into a new tablet
+    /// (same table and version counter). On failure nothing here changed.
+    pub fn split_off(
+        &mut self,
+        budget: &mut Budget,
+        part: HashRange,
+        expected: usize,
+    ) -> Result<Tablet, EngineError> {
+        let mut movers: Vec<(u64, u64)> = Vec::new();
+        movers
+            .try_reserve_exact(expected)
+            .map_err(|_| EngineError::OutOfMemory)?;
+        let table = self.table;
+        self.for_each_live_entry(|loc, obj| {
+            let hash = crate::key_hash(table, obj.key);
+            if part.contains(hash) && movers.len() < movers.capacity() {
+                movers.push((loc, hash));
+            }
+        });
+        debug_assert_eq!(movers.len(), expected);
+        let mut new = Tablet::new(table, part, self.next_version);
+        let built = new.reserve_index(movers.len()).and_then(|()| {
+            movers.iter().try_for_each(|&(loc, hash)| {
+                let o = self.object(loc);
+                new.push_new(budget, hash, o.key, o.value, o.version)
+            })
+        });
+        if let Err(e) = built {
+            new.release(budget);
+            return Err(e);
+        }
+        for &(loc, hash) in &movers {
+            self.live_bytes -= self.kill(loc);
+            self.object_count -= 1;
+            match self.index.find_entry(probe_hash(hash), |e| e.loc == loc) {
+                Ok(e) => {
+                    e.remove();
+                }
+                Err(_) => unreachable!("live object is indexed"),
+            }
+        }
+        Ok(new)
+    }
+
+    // ---- visits -------------------------------------------------------------------
+
+    /// Walk the segments oldest first, calling `f` for each live object.
+    /// The per-entry loop reads only the header; dead entries are skipped by
+    /// their flag, without a hash lookup.
+    #[inline]
+    pub fn for_each_log(&self, mut f: impl FnMut(ObjectRef<'_>)) {
+        for &slot in &self.order {
+            walk_live(&self.segs[slot as usize].buf, &mut f);
+        }
+    }
+
+    /// Like `for_each_log` but also passes each object's log reference.
+    pub fn for_each_live_entry(&self, mut f: impl FnMut(u64, ObjectRef<'_>)) {
+        for &slot in &self.order {
+            let buf = &self.segs[slot as usize].buf;
+            let mut at = 0;
+            while at < buf.len() {
+                let len = entry::len_at(buf, at);
+                if entry::kind(buf, at) == KIND_OBJECT && !entry::is_dead(buf, at) {
+                    f(loc(slot, at as u32), entry::object_at(buf, at));
+                }
+                at += len;
+            }
+        }
+    }
+
+    pub fn for_each_index(&self, mut f: impl FnMut(ObjectRef<'_>)) {
+        for e in self.index.iter() {
+            f(self.object(e.loc));
+        }
+    }
+
+    pub fn segment_slices(&self) -> impl Iterator<Item = &[u8]> {
+        self.order.iter().map(|&s| &self.segs[s as usize].buf[..])
+    }
+
+    pub fn stats(&self, segment_bytes: usize) -> TabletStats {
+        TabletStats {
+            table: self.table,
+            range: self.range,
+            object_count: self.object_count,
+            live_bytes: self.live_bytes,
+            segment_bytes: (self.order.len() * segment_bytes) as u64,
+            segments: self.order.len() as u64,
+            next_version: self.next_version,
+        }
+    }
+
+    /// Recompute the statistics from the log and the index and compare them
+    /// with the running figures (tests and debug checks only: O(data)).
+    pub fn check_consistency(&self) {
+        let mut count = 0u64;
+        let mut live = 0u64;
+        for &slot in &self.order {
+            let seg = &self.segs[slot as usize];
+            let (mut seg_live, mut seg_tomb) = (0u64, 0u64);
+            let mut at = 0;
+            while at < seg.buf.len() {
+                let len = entry::len_at(&seg.buf, at) as u64;
+                match entry::kind(&seg.buf, at) {
+                    KIND_OBJECT if !entry::is_dead(&seg.buf, at) => {
+                        seg_live += len;
+                        let hash = crate::key_hash(self.table, entry::key_at(&seg.buf, at));
+                        let l = loc(slot, at as u32);
+                        assert!(
+                            self.index.find(probe_hash(hash), |e| e.loc == l).is_some(),
+                            "live entry not indexed"
+                        );
+                        assert!(
+                            entry::version(&seg.buf, at) < self.next_version,
+                            "version not below the counter"
+                        );
+                    }
+                    KIND_TOMBSTONE => seg_tomb += len,
+                    _ => {}
+                }
+                at += len as usize;
+            }
+            assert_eq!(at, seg.buf.len(), "entries must tile the segment");
+            assert_eq!(seg.live_bytes, seg_live, "segment live bytes drifted");
+            assert_eq!(
+                seg.tombstone_bytes, seg_tomb,
+                "segment tombstone bytes drifted"
+            );
+            live += seg_live;
+        }
+        for e in self.index.iter() {
+            count += 1;
+            assert!(
+                self.range.contains(e.hash),
+                "indexed key outside the tablet's range"
+            );
+            let o = self.object(e.loc);
+            assert_eq!(
+                crate::key_hash(self.table, o.key),
+                e.hash,
+                "index hash does not match the key"
+            );
+        }
+        assert_eq!(count, self.object_count, "object count drifted");
+        assert_eq!(live, self.live_bytes, "live bytes drifted");
+        assert!(
+            self.order
+                .windows(2)
+                .all(|w| self.segs[w[0] as usize].id < self.segs[w[1] as usize].id),
+            "segments out of id order"
+        );
+    }
+}
+
+/// The hot loop of log traversal: header fields only, then `f`.
+#[inline(always)]
+fn walk_live(buf: &[u8], f: &mut impl FnMut(ObjectRef<'_>)) {
+    let mut at = 0;
+    while at < buf.len() {
+        let header = &buf[at..at + HEADER_BYTES];
+        // kind and dead flag in one load: live objects read (KIND_OBJECT, 0).
+        let kind_dead = u16::from_le_bytes([header[entry::OFF_KIND], header[entry::OFF_DEAD]]);
+        let key_len = entry::read_u32(header, 8) as usize;
+        let value_len = entry::read_u32(header, 12) as usize;
+        let key_start = at + HEADER_BYTES;
+        let value_start = key_start + key_len;
+        let next = value_start + value_len;
+        if kind_dead == u16::from(KIND_OBJECT) {
+            f(ObjectRef {
+                key: &buf[key_start..value_start],
+                value: &buf[value_start..next],
+                version: entry::read_u64(header, 24),
+            });
+        }
+        at = next;
+    }
+}
