@@ -1,2 +1,24 @@
 //! The insitu client library.
+//!
+//! [`Client`] (async) and [`BlockingClient`] talk to the coordinator for
+//! tables and tablet maps, and straight to the storage shards for data: each
+//! key is routed by `insitu_keyhash::key_hash(table, key)` to the shard that
+//! owns its tablet, with the retry policy documented on [`Client`].
+//! Multi-operations are grouped per shard, split to fit a frame (see
+//! [`multi`]) and sent in parallel.
+
+pub mod blocking;
+pub mod client;
+pub mod cursor;
+pub mod error;
+pub mod multi;
+pub mod routing;
 pub mod rpc;
+
+pub use blocking::{BlockingClient, BlockingTableCursor};
+pub use client::{Client, ClientConfig, Found, PerItem};
+pub use cursor::{Object, TableCursor};
+pub use error::ClientError;
+pub use insitu_protocol::{RejectRules, ServerInfo, ShardStats, Status, TableInfo, TabletInfo};
+pub use multi::MAX_ITEMS_PER_REQUEST;
+pub use rpc::{Reply, RpcConn, RpcError};

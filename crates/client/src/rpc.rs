@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use insitu_protocol::{decode_response, encode_request, FrameCodec, FrameKind, ProtocolError, Request, Response, Status};
+use insitu_protocol::{
+    FrameCodec, FrameKind, ProtocolError, Request, Response, Status, decode_response,
+    encode_request,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -42,7 +45,10 @@ impl Reply {
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: String, source: std::io::Error },
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("connection to {0} closed")]
     Closed(String),
     #[error("timed out after {0:?}")]
@@ -72,7 +78,12 @@ struct Inner {
 
 impl RpcConn {
     pub async fn connect(addr: &str) -> Result<RpcConn, RpcError> {
-        let stream = TcpStream::connect(addr).await.map_err(|source| RpcError::Connect { addr: addr.to_string(), source })?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| RpcError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
         stream.set_nodelay(true).ok();
         let (read_half, mut write_half) = stream.into_split();
         let pending: Pending = Arc::default();
@@ -104,9 +115,15 @@ impl RpcConn {
                 if frame.header.kind != FrameKind::Response {
                     break;
                 }
-                let waiter = pending_r.lock().expect("pending map").remove(&frame.header.request_id);
+                let waiter = pending_r
+                    .lock()
+                    .expect("pending map")
+                    .remove(&frame.header.request_id);
                 if let Some(waiter) = waiter {
-                    let _ = waiter.send(Reply { status: frame.header.status, body: frame.body.freeze() });
+                    let _ = waiter.send(Reply {
+                        status: frame.header.status,
+                        body: frame.body.freeze(),
+                    });
                 }
             }
             closed_r.store(true, Ordering::Release);
@@ -114,7 +131,15 @@ impl RpcConn {
             pending_r.lock().expect("pending map").clear();
         });
 
-        Ok(RpcConn { inner: Arc::new(Inner { addr: addr.to_string(), next_id: AtomicU64::new(1), pending, tx, closed }) })
+        Ok(RpcConn {
+            inner: Arc::new(Inner {
+                addr: addr.to_string(),
+                next_id: AtomicU64::new(1),
+                pending,
+                tx,
+                closed,
+            }),
+        })
     }
 
     pub fn addr(&self) -> &str {
@@ -131,16 +156,28 @@ impl RpcConn {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         encode_request(&mut buf, id, request)?;
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.inner.pending.lock().expect("pending map").insert(id, reply_tx);
+        self.inner
+            .pending
+            .lock()
+            .expect("pending map")
+            .insert(id, reply_tx);
         if self.is_closed() || self.inner.tx.send(buf).is_err() {
             self.inner.pending.lock().expect("pending map").remove(&id);
             return Err(RpcError::Closed(self.inner.addr.clone()));
         }
-        reply_rx.await.map_err(|_| RpcError::Closed(self.inner.addr.clone()))
+        reply_rx
+            .await
+            .map_err(|_| RpcError::Closed(self.inner.addr.clone()))
     }
 
     /// `call` with a deadline.
-    pub async fn call_timeout(&self, request: &Request<'_>, timeout: Duration) -> Result<Reply, RpcError> {
-        tokio::time::timeout(timeout, self.call(request)).await.map_err(|_| RpcError::Timeout(timeout))?
+    pub async fn call_timeout(
+        &self,
+        request: &Request<'_>,
+        timeout: Duration,
+    ) -> Result<Reply, RpcError> {
+        tokio::time::timeout(timeout, self.call(request))
+            .await
+            .map_err(|_| RpcError::Timeout(timeout))?
     }
 }

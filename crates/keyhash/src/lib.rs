@@ -24,7 +24,10 @@ pub struct HashRange {
 
 impl HashRange {
     /// Every hash.
-    pub const FULL: HashRange = HashRange { start: 0, end: u64::MAX };
+    pub const FULL: HashRange = HashRange {
+        start: 0,
+        end: u64::MAX,
+    };
 
     pub fn new(start: u64, end: u64) -> Option<HashRange> {
         (start <= end).then_some(HashRange { start, end })
@@ -42,7 +45,11 @@ impl HashRange {
         (0..n)
             .map(|i| {
                 let start = i * width;
-                let end = if i == n - 1 { u64::MAX } else { (i + 1) * width - 1 };
+                let end = if i == n - 1 {
+                    u64::MAX
+                } else {
+                    (i + 1) * width - 1
+                };
                 HashRange { start, end }
             })
             .collect()

@@ -53,13 +53,18 @@ pub struct FrameCodec {
 
 impl Default for FrameCodec {
     fn default() -> Self {
-        FrameCodec { max_body_bytes: MAX_BODY_BYTES }
+        FrameCodec {
+            max_body_bytes: MAX_BODY_BYTES,
+        }
     }
 }
 
 /// Check the header at the front of `src` without consuming it.
 /// Ok(None): not enough bytes yet. Ok(Some((header, body_len))): valid header.
-pub fn check_header(src: &[u8], max_body_bytes: usize) -> Result<Option<(Header, usize)>, ProtocolError> {
+pub fn check_header(
+    src: &[u8],
+    max_body_bytes: usize,
+) -> Result<Option<(Header, usize)>, ProtocolError> {
     if src.len() < HEADER_BYTES {
         return Ok(None);
     }
@@ -74,12 +79,22 @@ pub fn check_header(src: &[u8], max_body_bytes: usize) -> Result<Option<(Header,
         other => return Err(ProtocolError::BadKind(other)),
     };
     if body_len > max_body_bytes {
-        return Err(ProtocolError::FrameTooLarge { len: body_len, max: max_body_bytes });
+        return Err(ProtocolError::FrameTooLarge {
+            len: body_len,
+            max: max_body_bytes,
+        });
     }
     let request_id = u64::from_le_bytes(src[8..16].try_into().expect("8 bytes"));
     let status_raw = u16::from_le_bytes([src[16], src[17]]);
     let status = Status::from_u16(status_raw).ok_or(ProtocolError::BadStatus(status_raw))?;
-    Ok(Some((Header { kind, request_id, status }, body_len)))
+    Ok(Some((
+        Header {
+            kind,
+            request_id,
+            status,
+        },
+        body_len,
+    )))
 }
 
 /// Append a header for a body of `body_len` bytes.
@@ -120,7 +135,10 @@ impl Encoder<Frame> for FrameCodec {
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), ProtocolError> {
         if frame.body.len() > self.max_body_bytes {
-            return Err(ProtocolError::FrameTooLarge { len: frame.body.len(), max: self.max_body_bytes });
+            return Err(ProtocolError::FrameTooLarge {
+                len: frame.body.len(),
+                max: self.max_body_bytes,
+            });
         }
         dst.reserve(HEADER_BYTES + frame.body.len());
         put_header(dst, &frame.header, frame.body.len());

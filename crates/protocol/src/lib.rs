@@ -10,7 +10,7 @@ pub mod message;
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-pub use frame::{Frame, FrameCodec, FrameKind, Header, HEADER_BYTES, MAX_BODY_BYTES};
+pub use frame::{Frame, FrameCodec, FrameKind, HEADER_BYTES, Header, MAX_BODY_BYTES};
 pub use message::*;
 
 /// Outcome of a request (frame header) or of one object in a multi-operation.
@@ -47,9 +47,25 @@ impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
         const ALL: [Status; 19] = [
-            Ok, UnknownTablet, ObjectDoesntExist, ObjectExists, WrongVersion, OutOfMemory, BadRequest,
-            KeyTooLarge, ValueTooLarge, NotANumber, Retry, UnknownTable, TableExists, NoServers, Internal,
-            Truncated, EmptyKey, UnknownServer, StaleMap,
+            Ok,
+            UnknownTablet,
+            ObjectDoesntExist,
+            ObjectExists,
+            WrongVersion,
+            OutOfMemory,
+            BadRequest,
+            KeyTooLarge,
+            ValueTooLarge,
+            NotANumber,
+            Retry,
+            UnknownTable,
+            TableExists,
+            NoServers,
+            Internal,
+            Truncated,
+            EmptyKey,
+            UnknownServer,
+            StaleMap,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -104,9 +120,23 @@ pub enum ProtocolError {
 
 /// Append a whole frame carrying `message` to `dst`.
 /// On error (`FrameTooLarge`), `dst` is left as it was.
-pub fn encode<T: Serialize>(dst: &mut BytesMut, kind: FrameKind, request_id: u64, status: Status, message: &T) -> Result<(), ProtocolError> {
+pub fn encode<T: Serialize>(
+    dst: &mut BytesMut,
+    kind: FrameKind,
+    request_id: u64,
+    status: Status,
+    message: &T,
+) -> Result<(), ProtocolError> {
     let start = dst.len();
-    frame::put_header(dst, &Header { kind, request_id, status }, 0);
+    frame::put_header(
+        dst,
+        &Header {
+            kind,
+            request_id,
+            status,
+        },
+        0,
+    );
     let result = postcard::to_io(message, (&mut *dst).writer()).map(|_| ());
     let body_len = dst.len() - start - HEADER_BYTES;
     if let Err(e) = result {
@@ -115,7 +145,10 @@ pub fn encode<T: Serialize>(dst: &mut BytesMut, kind: FrameKind, request_id: u64
     }
     if body_len > MAX_BODY_BYTES {
         dst.truncate(start);
-        return Err(ProtocolError::FrameTooLarge { len: body_len, max: MAX_BODY_BYTES });
+        return Err(ProtocolError::FrameTooLarge {
+            len: body_len,
+            max: MAX_BODY_BYTES,
+        });
     }
     dst[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     Ok(())
@@ -126,16 +159,30 @@ pub fn encoded_len<T: Serialize>(message: &T) -> usize {
     postcard::experimental::serialized_size(message).unwrap_or(usize::MAX)
 }
 
-pub fn encode_request(dst: &mut BytesMut, request_id: u64, request: &Request<'_>) -> Result<(), ProtocolError> {
+pub fn encode_request(
+    dst: &mut BytesMut,
+    request_id: u64,
+    request: &Request<'_>,
+) -> Result<(), ProtocolError> {
     encode(dst, FrameKind::Request, request_id, Status::Ok, request)
 }
 
-pub fn encode_response(dst: &mut BytesMut, request_id: u64, status: Status, response: &Response<'_>) -> Result<(), ProtocolError> {
+pub fn encode_response(
+    dst: &mut BytesMut,
+    request_id: u64,
+    status: Status,
+    response: &Response<'_>,
+) -> Result<(), ProtocolError> {
     encode(dst, FrameKind::Response, request_id, status, response)
 }
 
 /// Encode an error reply: header status `status`, body `Response::Error`.
-pub fn encode_error(dst: &mut BytesMut, request_id: u64, status: Status, message: impl Into<String>) {
+pub fn encode_error(
+    dst: &mut BytesMut,
+    request_id: u64,
+    status: Status,
+    message: impl Into<String>,
+) {
     debug_assert!(status != Status::Ok);
     let mut message: String = message.into();
     // An error message never needs to be large; bound it so this cannot fail.
@@ -146,13 +193,18 @@ pub fn encode_error(dst: &mut BytesMut, request_id: u64, status: Status, message
         }
         message.truncate(cut);
     }
-    encode_response(dst, request_id, status, &Response::Error { message }).expect("a bounded error message always fits a frame");
+    encode_response(dst, request_id, status, &Response::Error { message })
+        .expect("a bounded error message always fits a frame");
 }
 
 fn decode_whole<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtocolError> {
-    let (value, rest) = postcard::take_from_bytes(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    let (value, rest) =
+        postcard::take_from_bytes(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(ProtocolError::Malformed(format!("{} trailing bytes after the message", rest.len())));
+        return Err(ProtocolError::Malformed(format!(
+            "{} trailing bytes after the message",
+            rest.len()
+        )));
     }
     Ok(value)
 }

@@ -119,59 +119,162 @@ pub enum Request<'a> {
     Ping,
 
     // ---- data: client -> storage shard ----
-    Read { table: u64, #[serde(borrow)] key: Blob<'a> },
-    Write { table: u64, #[serde(borrow)] key: Blob<'a>, #[serde(borrow)] value: Blob<'a>, rules: RejectRules },
-    Remove { table: u64, #[serde(borrow)] key: Blob<'a>, rules: RejectRules },
-    Increment { table: u64, #[serde(borrow)] key: Blob<'a>, delta: Number, rules: RejectRules },
-    MultiRead { table: u64, #[serde(borrow)] keys: Vec<Blob<'a>> },
-    MultiWrite { table: u64, #[serde(borrow)] items: Vec<(Blob<'a>, Blob<'a>)> },
-    MultiRemove { table: u64, #[serde(borrow)] keys: Vec<Blob<'a>> },
+    Read {
+        table: u64,
+        #[serde(borrow)]
+        key: Blob<'a>,
+    },
+    Write {
+        table: u64,
+        #[serde(borrow)]
+        key: Blob<'a>,
+        #[serde(borrow)]
+        value: Blob<'a>,
+        rules: RejectRules,
+    },
+    Remove {
+        table: u64,
+        #[serde(borrow)]
+        key: Blob<'a>,
+        rules: RejectRules,
+    },
+    Increment {
+        table: u64,
+        #[serde(borrow)]
+        key: Blob<'a>,
+        delta: Number,
+        rules: RejectRules,
+    },
+    MultiRead {
+        table: u64,
+        #[serde(borrow)]
+        keys: Vec<Blob<'a>>,
+    },
+    MultiWrite {
+        table: u64,
+        #[serde(borrow)]
+        items: Vec<(Blob<'a>, Blob<'a>)>,
+    },
+    MultiRemove {
+        table: u64,
+        #[serde(borrow)]
+        keys: Vec<Blob<'a>>,
+    },
     /// Objects of one tablet with key hash >= `from_hash`, in hash order, up to
     /// about `max_bytes`; the response says where to continue.
-    Enumerate { table: u64, tablet_start: u64, from_hash: u64, max_bytes: u32 },
+    Enumerate {
+        table: u64,
+        tablet_start: u64,
+        from_hash: u64,
+        max_bytes: u32,
+    },
     ShardStats,
 
     // ---- control: coordinator -> storage shard ----
-    TakeTablet { table: u64, start_hash: u64, end_hash: u64, map_version: u64, state: TabletState },
-    DropTablet { table: u64, start_hash: u64 },
+    TakeTablet {
+        table: u64,
+        start_hash: u64,
+        end_hash: u64,
+        map_version: u64,
+        state: TabletState,
+    },
+    DropTablet {
+        table: u64,
+        start_hash: u64,
+    },
     /// Freeze the tablet for writes and copy its objects to the shard at `dest_addr`.
-    MigrateTablet { table: u64, start_hash: u64, dest_addr: String },
+    MigrateTablet {
+        table: u64,
+        start_hash: u64,
+        dest_addr: String,
+    },
     /// One batch of a migration: source shard -> destination shard.
-    MigrateBatch { table: u64, start_hash: u64, next_version: u64, #[serde(borrow)] objects: Vec<Object<'a>> },
-    ActivateTablet { table: u64, start_hash: u64, map_version: u64 },
+    MigrateBatch {
+        table: u64,
+        start_hash: u64,
+        next_version: u64,
+        #[serde(borrow)]
+        objects: Vec<Object<'a>>,
+    },
+    ActivateTablet {
+        table: u64,
+        start_hash: u64,
+        map_version: u64,
+    },
 
     // ---- metadata: anyone -> coordinator ----
-    Enlist { shard_addrs: Vec<String> },
-    CreateTable { name: String, tablets: u32 },
-    DropTable { name: String },
-    OpenTable { name: String },
-    TableMap { table: u64 },
+    Enlist {
+        shard_addrs: Vec<String>,
+    },
+    CreateTable {
+        name: String,
+        tablets: u32,
+    },
+    DropTable {
+        name: String,
+    },
+    OpenTable {
+        name: String,
+    },
+    TableMap {
+        table: u64,
+    },
     ListTables,
     ListServers,
-    MoveTablet { table: String, tablet_index: u32, server_id: u64 },
+    MoveTablet {
+        table: String,
+        tablet_index: u32,
+        server_id: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum Response<'a> {
     Pong,
     /// The body of every reply whose header status is not `Ok`.
-    Error { message: String },
+    Error {
+        message: String,
+    },
     Done,
 
-    Read { version: u64, #[serde(borrow)] value: Blob<'a> },
-    Written { version: u64 },
-    Removed { version: u64 },
-    Incremented { value: Number, version: u64 },
+    Read {
+        version: u64,
+        #[serde(borrow)]
+        value: Blob<'a>,
+    },
+    Written {
+        version: u64,
+    },
+    Removed {
+        version: u64,
+    },
+    Incremented {
+        value: Number,
+        version: u64,
+    },
     /// One result per key, in request order. Keys past the point where the
     /// reply would overflow the frame get `Status::Truncated`: ask again.
-    MultiRead { #[serde(borrow)] results: Vec<ReadResult<'a>> },
-    MultiWrite { results: Vec<WriteResult> },
-    MultiRemove { results: Vec<WriteResult> },
+    MultiRead {
+        #[serde(borrow)]
+        results: Vec<ReadResult<'a>>,
+    },
+    MultiWrite {
+        results: Vec<WriteResult>,
+    },
+    MultiRemove {
+        results: Vec<WriteResult>,
+    },
     /// `next_hash`: where to continue in this tablet, or None when it is exhausted.
-    Enumerate { #[serde(borrow)] objects: Vec<Object<'a>>, next_hash: Option<u64> },
+    Enumerate {
+        #[serde(borrow)]
+        objects: Vec<Object<'a>>,
+        next_hash: Option<u64>,
+    },
     ShardStats(ShardStats),
 
-    Enlisted { server_id: u64 },
+    Enlisted {
+        server_id: u64,
+    },
     Table(TableInfo),
     Tables(Vec<TableInfo>),
     Servers(Vec<ServerInfo>),

@@ -6,7 +6,10 @@ use proptest::prelude::*;
 use tokio_util::codec::Decoder;
 
 fn one_frame(buf: &mut BytesMut) -> Frame {
-    FrameCodec::default().decode(buf).expect("valid frame").expect("whole frame")
+    FrameCodec::default()
+        .decode(buf)
+        .expect("valid frame")
+        .expect("whole frame")
 }
 
 #[test]
@@ -15,7 +18,10 @@ fn request_round_trips_through_the_codec() {
         table: 7,
         key: blob(b"user:1"),
         value: blob(&[0u8, 1, 2, 255]),
-        rules: RejectRules { exists: true, ..Default::default() },
+        rules: RejectRules {
+            exists: true,
+            ..Default::default()
+        },
     };
     let mut buf = BytesMut::new();
     encode_request(&mut buf, 42, &req).unwrap();
@@ -32,19 +38,36 @@ fn error_response_carries_status_and_message() {
     encode_error(&mut buf, 9, Status::UnknownTable, "no table named x");
     let frame = one_frame(&mut buf);
     assert_eq!(frame.header.status, Status::UnknownTable);
-    assert_eq!(decode_response(&frame.body).unwrap(), Response::Error { message: "no table named x".into() });
+    assert_eq!(
+        decode_response(&frame.body).unwrap(),
+        Response::Error {
+            message: "no table named x".into()
+        }
+    );
 }
 
 #[test]
 fn partial_frames_wait_for_more_bytes() {
     let mut whole = BytesMut::new();
-    encode_request(&mut whole, 1, &Request::Read { table: 1, key: blob(b"k") }).unwrap();
+    encode_request(
+        &mut whole,
+        1,
+        &Request::Read {
+            table: 1,
+            key: blob(b"k"),
+        },
+    )
+    .unwrap();
     let mut codec = FrameCodec::default();
     let mut buf = BytesMut::new();
     for (i, b) in whole.iter().enumerate() {
         buf.extend_from_slice(&[*b]);
         let got = codec.decode(&mut buf).unwrap();
-        assert_eq!(got.is_some(), i == whole.len() - 1, "frame complete only at the last byte");
+        assert_eq!(
+            got.is_some(),
+            i == whole.len() - 1,
+            "frame complete only at the last byte"
+        );
     }
 }
 
@@ -56,20 +79,36 @@ fn huge_length_is_refused_before_allocating() {
     buf.extend_from_slice(&[0u8; 14]);
     let err = FrameCodec::default().decode(&mut buf).unwrap_err();
     assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err}");
-    assert!(buf.capacity() < 1 << 20, "no allocation for the claimed length");
+    assert!(
+        buf.capacity() < 1 << 20,
+        "no allocation for the claimed length"
+    );
 }
 
 #[test]
 fn bad_magic_is_refused() {
     let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..]);
-    assert!(matches!(FrameCodec::default().decode(&mut buf), Err(ProtocolError::BadMagic(_))));
+    assert!(matches!(
+        FrameCodec::default().decode(&mut buf),
+        Err(ProtocolError::BadMagic(_))
+    ));
 }
 
 #[test]
 fn oversized_message_is_refused_and_leaves_buffer_intact() {
     let big = vec![0u8; MAX_BODY_BYTES + 1];
     let mut buf = BytesMut::from(&b"prefix"[..]);
-    let err = encode_request(&mut buf, 1, &Request::Write { table: 1, key: blob(b"k"), value: blob(&big), rules: RejectRules::default() }).unwrap_err();
+    let err = encode_request(
+        &mut buf,
+        1,
+        &Request::Write {
+            table: 1,
+            key: blob(b"k"),
+            value: blob(&big),
+            rules: RejectRules::default(),
+        },
+    )
+    .unwrap_err();
     assert!(matches!(err, ProtocolError::FrameTooLarge { .. }));
     assert_eq!(&buf[..], b"prefix");
 }

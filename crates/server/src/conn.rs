@@ -3,8 +3,8 @@
 //! thereby batched for free.
 
 use bytes::BytesMut;
-use insitu_protocol::frame::{check_header, HEADER_BYTES, MAX_BODY_BYTES};
-use insitu_protocol::{encode_error, FrameKind, Status};
+use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
+use insitu_protocol::{FrameKind, Status, encode_error};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -27,7 +27,12 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be re-synchronised: say why, then close.
-                    encode_error(&mut wbuf, 0, Status::BadRequest, format!("malformed frame: {e}"));
+                    encode_error(
+                        &mut wbuf,
+                        0,
+                        Status::BadRequest,
+                        format!("malformed frame: {e}"),
+                    );
                     stream.write_all(&wbuf).await?;
                     return Ok(());
                 }
@@ -39,7 +44,12 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
             let frame = rbuf.split_to(HEADER_BYTES + body_len);
             let body = &frame[HEADER_BYTES..];
             if header.kind != FrameKind::Request {
-                encode_error(&mut wbuf, header.request_id, Status::BadRequest, "expected a request frame");
+                encode_error(
+                    &mut wbuf,
+                    header.request_id,
+                    Status::BadRequest,
+                    "expected a request frame",
+                );
                 continue;
             }
             handler::handle(state, header.request_id, body, &mut wbuf).await;

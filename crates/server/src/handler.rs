@@ -2,10 +2,11 @@
 //! encode the reply into the connection's output buffer.
 
 use bytes::BytesMut;
-use insitu_engine::{key_hash, EngineError, HashRange, ObjectRef};
+use insitu_engine::{EngineError, HashRange, ObjectRef, key_hash};
 use insitu_protocol::{
-    blob, decode_request, encode_error, encode_response, frame::MAX_BODY_BYTES, Number, Object, ReadResult, RejectRules, Request,
-    Response, ShardStats, Status, TabletState, TabletStat, WriteResult,
+    Number, Object, ReadResult, RejectRules, Request, Response, ShardStats, Status, TabletStat,
+    TabletState, WriteResult, blob, decode_request, encode_error, encode_response,
+    frame::MAX_BODY_BYTES,
 };
 
 use crate::shard::{ShardState, TabletMeta};
@@ -48,7 +49,9 @@ fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), 
     }
     let hash = key_hash(table, key);
     let engine = state.engine.borrow();
-    let Some(range) = engine.tablet_for(table, hash) else { return Err(Status::UnknownTablet) };
+    let Some(range) = engine.tablet_for(table, hash) else {
+        return Err(Status::UnknownTablet);
+    };
     match state.tablets.borrow().get(&(table, range.start)) {
         Some(m) if write && !m.serves_writes() => Err(Status::Retry),
         Some(m) if !m.serves_reads() => Err(Status::Retry),
@@ -63,14 +66,26 @@ fn reply_engine_error(out: &mut BytesMut, id: u64, e: &EngineError) {
 
 fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
     if let Err(e) = encode_response(out, id, Status::Ok, response) {
-        encode_error(out, id, Status::Internal, format!("cannot encode reply: {e}"));
+        encode_error(
+            out,
+            id,
+            Status::Internal,
+            format!("cannot encode reply: {e}"),
+        );
     }
 }
 
 pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) {
     let request = match decode_request(body) {
         Ok(r) => r,
-        Err(e) => return encode_error(out, id, Status::BadRequest, format!("cannot decode request: {e}")),
+        Err(e) => {
+            return encode_error(
+                out,
+                id,
+                Status::BadRequest,
+                format!("cannot decode request: {e}"),
+            );
+        }
     };
     match request {
         Request::Ping => reply(out, id, &Response::Pong),
@@ -80,21 +95,40 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             }
             let engine = state.engine.borrow();
             match engine.read(table, key) {
-                Ok(obj) => reply(out, id, &Response::Read { version: obj.version, value: blob(obj.value) }),
+                Ok(obj) => reply(
+                    out,
+                    id,
+                    &Response::Read {
+                        version: obj.version,
+                        value: blob(obj.value),
+                    },
+                ),
                 Err(e) => reply_engine_error(out, id, &e),
             }
         }
-        Request::Write { table, key, value, rules: r } => {
+        Request::Write {
+            table,
+            key,
+            value,
+            rules: r,
+        } => {
             if let Err(s) = admit(state, table, key, true) {
                 return encode_error(out, id, s, s.to_string());
             }
-            let result = state.engine.borrow_mut().write(table, key, value, &rules(&r));
+            let result = state
+                .engine
+                .borrow_mut()
+                .write(table, key, value, &rules(&r));
             match result {
                 Ok(version) => reply(out, id, &Response::Written { version }),
                 Err(e) => reply_engine_error(out, id, &e),
             }
         }
-        Request::Remove { table, key, rules: r } => {
+        Request::Remove {
+            table,
+            key,
+            rules: r,
+        } => {
             if let Err(s) = admit(state, table, key, true) {
                 return encode_error(out, id, s, s.to_string());
             }
@@ -104,14 +138,23 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 Err(e) => reply_engine_error(out, id, &e),
             }
         }
-        Request::Increment { table, key, delta, rules: r } => {
+        Request::Increment {
+            table,
+            key,
+            delta,
+            rules: r,
+        } => {
             if let Err(s) = admit(state, table, key, true) {
                 return encode_error(out, id, s, s.to_string());
             }
             let mut engine = state.engine.borrow_mut();
             let result = match delta {
-                Number::I64(d) => engine.increment_i64(table, key, d, &rules(&r)).map(|(v, ver)| (Number::I64(v), ver)),
-                Number::F64(d) => engine.increment_f64(table, key, d, &rules(&r)).map(|(v, ver)| (Number::F64(v), ver)),
+                Number::I64(d) => engine
+                    .increment_i64(table, key, d, &rules(&r))
+                    .map(|(v, ver)| (Number::I64(v), ver)),
+                Number::F64(d) => engine
+                    .increment_f64(table, key, d, &rules(&r))
+                    .map(|(v, ver)| (Number::F64(v), ver)),
             };
             match result {
                 Ok((value, version)) => reply(out, id, &Response::Incremented { value, version }),
@@ -121,15 +164,34 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
         Request::MultiRead { table, keys } => multi_read(state, id, table, &keys, out),
         Request::MultiWrite { table, items } => {
             if items.len() > MAX_MULTI_ITEMS {
-                return encode_error(out, id, Status::BadRequest, format!("{} items exceed the limit of {MAX_MULTI_ITEMS}", items.len()));
+                return encode_error(
+                    out,
+                    id,
+                    Status::BadRequest,
+                    format!(
+                        "{} items exceed the limit of {MAX_MULTI_ITEMS}",
+                        items.len()
+                    ),
+                );
             }
             let mut results = Vec::with_capacity(items.len());
             for (key, value) in items {
                 results.push(match admit(state, table, key, true) {
                     Err(status) => WriteResult { status, version: 0 },
-                    Ok(()) => match state.engine.borrow_mut().write(table, key, value, &insitu_engine::RejectRules::default()) {
-                        Ok(version) => WriteResult { status: Status::Ok, version },
-                        Err(e) => WriteResult { status: engine_status(&e), version: 0 },
+                    Ok(()) => match state.engine.borrow_mut().write(
+                        table,
+                        key,
+                        value,
+                        &insitu_engine::RejectRules::default(),
+                    ) {
+                        Ok(version) => WriteResult {
+                            status: Status::Ok,
+                            version,
+                        },
+                        Err(e) => WriteResult {
+                            status: engine_status(&e),
+                            version: 0,
+                        },
                     },
                 });
             }
@@ -137,21 +199,41 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
         }
         Request::MultiRemove { table, keys } => {
             if keys.len() > MAX_MULTI_ITEMS {
-                return encode_error(out, id, Status::BadRequest, format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()));
+                return encode_error(
+                    out,
+                    id,
+                    Status::BadRequest,
+                    format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()),
+                );
             }
             let mut results = Vec::with_capacity(keys.len());
             for key in keys {
                 results.push(match admit(state, table, key, true) {
                     Err(status) => WriteResult { status, version: 0 },
-                    Ok(()) => match state.engine.borrow_mut().remove(table, key, &insitu_engine::RejectRules::default()) {
-                        Ok(version) => WriteResult { status: Status::Ok, version },
-                        Err(e) => WriteResult { status: engine_status(&e), version: 0 },
+                    Ok(()) => match state.engine.borrow_mut().remove(
+                        table,
+                        key,
+                        &insitu_engine::RejectRules::default(),
+                    ) {
+                        Ok(version) => WriteResult {
+                            status: Status::Ok,
+                            version,
+                        },
+                        Err(e) => WriteResult {
+                            status: engine_status(&e),
+                            version: 0,
+                        },
                     },
                 });
             }
             reply(out, id, &Response::MultiRemove { results })
         }
-        Request::Enumerate { table, tablet_start, from_hash, max_bytes } => enumerate(state, id, table, tablet_start, from_hash, max_bytes, out),
+        Request::Enumerate {
+            table,
+            tablet_start,
+            from_hash,
+            max_bytes,
+        } => enumerate(state, id, table, tablet_start, from_hash, max_bytes, out),
         Request::ShardStats => {
             let engine = state.engine.borrow();
             let mem = engine.memory();
@@ -178,7 +260,13 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 }),
             )
         }
-        Request::TakeTablet { table, start_hash, end_hash, map_version, state: tablet_state } => {
+        Request::TakeTablet {
+            table,
+            start_hash,
+            end_hash,
+            map_version,
+            state: tablet_state,
+        } => {
             let Some(range) = HashRange::new(start_hash, end_hash) else {
                 return encode_error(out, id, Status::BadRequest, "tablet range start > end");
             };
@@ -189,10 +277,21 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 }
             }
             // Taking a tablet we hold re-activates it (and un-freezes an aborted move).
-            let meta = TabletMeta { map_version, state: tablet_state, frozen: false };
+            let meta = TabletMeta {
+                map_version,
+                state: tablet_state,
+                frozen: false,
+            };
             state.tablets.borrow_mut().insert((table, start_hash), meta);
             state.recount_unusual();
-            tracing::info!(shard = state.index, table, start_hash, end_hash, ?tablet_state, "took tablet");
+            tracing::info!(
+                shard = state.index,
+                table,
+                start_hash,
+                end_hash,
+                ?tablet_state,
+                "took tablet"
+            );
             reply(out, id, &Response::Done)
         }
         Request::DropTablet { table, start_hash } => {
@@ -202,7 +301,11 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             tracing::info!(shard = state.index, table, start_hash, "dropped tablet");
             reply(out, id, &Response::Done)
         }
-        Request::ActivateTablet { table, start_hash, map_version } => {
+        Request::ActivateTablet {
+            table,
+            start_hash,
+            map_version,
+        } => {
             let found = match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
                 Some(m) => {
                     m.state = TabletState::Active;
@@ -216,14 +319,28 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             if found {
                 reply(out, id, &Response::Done)
             } else {
-                encode_error(out, id, Status::UnknownTablet, "no such tablet on this shard")
+                encode_error(
+                    out,
+                    id,
+                    Status::UnknownTablet,
+                    "no such tablet on this shard",
+                )
             }
         }
-        Request::MigrateTablet { table, start_hash, dest_addr } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr).await {
+        Request::MigrateTablet {
+            table,
+            start_hash,
+            dest_addr,
+        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr).await {
             Ok(()) => reply(out, id, &Response::Done),
             Err((status, message)) => encode_error(out, id, status, message),
         },
-        Request::MigrateBatch { table, start_hash, next_version, objects } => {
+        Request::MigrateBatch {
+            table,
+            start_hash,
+            next_version,
+            objects,
+        } => {
             match crate::migrate::install_batch(state, table, start_hash, next_version, &objects) {
                 Ok(()) => reply(out, id, &Response::Done),
                 Err((status, message)) => encode_error(out, id, status, message),
@@ -236,13 +353,29 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
         | Request::TableMap { .. }
         | Request::ListTables
         | Request::ListServers
-        | Request::MoveTablet { .. } => encode_error(out, id, Status::BadRequest, "this is a storage server; send metadata requests to the coordinator"),
+        | Request::MoveTablet { .. } => encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            "this is a storage server; send metadata requests to the coordinator",
+        ),
     }
 }
 
-fn multi_read(state: &ShardState, id: u64, table: u64, keys: &[insitu_protocol::Blob<'_>], out: &mut BytesMut) {
+fn multi_read(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    keys: &[insitu_protocol::Blob<'_>],
+    out: &mut BytesMut,
+) {
     if keys.len() > MAX_MULTI_ITEMS {
-        return encode_error(out, id, Status::BadRequest, format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()));
+        return encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()),
+        );
     }
     let engine = state.engine.borrow();
     let budget = MAX_BODY_BYTES - REPLY_SLACK_BYTES;
@@ -252,33 +385,61 @@ fn multi_read(state: &ShardState, id: u64, table: u64, keys: &[insitu_protocol::
     for key in keys {
         // Per-entry overhead of the encoding: status, version varint, length varint.
         if used + 24 > budget {
-            results.push(ReadResult { status: Status::Truncated, version: 0, value: empty });
+            results.push(ReadResult {
+                status: Status::Truncated,
+                version: 0,
+                value: empty,
+            });
             continue;
         }
         if let Err(status) = admit(state, table, key, false) {
-            results.push(ReadResult { status, version: 0, value: empty });
+            results.push(ReadResult {
+                status,
+                version: 0,
+                value: empty,
+            });
             used += 24;
             continue;
         }
         match engine.read(table, key) {
             Ok(obj) if used + 24 + obj.value.len() > budget => {
-                results.push(ReadResult { status: Status::Truncated, version: 0, value: empty });
+                results.push(ReadResult {
+                    status: Status::Truncated,
+                    version: 0,
+                    value: empty,
+                });
                 used = budget; // keep order: nothing after a truncated key is served
             }
             Ok(obj) => {
                 used += 24 + obj.value.len();
-                results.push(ReadResult { status: Status::Ok, version: obj.version, value: blob(obj.value) });
+                results.push(ReadResult {
+                    status: Status::Ok,
+                    version: obj.version,
+                    value: blob(obj.value),
+                });
             }
             Err(e) => {
                 used += 24;
-                results.push(ReadResult { status: engine_status(&e), version: 0, value: empty });
+                results.push(ReadResult {
+                    status: engine_status(&e),
+                    version: 0,
+                    value: empty,
+                });
             }
         }
     }
     reply(out, id, &Response::MultiRead { results })
 }
 
-fn enumerate(state: &ShardState, id: u64, table: u64, tablet_start: u64, from_hash: u64, max_bytes: u32, out: &mut BytesMut) {
+fn enumerate(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    tablet_start: u64,
+    from_hash: u64,
+    max_bytes: u32,
+    out: &mut BytesMut,
+) {
     if let Some(m) = state.tablets.borrow().get(&(table, tablet_start)) {
         if !m.serves_reads() {
             return encode_error(out, id, Status::Retry, "tablet is being moved");
@@ -314,7 +475,11 @@ fn enumerate(state: &ShardState, id: u64, table: u64, tablet_start: u64, from_ha
             break;
         }
         used += size;
-        objects.push(Object { key: blob(key), value: blob(value), version });
+        objects.push(Object {
+            key: blob(key),
+            value: blob(value),
+            version,
+        });
         i += 1;
     }
     reply(out, id, &Response::Enumerate { objects, next_hash })

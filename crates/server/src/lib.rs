@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use insitu_client::rpc::RpcConn;
 use insitu_engine::EngineConfig;
 use insitu_protocol::{Request, Response};
@@ -42,7 +42,9 @@ impl ServerConfig {
             coordinator: coordinator.into(),
             host: "127.0.0.1".into(),
             base_port: 0,
-            shards: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            shards: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             dir: dir.into(),
             engine: EngineConfig::default(),
         }
@@ -74,22 +76,36 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     if config.shards == 0 || config.shards > 256 {
         bail!("--shards must be between 1 and 256, got {}", config.shards);
     }
-    std::fs::create_dir_all(&config.dir).with_context(|| format!("cannot create data directory {}", config.dir.display()))?;
+    std::fs::create_dir_all(&config.dir)
+        .with_context(|| format!("cannot create data directory {}", config.dir.display()))?;
     let mut engine_config = config.engine.clone();
-    engine_config.memory_budget_bytes = (config.engine.memory_budget_bytes / config.shards).max(config.engine.segment_bytes);
+    engine_config.memory_budget_bytes =
+        (config.engine.memory_budget_bytes / config.shards).max(config.engine.segment_bytes);
     // Fail early, with the engine's own message, on an inconsistent configuration.
-    insitu_engine::Engine::new(engine_config.clone()).map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
+    insitu_engine::Engine::new(engine_config.clone())
+        .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut listeners = Vec::with_capacity(config.shards);
     for i in 0..config.shards {
-        let port = if config.base_port == 0 { 0 } else { config.base_port.checked_add(i as u16).context("port out of range")? };
+        let port = if config.base_port == 0 {
+            0
+        } else {
+            config
+                .base_port
+                .checked_add(i as u16)
+                .context("port out of range")?
+        };
         let addr = format!("{}:{}", config.host, port);
-        let l = std::net::TcpListener::bind(&addr).with_context(|| format!("shard {i}: cannot listen on {addr}"))?;
+        let l = std::net::TcpListener::bind(&addr)
+            .with_context(|| format!("shard {i}: cannot listen on {addr}"))?;
         l.set_nonblocking(true)?;
         listeners.push(l);
     }
-    let shard_addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr()).collect::<Result<_, _>>()?;
+    let shard_addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()?;
     let mut threads = Vec::with_capacity(config.shards);
     for (i, listener) in listeners.into_iter().enumerate() {
         let engine_config = engine_config.clone();
@@ -107,7 +123,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         let reply = conn.call(&Request::Enlist { shard_addrs: addrs }).await?;
         match reply.decode()? {
             Response::Enlisted { server_id } => Ok::<u64, anyhow::Error>(server_id),
-            other => bail!("coordinator refused enlistment: {} {:?}", reply.status, other),
+            other => bail!(
+                "coordinator refused enlistment: {} {:?}",
+                reply.status,
+                other
+            ),
         }
     };
     let server_id = match enlist.await {
@@ -117,9 +137,17 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
             for t in threads {
                 let _ = t.join();
             }
-            return Err(e.context(format!("cannot enlist with the coordinator at {}", config.coordinator)));
+            return Err(e.context(format!(
+                "cannot enlist with the coordinator at {}",
+                config.coordinator
+            )));
         }
     };
     tracing::info!(server_id, ?shard_addrs, "storage server enlisted");
-    Ok(ServerHandle { server_id, shard_addrs, stop: stop_tx, threads })
+    Ok(ServerHandle {
+        server_id,
+        shard_addrs,
+        stop: stop_tx,
+        threads,
+    })
 }

@@ -47,13 +47,26 @@ pub struct ShardState {
 
 impl ShardState {
     pub fn recount_unusual(&self) {
-        let n = self.tablets.borrow().values().filter(|m| !m.serves_writes()).count();
+        let n = self
+            .tablets
+            .borrow()
+            .values()
+            .filter(|m| !m.serves_writes())
+            .count();
         self.unusual_tablets.set(n);
     }
 }
 
-pub fn run_shard(index: usize, listener: std::net::TcpListener, engine_config: EngineConfig, mut stop: watch::Receiver<bool>) {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+pub fn run_shard(
+    index: usize,
+    listener: std::net::TcpListener,
+    engine_config: EngineConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(shard = index, "cannot build runtime: {e}");

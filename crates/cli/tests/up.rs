@@ -1,0 +1,53 @@
+//! `insitu up`: the embedded cluster answers the CLI and shuts down cleanly.
+
+mod common;
+
+use common::{Proc, cli, free_port};
+
+#[test]
+fn up_serves_the_cli_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let data = dir.path().join("data");
+    let (mut up, line) = Proc::start(
+        "up",
+        &[
+            "up",
+            "--servers",
+            "2",
+            "--shards",
+            "1",
+            "--port",
+            &port.to_string(),
+            "--dir",
+            data.to_str().unwrap(),
+            "--memory-mb",
+            "256",
+        ],
+        "insitu is up",
+    );
+    let addr = format!("127.0.0.1:{port}");
+    assert!(line.contains(&addr), "{line}");
+    let (code, out, err) = cli(&addr, &["table", "create", "t", "--tablets", "4"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(cli(&addr, &["put", "t", "k", "v"]).0, 0);
+    assert_eq!(cli(&addr, &["get", "t", "k"]).1, "v\n");
+    let (code, out, _) = cli(&addr, &["status"]);
+    assert!(code == 0 && out.contains("2 servers"), "{out}");
+
+    // SIGTERM: a clean exit with status 0.
+    let pid = up.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = up.child.wait().unwrap();
+    assert!(status.success(), "insitu up exited with {status}");
+    assert!(
+        data.join("coordinator").exists(),
+        "metadata directory created"
+    );
+}

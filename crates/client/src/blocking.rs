@@ -1,0 +1,209 @@
+//! A blocking wrapper around `Client` for code without an async runtime.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use insitu_protocol::{RejectRules, ServerInfo, ShardStats, TableInfo};
+
+use crate::client::{Client, ClientConfig, Found, PerItem};
+use crate::cursor::{Object, TableCursor};
+use crate::error::ClientError;
+
+/// The same operations as `Client`, each blocking the calling thread.
+///
+/// It owns a tokio current-thread runtime that runs only while a call is in
+/// progress (connections are served during calls, idle in between).
+///
+/// **Do not use it inside an async context** (a tokio task or any code
+/// already driven by a runtime): blocking there panics ("Cannot start a
+/// runtime from within a runtime") or stalls that runtime. Use `Client` there.
+/// Dropping the last clone must also happen outside an async context.
+#[derive(Clone)]
+pub struct BlockingClient {
+    /// The runtime every call is driven on; shared by clones and cursors.
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// The async client doing the work.
+    client: Client,
+}
+
+/// `TableCursor`, blocking.
+pub struct BlockingTableCursor {
+    /// The runtime the cursor's requests are driven on.
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// The async cursor.
+    cursor: TableCursor,
+}
+
+impl BlockingTableCursor {
+    pub fn next_batch(&mut self) -> Result<Option<Vec<Object>>, ClientError> {
+        self.runtime.block_on(self.cursor.next_batch())
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.cursor.is_done()
+    }
+}
+
+impl BlockingClient {
+    pub fn connect(coordinator_addr: &str) -> Result<BlockingClient, ClientError> {
+        BlockingClient::connect_with(coordinator_addr, ClientConfig::default())
+    }
+
+    pub fn connect_with(
+        coordinator_addr: &str,
+        config: ClientConfig,
+    ) -> Result<BlockingClient, ClientError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Runtime(e.to_string()))?;
+        let client = runtime.block_on(Client::connect_with(coordinator_addr, config))?;
+        Ok(BlockingClient {
+            runtime: Arc::new(runtime),
+            client,
+        })
+    }
+
+    fn run<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// The async client inside (to be used only on this wrapper's runtime).
+    pub fn async_client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
+        self.run(self.client.create_table(name, tablets))
+    }
+
+    pub fn drop_table(&self, name: &str) -> Result<(), ClientError> {
+        self.run(self.client.drop_table(name))
+    }
+
+    pub fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
+        self.run(self.client.list_tables())
+    }
+
+    pub fn open_table(&self, name: &str) -> Result<TableInfo, ClientError> {
+        self.run(self.client.open_table(name))
+    }
+
+    pub fn table_id(&self, name: &str) -> Result<u64, ClientError> {
+        self.run(self.client.table_id(name))
+    }
+
+    pub fn list_servers(&self) -> Result<Vec<ServerInfo>, ClientError> {
+        self.run(self.client.list_servers())
+    }
+
+    pub fn move_tablet(
+        &self,
+        table_name: &str,
+        tablet_index: u32,
+        server_id: u64,
+    ) -> Result<(), ClientError> {
+        self.run(self.client.move_tablet(table_name, tablet_index, server_id))
+    }
+
+    pub fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
+        self.run(self.client.shard_stats(addr))
+    }
+
+    pub fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Found, ClientError> {
+        self.run(self.client.read(table, key))
+    }
+
+    pub fn write(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<u64, ClientError> {
+        self.run(self.client.write(table, key, value))
+    }
+
+    pub fn write_with(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        rules: RejectRules,
+    ) -> Result<u64, ClientError> {
+        self.run(self.client.write_with(table, key, value, rules))
+    }
+
+    pub fn remove(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Option<u64>, ClientError> {
+        self.run(self.client.remove(table, key))
+    }
+
+    pub fn remove_with(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        rules: RejectRules,
+    ) -> Result<Option<u64>, ClientError> {
+        self.run(self.client.remove_with(table, key, rules))
+    }
+
+    pub fn increment_i64(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        delta: i64,
+    ) -> Result<(i64, u64), ClientError> {
+        self.run(self.client.increment_i64(table, key, delta))
+    }
+
+    pub fn increment_f64(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        delta: f64,
+    ) -> Result<(f64, u64), ClientError> {
+        self.run(self.client.increment_f64(table, key, delta))
+    }
+
+    pub fn multi_read<K: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        keys: &[K],
+    ) -> Result<PerItem<Found>, ClientError> {
+        self.run(self.client.multi_read(table, keys))
+    }
+
+    pub fn multi_write<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        items: &[(K, V)],
+    ) -> Result<PerItem<u64>, ClientError> {
+        self.run(self.client.multi_write(table, items))
+    }
+
+    pub fn multi_remove<K: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        keys: &[K],
+    ) -> Result<PerItem<Option<u64>>, ClientError> {
+        self.run(self.client.multi_remove(table, keys))
+    }
+
+    pub fn enumerate(&self, table: u64) -> BlockingTableCursor {
+        BlockingTableCursor {
+            runtime: self.runtime.clone(),
+            cursor: self.client.enumerate(table),
+        }
+    }
+
+    pub fn cursor(&self, table: u64) -> Result<BlockingTableCursor, ClientError> {
+        let cursor = self.run(self.client.cursor(table))?;
+        Ok(BlockingTableCursor {
+            runtime: self.runtime.clone(),
+            cursor,
+        })
+    }
+
+    pub fn scan(&self, table: u64, limit: usize) -> Result<Vec<Object>, ClientError> {
+        self.run(self.client.scan(table, limit))
+    }
+}

@@ -1,0 +1,785 @@
+//! The async `Client`: table management, point operations, and the retry loop
+//! every routed request goes through.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use insitu_keyhash::key_hash;
+use insitu_protocol::{
+    Number, RejectRules, Request, Response, ServerInfo, ShardStats, Status, TableInfo, TabletInfo,
+    blob,
+};
+
+use crate::error::ClientError;
+use crate::routing::{Backoff, Endpoint, EndpointPool, RouteCache, TableRoute};
+use crate::rpc::Reply;
+
+/// A value and its version, as `read` returns it (`None`: no such object).
+pub type Found = Option<(Bytes, u64)>;
+
+/// One outcome per item of a multi-operation, in the caller's order.
+pub type PerItem<T> = Vec<Result<T, ClientError>>;
+
+/// Tunables of a `Client`.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Total time one operation may take, retries, back-offs, map refreshes
+    /// and reconnects included. Past it the operation fails with
+    /// `ClientError::GaveUp` (or `Timeout` if a reply never came).
+    pub op_timeout: Duration,
+    /// How many bytes of objects one `Enumerate` RPC asks a shard for.
+    pub enumerate_batch_bytes: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            op_timeout: Duration::from_secs(10),
+            enumerate_batch_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A connection to an insitu cluster. Cheap to clone (clones share the
+/// connections and the tablet-map cache); `Send + Sync`.
+///
+/// # Retry policy
+/// Every routed request (point ops, each request of a multi-op, each
+/// enumerate step) is retried within `ClientConfig::op_timeout`:
+/// - `Status::UnknownTablet` / `StaleMap`: refresh the table's map from the
+///   coordinator and retry (the first time at once, later after a back-off);
+/// - `Status::Retry` (tablet being moved): back off (1 ms doubling to 50 ms),
+///   refresh the map and retry;
+/// - connection failure: drop the cached connection, back off, refresh the
+///   map and retry on a new connection.
+///
+/// A request that went out on a connection that then dropped may have been
+/// applied. Reads and plain (unconditional) writes and removes are retried
+/// anyway: a repeated plain write stores the same value again, but it can
+/// land after another client's later write to the same key (last writer wins,
+/// and the "last" may be the retry). Increments and operations with reject
+/// rules are *not* retried after such a failure (repeating them could apply
+/// an increment twice or report a spurious conflict): they fail with
+/// `ClientError::Closed` and their outcome is unknown.
+#[derive(Clone)]
+pub struct Client {
+    /// Shared state, so clones are one reference count.
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// The coordinator: tables, tablet maps, servers.
+    pub(crate) coordinator: Arc<Endpoint>,
+    /// One connection per shard address, shared by all tables.
+    pub(crate) pool: EndpointPool,
+    /// Tablet maps by table id, table ids by name.
+    pub(crate) routes: RouteCache,
+    /// Time budget and batch sizes.
+    pub(crate) config: ClientConfig,
+}
+
+/// What a failed attempt asks the retry loop to do.
+pub(crate) struct Again {
+    /// The error to report if time runs out.
+    pub(crate) err: ClientError,
+    /// Sleep a back-off step before the next attempt.
+    pub(crate) backoff: bool,
+}
+
+/// Check a reply's status: `Ok` passes, anything else becomes `ClientError::Status`.
+pub(crate) fn check_ok(reply: &Reply) -> Result<(), ClientError> {
+    if reply.status == Status::Ok {
+        Ok(())
+    } else {
+        Err(ClientError::Status(reply.status, reply.error_message()))
+    }
+}
+
+pub(crate) fn decode<'r>(reply: &'r Reply, addr: &str) -> Result<Response<'r>, ClientError> {
+    reply.decode().map_err(|e| ClientError::from_rpc(addr, e))
+}
+
+/// The error for an operation out of time after `attempts` tries, `last` failing last.
+pub(crate) fn gave_up(start: Instant, attempts: u32, last: ClientError) -> ClientError {
+    match last {
+        // Already a give-up (e.g. of the map refresh): don't nest.
+        e @ ClientError::GaveUp { .. } => e,
+        last => ClientError::GaveUp {
+            after: start.elapsed(),
+            attempts,
+            last: Box::new(last),
+        },
+    }
+}
+
+/// Report a timeout as the whole operation's time, not the last call's remainder.
+pub(crate) fn since(start: Instant, e: ClientError) -> ClientError {
+    match e {
+        ClientError::Timeout { addr, .. } => ClientError::Timeout {
+            addr,
+            after: start.elapsed(),
+        },
+        e => e,
+    }
+}
+
+impl Client {
+    /// Connect to the coordinator at `coordinator_addr` ("host:port").
+    pub async fn connect(coordinator_addr: &str) -> Result<Client, ClientError> {
+        Client::connect_with(coordinator_addr, ClientConfig::default()).await
+    }
+
+    pub async fn connect_with(
+        coordinator_addr: &str,
+        config: ClientConfig,
+    ) -> Result<Client, ClientError> {
+        let pool = EndpointPool::default();
+        let coordinator = pool.get(coordinator_addr);
+        coordinator.conn(Instant::now() + config.op_timeout).await?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                coordinator,
+                pool,
+                routes: RouteCache::default(),
+                config,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    // ---- coordinator ---------------------------------------------------
+
+    /// One request to the coordinator. Connection failures and `Retry` are
+    /// retried with back-off until `deadline` when `idempotent`; otherwise only
+    /// a failure to connect (nothing was sent) is. The reply's status is the
+    /// caller's to check.
+    pub(crate) async fn coord_call(
+        &self,
+        request: &Request<'_>,
+        idempotent: bool,
+        deadline: Instant,
+    ) -> Result<Reply, ClientError> {
+        let start = Instant::now();
+        let ep = &self.inner.coordinator;
+        let mut backoff = Backoff::new();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let err = match ep.conn(deadline).await {
+                Err(e) if e.is_connection() => e,
+                Err(e) => return Err(since(start, e)),
+                Ok(conn) => match conn
+                    .call_timeout(request, deadline.saturating_duration_since(Instant::now()))
+                    .await
+                {
+                    Ok(reply) if reply.status == Status::Retry && idempotent => {
+                        ClientError::Status(Status::Retry, reply.error_message())
+                    }
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => {
+                        ep.drop_if_closed();
+                        let e = ClientError::from_rpc(&ep.addr, e);
+                        if !e.is_connection() || !idempotent {
+                            return Err(since(start, e));
+                        }
+                        e
+                    }
+                },
+            };
+            if Instant::now() < deadline {
+                backoff.wait(deadline).await;
+            }
+            if Instant::now() >= deadline {
+                return Err(gave_up(start, attempts, err));
+            }
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.config.op_timeout
+    }
+
+    /// Fetch table `table`'s map from the coordinator and cache it, unless a
+    /// map newer than `seen_version` is already cached (someone refreshed).
+    pub(crate) async fn refresh(
+        &self,
+        table: u64,
+        seen_version: u64,
+        deadline: Instant,
+    ) -> Result<Arc<TableRoute>, ClientError> {
+        if let Some(r) = self.inner.routes.get(table)
+            && r.map_version() > seen_version
+        {
+            return Ok(r);
+        }
+        let reply = self
+            .coord_call(&Request::TableMap { table }, true, deadline)
+            .await?;
+        if reply.status == Status::UnknownTable {
+            self.inner.routes.evict_id(table);
+        }
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Table(info) => Ok(self.inner.routes.install(info, &self.inner.pool)),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} to TableMap"),
+            )),
+        }
+    }
+
+    /// The cached map of `table`, fetched if not cached yet.
+    pub(crate) async fn route(
+        &self,
+        table: u64,
+        deadline: Instant,
+    ) -> Result<Arc<TableRoute>, ClientError> {
+        match self.inner.routes.get(table) {
+            Some(r) => Ok(r),
+            None => self.refresh(table, 0, deadline).await,
+        }
+    }
+
+    /// Whether the error of a map refresh is worth another try.
+    pub(crate) fn refresh_error_is_transient(e: &ClientError) -> bool {
+        e.is_connection()
+            || matches!(e, ClientError::GaveUp { .. } | ClientError::Timeout { .. })
+            || e.status() == Some(Status::Retry)
+    }
+
+    fn expect_table(&self, reply: &Reply) -> Result<TableInfo, ClientError> {
+        check_ok(reply)?;
+        match decode(reply, &self.inner.coordinator.addr)? {
+            Response::Table(info) => {
+                self.inner.routes.install(info.clone(), &self.inner.pool);
+                Ok(info)
+            }
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} where a table was expected"),
+            )),
+        }
+    }
+
+    fn expect_done(&self, reply: &Reply) -> Result<(), ClientError> {
+        check_ok(reply)?;
+        match decode(reply, &self.inner.coordinator.addr)? {
+            // A move replies with the new map; either way the request succeeded.
+            Response::Done | Response::Table(_) => Ok(()),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} where Done was expected"),
+            )),
+        }
+    }
+
+    /// Create table `name` split into `tablets` tablets. Not retried after a
+    /// dropped connection (a retry could report `TableExists` for our own create).
+    pub async fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
+        let request = Request::CreateTable {
+            name: name.to_string(),
+            tablets,
+        };
+        let reply = self.coord_call(&request, false, self.deadline()).await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Done => self.open_table(name).await,
+            _ => self.expect_table(&reply),
+        }
+    }
+
+    pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
+        let reply = self
+            .coord_call(
+                &Request::DropTable {
+                    name: name.to_string(),
+                },
+                false,
+                self.deadline(),
+            )
+            .await?;
+        self.inner.routes.evict_name(name);
+        self.expect_done(&reply)
+    }
+
+    pub async fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
+        let reply = self
+            .coord_call(&Request::ListTables, true, self.deadline())
+            .await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Tables(tables) => Ok(tables),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} to ListTables"),
+            )),
+        }
+    }
+
+    /// Look up table `name` at the coordinator and cache its map.
+    pub async fn open_table(&self, name: &str) -> Result<TableInfo, ClientError> {
+        let reply = self
+            .coord_call(
+                &Request::OpenTable {
+                    name: name.to_string(),
+                },
+                true,
+                self.deadline(),
+            )
+            .await?;
+        if reply.status == Status::UnknownTable {
+            self.inner.routes.evict_name(name);
+        }
+        self.expect_table(&reply)
+    }
+
+    /// The id of table `name`: from the cache, else via `open_table`.
+    pub async fn table_id(&self, name: &str) -> Result<u64, ClientError> {
+        match self.inner.routes.id_of(name) {
+            Some(id) => Ok(id),
+            None => Ok(self.open_table(name).await?.id),
+        }
+    }
+
+    pub async fn list_servers(&self) -> Result<Vec<ServerInfo>, ClientError> {
+        let reply = self
+            .coord_call(&Request::ListServers, true, self.deadline())
+            .await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Servers(servers) => Ok(servers),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} to ListServers"),
+            )),
+        }
+    }
+
+    /// Ask the coordinator to move tablet `tablet_index` of `table_name` to
+    /// server `server_id`. The cached map of the table is dropped.
+    pub async fn move_tablet(
+        &self,
+        table_name: &str,
+        tablet_index: u32,
+        server_id: u64,
+    ) -> Result<(), ClientError> {
+        let request = Request::MoveTablet {
+            table: table_name.to_string(),
+            tablet_index,
+            server_id,
+        };
+        let reply = self.coord_call(&request, false, self.deadline()).await?;
+        if let Some(id) = self.inner.routes.id_of(table_name) {
+            self.inner.routes.evict_id(id);
+        }
+        self.expect_done(&reply)
+    }
+
+    /// Memory and tablet figures of the shard at `addr`.
+    pub async fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
+        let start = Instant::now();
+        let deadline = self.deadline();
+        let ep = self.inner.pool.get(addr);
+        let mut backoff = Backoff::new();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let err = match ep.conn(deadline).await {
+                Err(e) if e.is_connection() => e,
+                Err(e) => return Err(e),
+                Ok(conn) => match conn
+                    .call_timeout(
+                        &Request::ShardStats,
+                        deadline.saturating_duration_since(Instant::now()),
+                    )
+                    .await
+                {
+                    Ok(reply) => {
+                        check_ok(&reply)?;
+                        return match decode(&reply, addr)? {
+                            Response::ShardStats(s) => Ok(s),
+                            other => Err(ClientError::unexpected(
+                                addr,
+                                format!("{other:?} to ShardStats"),
+                            )),
+                        };
+                    }
+                    Err(e) => {
+                        ep.drop_if_closed();
+                        let e = ClientError::from_rpc(addr, e);
+                        if !e.is_connection() {
+                            return Err(since(start, e));
+                        }
+                        e
+                    }
+                },
+            };
+            if Instant::now() < deadline {
+                backoff.wait(deadline).await;
+            }
+            if Instant::now() >= deadline {
+                return Err(gave_up(start, attempts, err));
+            }
+        }
+    }
+
+    // ---- routed requests -------------------------------------------------
+
+    /// Send the request `make` builds for the tablet owning `hash` of `table`,
+    /// following the retry policy (see `Client`), and hand the first reply
+    /// that is neither a routing nor a retry status to `finish`.
+    /// `retry_after_send`: whether a request that may have been sent on a
+    /// connection that then dropped may be sent again.
+    pub(crate) async fn routed<'r, T>(
+        &self,
+        table: u64,
+        hash: u64,
+        retry_after_send: bool,
+        make: impl Fn(&TabletInfo) -> Request<'r>,
+        finish: impl FnOnce(Reply, &TabletInfo, &str) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let start = Instant::now();
+        let deadline = start + self.inner.config.op_timeout;
+        let mut seen_version = 0;
+        let mut attempts = 0u32;
+        let mut backoff = Backoff::new();
+        // The error of the previous attempt (or map refresh), reported if time is up.
+        let mut last: Option<ClientError> = None;
+        loop {
+            if let Some(e) = last.take()
+                && Instant::now() >= deadline
+            {
+                return Err(gave_up(start, attempts, e));
+            }
+            attempts += 1;
+            let again = match self.inner.routes.get(table) {
+                None => None,
+                Some(route) => {
+                    seen_version = route.map_version();
+                    match route.locate(hash) {
+                        None => Some(Again {
+                            err: ClientError::NoTablet { table, hash },
+                            backoff: attempts > 1,
+                        }),
+                        Some(i) => {
+                            let ep = route.endpoint(i);
+                            let tablet = route.tablet(i);
+                            let request = make(tablet);
+                            match ep.conn(deadline).await {
+                                Err(e) if e.is_connection() => Some(Again {
+                                    err: e,
+                                    backoff: true,
+                                }),
+                                Err(e) => return Err(since(start, e)),
+                                Ok(conn) => match conn
+                                    .call_timeout(
+                                        &request,
+                                        deadline.saturating_duration_since(Instant::now()),
+                                    )
+                                    .await
+                                {
+                                    Ok(reply) => match reply.status {
+                                        Status::UnknownTablet | Status::StaleMap => Some(Again {
+                                            err: ClientError::Status(
+                                                reply.status,
+                                                reply.error_message(),
+                                            ),
+                                            backoff: attempts > 1,
+                                        }),
+                                        Status::Retry => Some(Again {
+                                            err: ClientError::Status(
+                                                Status::Retry,
+                                                reply.error_message(),
+                                            ),
+                                            backoff: true,
+                                        }),
+                                        Status::UnknownTable => {
+                                            self.inner.routes.evict_id(table);
+                                            return Err(ClientError::Status(
+                                                Status::UnknownTable,
+                                                reply.error_message(),
+                                            ));
+                                        }
+                                        _ => return finish(reply, tablet, &ep.addr),
+                                    },
+                                    Err(e) => {
+                                        let e = ClientError::from_rpc(&ep.addr, e);
+                                        ep.drop_if_closed();
+                                        if !e.is_connection() || !retry_after_send {
+                                            return Err(since(start, e));
+                                        }
+                                        Some(Again {
+                                            err: e,
+                                            backoff: true,
+                                        })
+                                    }
+                                },
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(again) = again {
+                if again.backoff && Instant::now() < deadline {
+                    backoff.wait(deadline).await;
+                }
+                last = Some(again.err);
+                if Instant::now() >= deadline {
+                    continue;
+                }
+            }
+            match self.refresh(table, seen_version, deadline).await {
+                Ok(_) => {}
+                Err(e) if Self::refresh_error_is_transient(&e) => {
+                    last = Some(e);
+                    if Instant::now() < deadline {
+                        backoff.wait(deadline).await;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    // ---- point operations --------------------------------------------------
+
+    /// Read `key` of table `table`: `Ok(None)` if it does not exist, else the
+    /// value (sharing the reply buffer, no copy) and its version.
+    pub async fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Found, ClientError> {
+        let key = key.as_ref();
+        self.routed(
+            table,
+            key_hash(table, key),
+            true,
+            |_| Request::Read {
+                table,
+                key: blob(key),
+            },
+            |reply, _, addr| match reply.status {
+                Status::Ok => match decode(&reply, addr)? {
+                    Response::Read { version, value } => {
+                        Ok(Some((reply.body.slice_ref(value), version)))
+                    }
+                    other => Err(ClientError::unexpected(addr, format!("{other:?} to Read"))),
+                },
+                Status::ObjectDoesntExist => Ok(None),
+                status => Err(ClientError::Status(status, reply.error_message())),
+            },
+        )
+        .await
+    }
+
+    /// Write `value` under `key`; returns the new version.
+    ///
+    /// Retried after a dropped connection even though the first attempt may
+    /// have been applied (see the retry policy on `Client`): a plain write is
+    /// last-writer-wins.
+    pub async fn write(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<u64, ClientError> {
+        self.write_with(table, key, value, RejectRules::default())
+            .await
+    }
+
+    /// Write refused by `rules` (e.g. `ObjectExists`, `WrongVersion`).
+    /// With any rule set, not retried after a dropped connection.
+    pub async fn write_with(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        rules: RejectRules,
+    ) -> Result<u64, ClientError> {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        let plain = rules == RejectRules::default();
+        let make = |_: &TabletInfo| Request::Write {
+            table,
+            key: blob(key),
+            value: blob(value),
+            rules,
+        };
+        self.routed(
+            table,
+            key_hash(table, key),
+            plain,
+            make,
+            |reply, _, addr| {
+                check_ok(&reply)?;
+                match decode(&reply, addr)? {
+                    Response::Written { version } => Ok(version),
+                    other => Err(ClientError::unexpected(addr, format!("{other:?} to Write"))),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Remove `key`: the removed object's version, or `None` if it did not exist.
+    pub async fn remove(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<u64>, ClientError> {
+        self.remove_with(table, key, RejectRules::default()).await
+    }
+
+    /// Remove refused by `rules`. A missing object is `Ok(None)` unless
+    /// `rules.doesnt_exist` is set, then it is a `Status(ObjectDoesntExist)` error.
+    /// With any rule set, not retried after a dropped connection.
+    pub async fn remove_with(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        rules: RejectRules,
+    ) -> Result<Option<u64>, ClientError> {
+        let key = key.as_ref();
+        let plain = rules == RejectRules::default();
+        let make = |_: &TabletInfo| Request::Remove {
+            table,
+            key: blob(key),
+            rules,
+        };
+        self.routed(
+            table,
+            key_hash(table, key),
+            plain,
+            make,
+            |reply, _, addr| match reply.status {
+                Status::Ok => match decode(&reply, addr)? {
+                    // Versions start at 1: 0 never names a removed object.
+                    Response::Removed { version } => Ok((version != 0).then_some(version)),
+                    other => Err(ClientError::unexpected(
+                        addr,
+                        format!("{other:?} to Remove"),
+                    )),
+                },
+                Status::ObjectDoesntExist if !rules.doesnt_exist => Ok(None),
+                status => Err(ClientError::Status(status, reply.error_message())),
+            },
+        )
+        .await
+    }
+
+    /// Add `delta` to the little-endian i64 value of `key` (absent = 0);
+    /// returns the new value and version. Never retried after a dropped connection.
+    pub async fn increment_i64(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        delta: i64,
+    ) -> Result<(i64, u64), ClientError> {
+        let as_i64 = |n| match n {
+            Number::I64(v) => Some(v),
+            Number::F64(_) => None,
+        };
+        self.increment(table, key.as_ref(), Number::I64(delta), as_i64)
+            .await
+    }
+
+    /// Same for an f64 value.
+    pub async fn increment_f64(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        delta: f64,
+    ) -> Result<(f64, u64), ClientError> {
+        let as_f64 = |n| match n {
+            Number::F64(v) => Some(v),
+            Number::I64(_) => None,
+        };
+        self.increment(table, key.as_ref(), Number::F64(delta), as_f64)
+            .await
+    }
+
+    async fn increment<T>(
+        &self,
+        table: u64,
+        key: &[u8],
+        delta: Number,
+        extract: impl FnOnce(Number) -> Option<T>,
+    ) -> Result<(T, u64), ClientError> {
+        let make = |_: &TabletInfo| Request::Increment {
+            table,
+            key: blob(key),
+            delta,
+            rules: RejectRules::default(),
+        };
+        self.routed(
+            table,
+            key_hash(table, key),
+            false,
+            make,
+            |reply, _, addr| {
+                check_ok(&reply)?;
+                match decode(&reply, addr)? {
+                    Response::Incremented { value, version } => match extract(value) {
+                        Some(v) => Ok((v, version)),
+                        None => Err(ClientError::unexpected(
+                            addr,
+                            format!("{value:?} to an increment by {delta:?}"),
+                        )),
+                    },
+                    other => Err(ClientError::unexpected(
+                        addr,
+                        format!("{other:?} to Increment"),
+                    )),
+                }
+            },
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: T) {}
+
+    /// Compile-time: the client and its futures can cross threads (tokio::spawn).
+    #[allow(dead_code)]
+    fn client_and_futures_are_send(c: Client) {
+        send_sync(&c);
+        send(c.read(1, b"k"));
+        send(c.write(1, b"k", b"v"));
+        send(c.increment_i64(1, b"k", 1));
+        send(c.multi_read(1, &[b"k"]));
+        send(c.multi_write(1, &[(b"k", b"v")]));
+        send(c.create_table("t", 1));
+        let mut cursor = c.enumerate(1);
+        send(async move { cursor.next_batch().await });
+    }
+
+    #[test]
+    fn status_errors_read_well() {
+        let e = ClientError::Status(Status::ObjectExists, "object exists (version 7)".into());
+        assert_eq!(
+            e.to_string(),
+            "object exists (ObjectExists): object exists (version 7)"
+        );
+        assert_eq!(
+            ClientError::Status(Status::Truncated, String::new()).to_string(),
+            "not processed: reply full, ask again (Truncated)"
+        );
+        let g = gave_up(
+            Instant::now(),
+            3,
+            ClientError::Status(Status::Retry, String::new()),
+        );
+        assert_eq!(g.status(), Some(Status::Retry));
+        assert!(g.to_string().contains("3 attempts"), "{g}");
+        // Not nested.
+        assert!(matches!(
+            gave_up(Instant::now(), 9, g),
+            ClientError::GaveUp { attempts: 3, .. }
+        ));
+    }
+}

@@ -1,0 +1,311 @@
+//! Where a key goes: the cached tablet maps and one connection per shard.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use insitu_protocol::{TableInfo, TabletInfo};
+
+use crate::error::ClientError;
+use crate::rpc::RpcConn;
+
+/// One remote address (a shard or the coordinator) and its cached connection.
+pub(crate) struct Endpoint {
+    /// "host:port" to connect to.
+    pub(crate) addr: String,
+    /// The live connection, if any. A std mutex: held only to clone or swap,
+    /// never across an await, so the hot path pays one uncontended lock.
+    conn: Mutex<Option<RpcConn>>,
+    /// Serialises (re)connecting so concurrent callers open one socket, not many.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Endpoint {
+    fn new(addr: &str) -> Endpoint {
+        Endpoint {
+            addr: addr.to_string(),
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn cached(&self) -> Option<RpcConn> {
+        match &*self.conn.lock().expect("endpoint conn") {
+            Some(c) if !c.is_closed() => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    /// The cached connection, or a new one if there is none or it closed.
+    pub(crate) async fn conn(&self, deadline: Instant) -> Result<RpcConn, ClientError> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        self.connect_slow(deadline).await
+    }
+
+    #[cold]
+    async fn connect_slow(&self, deadline: Instant) -> Result<RpcConn, ClientError> {
+        let _guard = self.connecting.lock().await;
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let conn = match tokio::time::timeout(budget, RpcConn::connect(&self.addr)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(ClientError::from_rpc(&self.addr, e)),
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    addr: self.addr.clone(),
+                    after: budget,
+                });
+            }
+        };
+        *self.conn.lock().expect("endpoint conn") = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forget the cached connection if it has closed (a live one that another
+    /// caller opened meanwhile is kept).
+    pub(crate) fn drop_if_closed(&self) {
+        let mut slot = self.conn.lock().expect("endpoint conn");
+        if slot.as_ref().is_some_and(|c| c.is_closed()) {
+            *slot = None;
+        }
+    }
+}
+
+/// Endpoints by address, shared by all tables so one shard gets one connection.
+#[derive(Default)]
+pub(crate) struct EndpointPool {
+    /// Address -> endpoint; entries are never removed (an address is small).
+    by_addr: RwLock<HashMap<String, Arc<Endpoint>>>,
+}
+
+impl EndpointPool {
+    pub(crate) fn get(&self, addr: &str) -> Arc<Endpoint> {
+        if let Some(e) = self.by_addr.read().expect("endpoint pool").get(addr) {
+            return e.clone();
+        }
+        self.by_addr
+            .write()
+            .expect("endpoint pool")
+            .entry(addr.to_string())
+            .or_insert_with(|| Arc::new(Endpoint::new(addr)))
+            .clone()
+    }
+}
+
+/// A table's tablet map, ready for routing.
+pub(crate) struct TableRoute {
+    /// The map as the coordinator sent it, tablets sorted by `start_hash`.
+    pub(crate) info: TableInfo,
+    /// `info.tablets[i].start_hash`, contiguous for a cache-friendly binary search.
+    starts: Vec<u64>,
+    /// `endpoints[i]` serves `info.tablets[i]`.
+    endpoints: Vec<Arc<Endpoint>>,
+}
+
+impl TableRoute {
+    pub(crate) fn new(mut info: TableInfo, pool: &EndpointPool) -> TableRoute {
+        info.tablets.sort_by_key(|t| t.start_hash);
+        let starts = info.tablets.iter().map(|t| t.start_hash).collect();
+        let endpoints = info.tablets.iter().map(|t| pool.get(&t.addr)).collect();
+        TableRoute {
+            info,
+            starts,
+            endpoints,
+        }
+    }
+
+    /// Index of the tablet whose range contains `hash`.
+    #[inline]
+    pub(crate) fn locate(&self, hash: u64) -> Option<usize> {
+        let i = self.starts.partition_point(|&s| s <= hash).checked_sub(1)?;
+        (hash <= self.info.tablets[i].end_hash).then_some(i)
+    }
+
+    #[inline]
+    pub(crate) fn tablet(&self, i: usize) -> &TabletInfo {
+        &self.info.tablets[i]
+    }
+
+    #[inline]
+    pub(crate) fn endpoint(&self, i: usize) -> &Arc<Endpoint> {
+        &self.endpoints[i]
+    }
+
+    pub(crate) fn map_version(&self) -> u64 {
+        self.info.map_version
+    }
+}
+
+/// Cached tablet maps by table id, and table ids by name.
+#[derive(Default)]
+pub(crate) struct RouteCache {
+    /// Table id -> its routable map. Replaced whole on refresh, so readers
+    /// holding an `Arc` keep a consistent snapshot.
+    by_id: RwLock<HashMap<u64, Arc<TableRoute>>>,
+    /// Table name -> id, filled by `open_table` / `create_table`.
+    by_name: RwLock<HashMap<String, u64>>,
+}
+
+impl RouteCache {
+    #[inline]
+    pub(crate) fn get(&self, table: u64) -> Option<Arc<TableRoute>> {
+        self.by_id.read().expect("route cache").get(&table).cloned()
+    }
+
+    /// Install `info` unless a newer map of the same table is already cached.
+    pub(crate) fn install(&self, info: TableInfo, pool: &EndpointPool) -> Arc<TableRoute> {
+        let id = info.id;
+        let name = info.name.clone();
+        let mut by_id = self.by_id.write().expect("route cache");
+        let route = match by_id.get(&id) {
+            Some(old) if old.map_version() > info.map_version => old.clone(),
+            _ => {
+                let r = Arc::new(TableRoute::new(info, pool));
+                by_id.insert(id, r.clone());
+                r
+            }
+        };
+        drop(by_id);
+        self.by_name.write().expect("route cache").insert(name, id);
+        route
+    }
+
+    pub(crate) fn id_of(&self, name: &str) -> Option<u64> {
+        self.by_name.read().expect("route cache").get(name).copied()
+    }
+
+    pub(crate) fn evict_id(&self, table: u64) {
+        let removed = self.by_id.write().expect("route cache").remove(&table);
+        if let Some(r) = removed {
+            let mut by_name = self.by_name.write().expect("route cache");
+            if by_name.get(&r.info.name) == Some(&table) {
+                by_name.remove(&r.info.name);
+            }
+        }
+    }
+
+    pub(crate) fn evict_name(&self, name: &str) {
+        let id = self.by_name.write().expect("route cache").remove(name);
+        if let Some(id) = id {
+            self.by_id.write().expect("route cache").remove(&id);
+        }
+    }
+}
+
+/// Exponential back-off: 1 ms doubling to 50 ms.
+pub(crate) struct Backoff {
+    /// The next sleep.
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) const FIRST: Duration = Duration::from_millis(1);
+    pub(crate) const MAX: Duration = Duration::from_millis(50);
+
+    pub(crate) fn new() -> Backoff {
+        Backoff { next: Self::FIRST }
+    }
+
+    /// Sleep the next step (never past `deadline`), then double it.
+    pub(crate) async fn wait(&mut self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(self.next.min(left)).await;
+        self.next = (self.next * 2).min(Self::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use insitu_keyhash::HashRange;
+
+    fn table(ranges: &[HashRange]) -> TableInfo {
+        TableInfo {
+            id: 3,
+            name: "t".into(),
+            // Deliberately unsorted: the route sorts.
+            tablets: ranges
+                .iter()
+                .rev()
+                .enumerate()
+                .map(|(i, r)| TabletInfo {
+                    start_hash: r.start,
+                    end_hash: r.end,
+                    server_id: i as u64,
+                    shard: 0,
+                    addr: format!("127.0.0.1:{}", 1000 + r.start % 7),
+                    map_version: 1,
+                })
+                .collect(),
+            map_version: 5,
+        }
+    }
+
+    #[test]
+    fn locate_finds_the_covering_tablet() {
+        let pool = EndpointPool::default();
+        let ranges = HashRange::split_even(4);
+        let route = TableRoute::new(table(&ranges), &pool);
+        for r in &ranges {
+            for h in [r.start, r.end, r.start + (r.end - r.start) / 2] {
+                let i = route.locate(h).expect("covered");
+                assert_eq!(route.tablet(i).start_hash, r.start, "hash {h:#x}");
+                assert_eq!(route.endpoint(i).addr, route.tablet(i).addr);
+            }
+        }
+    }
+
+    #[test]
+    fn locate_reports_gaps() {
+        let pool = EndpointPool::default();
+        let route = TableRoute::new(
+            table(&[
+                HashRange {
+                    start: 100,
+                    end: 199,
+                },
+                HashRange {
+                    start: 300,
+                    end: 399,
+                },
+            ]),
+            &pool,
+        );
+        assert_eq!(route.locate(99), None);
+        assert_eq!(route.locate(200), None);
+        assert_eq!(route.locate(400), None);
+        assert_eq!(route.locate(u64::MAX), None);
+        assert_eq!(route.tablet(route.locate(150).unwrap()).start_hash, 100);
+        assert_eq!(route.tablet(route.locate(399).unwrap()).start_hash, 300);
+    }
+
+    #[test]
+    fn one_endpoint_per_address() {
+        let pool = EndpointPool::default();
+        let a = pool.get("127.0.0.1:1");
+        let b = pool.get("127.0.0.1:1");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &pool.get("127.0.0.1:2")));
+    }
+
+    #[test]
+    fn cache_keeps_the_newer_map() {
+        let pool = EndpointPool::default();
+        let cache = RouteCache::default();
+        let mut newer = table(&HashRange::split_even(2));
+        newer.map_version = 9;
+        cache.install(newer, &pool);
+        let mut older = table(&HashRange::split_even(3));
+        older.map_version = 4;
+        let kept = cache.install(older, &pool);
+        assert_eq!(kept.map_version(), 9);
+        assert_eq!(cache.get(3).unwrap().info.tablets.len(), 2);
+        assert_eq!(cache.id_of("t"), Some(3));
+        cache.evict_name("t");
+        assert!(cache.get(3).is_none());
+    }
+}
