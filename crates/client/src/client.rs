@@ -52,7 +52,15 @@ impl Default for ClientConfig {
 /// - `Status::Retry` (tablet being moved): back off (1 ms doubling to 50 ms),
 ///   refresh the map and retry;
 /// - connection failure: drop the cached connection, back off, refresh the
-///   map and retry on a new connection.
+///   map and retry on a new connection;
+/// - `Status::UnknownTable`: not retried; the cached map is dropped;
+/// - any other status: returned as `ClientError::Status(status, message)`.
+///
+/// All of it within `ClientConfig::op_timeout` (default 10 s); then the
+/// operation fails with `ClientError::GaveUp` carrying the last error, or
+/// with `ClientError::Timeout` if a reply never came. The hot path of a
+/// point operation (map cached, shard answers) does no map refresh and no
+/// allocation besides the request buffer and the reply.
 ///
 /// A request that went out on a connection that then dropped may have been
 /// applied. Reads and plain (unconditional) writes and removes are retried

@@ -24,7 +24,9 @@ use tokio_util::codec::FramedRead;
 /// A reply whose body is still encoded; `decode` borrows from it.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// The status from the frame header.
     pub status: Status,
+    /// The still-encoded body (`decode` borrows from it, values share it).
     pub body: Bytes,
 }
 
@@ -64,15 +66,20 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
 /// One connection. Cheap to clone; clones share the socket.
 #[derive(Clone)]
 pub struct RpcConn {
+    /// Shared by clones: one socket, one id counter, one pending map.
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    /// The peer's address, for errors.
     addr: String,
+    /// Request id of the next call; replies are matched by it.
     next_id: AtomicU64,
+    /// Callers waiting for a reply, by request id.
     pending: Pending,
     /// Encoded frames to the writer task.
     tx: mpsc::UnboundedSender<BytesMut>,
+    /// Set by the reader or writer task when the socket is done.
     closed: Arc<AtomicBool>,
 }
 

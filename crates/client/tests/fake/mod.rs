@@ -63,7 +63,9 @@ fn item_count(r: &Request<'_>) -> usize {
 /// A stored object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stored {
+    /// The object's bytes.
     pub value: Vec<u8>,
+    /// Its version, from the shard's counter.
     pub version: u64,
 }
 
@@ -515,9 +517,13 @@ async fn serve<S: Send + 'static>(
 
 /// A fake storage shard.
 pub struct FakeShard {
+    /// Where it listens ("127.0.0.1:port").
     pub addr: String,
+    /// The id the fake coordinator lists it under (one shard per server).
     pub server_id: u64,
+    /// Its data and knobs, shared with the connection tasks and the coordinator.
     pub state: Arc<Mutex<ShardState>>,
+    /// Listener and connection tasks, aborted by `kill`.
     tasks: Arc<Mutex<Vec<AbortHandle>>>,
 }
 
@@ -566,11 +572,15 @@ impl Drop for FakeShard {
 
 /// What the fake coordinator knows.
 pub struct CoordState {
+    /// Every table and its tablet map.
     pub tables: Vec<TableInfo>,
+    /// Bumped on every create, drop and move.
     pub map_version: u64,
+    /// Last table id handed out.
     pub next_table_id: u64,
     /// (server id, shard address, shard state) of every fake shard.
     pub shards: Vec<(u64, String, Arc<Mutex<ShardState>>)>,
+    /// Every request received, in order.
     pub log: Vec<Logged>,
 }
 
@@ -747,9 +757,13 @@ fn coord_handle(
 
 /// A fake coordinator plus its shards.
 pub struct FakeCluster {
+    /// Where the fake coordinator listens.
     pub coord_addr: String,
+    /// The coordinator's state, shared with its connection tasks.
     pub coord: Arc<Mutex<CoordState>>,
+    /// The shards, server ids 1..=n.
     pub shards: Vec<FakeShard>,
+    /// The coordinator's listener and connection tasks, aborted on drop.
     coord_tasks: Arc<Mutex<Vec<AbortHandle>>>,
 }
 
