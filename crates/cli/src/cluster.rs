@@ -94,7 +94,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
             .await
             .with_context(|| format!("cannot listen on 127.0.0.1:{} (is another insitu running? try --port)", args.port))?;
-        let coordinator = insitu_coordinator::start(CoordinatorConfig { dir: args.dir.join("coordinator") }, listener).await?;
+        // Every server of a previous run lived in that run's process: forget
+        // them, so their tablets are re-created (empty) on this run's servers.
+        let mut config = CoordinatorConfig::new(args.dir.join("coordinator"));
+        config.forget_servers = true;
+        let coordinator = insitu_coordinator::start(config, listener).await?;
+        let kept = coordinator.orphaned_table_names();
         let addr = coordinator.addr().to_string();
         let mut servers = Vec::new();
         for i in 0..args.servers {
@@ -103,6 +108,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
         println!("insitu is up: coordinator at {addr}, {} servers, {shards} shards, data under {}", servers.len(), args.dir.display());
+        if !kept.is_empty() {
+            println!("warning: {}", kept_tables_warning(&kept));
+        }
         println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
         println!("  Ctrl-C to stop.");
         wait_for_stop().await?;
@@ -119,13 +127,10 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-        let handle = insitu_coordinator::start(
-            CoordinatorConfig {
-                dir: args.dir.clone(),
-            },
-            listener,
-        )
-        .await?;
+        // Standalone servers may outlive the coordinator: keep them (a server
+        // restarted on the same addresses retires its old entry when it enlists).
+        let handle =
+            insitu_coordinator::start(CoordinatorConfig::new(args.dir.clone()), listener).await?;
         println!(
             "insitu coordinator at {}, metadata in {}",
             handle.addr(),
@@ -158,6 +163,26 @@ pub fn server(args: ServerArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;
         Ok(())
     })
+}
+
+/// "N tables from a previous run kept (a, b, ...), their objects were held
+/// in memory only and are gone".
+fn kept_tables_warning(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut list: Vec<String> = names.iter().take(SHOWN).map(|n| format!("{n:?}")).collect();
+    if names.len() > SHOWN {
+        list.push(format!("and {} more", names.len() - SHOWN));
+    }
+    let (tables, their) = if names.len() == 1 {
+        ("table", "its")
+    } else {
+        ("tables", "their")
+    };
+    format!(
+        "{} {tables} from a previous run kept ({}), {their} objects were held in memory only and are gone",
+        names.len(),
+        list.join(", ")
+    )
 }
 
 /// Ctrl-C or SIGTERM (what process managers and tests send).

@@ -217,7 +217,14 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             load(&client, t.id, &file, batch).await?;
         }
         Command::Status { cluster } => status(&cluster).await?,
-        Command::Up(_) | Command::Coordinator(_) | Command::Server(_) | Command::Bench(_) => {
+        Command::Up(_)
+        | Command::Coordinator(_)
+        | Command::Server(_)
+        | Command::Bench(_)
+        | Command::Count(_)
+        | Command::Agg(_)
+        | Command::Update(_)
+        | Command::Train(_) => {
             unreachable!("dispatched in main")
         }
     }

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod data;
+mod ops;
 
 use std::path::PathBuf;
 
@@ -91,10 +92,25 @@ enum Command {
     /// Benchmarks (each reports ratios against a reference measured in the same run).
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Count a table's objects on the servers (optionally those matching --where).
+    Count(ops::CountArgs),
+    /// Aggregate a numeric field on the servers: sum, min, max, avg or count of FIELD (e.g. i64@0).
+    Agg(ops::AggArgs),
+    /// Change a numeric field of every (matching) object on the servers; each change is a new version.
+    Update(ops::UpdateArgs),
+    /// Train a model with every gradient computed on the servers.
+    #[command(subcommand)]
+    Train(ops::TrainCmd),
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// Server-side aggregation strategies against client-side reads (the seed's tables), and DuckDB.
+    Aggregate(insitu_bench::aggregate::Args),
+    /// Count over 1 KB objects on 1, 2, 4 servers: ns per object and total ms.
+    Count(insitu_bench::count::Args),
+    /// Logistic-regression gradient on the servers against a flat in-memory array (and NumPy).
+    Gradient(insitu_bench::gradient::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
     Engine {
         /// Objects to load.
@@ -107,6 +123,33 @@ enum BenchCmd {
         /// Write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Point operations side by side with Redis (latency, throughput, batching, memory).
+    Kv {
+        /// The peer to compare with: `redis` (started, and installed if missing) or `none`.
+        #[arg(long, default_value = "redis")]
+        vs: String,
+        /// Write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Draw the latency percentiles as an SVG here.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Small and fast (10k keys, 0.3 s per case): a smoke test.
+        #[arg(long)]
+        quick: bool,
+        /// Keys to load (default 1M, or 10k with --quick).
+        #[arg(long)]
+        keys: Option<u64>,
+        /// Measured seconds per case (default 2, or 0.3 with --quick).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Do not pin the stores and the load generator to separate CPUs.
+        #[arg(long)]
+        no_pin: bool,
+        /// Run only the cases whose name contains this (repeatable), e.g. "write c16".
+        #[arg(long)]
+        only: Vec<String>,
     },
 }
 
@@ -148,6 +191,64 @@ fn main() -> std::process::ExitCode {
                 json,
             })
             .map(|_| ())
+        }
+        Command::Bench(BenchCmd::Kv {
+            vs,
+            json,
+            plot,
+            quick,
+            keys,
+            seconds,
+            no_pin,
+            only,
+        }) => {
+            init_tracing("warn");
+            let versus = match vs.as_str() {
+                "redis" => Ok(insitu_bench::kv::Versus::Redis),
+                "none" => Ok(insitu_bench::kv::Versus::Nothing),
+                other => Err(anyhow::anyhow!("--vs must be redis or none, not {other:?}")),
+            };
+            versus.and_then(|versus| {
+                insitu_bench::kv::run(&insitu_bench::kv::KvBenchArgs {
+                    versus,
+                    json,
+                    plot,
+                    quick,
+                    keys,
+                    seconds,
+                    pin: !no_pin,
+                    only,
+                })
+                .map(|_| ())
+            })
+        }
+        Command::Bench(BenchCmd::Aggregate(args)) => {
+            init_tracing("warn");
+            insitu_bench::aggregate::run(&args)
+        }
+        Command::Bench(BenchCmd::Count(args)) => {
+            init_tracing("warn");
+            insitu_bench::count::run(&args)
+        }
+        Command::Bench(BenchCmd::Gradient(args)) => {
+            init_tracing("warn");
+            insitu_bench::gradient::run(&args)
+        }
+        Command::Count(args) => {
+            init_tracing("warn");
+            ops::count(args)
+        }
+        Command::Agg(args) => {
+            init_tracing("warn");
+            ops::agg(args)
+        }
+        Command::Update(args) => {
+            init_tracing("warn");
+            ops::update(args)
+        }
+        Command::Train(cmd) => {
+            init_tracing("warn");
+            ops::train(cmd)
         }
         other => {
             init_tracing("warn");

@@ -12,6 +12,7 @@ pub mod client;
 pub mod cursor;
 pub mod error;
 pub mod multi;
+pub mod ops;
 pub mod routing;
 pub mod rpc;
 
@@ -21,4 +22,5 @@ pub use cursor::{Object, TableCursor};
 pub use error::ClientError;
 pub use insitu_protocol::{RejectRules, ServerInfo, ShardStats, Status, TableInfo, TabletInfo};
 pub use multi::MAX_ITEMS_PER_REQUEST;
+pub use ops::{PlanOutcome, Selection, TrainedModel};
 pub use rpc::{Reply, RpcConn, RpcError};

@@ -35,6 +35,31 @@
 //! the frozen source copy is complete); if 4 gets no reply at all, nothing is
 //! dropped and an error is returned. The reply to a move is the table's new
 //! map (`Response::Table`).
+//!
+//! # Dead servers: retirement and orphaned tablets
+//! Storage servers hold objects in memory only (no replicas yet), so when a
+//! server's process is gone its tablets' objects are gone too. A server known
+//! to be gone is *retired*: removed from the server list, its tablets
+//! *orphaned* (owner id 0, empty address) under a new map version. This
+//! happens
+//! - on `Enlist`, to every known server that shares a shard address with the
+//!   enlisting one (a live process cannot share a listening address, so the
+//!   old one is dead: a server restarted on the same `--port`);
+//! - at start with [`CoordinatorConfig::forget_servers`] (`insitu up`, whose
+//!   servers lived in the previous coordinator process), to every server.
+//!
+//! Every `Enlist` then re-homes all orphaned tablets, EMPTY, onto the new
+//! server's shards (round-robin): `TakeTablet{Active, v}` to each shard, then
+//! the new owners under the new global map version `v`, committed before the
+//! reply, with a warning naming the tables whose objects were lost. A tablet
+//! whose TakeTablet fails stays orphaned until the next enlist.
+//!
+//! While a table has an orphaned tablet, `OpenTable` and `TableMap` answer
+//! `Status::Retry` "tablet N of table T has no live server yet": clients back
+//! off and retry within their timeout, then fail with that message.
+//! `ListTables` still lists it. Retirement and re-homing are each one redb
+//! transaction, so a coordinator stopped mid-way restarts with its orphaned
+//! tablets still orphaned, to be re-homed at the next enlist.
 
 mod conn;
 mod model;
@@ -64,13 +89,30 @@ pub use crate::store::DB_FILE;
 /// At most this many client connections are served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 4096;
 
+#[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
     /// Directory of the metadata database (`coordinator.redb`); created if missing.
     pub dir: std::path::PathBuf,
+    /// Retire every stored server at start: all their tablets become orphaned
+    /// and are re-homed, empty, onto the servers that enlist next. For a
+    /// coordinator whose servers cannot have outlived it (`insitu up` runs them
+    /// in its own process). Default `false`.
+    pub forget_servers: bool,
+}
+
+impl CoordinatorConfig {
+    /// Metadata in `dir`, every other setting at its default.
+    pub fn new(dir: impl Into<PathBuf>) -> CoordinatorConfig {
+        CoordinatorConfig {
+            dir: dir.into(),
+            forget_servers: false,
+        }
+    }
 }
 
 pub struct CoordinatorHandle {
     addr: SocketAddr,
+    coordinator: Arc<Coordinator>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -78,6 +120,13 @@ pub struct CoordinatorHandle {
 impl CoordinatorHandle {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Names of the tables (by id) that have a tablet no live server holds
+    /// yet: its server was retired, and its objects are lost. Such a tablet
+    /// is re-created empty when the next storage server enlists.
+    pub fn orphaned_table_names(&self) -> Vec<String> {
+        self.coordinator.orphaned_table_names()
     }
 
     /// Stop accepting, close connections, flush metadata; resolves when done.
@@ -113,10 +162,25 @@ pub async fn start(
         "coordinator started"
     );
     let coordinator = Arc::new(Coordinator::new(store, model));
+    if config.forget_servers {
+        // Committed before the first request is served.
+        let retired = coordinator.retire_all().await.map_err(|e| {
+            anyhow::anyhow!("retiring the servers of the previous run: {}", e.message)
+        })?;
+        let orphaned = coordinator.orphaned_table_names();
+        if retired > 0 || !orphaned.is_empty() {
+            warn!(
+                servers = retired,
+                tables = ?orphaned,
+                "forgot the storage servers of the previous run: these tables' objects were held in memory only and are gone; their tablets are re-created empty as servers enlist"
+            );
+        }
+    }
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(accept_loop(listener, coordinator, shutdown.clone()));
+    let task = tokio::spawn(accept_loop(listener, coordinator.clone(), shutdown.clone()));
     Ok(CoordinatorHandle {
         addr,
+        coordinator,
         shutdown,
         task,
     })

@@ -4,10 +4,21 @@
 //! list of [`Op`]s that is first committed to the database in one write
 //! transaction and only then applied here with [`Model::apply`], so memory
 //! never shows something that is not durable.
+//!
+//! # Orphaned tablets
+//! A tablet whose owner was retired (its process is known to be gone, see
+//! `Coordinator::enlist` and `CoordinatorConfig::forget_servers`) is
+//! *orphaned*: its `server_id` is [`ORPHANED`] (0; real server ids start at 1)
+//! and its `shard` is 0. Its objects were held in memory by the dead process
+//! and are lost. It keeps its hash range, so the table still covers the whole
+//! hash space, and it is re-homed, empty, onto the next server that enlists.
 
 use std::collections::{BTreeMap, HashMap};
 
 use insitu_protocol::{ServerInfo, TableInfo, TabletInfo};
+
+/// `Tablet::server_id` of an orphaned tablet: no live server owns it.
+pub const ORPHANED: u64 = 0;
 
 /// Where one tablet lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +29,13 @@ pub struct Tablet {
     pub shard: u32,
     /// Map version of this tablet's last assignment.
     pub map_version: u64,
+}
+
+impl Tablet {
+    /// Whether its owner was retired and no server holds it yet.
+    pub fn is_orphaned(&self) -> bool {
+        self.server_id == ORPHANED
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +59,11 @@ pub enum Op {
     PutServer {
         id: u64,
         shard_addrs: Vec<String>,
+    },
+    /// Forget a (retired) server. Its tablets are orphaned by `PutTablet`s in
+    /// the same change (see [`Model::retire_ops`]).
+    DeleteServer {
+        id: u64,
     },
     /// Create a table row. Its tablets follow as `PutTablet`s.
     PutTable {
@@ -97,6 +120,9 @@ impl Model {
                 Op::PutServer { id, shard_addrs } => {
                     self.servers.insert(*id, shard_addrs.clone());
                 }
+                Op::DeleteServer { id } => {
+                    self.servers.remove(id);
+                }
                 Op::PutTable { id, name } => {
                     self.by_name.insert(name.clone(), *id);
                     self.tables.insert(
@@ -150,6 +176,65 @@ impl Model {
             .map(String::as_str)
     }
 
+    /// The changes that retire `servers`: each is forgotten and each of its
+    /// tablets becomes orphaned under map version `version` (the caller also
+    /// commits `Counter(MAP_VERSION, version)` or a later one).
+    pub fn retire_ops(&self, servers: &[u64], version: u64) -> Vec<Op> {
+        let mut ops: Vec<Op> = servers.iter().map(|&id| Op::DeleteServer { id }).collect();
+        for table in self.tables.values() {
+            for (i, t) in table.tablets.iter().enumerate() {
+                if !t.is_orphaned() && servers.contains(&t.server_id) {
+                    ops.push(Op::PutTablet {
+                        table: table.id,
+                        index: i as u32,
+                        tablet: Tablet {
+                            server_id: ORPHANED,
+                            shard: 0,
+                            map_version: version,
+                            ..t.clone()
+                        },
+                    });
+                }
+            }
+        }
+        ops
+    }
+
+    /// Every orphaned tablet: (table id, index, tablet), by table id then index.
+    pub fn orphaned_tablets(&self) -> Vec<(u64, u32, Tablet)> {
+        self.tables
+            .values()
+            .flat_map(|table| {
+                table
+                    .tablets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.is_orphaned())
+                    .map(|(i, t)| (table.id, i as u32, t.clone()))
+            })
+            .collect()
+    }
+
+    /// Names of the tables that have at least one orphaned tablet, by table id.
+    pub fn orphaned_table_names(&self) -> Vec<String> {
+        self.tables
+            .values()
+            .filter(|t| t.tablets.iter().any(Tablet::is_orphaned))
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    /// Index of the first orphaned tablet of table `id`, if any.
+    pub fn first_orphan(&self, id: u64) -> Option<usize> {
+        self.tables
+            .get(&id)?
+            .tablets
+            .iter()
+            .position(Tablet::is_orphaned)
+    }
+
+    /// The map of table `id`. An orphaned tablet is listed with server id
+    /// [`ORPHANED`] (0) and an empty `addr`.
     pub fn table_info(&self, id: u64) -> Option<TableInfo> {
         let table = self.tables.get(&id)?;
         let tablets = table
@@ -218,7 +303,7 @@ impl Model {
     }
 
     /// Check that loaded metadata is coherent: every table covers the hash
-    /// space with contiguous tablets on known shards, and the counters are
+    /// space with contiguous tablets, each on a known shard or orphaned, and the counters are
     /// ahead of every id and version in use.
     pub fn validate(&self) -> Result<(), String> {
         if self.by_name.len() != self.tables.len() {
@@ -244,7 +329,7 @@ impl Model {
                         table.id, t.start_hash, t.end_hash
                     ));
                 }
-                if self.shard_addr(t.server_id, t.shard).is_none() {
+                if !t.is_orphaned() && self.shard_addr(t.server_id, t.shard).is_none() {
                     return Err(format!(
                         "table {} tablet {i}: owner server {} shard {} is unknown",
                         table.id, t.server_id, t.shard
@@ -375,5 +460,27 @@ mod tests {
         let mut dropped = m.clone();
         dropped.apply(&[Op::DeleteTable { id: 1 }]);
         assert!(dropped.tables.is_empty() && dropped.by_name.is_empty());
+
+        // Retiring the owner orphans both tablets; that is coherent.
+        let mut retired = m.clone();
+        let mut ops = m.retire_ops(&[1], 2);
+        ops.push(Op::Counter(MAP_VERSION, 2));
+        retired.apply(&ops);
+        assert_eq!(retired.validate(), Ok(()));
+        assert!(retired.servers.is_empty());
+        assert_eq!(retired.orphaned_tablets().len(), 2);
+        assert_eq!(retired.orphaned_table_names(), vec!["t".to_string()]);
+        assert_eq!(retired.first_orphan(1), Some(0));
+        let info = retired.table_info(1).unwrap();
+        assert!(
+            info.tablets
+                .iter()
+                .all(|t| t.addr.is_empty() && t.server_id == ORPHANED && t.map_version == 2)
+        );
+        assert_eq!(m.first_orphan(1), None);
+        // But an orphan's version may not run ahead of the global one.
+        let mut ahead = m.clone();
+        ahead.apply(&m.retire_ops(&[1], 7));
+        assert!(ahead.validate().unwrap_err().contains("ahead"));
     }
 }

@@ -8,7 +8,7 @@ use insitu_keyhash::HashRange;
 use insitu_protocol::{Request, Response, Status, TabletState};
 use tracing::{error, info, warn};
 
-use crate::model::{MAP_VERSION, Model, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, Tablet};
+use crate::model::{MAP_VERSION, Model, NEXT_SERVER_ID, NEXT_TABLE_ID, ORPHANED, Op, Tablet};
 use crate::shards::{CONTROL_TIMEOUT, CallError, MIGRATE_TIMEOUT, ShardPool};
 use crate::store::Store;
 
@@ -120,18 +120,11 @@ impl Coordinator {
                     .by_name
                     .get(&name)
                     .ok_or_else(|| unknown_table(&name))?;
-                model
-                    .table_info(id)
-                    .map(Response::Table)
-                    .ok_or_else(|| unknown_table(&name))
+                usable_map(&model, id).ok_or_else(|| unknown_table(&name))?
             }
-            Request::TableMap { table } => self
-                .model()
-                .table_info(table)
-                .map(Response::Table)
-                .ok_or_else(|| {
-                    Reject::new(Status::UnknownTable, format!("no table with id {table}"))
-                }),
+            Request::TableMap { table } => usable_map(&self.model(), table).ok_or_else(|| {
+                Reject::new(Status::UnknownTable, format!("no table with id {table}"))
+            })?,
             Request::ListTables => {
                 let model = self.model();
                 Ok(Response::Tables(
@@ -155,6 +148,24 @@ impl Coordinator {
         }
     }
 
+    /// Register a server under a new id.
+    ///
+    /// Any known server with one of the new server's shard addresses is
+    /// retired first (forgotten; its tablets become orphaned). That is safe: a
+    /// listening address is held by one live process at most, and the new
+    /// server listens on its addresses right now (it binds them before it
+    /// enlists, and enlists once per process), so the old owner of such an
+    /// address is dead — typically the previous incarnation of a server
+    /// restarted with the same `--port` — and its in-memory objects are gone.
+    /// Without this, its tablets would name a process that answers
+    /// `UnknownTablet` for them forever.
+    ///
+    /// Then every orphaned tablet (of this retirement, of an earlier one, or
+    /// of `CoordinatorConfig::forget_servers`) is re-homed, EMPTY, onto the
+    /// new server's shards (round-robin): `TakeTablet{Active, v}` to the shard,
+    /// then the new owner is committed under map version `v`. A tablet whose
+    /// TakeTablet fails stays orphaned until the next enlist. All of it is
+    /// committed before the reply.
     async fn enlist(&self, shard_addrs: Vec<String>) -> Reply {
         if shard_addrs.is_empty() || shard_addrs.len() > MAX_SHARDS_PER_SERVER {
             return Err(Reject::bad(format!(
@@ -167,22 +178,205 @@ impl Coordinator {
                 .map_err(|e| Reject::bad(format!("shard {i} address {addr:?}: {e}")))?;
         }
         let guard = self.meta_lock.lock().await;
-        let id = self.model().next_server_id;
         let shards = shard_addrs.len();
-        self.commit(
-            &guard,
-            vec![
-                Op::PutServer {
-                    id,
-                    shard_addrs: shard_addrs.clone(),
-                },
-                Op::Counter(NEXT_SERVER_ID, id + 1),
-            ],
-        )
-        .await?;
-        drop(guard);
+        // (1) Retire the servers that shared an address, register the new one,
+        // and reserve the map version of the re-homing, in one transaction.
+        let (id, retired, orphans, ops, rehome_version) = {
+            let model = self.model();
+            let id = model.next_server_id;
+            let retired: Vec<(u64, Vec<String>)> = model
+                .servers
+                .iter()
+                .filter(|(_, addrs)| addrs.iter().any(|a| shard_addrs.contains(a)))
+                .map(|(id, addrs)| (*id, addrs.clone()))
+                .collect();
+            let retired_ids: Vec<u64> = retired.iter().map(|(id, _)| *id).collect();
+            let mut version = model.map_version;
+            let mut ops = Vec::new();
+            if !retired_ids.is_empty() {
+                version += 1;
+                ops = model.retire_ops(&retired_ids, version);
+            }
+            ops.push(Op::PutServer {
+                id,
+                shard_addrs: shard_addrs.clone(),
+            });
+            ops.push(Op::Counter(NEXT_SERVER_ID, id + 1));
+            // The tablets orphaned now and those orphaned before.
+            let mut after = model.clone();
+            drop(model);
+            after.apply(&ops);
+            let orphans = after.orphaned_tablets();
+            if !orphans.is_empty() {
+                version += 1;
+            }
+            if version != after.map_version {
+                ops.push(Op::Counter(MAP_VERSION, version));
+            }
+            (id, retired, orphans, ops, version)
+        };
+        self.commit(&guard, ops).await?;
+        for (old_id, old_addrs) in &retired {
+            warn!(
+                server_id = old_id,
+                addrs = ?old_addrs,
+                new_server_id = id,
+                "server retired: a new server enlisted on one of its addresses, so its process is gone"
+            );
+        }
+        // A cached connection to one of these addresses led to a dead process.
+        for addr in retired.iter().flat_map(|(_, a)| a).chain(&shard_addrs) {
+            self.shards.forget(addr);
+        }
         info!(server_id = id, shards, addrs = ?shard_addrs, "server enlisted");
+        if !orphans.is_empty() {
+            self.rehome(&guard, id, &shard_addrs, orphans, rehome_version)
+                .await;
+        }
+        drop(guard);
         Ok(Response::Enlisted { server_id: id })
+    }
+
+    /// Give the orphaned tablets `orphans` (table id, index, tablet) to the
+    /// new server `server_id`, empty, under map version `version` (already
+    /// committed as the global version). Failures leave tablets orphaned.
+    async fn rehome(
+        &self,
+        guard: &MetaGuard<'_>,
+        server_id: u64,
+        shard_addrs: &[String],
+        orphans: Vec<(u64, u32, Tablet)>,
+        version: u64,
+    ) {
+        let placed: Vec<(u64, u32, Tablet, &str)> = orphans
+            .into_iter()
+            .enumerate()
+            .map(|(i, (table, index, t))| {
+                let shard = i % shard_addrs.len();
+                let tablet = Tablet {
+                    server_id,
+                    shard: shard as u32,
+                    map_version: version,
+                    ..t
+                };
+                (table, index, tablet, shard_addrs[shard].as_str())
+            })
+            .collect();
+        let takes = placed.iter().map(|(table, _, t, addr)| {
+            let request = Request::TakeTablet {
+                table: *table,
+                start_hash: t.start_hash,
+                end_hash: t.end_hash,
+                map_version: version,
+                state: TabletState::Active,
+            };
+            async move { self.shards.call(addr, &request, CONTROL_TIMEOUT).await }
+        });
+        let results = join_all(takes).await;
+        let mut ops = Vec::new();
+        let mut undo = Vec::new();
+        for ((table, index, tablet, addr), result) in placed.iter().zip(&results) {
+            match result {
+                Ok(()) => ops.push(Op::PutTablet {
+                    table: *table,
+                    index: *index,
+                    tablet: tablet.clone(),
+                }),
+                Err(e) => {
+                    warn!(
+                        table,
+                        index,
+                        addr,
+                        "re-homing an orphaned tablet failed; it stays orphaned until the next enlist: {e}"
+                    );
+                    // A transport failure may still have created it there.
+                    if !matches!(e, CallError::Rejected(..)) {
+                        undo.push((*table, tablet.start_hash, *addr));
+                    }
+                }
+            }
+        }
+        let rehomed: Vec<(u64, u32, Tablet, &str)> = placed
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| p.clone())
+            .collect();
+        if !ops.is_empty()
+            && let Err(e) = self.commit(guard, ops).await
+        {
+            error!(
+                server_id,
+                "cannot commit re-homed tablets; they stay orphaned: {}", e.message
+            );
+            undo.extend(
+                rehomed
+                    .iter()
+                    .map(|(table, _, t, addr)| (*table, t.start_hash, *addr)),
+            );
+            for (table, start_hash, addr) in undo {
+                self.drop_tablets(table, std::iter::once((start_hash, addr)))
+                    .await;
+            }
+            return;
+        }
+        for (table, start_hash, addr) in undo {
+            self.drop_tablets(table, std::iter::once((start_hash, addr)))
+                .await;
+        }
+        if rehomed.is_empty() {
+            return;
+        }
+        // Per table: its name and how many of its tablets came back empty.
+        let mut lost: std::collections::BTreeMap<u64, usize> = Default::default();
+        for (table, ..) in &rehomed {
+            *lost.entry(*table).or_default() += 1;
+        }
+        let names: Vec<String> = {
+            let model = self.model();
+            lost.iter()
+                .map(|(table, n)| {
+                    let name = model
+                        .tables
+                        .get(table)
+                        .map(|t| t.name.as_str())
+                        .unwrap_or("?");
+                    format!("{name:?} ({n} tablets)")
+                })
+                .collect()
+        };
+        warn!(
+            server_id,
+            map_version = version,
+            tablets = rehomed.len(),
+            tables = %names.join(", "),
+            "orphaned tablets re-homed EMPTY on the new server: their objects were held in memory only by a server that is gone (no replicas yet) and are lost"
+        );
+    }
+
+    /// Retire every known server (`CoordinatorConfig::forget_servers`): their
+    /// tablets become orphaned, and are re-homed as servers enlist.
+    /// Returns how many servers were retired.
+    pub async fn retire_all(&self) -> Result<usize, Reject> {
+        let guard = self.meta_lock.lock().await;
+        let (ops, count) = {
+            let model = self.model();
+            let ids: Vec<u64> = model.servers.keys().copied().collect();
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let version = model.map_version + 1;
+            let mut ops = model.retire_ops(&ids, version);
+            ops.push(Op::Counter(MAP_VERSION, version));
+            (ops, ids.len())
+        };
+        self.commit(&guard, ops).await?;
+        Ok(count)
+    }
+
+    /// Names of the tables that have tablets no live server holds yet.
+    pub fn orphaned_table_names(&self) -> Vec<String> {
+        self.model().orphaned_table_names()
     }
 
     async fn create_table(&self, name: String, count: u32) -> Reply {
@@ -322,6 +516,8 @@ impl Coordinator {
             let owners: Vec<(u64, String)> = table
                 .tablets
                 .iter()
+                // An orphaned tablet is held by no live shard.
+                .filter(|t| !t.is_orphaned())
                 .map(|t| {
                     (
                         t.start_hash,
@@ -404,6 +600,9 @@ impl Coordinator {
                     table.tablets.len().saturating_sub(1)
                 ))
             })?;
+            if old.is_orphaned() {
+                return Err(no_live_server(index as usize, &table_name));
+            }
             if !model.servers.contains_key(&dest_server) {
                 return Err(Reject::new(
                     Status::UnknownServer,
@@ -489,25 +688,46 @@ impl Coordinator {
 
         // (3) Record the new owner under a new map version.
         let guard = self.meta_lock.lock().await;
-        let (still_there, version) = {
+        let (still_there, dest_alive, version) = {
             let model = self.model();
             let current = model
                 .tables
                 .get(&table)
                 .and_then(|t| t.tablets.get(index as usize));
-            (current == Some(&old), model.map_version + 1)
+            (
+                current == Some(&old),
+                model.shard_addr(dest_server, dest_shard) == Some(dest_addr.as_str()),
+                model.map_version + 1,
+            )
         };
         if !still_there {
             drop(guard);
-            // Only a drop of the table changes it under us (moves are serialized);
-            // the drop already told the source to delete its copy.
+            // Moves are serialized, so only a drop of the table or the
+            // retirement of the source server changes it under us; either way
+            // the source's copy is not to be served again.
             self.drop_tablets(table, std::iter::once((start_hash, dest_addr.as_str())))
                 .await;
-            warn!(table = %table_name, index, "move abandoned: the table was dropped or changed meanwhile");
-            return Err(Reject::new(
-                Status::UnknownTable,
-                format!("table {table_name:?} was dropped during the move"),
-            ));
+            warn!(table = %table_name, index, "move abandoned: the table was dropped or its server retired meanwhile");
+            return Err(if self.model().tables.contains_key(&table) {
+                Reject::internal(format!(
+                    "move abandoned: the server of tablet {index} of table {table_name:?} was retired during the move"
+                ))
+            } else {
+                Reject::new(
+                    Status::UnknownTable,
+                    format!("table {table_name:?} was dropped during the move"),
+                )
+            });
+        }
+        if !dest_alive {
+            drop(guard);
+            // The destination server was retired meanwhile (a new process
+            // enlisted on its address): the source keeps the tablet.
+            warn!(table = %table_name, index, "move abandoned: the destination server was retired meanwhile");
+            self.abort_move(table, &old, &src_addr, &dest_addr).await;
+            return Err(Reject::internal(format!(
+                "move abandoned: the destination server {dest_server} was retired during the move"
+            )));
         }
         let moved = Tablet {
             server_id: dest_server,
@@ -626,7 +846,7 @@ impl Coordinator {
             ));
         }
         let guard = self.meta_lock.lock().await;
-        let (unchanged, version) = {
+        let (unchanged, source_alive, version) = {
             let model = self.model();
             let current = model
                 .tables
@@ -634,12 +854,51 @@ impl Coordinator {
                 .and_then(|t| t.tablets.get(index as usize));
             (
                 current.map(|t| t.map_version) == Some(moved_version),
+                model.shard_addr(old.server_id, old.shard) == Some(src_addr),
                 model.map_version + 1,
             )
         };
         if !unchanged {
             return Reject::internal(format!(
                 "activating the tablet on {dest_addr} failed ({e}) and the table changed meanwhile"
+            ));
+        }
+        if !source_alive {
+            // The source was retired meanwhile (its process is gone, and its
+            // copy with it): nobody holds the objects any more. Orphan the
+            // tablet; the next server to enlist gets it, empty.
+            let orphan = Tablet {
+                server_id: ORPHANED,
+                shard: 0,
+                map_version: version,
+                ..old.clone()
+            };
+            let committed = self
+                .commit(
+                    &guard,
+                    vec![
+                        Op::PutTablet {
+                            table,
+                            index,
+                            tablet: orphan,
+                        },
+                        Op::Counter(MAP_VERSION, version),
+                    ],
+                )
+                .await;
+            drop(guard);
+            if let Err(commit) = committed {
+                return Reject::internal(format!(
+                    "activating the tablet on {dest_addr} failed ({e}), its source server was retired, and orphaning it failed: {}",
+                    commit.message
+                ));
+            }
+            self.drop_tablets(table, std::iter::once((old.start_hash, dest_addr)))
+                .await;
+            warn!(table = %table_name, index, "move failed and its source server was retired meanwhile: the tablet is orphaned");
+            return Reject::internal(format!(
+                "the destination {dest_addr} refused to activate the tablet ({e}) and the source server {} was retired meanwhile; the tablet is re-created empty when a server enlists",
+                old.server_id
             ));
         }
         let back = Tablet {
@@ -709,6 +968,33 @@ impl Coordinator {
     }
 }
 
+/// The reply to OpenTable / TableMap of table `id` (`None`: no such table).
+///
+/// A table with an orphaned tablet (its server was retired and no server
+/// holds it yet) gets `Status::Retry` with "tablet N of table T has no live
+/// server yet" instead of a map: the client backs off and asks again within
+/// its operation timeout (a server that enlists meanwhile gets the tablet),
+/// and then fails with that message rather than hanging on an empty address.
+/// `ListTables` still lists such a table, its orphaned tablets with server id
+/// 0 and an empty address.
+fn usable_map(model: &Model, id: u64) -> Option<Reply> {
+    let info = model.table_info(id)?;
+    Some(match model.first_orphan(id) {
+        None => Ok(Response::Table(info)),
+        Some(index) => Err(no_live_server(index, &info.name)),
+    })
+}
+
+fn no_live_server(index: usize, table: &str) -> Reject {
+    Reject::new(
+        Status::Retry,
+        format!(
+            "tablet {index} of table {table:?} has no live server yet (its server is gone; \
+             it is re-created empty when a storage server enlists)"
+        ),
+    )
+}
+
 fn unknown_table(name: &str) -> Reject {
     Reject::new(Status::UnknownTable, format!("no table named {name:?}"))
 }
@@ -768,5 +1054,6 @@ fn request_name(request: &Request<'_>) -> &'static str {
         Request::ListTables => "ListTables",
         Request::ListServers => "ListServers",
         Request::MoveTablet { .. } => "MoveTablet",
+        Request::Scan { .. } => "Scan",
     }
 }

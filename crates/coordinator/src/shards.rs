@@ -84,6 +84,15 @@ impl ShardPool {
         }
     }
 
+    /// Forget the cached connection to `addr`, if any: the process behind that
+    /// address was replaced, and a new request must reach the new one.
+    pub fn forget(&self, addr: &str) {
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(addr);
+    }
+
     /// Forget every connection (their tasks end when the peers close).
     pub fn clear(&self) {
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();

@@ -15,7 +15,11 @@
 //! - `next_table_id`, `next_server_id`: the next id to hand out (ids start at
 //!   1 and are never reused, even when a create fails or a table is dropped).
 //! - `map_version`: the global tablet-map version, bumped by every create,
-//!   drop and move; it never goes back.
+//!   drop, move, server retirement and re-homing; it never goes back.
+//!
+//! A tablet row with `server_id` 0 (server ids start at 1) is *orphaned*: its
+//! server was retired (its process is gone) and no server holds it yet; its
+//! `shard` is 0. It is re-homed, empty, when a server enlists.
 //!
 //! A table's tablets are rows `(table id, 0..n)`, ordered by index, which is
 //! also the order of `start_hash`; together they cover `0..=u64::MAX`.
@@ -178,6 +182,9 @@ impl Store {
                     Op::PutServer { id, shard_addrs } => {
                         let addrs: Vec<&str> = shard_addrs.iter().map(String::as_str).collect();
                         servers.insert(*id, addrs)?;
+                    }
+                    Op::DeleteServer { id } => {
+                        servers.remove(*id)?;
                     }
                     Op::PutTable { id, name } => {
                         tables.insert(*id, name.as_str())?;

@@ -344,8 +344,10 @@ async fn metadata_survives_restart() {
     );
     assert_eq!(open(&c, "a").await, moved);
 
-    // Counters continue: no id or version is reused.
-    let id3 = enlist(&c, addrs(&s2)).await;
+    // Counters continue: no id or version is reused. (A new server: one
+    // enlisting on s2's addresses would retire s2, see tests/retire.rs.)
+    let s3 = fake_server(&log, 1).await;
+    let id3 = enlist(&c, addrs(&s3)).await;
     assert!(id3 > id1.max(id2));
     let d = create(&c, "d", 2).await;
     assert!(

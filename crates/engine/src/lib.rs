@@ -193,8 +193,11 @@ mod cleaner;
 mod entry;
 mod index;
 mod replay;
+mod scan;
 mod segment;
 mod tablet;
+
+pub use scan::ScanToken;
 
 use cleaner::Goal;
 use segment::{Budget, Purpose};

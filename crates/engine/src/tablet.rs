@@ -33,6 +33,11 @@ pub(crate) struct Tablet {
     pub survivor: Option<u32>,
     pub next_segment_id: u64,
     pub index: HashTable<IndexEntry>,
+    /// Unique per tablet instance (a dropped and re-created tablet differs).
+    pub generation: u64,
+    /// Bumped whenever the cleaner starts on one of this tablet's segments:
+    /// log positions held across it may have moved (see `scan.rs`).
+    pub clean_epoch: u64,
 }
 
 impl Tablet {
@@ -50,6 +55,8 @@ impl Tablet {
             survivor: None,
             next_segment_id: 1,
             index: HashTable::new(),
+            generation: crate::scan::next_generation(),
+            clean_epoch: 0,
         }
     }
 
@@ -446,7 +453,7 @@ impl Tablet {
 
 /// The hot loop of log traversal: header fields only, then `f`.
 #[inline(always)]
-fn walk_live(buf: &[u8], f: &mut impl FnMut(ObjectRef<'_>)) {
+pub(crate) fn walk_live(buf: &[u8], f: &mut impl FnMut(ObjectRef<'_>)) {
     let mut at = 0;
     while at < buf.len() {
         let header = &buf[at..at + HEADER_BYTES];

@@ -6,6 +6,7 @@
 
 pub mod frame;
 pub mod message;
+pub mod plan;
 
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};

@@ -226,6 +226,19 @@ pub enum Request<'a> {
         tablet_index: u32,
         server_id: u64,
     },
+
+    // ---- data operations (pushdown): client -> storage shard ----
+    /// Run `plan` over the tablet `start_hash..=end_hash` of `table`, which
+    /// the client believes was placed by `map_version`. Refused with
+    /// `StaleMap` / `UnknownTablet` if that does not match (before and after
+    /// the scan), so a result is exact or an error.
+    Scan {
+        table: u64,
+        start_hash: u64,
+        end_hash: u64,
+        map_version: u64,
+        plan: crate::plan::ScanPlan,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -278,4 +291,7 @@ pub enum Response<'a> {
     Table(TableInfo),
     Tables(Vec<TableInfo>),
     Servers(Vec<ServerInfo>),
+
+    /// One tablet's partial result of a `Scan`.
+    Scan(crate::plan::ScanResult),
 }

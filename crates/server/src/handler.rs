@@ -346,6 +346,25 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 Err((status, message)) => encode_error(out, id, status, message),
             }
         }
+        Request::Scan {
+            table,
+            start_hash,
+            end_hash,
+            map_version,
+            plan,
+        } => {
+            crate::scan::handle(
+                state,
+                id,
+                table,
+                start_hash,
+                end_hash,
+                map_version,
+                plan,
+                out,
+            )
+            .await
+        }
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

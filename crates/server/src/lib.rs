@@ -7,6 +7,7 @@
 mod conn;
 mod handler;
 mod migrate;
+mod scan;
 mod shard;
 
 use std::net::SocketAddr;

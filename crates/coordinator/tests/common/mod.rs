@@ -189,10 +189,14 @@ impl Drop for TempDir {
 }
 
 pub async fn start_coordinator(dir: &TempDir) -> CoordinatorHandle {
+    start_coordinator_with(CoordinatorConfig::new(dir.0.clone())).await
+}
+
+pub async fn start_coordinator_with(config: CoordinatorConfig) -> CoordinatorHandle {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind coordinator");
-    insitu_coordinator::start(CoordinatorConfig { dir: dir.0.clone() }, listener)
+    insitu_coordinator::start(config, listener)
         .await
         .expect("start coordinator")
 }

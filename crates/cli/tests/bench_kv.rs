@@ -1,0 +1,78 @@
+//! Smoke test of `insitu bench kv --quick`: the whole benchmark end to end
+//! (child processes, load, every case, JSON). Against Redis only when
+//! `redis-server` is installed; otherwise the insitu half runs alone and the
+//! Redis half is reported as skipped.
+
+use std::process::Command;
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|d| d.join(program).is_file())
+    })
+}
+
+#[test]
+fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
+    let with_redis = on_path("redis-server");
+    if !with_redis {
+        eprintln!(
+            "SKIPPED: the Redis half of `insitu bench kv` (redis-server is not installed); \
+             testing the insitu half alone"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("kv.json");
+    let plot_path = dir.path().join("kv.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args(["bench", "kv", "--quick", "--keys", "2000", "--seconds", "0.1"])
+        .args(["--vs", if with_redis { "redis" } else { "none" }])
+        .arg("--json")
+        .arg(&json_path)
+        .arg("--plot")
+        .arg(&plot_path)
+        .output()
+        .expect("run insitu bench kv");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench kv failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("ratios:"), "no table printed:\n{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    let cases = report["cases"].as_array().expect("cases");
+    for store in ["insitu", "redis"] {
+        let mine: Vec<_> = cases.iter().filter(|c| c["store"] == store).collect();
+        if store == "redis" && !with_redis {
+            assert!(mine.is_empty());
+            continue;
+        }
+        // read, write, mix x {1,16,64} conns x {1,16} depth, plus 2 multi-reads.
+        assert_eq!(mine.len(), 20, "{store} cases: {mine:#?}");
+        for c in mine {
+            assert!(c["ops_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+            assert!(c["p99_us"].as_f64().unwrap() >= c["p50_us"].as_f64().unwrap(), "{c}");
+        }
+    }
+    let ratios = &report["ratios"];
+    let single = |k: &str| ratios[k].as_f64();
+    assert!(single("multiread_100_vs_single").is_some_and(|r| r > 0.0));
+    for k in [
+        "read_throughput_vs_redis",
+        "write_throughput_vs_redis",
+        "read_p99_vs_redis",
+        "multiread_100_vs_mget_100",
+        "memory_per_object_vs_redis",
+    ] {
+        if with_redis {
+            assert!(single(k).is_some_and(|r| r > 0.0), "{k} = {}", ratios[k]);
+        } else {
+            assert!(ratios[k].is_null(), "{k} without Redis must be null");
+        }
+    }
+    assert!(report["memory"]["insitu_rss_per_object"].as_f64().is_some());
+    let svg = std::fs::read_to_string(&plot_path).expect("plot written");
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+}

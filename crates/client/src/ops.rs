@@ -1,0 +1,357 @@
+//! Data operations (pushdown): count, aggregate, update and the
+//! logistic-regression gradient, computed on the storage servers.
+//!
+//! A [`ScanPlan`] is sent to every tablet of the table in parallel; each
+//! request names the tablet's hash range and the map version that placed it.
+//! A shard refuses a request whose tablet it does not serve exactly as named
+//! (`StaleMap`, `UnknownTablet`, `Retry`), before and after its scan; the
+//! client then refreshes its map and asks the tablet's current owner (the
+//! retry loop of `Client`). The partial results of all tablets are merged
+//! here. If the table's tablet *layout* (the set of ranges) changes midway,
+//! the whole operation is redone on the new layout, so every hash range is
+//! counted exactly once: a result is exact or an error.
+//!
+//! Updates are not retried after a connection dropped with the request in
+//! flight (it may have been applied); a refusal is retried (nothing was applied).
+
+use std::time::{Duration, Instant};
+
+use insitu_protocol::plan::{
+    AggPartial, Field, GradPartial, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan,
+    ScanResult, Source, UpdateAction,
+};
+use insitu_protocol::{Request, Response, Status};
+
+use crate::client::{Client, decode};
+use crate::error::ClientError;
+
+/// Layout changes tolerated before an operation gives up.
+const MAX_LAYOUT_RETRIES: u32 = 20;
+
+/// A merged result and what it cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanOutcome {
+    pub partial: Partial,
+    /// Objects the servers visited, matched or not.
+    pub visited: u64,
+    /// Objects that passed the key range and the predicate.
+    pub matched: u64,
+    /// Tablets asked.
+    pub tablets: usize,
+    /// Longest server-side scan time of one tablet.
+    pub max_server_time: Duration,
+    /// Scan restarts on the servers (tablet written or cleaned between chunks).
+    pub restarts: u32,
+}
+
+/// Which objects an operation covers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Selection {
+    pub key_range: Option<KeyRange>,
+    /// Postfix predicate program (see `insitu_protocol::plan`); empty = all.
+    pub filter: Vec<PredOp>,
+}
+
+impl Selection {
+    pub fn all() -> Selection {
+        Selection::default()
+    }
+    pub fn filter(filter: Vec<PredOp>) -> Selection {
+        Selection {
+            key_range: None,
+            filter,
+        }
+    }
+    fn plan(&self, op: Op) -> ScanPlan {
+        ScanPlan {
+            source: Source::Log,
+            key_range: self.key_range.clone(),
+            filter: self.filter.clone(),
+            op,
+        }
+    }
+}
+
+fn merge(into: &mut Option<Partial>, p: Partial) -> Result<(), ClientError> {
+    let Some(acc) = into else {
+        *into = Some(p);
+        return Ok(());
+    };
+    match (acc, p) {
+        (Partial::Count(a), Partial::Count(b)) => *a += b,
+        (Partial::Aggregate(a), Partial::Aggregate(b)) => a.merge(&b),
+        (Partial::Update { updated: a }, Partial::Update { updated: b }) => *a += b,
+        (Partial::Gradient(a), Partial::Gradient(b)) => a.merge(&b),
+        (a, b) => {
+            return Err(ClientError::Unexpected {
+                addr: String::new(),
+                what: format!("partial results of different kinds: {a:?} and {b:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Client {
+    /// Run `plan` on every tablet of `table` and merge the partial results.
+    pub async fn execute_plan(
+        &self,
+        table: u64,
+        plan: &ScanPlan,
+    ) -> Result<PlanOutcome, ClientError> {
+        let is_update = matches!(plan.op, Op::Update { .. });
+        let deadline = Instant::now() + self.inner.config.op_timeout;
+        let mut layout_retries = 0;
+        loop {
+            let route = self.route(table, deadline).await?;
+            let ranges: Vec<(u64, u64)> = route
+                .info
+                .tablets
+                .iter()
+                .map(|t| (t.start_hash, t.end_hash))
+                .collect();
+            let seen = route.map_version();
+            drop(route);
+            let calls = ranges
+                .iter()
+                .map(|&(s, e)| self.scan_tablet(table, s, e, plan, !is_update));
+            let results = futures::future::join_all(calls).await;
+            let mut layout_changed = None;
+            let mut ok = Vec::with_capacity(results.len());
+            for r in results {
+                match r {
+                    Ok(r) => ok.push(r),
+                    Err(LayoutOr::Layout(why)) => layout_changed = Some(why),
+                    Err(LayoutOr::Error(e)) => return Err(e),
+                }
+            }
+            if let Some(why) = layout_changed {
+                // Partial results of an update on the unchanged tablets were
+                // applied; redoing them would apply them twice.
+                if is_update {
+                    return Err(ClientError::Status(
+                        Status::StaleMap,
+                        format!(
+                            "the table's tablets were split or merged during the update: {why}"
+                        ),
+                    ));
+                }
+                layout_retries += 1;
+                if layout_retries > MAX_LAYOUT_RETRIES || Instant::now() >= deadline {
+                    return Err(ClientError::Status(Status::StaleMap, why));
+                }
+                self.refresh(table, seen, deadline).await?;
+                continue;
+            }
+            let mut partial = None;
+            let mut out = PlanOutcome {
+                partial: Partial::Count(0),
+                visited: 0,
+                matched: 0,
+                tablets: ok.len(),
+                max_server_time: Duration::ZERO,
+                restarts: 0,
+            };
+            for r in ok {
+                out.visited += r.visited;
+                out.matched += r.matched;
+                out.restarts += r.restarts;
+                out.max_server_time = out
+                    .max_server_time
+                    .max(Duration::from_nanos(r.server_nanos));
+                merge(&mut partial, r.partial)?;
+            }
+            if let Some(p) = partial {
+                out.partial = p;
+            }
+            return Ok(out);
+        }
+    }
+
+    /// One tablet, with the retry policy of `Client::routed`.
+    async fn scan_tablet(
+        &self,
+        table: u64,
+        start: u64,
+        end: u64,
+        plan: &ScanPlan,
+        retry_after_send: bool,
+    ) -> Result<ScanResult, LayoutOr> {
+        let got = self
+            .routed(
+                table,
+                start,
+                retry_after_send,
+                |t| Request::Scan {
+                    table,
+                    start_hash: t.start_hash,
+                    end_hash: t.end_hash,
+                    map_version: t.map_version,
+                    plan: plan.clone(),
+                },
+                |reply, t, addr| {
+                    if (t.start_hash, t.end_hash) != (start, end) {
+                        return Ok(Err(format!(
+                            "tablet {start:#x}..={end:#x} is now {:#x}..={:#x}",
+                            t.start_hash, t.end_hash
+                        )));
+                    }
+                    if reply.status != Status::Ok {
+                        return Err(ClientError::Status(reply.status, reply.error_message()));
+                    }
+                    match decode(&reply, addr)? {
+                        Response::Scan(r) => Ok(Ok(r)),
+                        other => Err(ClientError::unexpected(addr, format!("{other:?} to Scan"))),
+                    }
+                },
+            )
+            .await;
+        match got {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(why)) => Err(LayoutOr::Layout(why)),
+            Err(e) => Err(LayoutOr::Error(e)),
+        }
+    }
+
+    /// Number of objects of `table` in the selection.
+    pub async fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        match self
+            .execute_plan(table, &sel.plan(Op::Count))
+            .await?
+            .partial
+        {
+            Partial::Count(n) => Ok(n),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// count, sum, min, max (and avg) of `field` over the selection.
+    pub async fn aggregate(
+        &self,
+        table: u64,
+        field: Field,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.aggregate_with(table, field, sel, Source::Log)
+            .await
+            .map(|(a, _)| a)
+    }
+
+    /// `aggregate` with the server-side strategy forced (log traversal, hash
+    /// table iteration, or hash table lookups of integer keys).
+    pub async fn aggregate_with(
+        &self,
+        table: u64,
+        field: Field,
+        sel: &Selection,
+        source: Source,
+    ) -> Result<(AggPartial, PlanOutcome), ClientError> {
+        let mut plan = sel.plan(Op::Aggregate { field });
+        plan.source = source;
+        let out = self.execute_plan(table, &plan).await?;
+        match &out.partial {
+            Partial::Aggregate(a) => Ok((*a, out)),
+            other => Err(wrong_kind(other.clone())),
+        }
+    }
+
+    /// Change `field` of every object in the selection, on the servers; each
+    /// change is a new version. Returns how many objects were updated.
+    pub async fn update(
+        &self,
+        table: u64,
+        field: Field,
+        action: UpdateAction,
+        sel: &Selection,
+    ) -> Result<u64, ClientError> {
+        match self
+            .execute_plan(table, &sel.plan(Op::Update { field, action }))
+            .await?
+            .partial
+        {
+            Partial::Update { updated } => Ok(updated),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// Logistic-regression gradient and log-loss sums over every point of
+    /// `table` at (`weights`, `bias`).
+    pub async fn gradient(
+        &self,
+        table: u64,
+        layout: PointLayout,
+        weights: &[f32],
+        bias: f32,
+    ) -> Result<GradPartial, ClientError> {
+        let plan = ScanPlan::new(Op::Gradient {
+            layout,
+            weights: weights.to_vec(),
+            bias,
+        });
+        match self.execute_plan(table, &plan).await?.partial {
+            Partial::Gradient(g) => Ok(g),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// Train a logistic regression by batch gradient descent, computing every
+    /// gradient on the servers: `iterations` steps of
+    /// `w -= rate * grad / n`, `b -= rate * bias_grad / n`, from zero.
+    /// Returns the weights, the bias and the mean log-loss of each iteration.
+    pub async fn train_logreg(
+        &self,
+        table: u64,
+        layout: PointLayout,
+        iterations: u32,
+        rate: f64,
+    ) -> Result<TrainedModel, ClientError> {
+        let dims = layout.dims as usize;
+        let mut w = vec![0f32; dims];
+        let mut b = 0f32;
+        let mut losses = Vec::with_capacity(iterations as usize);
+        for _ in 0..iterations {
+            let g = self.gradient(table, layout, &w, b).await?;
+            if g.count == 0 {
+                break;
+            }
+            let n = g.count as f64;
+            losses.push(g.loss / n);
+            step(&mut w, &mut b, &g, rate);
+        }
+        Ok(TrainedModel {
+            weights: w,
+            bias: b,
+            losses,
+        })
+    }
+}
+
+/// A trained logistic-regression model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainedModel {
+    pub weights: Vec<f32>,
+    pub bias: f32,
+    /// Mean log-loss before each step.
+    pub losses: Vec<f64>,
+}
+
+/// One gradient-descent step; shared by `train_logreg` and in-memory references.
+pub fn step(w: &mut [f32], b: &mut f32, g: &GradPartial, rate: f64) {
+    let n = g.count.max(1) as f64;
+    for (wj, gj) in w.iter_mut().zip(&g.grad) {
+        *wj = (*wj as f64 - rate * gj / n) as f32;
+    }
+    *b = (*b as f64 - rate * g.bias / n) as f32;
+}
+
+enum LayoutOr {
+    Layout(String),
+    Error(ClientError),
+}
+
+fn wrong_kind(p: Partial) -> ClientError {
+    ClientError::Unexpected {
+        addr: String::new(),
+        what: format!("partial result of the wrong kind: {p:?}"),
+    }
+}

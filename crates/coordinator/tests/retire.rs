@@ -1,0 +1,504 @@
+//! Dead servers: retirement on re-enlist and with `forget_servers`, orphaned
+//! tablets, and their re-homing onto newly enlisted (fake) servers.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::*;
+use futures::StreamExt;
+use insitu_coordinator::CoordinatorConfig;
+use insitu_protocol::{
+    FrameCodec, Request, Response, Status, TableInfo, TabletState, decode_request, encode_response,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::codec::FramedRead;
+
+/// The TakeTablet requests in `log`: (shard address, table, start, end, version, state).
+fn takes(log: &[(String, Ctl)]) -> Vec<(String, u64, u64, u64, u64, TabletState)> {
+    log.iter()
+        .map(|(addr, ctl)| match ctl {
+            Ctl::Take {
+                table,
+                start,
+                end,
+                version,
+                state,
+            } => (addr.clone(), *table, *start, *end, *version, *state),
+            other => panic!("only TakeTablet expected, got {other:?}"),
+        })
+        .collect()
+}
+
+async fn expect_no_live_server(c: &insitu_client::rpc::RpcConn, table: &TableInfo) {
+    let msg = expect_err(
+        &call(
+            c,
+            Request::OpenTable {
+                name: table.name.clone(),
+            },
+        )
+        .await,
+        Status::Retry,
+    );
+    assert!(
+        msg.contains("has no live server yet") && msg.contains(&format!("{:?}", table.name)),
+        "{msg}"
+    );
+    let msg = expect_err(
+        &call(c, Request::TableMap { table: table.id }).await,
+        Status::Retry,
+    );
+    assert!(msg.contains("tablet 0 of table"), "{msg}");
+}
+
+#[tokio::test]
+async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
+    let dir = TempDir::new("reenlist");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 2).await;
+    let s2 = fake_server(&log, 1).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    let a = create(&c, "a", 6).await;
+    let b = create(&c, "b", 3).await;
+    take_log(&log);
+    let before = b.map_version;
+
+    // s1's process "restarts" on the same addresses: a new id, the old one retired.
+    let id3 = enlist(&c, addrs(&s1)).await;
+    assert!(id3 > id2);
+    let servers = list_servers(&c).await;
+    let ids: Vec<u64> = servers.iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec![id2, id3], "the old server is gone");
+    assert_eq!(servers[1].shard_addrs, addrs(&s1));
+
+    let a2 = open(&c, "a").await;
+    let b2 = open(&c, "b").await;
+    assert!(a2.map_version > before, "the map version was bumped");
+    assert_eq!(a2.map_version, b2.map_version);
+    assert_covers_hash_space(&a2);
+    assert_covers_hash_space(&b2);
+    // Exactly the tablets of id1 moved to id3 (round-robin over its shards),
+    // with the new version; id2's are untouched.
+    let mut expected = Vec::new();
+    let mut next_shard = 0usize;
+    for (old, new) in [(&a, &a2), (&b, &b2)] {
+        for (i, (o, n)) in old.tablets.iter().zip(&new.tablets).enumerate() {
+            assert_eq!((o.start_hash, o.end_hash), (n.start_hash, n.end_hash));
+            if o.server_id == id1 {
+                assert_eq!(n.server_id, id3, "table {} tablet {i}", old.name);
+                assert_eq!(n.shard as usize, next_shard % 2);
+                assert_eq!(n.addr, s1[next_shard % 2].addr);
+                assert_eq!(n.map_version, a2.map_version);
+                next_shard += 1;
+                expected.push((
+                    n.addr.clone(),
+                    old.id,
+                    n.start_hash,
+                    n.end_hash,
+                    a2.map_version,
+                    TabletState::Active,
+                ));
+            } else {
+                assert_eq!(o.server_id, id2);
+                assert_eq!(o, n, "table {} tablet {i} stays on server {id2}", old.name);
+            }
+        }
+    }
+    assert!(next_shard > 0);
+    let mut got = takes(&take_log(&log));
+    got.sort_by_key(|g| (g.0.clone(), g.1, g.2));
+    expected.sort_by_key(|g| (g.0.clone(), g.1, g.2));
+    assert_eq!(got, expected, "one TakeTablet Active per re-homed tablet");
+
+    // A server whose addresses overlap only partly is retired too.
+    let extra = fake_shard(log.clone()).await;
+    let id4 = enlist(&c, vec![extra.addr.clone(), s2[0].addr.clone()]).await;
+    let ids: Vec<u64> = list_servers(&c).await.iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec![id3, id4]);
+    let a3 = open(&c, "a").await;
+    assert!(a3.map_version > a2.map_version);
+    for t in &a3.tablets {
+        assert!(t.server_id == id3 || t.server_id == id4, "{t:?}");
+    }
+    assert_eq!(
+        takes(&take_log(&log)).len(),
+        a.tablets
+            .iter()
+            .chain(&b.tablets)
+            .filter(|t| t.server_id == id2)
+            .count()
+    );
+
+    // The new state is durable.
+    let tables = list_tables(&c).await;
+    drop(c);
+    coord.shutdown().await;
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(list_tables(&c).await, tables);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
+    let dir = TempDir::new("failtake");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    enlist(&c, addrs(&s1)).await;
+    let t = create(&c, "t", 2).await;
+    take_log(&log);
+
+    // The new process on the same address refuses TakeTablet: enlisting
+    // still succeeds, the tablets stay orphaned.
+    s1[0].fail.lock().unwrap().insert("Take");
+    let id2 = enlist(&c, addrs(&s1)).await;
+    assert_eq!(takes(&take_log(&log)).len(), 2, "both were tried");
+    expect_no_live_server(&c, &t).await;
+    let listed = list_tables(&c).await;
+    assert!(
+        listed[0]
+            .tablets
+            .iter()
+            .all(|x| x.server_id == 0 && x.addr.is_empty()),
+        "{listed:?}"
+    );
+    let msg = expect_err(
+        &call(
+            &c,
+            Request::MoveTablet {
+                table: "t".into(),
+                tablet_index: 1,
+                server_id: id2,
+            },
+        )
+        .await,
+        Status::Retry,
+    );
+    assert!(msg.contains("tablet 1 of table \"t\""), "{msg}");
+
+    // The next server to enlist gets them.
+    s1[0].fail.lock().unwrap().clear();
+    let s2 = fake_server(&log, 1).await;
+    let id3 = enlist(&c, addrs(&s2)).await;
+    let t2 = open(&c, "t").await;
+    assert!(t2.tablets.iter().all(|x| x.server_id == id3));
+    assert!(t2.map_version > t.map_version);
+    let got = takes(&take_log(&log));
+    assert_eq!(got.len(), 2);
+    assert!(
+        got.iter()
+            .all(|g| g.0 == s2[0].addr && g.4 == t2.map_version)
+    );
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
+    let dir = TempDir::new("forget");
+    let log = Log::default();
+    let old1 = fake_server(&log, 2).await;
+    let old2 = fake_server(&log, 1).await;
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    enlist(&c, addrs(&old1)).await;
+    let old_id = enlist(&c, addrs(&old2)).await;
+    let a = create(&c, "a", 5).await;
+    let b = create(&c, "b", 2).await;
+    let gone = create(&c, "gone", 2).await;
+    assert!(coord.orphaned_table_names().is_empty());
+    drop(c);
+    coord.shutdown().await;
+    take_log(&log);
+
+    // Restart "as insitu up does": every stored server is forgotten.
+    let mut config = CoordinatorConfig::new(dir.0.clone());
+    config.forget_servers = true;
+    let coord = start_coordinator_with(config).await;
+    assert_eq!(coord.orphaned_table_names(), ["a", "b", "gone"]);
+    let c = connect(&coord).await;
+    assert!(list_servers(&c).await.is_empty());
+    // Orphaned tables: listed, but no map is handed out.
+    let listed = list_tables(&c).await;
+    assert_eq!(listed.len(), 3);
+    for t in &listed {
+        assert_covers_hash_space(t);
+        assert!(t.map_version > b.map_version);
+        assert!(
+            t.tablets
+                .iter()
+                .all(|x| x.server_id == 0 && x.addr.is_empty())
+        );
+        expect_no_live_server(&c, t).await;
+    }
+    expect_err(
+        &call(
+            &c,
+            Request::CreateTable {
+                name: "new".into(),
+                tablets: 1,
+            },
+        )
+        .await,
+        Status::NoServers,
+    );
+    // Dropping an orphaned table needs no shard.
+    expect_ok(
+        &call(
+            &c,
+            Request::DropTable {
+                name: "gone".into(),
+            },
+        )
+        .await,
+    );
+    assert!(take_log(&log).is_empty(), "no shard was called");
+    assert_eq!(coord.orphaned_table_names(), ["a", "b"]);
+    drop(c);
+    coord.shutdown().await;
+
+    // Stopped before any server enlisted: still orphaned after a plain restart.
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(coord.orphaned_table_names(), ["a", "b"]);
+    expect_no_live_server(&c, &a).await;
+
+    // A new server enlists: it gets every tablet, empty, round-robin over its shards.
+    let n1 = fake_server(&log, 2).await;
+    let new_id = enlist(&c, addrs(&n1)).await;
+    assert!(new_id > old_id);
+    assert!(coord.orphaned_table_names().is_empty());
+    let a2 = open(&c, "a").await;
+    let b2 = open(&c, "b").await;
+    let v = a2.map_version;
+    assert!(v > listed[0].map_version);
+    let mut expected = Vec::new();
+    for (i, (table, t)) in a2
+        .tablets
+        .iter()
+        .map(|t| (&a2, t))
+        .chain(b2.tablets.iter().map(|t| (&b2, t)))
+        .enumerate()
+    {
+        assert_eq!(
+            (t.server_id, t.shard, &t.addr, t.map_version),
+            (new_id, (i % 2) as u32, &n1[i % 2].addr, v),
+            "{} {t:?}",
+            table.name
+        );
+        expected.push((
+            t.addr.clone(),
+            table.id,
+            t.start_hash,
+            t.end_hash,
+            v,
+            TabletState::Active,
+        ));
+    }
+    assert_eq!(a2.tablets.len(), a.tablets.len());
+    let mut got = takes(&take_log(&log));
+    got.sort_by_key(|g| (g.0.clone(), g.1, g.2));
+    expected.sort_by_key(|g| (g.0.clone(), g.1, g.2));
+    assert_eq!(got, expected);
+    // Old servers got nothing.
+    let old: HashSet<String> = addrs(&old1).into_iter().chain(addrs(&old2)).collect();
+    assert!(got.iter().all(|g| !old.contains(&g.0)));
+    // A second server gets nothing: nothing is orphaned any more.
+    let n2 = fake_server(&log, 1).await;
+    enlist(&c, addrs(&n2)).await;
+    assert!(take_log(&log).is_empty());
+    assert_eq!(open(&c, "a").await, a2);
+    drop(c);
+    coord.shutdown().await;
+
+    // Durable; and `forget_servers` with no stored tables or servers is harmless.
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(open(&c, "b").await, b2);
+    assert_eq!(list_servers(&c).await.len(), 2);
+    drop(c);
+    coord.shutdown().await;
+    let empty = TempDir::new("forget-empty");
+    let mut config = CoordinatorConfig::new(empty.0.clone());
+    config.forget_servers = true;
+    let coord = start_coordinator_with(config).await;
+    assert!(coord.orphaned_table_names().is_empty());
+    coord.shutdown().await;
+    let _ = gone;
+}
+
+/// What a real client sees for a table with an orphaned tablet: it retries
+/// within its timeout and then fails with the coordinator's message, instead
+/// of hanging on an empty address.
+#[tokio::test]
+async fn a_client_fails_clearly_on_an_orphaned_table() {
+    let dir = TempDir::new("client");
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    enlist(&c, addrs(&s1)).await;
+    let t = create(&c, "t", 2).await;
+    drop(c);
+    coord.shutdown().await;
+    let mut config = CoordinatorConfig::new(dir.0.clone());
+    config.forget_servers = true;
+    let coord = start_coordinator_with(config).await;
+
+    let client = insitu_client::Client::connect_with(
+        &coord.addr().to_string(),
+        insitu_client::ClientConfig {
+            op_timeout: std::time::Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect");
+    let started = std::time::Instant::now();
+    let e = client.open_table("t").await.expect_err("no map yet");
+    assert_eq!(e.status(), Some(Status::Retry), "{e}");
+    assert!(e.to_string().contains("has no live server yet"), "{e}");
+    let e = client.read(t.id, "k").await.expect_err("no map yet");
+    assert_eq!(e.status(), Some(Status::Retry), "{e}");
+    assert!(
+        e.to_string()
+            .contains("tablet 0 of table \"t\" has no live server yet"),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Once a server enlists, the same client gets the map.
+    let c = connect(&coord).await;
+    let s2 = fake_server(&log, 1).await;
+    let id = enlist(&c, addrs(&s2)).await;
+    let info = client.open_table("t").await.expect("a map now");
+    assert!(info.tablets.iter().all(|x| x.server_id == id));
+    coord.shutdown().await;
+}
+
+/// A fake shard that answers every request with Done, concurrently; a
+/// MigrateTablet notifies `arrived`, then waits for `release` before replying.
+async fn slow_migrate_shard(arrived: Arc<Notify>, release: Arc<Notify>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (arrived, release) = (arrived.clone(), release.clone());
+            tokio::spawn(async move {
+                let (read_half, write_half) = stream.into_split();
+                let write_half = Arc::new(tokio::sync::Mutex::new(write_half));
+                let mut frames = FramedRead::new(read_half, FrameCodec::default());
+                while let Some(Ok(frame)) = frames.next().await {
+                    let id = frame.header.request_id;
+                    let is_migrate = matches!(
+                        decode_request(&frame.body),
+                        Ok(Request::MigrateTablet { .. })
+                    );
+                    let (arrived, release, write_half) =
+                        (arrived.clone(), release.clone(), write_half.clone());
+                    tokio::spawn(async move {
+                        if is_migrate {
+                            arrived.notify_one();
+                            release.notified().await;
+                        }
+                        let mut out = BytesMut::new();
+                        encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                        let _ = write_half.lock().await.write_all(&out).await;
+                    });
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
+    let dir = TempDir::new("moveretire");
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let (arrived, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let src = slow_migrate_shard(arrived.clone(), release.clone()).await;
+    let src_id = enlist(&c, vec![src.clone()]).await;
+    let t = create(&c, "t", 1).await;
+    assert_eq!(t.tablets[0].server_id, src_id);
+    let dest = fake_server(&log, 1).await;
+    let dest_id = enlist(&c, addrs(&dest)).await;
+
+    // (a) The destination is replaced while the source copies: the tablet stays put.
+    let mover = connect(&coord).await;
+    let move_reply = tokio::spawn(async move {
+        call(
+            &mover,
+            Request::MoveTablet {
+                table: "t".into(),
+                tablet_index: 0,
+                server_id: dest_id,
+            },
+        )
+        .await
+    });
+    // The source is copying (MigrateTablet arrived, not answered yet).
+    tokio::time::timeout(Duration::from_secs(10), arrived.notified())
+        .await
+        .expect("the move reaches MigrateTablet");
+    let new_dest = enlist(&c, addrs(&dest)).await;
+    assert_ne!(new_dest, dest_id);
+    release.notify_one();
+    let reply = move_reply.await.unwrap();
+    let msg = expect_err(&reply, Status::Internal);
+    assert!(msg.contains("was retired during the move"), "{msg}");
+    let t2 = open(&c, "t").await;
+    assert_eq!(
+        t2.tablets[0].server_id, src_id,
+        "the source keeps the tablet"
+    );
+    assert_eq!(t2.tablets[0].map_version, t.tablets[0].map_version);
+
+    // (b) The source is replaced while it copies: the move is abandoned and
+    // the tablet is re-homed (empty) on the source's successor.
+    let mover = connect(&coord).await;
+    let move_reply = tokio::spawn(async move {
+        call(
+            &mover,
+            Request::MoveTablet {
+                table: "t".into(),
+                tablet_index: 0,
+                server_id: new_dest,
+            },
+        )
+        .await
+    });
+    // The source is copying (MigrateTablet arrived, not answered yet).
+    tokio::time::timeout(Duration::from_secs(10), arrived.notified())
+        .await
+        .expect("the move reaches MigrateTablet");
+    let new_src = enlist(&c, vec![src.clone()]).await;
+    release.notify_one();
+    let reply = move_reply.await.unwrap();
+    let msg = expect_err(&reply, Status::Internal);
+    assert!(msg.contains("was retired during the move"), "{msg}");
+    let t3 = open(&c, "t").await;
+    assert_eq!(t3.tablets[0].server_id, new_src);
+    assert_eq!(t3.tablets[0].addr, src);
+    assert!(t3.map_version > t2.map_version);
+    let ids: Vec<u64> = list_servers(&c).await.iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec![new_dest, new_src]);
+    // The metadata is coherent on reload.
+    drop(c);
+    coord.shutdown().await;
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    assert_eq!(open(&c, "t").await, t3);
+    coord.shutdown().await;
+}

@@ -1,0 +1,626 @@
+//! Data operations (pushdown): run a `ScanPlan` over one tablet of this shard.
+//!
+//! Exact or error:
+//! - the request names the tablet's hash range and map version; they are
+//!   checked against the shard's tablet state before the scan, between chunks
+//!   and after it (`StaleMap` / `UnknownTablet` / `Retry`), so a reply is only
+//!   ever computed over exactly the tablet the client meant;
+//! - a long scan runs in chunks of about `CHUNK` of work and yields to the
+//!   shard's event loop in between, so requests on other connections of this
+//!   shard wait at most about one chunk. Between chunks the tablet may be
+//!   written or cleaned, which would make the log cursor inexact; the engine's
+//!   `ScanToken` detects that and the scan restarts. After `MAX_RESTARTS` the
+//!   scan runs to the end without yielding, so it always finishes.
+//! - an update first collects the matched keys (a read-only chunked scan, so
+//!   it never sees its own new versions), then applies every change in one
+//!   go without yielding: a tablet move (which freezes the tablet before it
+//!   copies it) can therefore never observe half an update.
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use insitu_engine::{EngineError, ObjectRef, ScanToken};
+use insitu_protocol::plan::{
+    self, AggPartial, Field, GradAcc, KeyRange, Op, Partial, PredOp, ScanPlan, ScanResult, Source,
+    UpdateAction,
+};
+use insitu_protocol::{Number, Response, Status, encode_error, encode_response};
+
+use crate::handler::engine_status;
+use crate::shard::ShardState;
+
+/// Work between two yields to the event loop.
+const CHUNK: Duration = Duration::from_millis(1);
+/// Index entries / integer keys visited between two clock checks.
+const KEYS_PER_STEP: usize = 8192;
+/// Restarts (tablet changed between chunks) before a scan runs in one go.
+const MAX_RESTARTS: u32 = 2;
+
+type Refusal = (Status, String);
+
+/// Check that this shard serves the tablet the request names.
+fn check_tablet(
+    state: &ShardState,
+    table: u64,
+    start_hash: u64,
+    end_hash: u64,
+    map_version: u64,
+    write: bool,
+) -> Result<(), Refusal> {
+    let tablets = state.tablets.borrow();
+    let Some(meta) = tablets.get(&(table, start_hash)) else {
+        return Err((
+            Status::UnknownTablet,
+            format!("tablet {table}/{start_hash:#x} is not on this shard"),
+        ));
+    };
+    let engine = state.engine.borrow();
+    match engine.tablet_for(table, start_hash) {
+        Some(r) if r.start == start_hash && r.end == end_hash => {}
+        Some(r) => {
+            return Err((
+                Status::StaleMap,
+                format!(
+                    "tablet range is {:#x}..={:#x}, not {start_hash:#x}..={end_hash:#x}",
+                    r.start, r.end
+                ),
+            ));
+        }
+        None => {
+            return Err((
+                Status::UnknownTablet,
+                format!("tablet {table}/{start_hash:#x} is not on this shard"),
+            ));
+        }
+    }
+    if meta.map_version != map_version {
+        return Err((
+            Status::StaleMap,
+            format!(
+                "tablet placed by map version {}, request names {map_version}",
+                meta.map_version
+            ),
+        ));
+    }
+    if !meta.serves_reads() || (write && !meta.serves_writes()) {
+        return Err((Status::Retry, "tablet is being moved".into()));
+    }
+    Ok(())
+}
+
+fn show_key(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}"),
+        _ if key.len() == 8 => format!(
+            "{} (8-byte integer key)",
+            u64::from_le_bytes(key.try_into().expect("8 bytes"))
+        ),
+        _ => {
+            let hex: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
+            format!("0x{hex}")
+        }
+    }
+}
+
+/// What a plan needs from a value, for the "short value" error.
+fn describe_need(plan: &ScanPlan) -> String {
+    let mut parts: Vec<String> = plan
+        .filter
+        .iter()
+        .filter_map(|p| match p {
+            PredOp::Cmp { field, .. } | PredOp::Between { field, .. } => Some(field.to_string()),
+            _ => None,
+        })
+        .collect();
+    match &plan.op {
+        Op::Aggregate { field } | Op::Update { field, .. } => parts.push(field.to_string()),
+        Op::Gradient { layout, .. } => parts.push(format!(
+            "f32x{}@{} and label u8@{}",
+            layout.dims, layout.offset, layout.label_offset
+        )),
+        Op::Count => {}
+    }
+    parts.join(", ")
+}
+
+/// Bytes a value needs for everything the plan reads; or why the plan is invalid.
+fn validate(plan: &ScanPlan) -> Result<usize, String> {
+    let mut need = plan::validate(&plan.filter)?;
+    match &plan.op {
+        Op::Count => {}
+        Op::Aggregate { field } => need = need.max(field.end()),
+        Op::Update { field, action } => {
+            need = need.max(field.end());
+            if let (
+                Field::I64(_) | Field::I32(_) | Field::U8(_),
+                UpdateAction::Add(Number::F64(_)),
+            ) = (field, action)
+            {
+                return Err(format!(
+                    "cannot add a fractional number to the integer field {field}"
+                ));
+            }
+        }
+        Op::Gradient {
+            layout, weights, ..
+        } => {
+            if layout.dims == 0 || layout.dims > plan::MAX_DIMS {
+                return Err(format!("dims must be in 1..={}", plan::MAX_DIMS));
+            }
+            if weights.len() != layout.dims as usize {
+                return Err(format!(
+                    "{} weights for {} dimensions",
+                    weights.len(),
+                    layout.dims
+                ));
+            }
+            need = need.max(layout.end());
+        }
+    }
+    if let Source::IntKeys { from, to } = plan.source
+        && from > to
+    {
+        return Err(format!("key range {from}..{to} is reversed"));
+    }
+    Ok(need)
+}
+
+// ---- kernels: the per-object work, monomorphised per op and field kind ----
+
+trait Kernel {
+    fn visit(&mut self, key: &[u8], value: &[u8]);
+    fn reset(&mut self);
+}
+
+#[derive(Default)]
+struct CountK(u64);
+impl Kernel for CountK {
+    #[inline(always)]
+    fn visit(&mut self, _: &[u8], _: &[u8]) {
+        self.0 += 1;
+    }
+    fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
+/// Integer sum/min/max of a field at offset `O`-independent runtime offset.
+struct IntAggK<const W: usize> {
+    off: usize,
+    count: u64,
+    sum: i128,
+    min: i64,
+    max: i64,
+}
+impl<const W: usize> IntAggK<W> {
+    fn new(off: usize) -> Self {
+        IntAggK {
+            off,
+            count: 0,
+            sum: 0,
+            min: i64::MAX,
+            max: i64::MIN,
+        }
+    }
+    fn partial(&self) -> AggPartial {
+        AggPartial {
+            count: self.count,
+            sum_int: self.sum,
+            sum_float: 0.0,
+            min: (self.count > 0).then_some(Number::I64(self.min)),
+            max: (self.count > 0).then_some(Number::I64(self.max)),
+        }
+    }
+}
+impl<const W: usize> Kernel for IntAggK<W> {
+    #[inline(always)]
+    fn visit(&mut self, _: &[u8], value: &[u8]) {
+        let b = &value[self.off..self.off + W];
+        let v = match W {
+            1 => b[0] as i64,
+            4 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
+            _ => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        };
+        self.count += 1;
+        self.sum += v as i128;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+    fn reset(&mut self) {
+        *self = Self::new(self.off);
+    }
+}
+
+struct F64AggK(usize, AggPartial);
+impl Kernel for F64AggK {
+    #[inline(always)]
+    fn visit(&mut self, _: &[u8], value: &[u8]) {
+        let b: [u8; 8] = value[self.0..self.0 + 8]
+            .try_into()
+            .expect("checked length");
+        self.1.add(Number::F64(f64::from_le_bytes(b)));
+    }
+    fn reset(&mut self) {
+        self.1 = AggPartial::default();
+    }
+}
+
+/// Update, phase one: the keys of the matched objects.
+#[derive(Default)]
+struct KeysK(Vec<Vec<u8>>);
+impl Kernel for KeysK {
+    fn visit(&mut self, key: &[u8], _: &[u8]) {
+        self.0.push(key.to_vec());
+    }
+    fn reset(&mut self) {
+        self.0.clear();
+    }
+}
+
+struct GradK {
+    acc: GradAcc,
+    off: usize,
+    bytes: usize,
+    label: usize,
+}
+impl Kernel for GradK {
+    #[inline(always)]
+    fn visit(&mut self, _: &[u8], value: &[u8]) {
+        let x = &value[self.off..self.off + self.bytes];
+        self.acc.add_point_bytes(x, value[self.label] != 0);
+    }
+    fn reset(&mut self) {
+        self.acc = GradAcc::new(std::mem::take(&mut self.acc.weights), self.acc.bias);
+    }
+}
+
+/// A kernel behind the value-length check and (when `FILTERED`) the key
+/// range and predicate.
+struct Visit<'p, K, const FILTERED: bool> {
+    kernel: K,
+    need: usize,
+    key_range: Option<&'p KeyRange>,
+    filter: &'p [PredOp],
+    visited: u64,
+    matched: u64,
+    /// The first object whose value was too short: (key, value length).
+    short: Option<(Vec<u8>, usize)>,
+}
+
+impl<'p, K: Kernel, const FILTERED: bool> Visit<'p, K, FILTERED> {
+    fn new(kernel: K, need: usize, plan: &'p ScanPlan) -> Self {
+        Visit {
+            kernel,
+            need,
+            key_range: plan.key_range.as_ref(),
+            filter: &plan.filter,
+            visited: 0,
+            matched: 0,
+            short: None,
+        }
+    }
+
+    #[inline(always)]
+    fn object(&mut self, key: &[u8], value: &[u8]) {
+        self.visited += 1;
+        if FILTERED
+            && let Some(r) = self.key_range
+            && !r.contains(key)
+        {
+            return;
+        }
+        if value.len() < self.need {
+            if self.short.is_none() {
+                self.short = Some((key.to_vec(), value.len()));
+            }
+            return;
+        }
+        if FILTERED {
+            match plan::eval(self.filter, value) {
+                Ok(true) => {}
+                _ => return, // too short was ruled out above
+            }
+        }
+        self.matched += 1;
+        self.kernel.visit(key, value);
+    }
+
+    fn reset(&mut self) {
+        self.visited = 0;
+        self.matched = 0;
+        self.short = None;
+        self.kernel.reset();
+    }
+}
+
+/// The scan proper, for one kernel: chunks, yields, checks, restarts.
+struct Run<'a> {
+    state: &'a ShardState,
+    table: u64,
+    start_hash: u64,
+    end_hash: u64,
+    map_version: u64,
+    plan: &'a ScanPlan,
+    restarts: u32,
+}
+
+impl Run<'_> {
+    fn check(&self) -> Result<(), Refusal> {
+        check_tablet(
+            self.state,
+            self.table,
+            self.start_hash,
+            self.end_hash,
+            self.map_version,
+            matches!(self.plan.op, Op::Update { .. }),
+        )
+    }
+
+    fn token(&self) -> Result<ScanToken, Refusal> {
+        self.state
+            .engine
+            .borrow()
+            .scan_token(self.table, self.start_hash)
+            .map_err(engine_refusal)
+    }
+
+    async fn scan<K: Kernel, const F: bool>(
+        &mut self,
+        v: &mut Visit<'_, K, F>,
+    ) -> Result<(), Refusal> {
+        self.check()?;
+        'attempt: loop {
+            let may_yield = self.restarts < MAX_RESTARTS;
+            let token = self.token()?;
+            let mut chunk_start = Instant::now();
+            // Position: segment index (Log), entries visited (Index), next key (IntKeys).
+            let mut pos: u64 = match self.plan.source {
+                Source::IntKeys { from, .. } => from,
+                _ => 0,
+            };
+            loop {
+                let done = self.step(v, &mut pos)?;
+                if done {
+                    break 'attempt;
+                }
+                if may_yield && chunk_start.elapsed() >= CHUNK {
+                    tokio::task::yield_now().await;
+                    self.check()?;
+                    if self.token()? != token {
+                        self.restarts += 1;
+                        v.reset();
+                        continue 'attempt;
+                    }
+                    chunk_start = Instant::now();
+                }
+            }
+        }
+        self.check()
+    }
+
+    /// One step of work (a segment, or up to KEYS_PER_STEP entries / keys).
+    #[inline]
+    fn step<K: Kernel, const F: bool>(
+        &self,
+        v: &mut Visit<'_, K, F>,
+        pos: &mut u64,
+    ) -> Result<bool, Refusal> {
+        let engine = self.state.engine.borrow();
+        let (table, start) = (self.table, self.start_hash);
+        match self.plan.source {
+            Source::Log => {
+                let more = engine
+                    .scan_log_segment(table, start, *pos as usize, |o: ObjectRef<'_>| {
+                        v.object(o.key, o.value)
+                    })
+                    .map_err(engine_refusal)?;
+                *pos += 1;
+                Ok(!more)
+            }
+            Source::Index => {
+                let n = engine
+                    .scan_index_chunk(table, start, *pos as usize, KEYS_PER_STEP, |o| {
+                        v.object(o.key, o.value)
+                    })
+                    .map_err(engine_refusal)?;
+                *pos += n as u64;
+                Ok(n < KEYS_PER_STEP)
+            }
+            Source::IntKeys { to, .. } => {
+                let end = to.min(pos.saturating_add(KEYS_PER_STEP as u64));
+                let keys: Vec<[u8; 8]> = (*pos..end).map(plan::int_key).collect();
+                engine
+                    .lookup_many(table, start, keys.iter().map(|k| &k[..]), |_, found| {
+                        if let Some(o) = found {
+                            v.object(o.key, o.value)
+                        }
+                    })
+                    .map_err(engine_refusal)?;
+                *pos = end;
+                Ok(end >= to)
+            }
+        }
+    }
+}
+
+fn engine_refusal(e: EngineError) -> Refusal {
+    (engine_status(&e), e.to_string())
+}
+
+fn short_error(plan: &ScanPlan, need: usize, key: &[u8], len: usize) -> Refusal {
+    (
+        Status::BadRequest,
+        format!(
+            "value of key {} is {len} bytes, too short for {} (needs {need} bytes)",
+            show_key(key),
+            describe_need(plan)
+        ),
+    )
+}
+
+async fn run_kernel<K: Kernel>(
+    run: &mut Run<'_>,
+    kernel: K,
+    need: usize,
+) -> Result<(K, u64, u64), Refusal> {
+    let plan = run.plan;
+    let filtered = plan.key_range.is_some() || !plan.filter.is_empty();
+    macro_rules! go {
+        ($f:literal) => {{
+            let mut v: Visit<'_, K, $f> = Visit::new(kernel, need, plan);
+            run.scan(&mut v).await?;
+            if let Some((key, len)) = &v.short {
+                return Err(short_error(plan, need, key, *len));
+            }
+            Ok((v.kernel, v.visited, v.matched))
+        }};
+    }
+    if filtered { go!(true) } else { go!(false) }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn execute(
+    state: &ShardState,
+    table: u64,
+    start_hash: u64,
+    end_hash: u64,
+    map_version: u64,
+    plan: &ScanPlan,
+) -> Result<ScanResult, Refusal> {
+    let started = Instant::now();
+    let need = validate(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
+    let mut run = Run {
+        state,
+        table,
+        start_hash,
+        end_hash,
+        map_version,
+        plan,
+        restarts: 0,
+    };
+    let (partial, visited, matched) = match &plan.op {
+        Op::Count => {
+            let (k, vis, m) = run_kernel(&mut run, CountK::default(), need).await?;
+            (Partial::Count(k.0), vis, m)
+        }
+        Op::Aggregate { field } => {
+            let off = field.offset();
+            let (p, vis, m) = match field {
+                Field::I32(_) => {
+                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<4>::new(off), need).await?;
+                    (k.partial(), vis, m)
+                }
+                Field::I64(_) => {
+                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<8>::new(off), need).await?;
+                    (k.partial(), vis, m)
+                }
+                Field::U8(_) => {
+                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<1>::new(off), need).await?;
+                    (k.partial(), vis, m)
+                }
+                Field::F64(_) => {
+                    let k = F64AggK(off, AggPartial::default());
+                    let (k, vis, m) = run_kernel(&mut run, k, need).await?;
+                    (k.1, vis, m)
+                }
+            };
+            (Partial::Aggregate(p), vis, m)
+        }
+        Op::Gradient {
+            layout,
+            weights,
+            bias,
+        } => {
+            let k = GradK {
+                acc: GradAcc::new(weights.clone(), *bias),
+                off: layout.offset as usize,
+                bytes: layout.dims as usize * 4,
+                label: layout.label_offset as usize,
+            };
+            let (k, vis, m) = run_kernel(&mut run, k, need).await?;
+            (Partial::Gradient(k.acc.finish()), vis, m)
+        }
+        Op::Update { field, action } => {
+            let (keys, vis, m) = run_kernel(&mut run, KeysK::default(), need).await?;
+            let updated = apply_updates(&run, &keys.0, *field, *action, need)?;
+            (Partial::Update { updated }, vis, m)
+        }
+    };
+    Ok(ScanResult {
+        visited,
+        matched,
+        server_nanos: started.elapsed().as_nanos() as u64,
+        restarts: run.restarts,
+        partial,
+    })
+}
+
+/// Update, phase two: read-modify-write each collected key, without yielding.
+fn apply_updates(
+    run: &Run<'_>,
+    keys: &[Vec<u8>],
+    field: Field,
+    action: UpdateAction,
+    need: usize,
+) -> Result<u64, Refusal> {
+    run.check()?;
+    let plan = run.plan;
+    let mut engine = run.state.engine.borrow_mut();
+    let mut value = Vec::new();
+    let mut updated = 0u64;
+    let rules = insitu_engine::RejectRules::default();
+    for key in keys {
+        {
+            let Ok(o) = engine.read(run.table, key) else {
+                continue; // removed meanwhile: nothing to update
+            };
+            if o.value.len() < need {
+                return Err(short_error(plan, need, key, o.value.len()));
+            }
+            // The object may have changed since phase one: re-check the predicate.
+            if !matches!(plan::eval(&plan.filter, o.value), Ok(true)) {
+                continue;
+            }
+            value.clear();
+            value.extend_from_slice(o.value);
+        }
+        plan::apply_update(field, action, &mut value);
+        if let Err(e) = engine.write(run.table, key, &value, &rules) {
+            return Err((
+                engine_status(&e),
+                format!(
+                    "update stopped after {updated} of {} objects: {e}",
+                    keys.len()
+                ),
+            ));
+        }
+        updated += 1;
+    }
+    Ok(updated)
+}
+
+#[allow(clippy::too_many_arguments)] // the fields of Request::Scan
+pub async fn handle(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    start_hash: u64,
+    end_hash: u64,
+    map_version: u64,
+    plan: ScanPlan,
+    out: &mut BytesMut,
+) {
+    match execute(state, table, start_hash, end_hash, map_version, &plan).await {
+        Ok(result) => {
+            if let Err(e) = encode_response(out, id, Status::Ok, &Response::Scan(result)) {
+                encode_error(
+                    out,
+                    id,
+                    Status::Internal,
+                    format!("cannot encode reply: {e}"),
+                );
+            }
+        }
+        Err((status, message)) => encode_error(out, id, status, message),
+    }
+}
