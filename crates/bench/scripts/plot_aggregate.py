@@ -2,7 +2,8 @@
 """Plot `insitu bench aggregate --json` output: objects/ms per strategy against
 selectivity (log scales), ours beside the seed's (000) figures.
 
-usage: plot_aggregate.py aggregate.json out.png [--objects N]
+usage: plot_aggregate.py aggregate.json out.png [--objects N] [--extra other.json LABEL]
+(--extra overlays the log-traversal line of another run, e.g. with --shards 2)
 """
 import json, sys
 import matplotlib
@@ -37,6 +38,14 @@ def main():
             s = sorted(SEED[st].items())
             ax.plot([p[0] * 100 for p in s], [p[1] for p in s], "x--", color=colors[st], alpha=0.5,
                     label=f"seed {st}")
+    if "--extra" in sys.argv:
+        i = sys.argv.index("--extra")
+        extra, label = json.load(open(sys.argv[i + 1])), sys.argv[i + 2]
+        for n in sorted({r["objects"] for r in extra["rows"]}):
+            pts = sorted((r["selectivity"], r["objects_per_ms"]) for r in extra["rows"]
+                         if r["strategy"] == "log-traversal" and r["objects"] == n)
+            ax.plot([p[0] * 100 for p in pts], [p[1] for p in pts], "s-", color="darkgreen",
+                    label=f"insitu log-traversal, {label}, {n:,} objects")
     for d in data.get("duckdb", []):
         if d["objects"] == objects:
             ax.axhline(d["objects_per_ms"], color="k", linestyle=":", label="DuckDB SUM (no selectivity)")

@@ -42,6 +42,9 @@ pub struct Args {
     /// Repetitions of each server-side strategy (the best counts).
     #[arg(long, default_value_t = 3)]
     pub repeats: u32,
+    /// Shards (cores) of the one server; the aggregated table gets one tablet per shard.
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
     /// Skip the DuckDB reference.
     #[arg(long)]
     pub no_duckdb: bool,
@@ -71,6 +74,8 @@ struct Row {
     strategy: &'static str,
     ms: f64,
     sampled: Option<u64>,
+    /// Server-side strategies: the servers' own scan time.
+    server_ms: Option<f64>,
 }
 
 fn duckdb_ms(n: u64) -> Option<f64> {
@@ -179,9 +184,10 @@ fn one_setup(
     let filler = total.saturating_sub(n);
     // ~44 bytes per entry + index; generous budget.
     let memory_mb = ((total * 120) >> 20) as usize + 256;
-    let c = LocalCluster::start(1, 1, memory_mb)?;
-    let table = c.create_table("agg", 1)?;
-    let other = c.create_table("other", 1)?;
+    let shards = args.shards.max(1);
+    let c = LocalCluster::start(1, shards, memory_mb * shards)?;
+    let table = c.create_table("agg", shards as u32)?;
+    let other = c.create_table("other", shards as u32)?;
     let load = c.load(table, n, |i, k, v| {
         k.extend_from_slice(&int_key(i));
         v.extend_from_slice(&value_of(i).to_le_bytes());
@@ -200,6 +206,7 @@ fn one_setup(
         Ok(())
     };
     for strategy in STRATEGIES {
+        let mut server_ms = None;
         let (ms, sampled) = match strategy {
             "client" => {
                 let m = n.min(args.client_cap);
@@ -254,18 +261,21 @@ fn one_setup(
                     _ => Source::Log,
                 };
                 let mut best = f64::MAX;
+                let mut best_server = f64::MAX;
                 for _ in 0..args.repeats.max(1) {
                     let t = Instant::now();
-                    let (agg, _) = c.rt.block_on(c.client.aggregate_with(
+                    let (agg, out) = c.rt.block_on(c.client.aggregate_with(
                         table,
                         Field::I32(0),
                         &Default::default(),
                         source.clone(),
                     ))?;
                     best = best.min(t.elapsed().as_secs_f64() * 1e3);
+                    best_server = best_server.min(out.max_server_time.as_secs_f64() * 1e3);
                     check(strategy, agg.sum_int)?;
                     anyhow::ensure!(agg.count == n, "{strategy}: count {} not {n}", agg.count);
                 }
+                server_ms = Some(best_server);
                 (best, None)
             }
         };
@@ -279,11 +289,15 @@ fn one_setup(
             strategy,
             ms,
             sampled,
+            server_ms,
         });
     }
     let mut latency = Vec::new();
     if n >= 100_000 {
-        for (name, source) in [("log-traversal", Source::Log), ("hashtable-foreach", Source::Index)] {
+        for (name, source) in [
+            ("log-traversal", Source::Log),
+            ("hashtable-foreach", Source::Index),
+        ] {
             latency.push((name, read_latency(&c, table, n, source)?));
         }
     }
@@ -409,6 +423,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 if let Some(m) = r.sampled {
                     v["sampled"] = json!(m);
                 }
+                if let Some(m) = r.server_ms {
+                    v["server_ms"] = json!(m);
+                }
                 v
             })
             .collect();
@@ -450,6 +467,7 @@ mod tests {
             max_total: 1000,
             client_cap: 100,
             repeats: 1,
+            shards: 1,
             no_duckdb: true,
             json: Some(dir.clone()),
         })

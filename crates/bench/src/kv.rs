@@ -52,6 +52,8 @@ pub struct KvBenchArgs {
     pub pin: bool,
     /// Run only the cases whose name contains one of these (e.g. "write c16").
     pub only: Vec<String>,
+    /// Rounds over every case; each figure is the median over the rounds.
+    pub rounds: usize,
 }
 
 impl Default for KvBenchArgs {
@@ -65,6 +67,7 @@ impl Default for KvBenchArgs {
             seconds: None,
             pin: true,
             only: Vec::new(),
+            rounds: 1,
         }
     }
 }
@@ -356,7 +359,12 @@ struct Row {
     p999_us: f64,
     server_cpu_util: f64,
     server_cpu_us_per_op: f64,
+    /// CPU the load generator (this process) used, as a fraction of one core.
+    client_cpu_util: f64,
     curve: Vec<(f64, f64)>,
+    /// Per-round ops/s and p99 (us) behind the medians.
+    ops_rounds: Vec<f64>,
+    p99_rounds: Vec<f64>,
 }
 
 impl Row {
@@ -375,7 +383,10 @@ impl Row {
             "p999_us": round(self.p999_us, 2),
             "server_cpu_util": round(self.server_cpu_util, 3),
             "server_cpu_us_per_op": round(self.server_cpu_us_per_op, 3),
+            "client_cpu_util": round(self.client_cpu_util, 3),
             "latency_percentiles_us": self.curve.iter().map(|(q, us)| json!([q, round(*us, 2)])).collect::<Vec<_>>(),
+            "ops_per_sec_rounds": self.ops_rounds.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
+            "p99_us_rounds": self.p99_rounds.iter().map(|x| round(*x, 1)).collect::<Vec<_>>(),
         })
     }
 }
@@ -413,12 +424,14 @@ async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
 
 async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
     let cpu0 = cpu_ns(store.pid);
+    let client0 = cpu_ns(std::process::id());
     let t0 = Instant::now();
     let r = run_one(store, spec)
         .await
         .with_context(|| format!("{} {:?}", store.name, spec.mix))?;
     let wall = t0.elapsed().as_secs_f64();
     let util = (cpu_ns(store.pid) - cpu0) as f64 / 1e9 / wall;
+    let client_util = (cpu_ns(std::process::id()) - client0) as f64 / 1e9 / wall;
     let ops = r.ops_per_sec();
     Ok(Row {
         case: case_name(spec.mix, spec.conns, spec.depth, store.name),
@@ -433,8 +446,60 @@ async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
         p999_us: r.latency_us(99.9),
         server_cpu_util: util,
         server_cpu_us_per_op: if ops > 0.0 { util / ops * 1e6 } else { 0.0 },
+        client_cpu_util: client_util,
         curve: CURVE.iter().map(|&q| (q, r.latency_us(q))).collect(),
+        ops_rounds: vec![ops],
+        p99_rounds: vec![r.latency_us(99.0)],
     })
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// One row per (store, case): every figure the median over its rounds.
+fn median_rows(raw: &[Row]) -> Vec<Row> {
+    let mut out: Vec<Row> = Vec::new();
+    for r in raw {
+        if out.iter().any(|o| o.store == r.store && o.case == r.case) {
+            continue;
+        }
+        let same: Vec<&Row> = raw
+            .iter()
+            .filter(|o| o.store == r.store && o.case == r.case)
+            .collect();
+        let m = |f: fn(&Row) -> f64| median(same.iter().map(|x| f(x)).collect());
+        out.push(Row {
+            ops_per_sec: m(|x| x.ops_per_sec),
+            objects_per_sec: m(|x| x.objects_per_sec),
+            p50_us: m(|x| x.p50_us),
+            p99_us: m(|x| x.p99_us),
+            p999_us: m(|x| x.p999_us),
+            server_cpu_util: m(|x| x.server_cpu_util),
+            server_cpu_us_per_op: m(|x| x.server_cpu_us_per_op),
+            client_cpu_util: m(|x| x.client_cpu_util),
+            curve: (0..r.curve.len())
+                .map(|i| {
+                    (
+                        r.curve[i].0,
+                        median(same.iter().map(|x| x.curve[i].1).collect()),
+                    )
+                })
+                .collect(),
+            ops_rounds: same.iter().map(|x| x.ops_per_sec).collect(),
+            p99_rounds: same.iter().map(|x| x.p99_us).collect(),
+            ..r.clone()
+        });
+    }
+    out
 }
 
 fn find<'a>(rows: &'a [Row], store: &str, mix: Mix, conns: usize, depth: usize) -> Option<&'a Row> {
@@ -464,13 +529,18 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
 
     // CPU plan: stores on one CPU, this load generator on another.
     let cpus = allowed_cpus();
-    let (store_cpu, client_cpu) = if args.pin && cpus.len() >= 2 && on_path("taskset") {
+    let (mut store_cpu, mut client_cpu) = if args.pin && cpus.len() >= 2 && on_path("taskset") {
         (Some(cpus[0]), Some(cpus[1]))
     } else {
         (None, None)
     };
-    if let Some(cpu) = client_cpu {
-        pin_self(cpu)?;
+    if let Some(cpu) = client_cpu
+        && let Err(e) = pin_self(cpu)
+    {
+        tracing_note(&format!(
+            "cannot pin the load generator ({e:#}); running unpinned"
+        ));
+        (store_cpu, client_cpu) = (None, None);
     }
     let pinning = match (store_cpu, client_cpu) {
         (Some(s), Some(c)) => {
@@ -644,21 +714,28 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                         || case_name(s.mix, s.conns, s.depth, "redis").contains(o.as_str())
                 })
         });
-        let mut rows: Vec<Row> = Vec::new();
-        for (i, spec) in specs.iter().enumerate() {
-            let mut order: Vec<&Store> = redis_store.iter().chain([&insitu]).collect();
-            if i % 2 == 1 {
-                order.reverse();
+        // Rounds outermost, so slow drifts in machine load spread over every case.
+        let mut raw: Vec<Row> = Vec::new();
+        for round in 0..args.rounds.max(1) {
+            if args.rounds > 1 {
+                eprintln!("round {} of {}", round + 1, args.rounds);
             }
-            for store in order {
-                let row = measure_case(store, spec).await?;
-                eprintln!(
-                    "  {:<8} {:<20} {:>12.0} ops/s  p99 {:>8.1} us",
-                    row.store, row.case, row.ops_per_sec, row.p99_us
-                );
-                rows.push(row);
+            for (i, spec) in specs.iter().enumerate() {
+                let mut order: Vec<&Store> = redis_store.iter().chain([&insitu]).collect();
+                if (i + round) % 2 == 1 {
+                    order.reverse();
+                }
+                for store in order {
+                    let row = measure_case(store, spec).await?;
+                    eprintln!(
+                        "  {:<8} {:<20} {:>12.0} ops/s  p99 {:>8.1} us",
+                        row.store, row.case, row.ops_per_sec, row.p99_us
+                    );
+                    raw.push(row);
+                }
             }
         }
+        let rows = median_rows(&raw);
 
         // ---- ratios ----
         let get = |store: &str, mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
@@ -730,6 +807,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 "key_bytes": loadgen::KEY_BYTES,
                 "value_bytes": loadgen::VALUE_BYTES,
                 "measure_seconds": measure.as_secs_f64(),
+                "rounds": args.rounds.max(1),
+                "figures": "per case, the median over the rounds; ratios are of those medians",
                 "warmup_seconds": warmup.as_secs_f64(),
                 "quick": args.quick,
                 "versus": match args.versus { Versus::Redis => "redis", Versus::Nothing => "none" },
@@ -779,8 +858,17 @@ fn print_table(
         }
     );
     println!(
-        "{:<20} {:<7} {:>11} {:>11} {:>8} {:>8} {:>9} {:>7} {:>9}",
-        "case", "store", "ops/s", "objects/s", "p50 us", "p99 us", "p99.9 us", "cpu %", "cpu us/op"
+        "{:<20} {:<7} {:>11} {:>11} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}",
+        "case",
+        "store",
+        "ops/s",
+        "objects/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "cpu %",
+        "cpu us/op",
+        "gen %"
     );
     for (i, r) in rows.iter().enumerate() {
         let vs = (r.store == "insitu")
@@ -795,7 +883,7 @@ fn print_table(
             })
             .unwrap_or_default();
         println!(
-            "{:<20} {:<7} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>9.1} {:>7.0} {:>9.2}{}",
+            "{:<20} {:<7} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>9.1} {:>7.0} {:>9.2} {:>7.0}{}",
             r.case,
             r.store,
             r.ops_per_sec,
@@ -805,12 +893,16 @@ fn print_table(
             r.p999_us,
             r.server_cpu_util * 100.0,
             r.server_cpu_us_per_op,
+            r.client_cpu_util * 100.0,
             vs
         );
         if i + 1 < rows.len() && rows[i + 1].mix != r.mix {
             println!();
         }
     }
+    println!(
+        "(cpu %: the store's CPU use, all its threads; cpu us/op: that per operation; gen %: the load generator's)"
+    );
     println!("\nload (batches of 1000): {}", Value::Object(load.clone()));
     println!("memory per object: {}", Value::Object(memory.clone()));
 }

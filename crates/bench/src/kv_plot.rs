@@ -64,7 +64,8 @@ fn panel(svg: &mut String, x0: f64, title: &str, series: &[Series]) {
     let hi = all.iter().cloned().fold(0.0, f64::max).max(lo * 2.0);
     let (ylo, yhi) = (lo.log10().floor(), hi.log10().ceil());
     let px = |q: f64| x0 + LEFT + (nines(q) - nines(50.0)) / (nines(99.99) - nines(50.0)) * PLOT_W;
-    let py = |us: f64| TOP + PLOT_H - (us.max(10f64.powf(ylo)).log10() - ylo) / (yhi - ylo) * PLOT_H;
+    let py =
+        |us: f64| TOP + PLOT_H - (us.max(10f64.powf(ylo)).log10() - ylo) / (yhi - ylo) * PLOT_H;
     let _ = writeln!(
         svg,
         r#"<text x="{}" y="22" font-size="14" text-anchor="middle">{title}</text>"#,

@@ -2,10 +2,10 @@ pub mod aggregate;
 pub mod count;
 pub mod engine;
 pub mod gradient;
-pub mod pushdown_cluster;
 pub mod kv;
 pub mod kv_plot;
 pub mod loadgen;
+pub mod pushdown_cluster;
 pub mod resp;
 
 pub fn add(left: u64, right: u64) -> u64 {

@@ -150,6 +150,9 @@ enum BenchCmd {
         /// Run only the cases whose name contains this (repeatable), e.g. "write c16".
         #[arg(long)]
         only: Vec<String>,
+        /// Rounds over every case (figures are medians over the rounds).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
     },
 }
 
@@ -201,6 +204,7 @@ fn main() -> std::process::ExitCode {
             seconds,
             no_pin,
             only,
+            rounds,
         }) => {
             init_tracing("warn");
             let versus = match vs.as_str() {
@@ -218,6 +222,7 @@ fn main() -> std::process::ExitCode {
                     seconds,
                     pin: !no_pin,
                     only,
+                    rounds,
                 })
                 .map(|_| ())
             })

@@ -64,7 +64,10 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         assert_eq!(client.count(t, &ge1000).await.unwrap(), n - 1000);
         // Key range over the 8-byte keys: bytewise, so pick keys by first byte.
         let kr = Selection {
-            key_range: Some(KeyRange { start: vec![10], end: Some(vec![20]) }),
+            key_range: Some(KeyRange {
+                start: vec![10],
+                end: Some(vec![20]),
+            }),
             filter: vec![],
         };
         let want = (0..n).filter(|i| (10..20).contains(&(i & 0xff))).count() as u64;
@@ -72,7 +75,11 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
 
         // Aggregates, every strategy.
         let all_sum: i128 = (0..n as i128).sum();
-        for source in [Source::Log, Source::Index, Source::IntKeys { from: 0, to: n }] {
+        for source in [
+            Source::Log,
+            Source::Index,
+            Source::IntKeys { from: 0, to: n },
+        ] {
             let (a, out) = client
                 .aggregate_with(t, Field::I64(0), &Selection::all(), source.clone())
                 .await
@@ -85,19 +92,32 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         // i64@0 > 5 and (f64@8 between 1.5 and 200 or not i32@16 = 3)
         let p = vec![
             cmp(Field::I64(0), CmpOp::Gt, Number::I64(5)),
-            PredOp::Between { field: Field::F64(8), lo: Number::F64(1.5), hi: Number::I64(200) },
+            PredOp::Between {
+                field: Field::F64(8),
+                lo: Number::F64(1.5),
+                hi: Number::I64(200),
+            },
             cmp(Field::I32(16), CmpOp::Eq, Number::I64(3)),
             PredOp::Not,
             PredOp::Or,
             PredOp::And,
         ];
         let keep = |i: u64| i > 5 && ((1.5..=200.0).contains(&(i as f64 / 2.0)) || i % 7 != 3);
-        let a = client.aggregate(t, Field::F64(8), &Selection::filter(p.clone())).await.unwrap();
+        let a = client
+            .aggregate(t, Field::F64(8), &Selection::filter(p.clone()))
+            .await
+            .unwrap();
         let want: Vec<u64> = (0..n).filter(|&i| keep(i)).collect();
         assert_eq!(a.count, want.len() as u64);
-        assert_eq!(a.sum_float, want.iter().map(|&i| i as f64 / 2.0).sum::<f64>());
+        assert_eq!(
+            a.sum_float,
+            want.iter().map(|&i| i as f64 / 2.0).sum::<f64>()
+        );
         assert_eq!(a.avg(true), Some(a.sum_float / a.count as f64));
-        let a = client.aggregate(t, Field::I32(16), &Selection::all()).await.unwrap();
+        let a = client
+            .aggregate(t, Field::I32(16), &Selection::all())
+            .await
+            .unwrap();
         assert_eq!(a.sum_int, (0..n).map(|i| (i % 7) as i128).sum::<i128>());
 
         // Update: add 10 to i64@0 where i32@16 = 3; each change is a new version.
@@ -112,7 +132,10 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         let (v, after) = client.read(t, int_key(3)).await.unwrap().unwrap();
         assert!(after > before, "the update wrote a new version");
         assert_eq!(i64::from_le_bytes(v[..8].try_into().unwrap()), 13);
-        let a = client.aggregate(t, Field::I64(0), &Selection::all()).await.unwrap();
+        let a = client
+            .aggregate(t, Field::I64(0), &Selection::all())
+            .await
+            .unwrap();
         assert_eq!(a.sum_int, all_sum + 10 * threes as i128);
         // Set, then back.
         let n_set = client
@@ -127,13 +150,31 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         let short = client.create_table("short", 2).await.unwrap().id;
         client.write(short, int_key(1), value(1)).await.unwrap();
         client.write(short, b"tiny", b"abc").await.unwrap();
-        let e = client.aggregate(short, Field::I64(0), &Selection::all()).await.unwrap_err();
+        let e = client
+            .aggregate(short, Field::I64(0), &Selection::all())
+            .await
+            .unwrap_err();
         assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
         let msg = e.to_string();
-        assert!(msg.contains("\"tiny\"") && msg.contains("i64@0") && msg.contains("3 bytes"), "{msg}");
+        assert!(
+            msg.contains("\"tiny\"") && msg.contains("i64@0") && msg.contains("3 bytes"),
+            "{msg}"
+        );
         // A malformed plan is refused, not run.
-        let bad = ScanPlan { filter: vec![PredOp::And], ..ScanPlan::new(Op::Count) };
+        let bad = ScanPlan {
+            filter: vec![PredOp::And],
+            ..ScanPlan::new(Op::Count)
+        };
         let e = client.execute_plan(t, &bad).await.unwrap_err();
+        assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
+        let huge = ScanPlan {
+            source: Source::IntKeys {
+                from: 0,
+                to: u64::MAX,
+            },
+            ..ScanPlan::new(Op::Count)
+        };
+        let e = client.execute_plan(t, &huge).await.unwrap_err();
         assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
     });
 
@@ -144,19 +185,55 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         out.trim().to_string()
     };
     assert_eq!(ok(&["count", "nums"]), n.to_string());
-    assert_eq!(ok(&["count", "nums", "--where", "i64@0 < 100 and not i32@16 = 3"]),
-        (0..n).filter(|i| {
-            let v = if i % 7 == 3 { i + 10 } else { *i };
-            v < 100 && i % 7 != 3
-        }).count().to_string());
-    assert_eq!(ok(&["agg", "nums", "sum", "i32@16"]), (0..n).map(|i| i % 7).sum::<u64>().to_string());
+    assert_eq!(
+        ok(&["count", "nums", "--where", "i64@0 < 100 and not i32@16 = 3"]),
+        (0..n)
+            .filter(|i| {
+                let v = if i % 7 == 3 { i + 10 } else { *i };
+                v < 100 && i % 7 != 3
+            })
+            .count()
+            .to_string()
+    );
+    assert_eq!(
+        ok(&["agg", "nums", "sum", "i32@16"]),
+        (0..n).map(|i| i % 7).sum::<u64>().to_string()
+    );
     assert_eq!(ok(&["agg", "nums", "min", "i64@0"]), "0");
-    assert_eq!(ok(&["agg", "nums", "count", "i64@0", "--where", "i32@16 between 1 and 2"]),
-        (0..n).filter(|i| (1..=2).contains(&(i % 7))).count().to_string());
-    assert_eq!(ok(&["update", "nums", "i64@0", "--add", "-10", "--where", "i32@16 = 3"]),
-        format!("updated {} objects", (0..n).filter(|i| i % 7 == 3).count()));
-    assert_eq!(ok(&["agg", "nums", "sum", "i64@0"]), (0..n).sum::<u64>().to_string());
-    assert_eq!(ok(&["agg", "nums", "avg", "i64@0"]), ((n - 1) as f64 / 2.0).to_string());
+    assert_eq!(
+        ok(&[
+            "agg",
+            "nums",
+            "count",
+            "i64@0",
+            "--where",
+            "i32@16 between 1 and 2"
+        ]),
+        (0..n)
+            .filter(|i| (1..=2).contains(&(i % 7)))
+            .count()
+            .to_string()
+    );
+    assert_eq!(
+        ok(&[
+            "update",
+            "nums",
+            "i64@0",
+            "--add",
+            "-10",
+            "--where",
+            "i32@16 = 3"
+        ]),
+        format!("updated {} objects", (0..n).filter(|i| i % 7 == 3).count())
+    );
+    assert_eq!(
+        ok(&["agg", "nums", "sum", "i64@0"]),
+        (0..n).sum::<u64>().to_string()
+    );
+    assert_eq!(
+        ok(&["agg", "nums", "avg", "i64@0"]),
+        ((n - 1) as f64 / 2.0).to_string()
+    );
     // Clear errors.
     let fails = |args: &[&str], want: &[&str]| {
         let (code, _, err) = cluster.cli(args);
@@ -165,13 +242,28 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
             assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
         }
     };
-    fails(&["agg", "nums", "sum", "i64"], &["bad field", "TYPE@OFFSET"]);
+    fails(
+        &["agg", "nums", "sum", "i64"],
+        &["bad field", "TYPE@OFFSET"],
+    );
     fails(&["agg", "nums", "sum", "q64@0"], &["unknown type"]);
     fails(&["agg", "nums", "median", "i64@0"], &["unknown aggregate"]);
-    fails(&["count", "nums", "--where", "i64@0 >"], &["column 8", "a number"]);
-    fails(&["count", "nums", "--where", "i64@0 > 1 or"], &["expected a field"]);
-    fails(&["agg", "short", "sum", "i64@0"], &["too short", "\"tiny\""]);
-    fails(&["update", "nums", "i64@0", "--add", "0.5"], &["integer field"]);
+    fails(
+        &["count", "nums", "--where", "i64@0 >"],
+        &["column 8", "a number"],
+    );
+    fails(
+        &["count", "nums", "--where", "i64@0 > 1 or"],
+        &["expected a field"],
+    );
+    fails(
+        &["agg", "short", "sum", "i64@0"],
+        &["too short", "\"tiny\""],
+    );
+    fails(
+        &["update", "nums", "i64@0", "--add", "0.5"],
+        &["integer field"],
+    );
     fails(&["count", "nope"], &["unknown table"]);
 }
 
@@ -183,7 +275,12 @@ fn counts_and_sums_are_exact_while_tablets_move() {
     let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
     let t = rt.block_on(client.create_table("moving", 4)).unwrap().id;
     rt.block_on(load(&client, t, n, value));
-    let servers: Vec<u64> = rt.block_on(client.list_servers()).unwrap().iter().map(|s| s.id).collect();
+    let servers: Vec<u64> = rt
+        .block_on(client.list_servers())
+        .unwrap()
+        .iter()
+        .map(|s| s.id)
+        .collect();
     assert_eq!(servers.len(), 2);
     let want_sum: i128 = (0..n as i128).sum();
 
@@ -193,7 +290,10 @@ fn counts_and_sums_are_exact_while_tablets_move() {
         let (stop, moves, addr) = (stop.clone(), moves.clone(), cluster.addr());
         let servers = servers.clone();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             let c = rt.block_on(Client::connect(&addr)).unwrap();
             let mut k = 0usize;
             while !stop.load(Ordering::Relaxed) {
@@ -210,10 +310,16 @@ fn counts_and_sums_are_exact_while_tablets_move() {
     let started = Instant::now();
     let mut queries = 0;
     while started.elapsed() < Duration::from_secs(8) || moves.load(Ordering::Relaxed) < 8 {
-        assert!(started.elapsed() < Duration::from_secs(60), "too few moves happened");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "too few moves happened"
+        );
         rt.block_on(async {
             assert_eq!(client.count(t, &Selection::all()).await.unwrap(), n);
-            let a = client.aggregate(t, Field::I64(0), &Selection::all()).await.unwrap();
+            let a = client
+                .aggregate(t, Field::I64(0), &Selection::all())
+                .await
+                .unwrap();
             assert_eq!((a.count, a.sum_int), (n, want_sum));
             let (a, _) = client
                 .aggregate_with(t, Field::I64(0), &Selection::all(), Source::Index)
@@ -247,7 +353,10 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
     let writer = {
         let (stop, addr) = (stop.clone(), cluster.addr());
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             let c = rt.block_on(Client::connect(&addr)).unwrap();
             let mut rng = common::Rng(0x1234_5678);
             let mut writes = 0u64;
@@ -271,7 +380,9 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
     let mut rounds = 0;
     while started.elapsed() < Duration::from_secs(6) {
         rt.block_on(async {
-            let plan = ScanPlan::new(Op::Aggregate { field: Field::I64(0) });
+            let plan = ScanPlan::new(Op::Aggregate {
+                field: Field::I64(0),
+            });
             let out = client.execute_plan(t, &plan).await.unwrap();
             match out.partial {
                 Partial::Aggregate(a) => assert_eq!((a.count, a.sum_int), (n, want_sum)),
@@ -287,7 +398,10 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
     eprintln!("{rounds} exact scans during {writes} overwrites; {restarts} scan restarts");
     assert!(writes > 0 && rounds > 0);
     // The writes did land between chunks of scans: the restart path ran.
-    assert!(restarts > 0, "no scan was interrupted by a write: the test proved nothing");
+    assert!(
+        restarts > 0,
+        "no scan was interrupted by a write: the test proved nothing"
+    );
 }
 
 #[test]
@@ -305,7 +419,11 @@ fn pushdown_training_reaches_the_in_memory_weights() {
     let x: Vec<f32> = (0..n * dims).map(|_| rnd()).collect();
     let y: Vec<u8> = (0..n)
         .map(|i| {
-            let z: f32 = x[i * dims..(i + 1) * dims].iter().enumerate().map(|(j, v)| v * (j as f32 - 3.5)).sum();
+            let z: f32 = x[i * dims..(i + 1) * dims]
+                .iter()
+                .enumerate()
+                .map(|(j, v)| v * (j as f32 - 3.5))
+                .sum();
             (z + 0.3 * rnd() > 0.0) as u8
         })
         .collect();
@@ -313,13 +431,22 @@ fn pushdown_training_reaches_the_in_memory_weights() {
     let t = rt.block_on(client.create_table("points", 5)).unwrap().id;
     rt.block_on(load(&client, t, n as u64, |i| {
         let i = i as usize;
-        let mut v: Vec<u8> = x[i * dims..(i + 1) * dims].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let mut v: Vec<u8> = x[i * dims..(i + 1) * dims]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
         v.push(y[i]);
         v
     }));
-    let layout = PointLayout { offset: 0, dims: dims as u32, label_offset: (dims * 4) as u32 };
+    let layout = PointLayout {
+        offset: 0,
+        dims: dims as u32,
+        label_offset: (dims * 4) as u32,
+    };
     let (iters, rate) = (30u32, 0.5f64);
-    let model = rt.block_on(client.train_logreg(t, layout, iters, rate)).unwrap();
+    let model = rt
+        .block_on(client.train_logreg(t, layout, iters, rate))
+        .unwrap();
 
     // The same loop over a plain in-memory array.
     let (mut w, mut b) = (vec![0f32; dims], 0f32);
@@ -330,19 +457,43 @@ fn pushdown_training_reaches_the_in_memory_weights() {
         insitu_client::ops::step(&mut w, &mut b, &g, rate);
     }
     for (a, e) in model.weights.iter().zip(&w) {
-        assert!((a - e).abs() <= 1e-4 * e.abs().max(1.0), "weights {:?} vs {:?}", model.weights, w);
+        assert!(
+            (a - e).abs() <= 1e-4 * e.abs().max(1.0),
+            "weights {:?} vs {:?}",
+            model.weights,
+            w
+        );
     }
     assert!((model.bias - b).abs() <= 1e-4 * b.abs().max(1.0));
-    assert!(losses.last().unwrap() < &losses[0], "training lowers the loss");
+    assert!(
+        losses.last().unwrap() < &losses[0],
+        "training lowers the loss"
+    );
     for (a, e) in model.losses.iter().zip(&losses) {
         assert!((a - e).abs() <= 1e-6 * e.abs(), "{a} vs {e}");
     }
 
     // And from the CLI.
-    let (code, out, err) = cluster.cli(&["train", "logreg", "points", "--dims", "8", "--iterations", "30", "--rate", "0.5"]);
+    let (code, out, err) = cluster.cli(&[
+        "train",
+        "logreg",
+        "points",
+        "--dims",
+        "8",
+        "--iterations",
+        "30",
+        "--rate",
+        "0.5",
+    ]);
     assert_eq!(code, 0, "{err}");
-    let line = out.lines().find(|l| l.starts_with("weights ")).expect("weights line");
-    let got: Vec<f32> = line["weights ".len()..].split(' ').map(|v| v.parse().unwrap()).collect();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("weights "))
+        .expect("weights line");
+    let got: Vec<f32> = line["weights ".len()..]
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
     for (a, e) in got.iter().zip(&w) {
         assert!((a - e).abs() <= 1e-4 * e.abs().max(1.0), "{got:?} vs {w:?}");
     }

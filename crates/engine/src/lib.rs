@@ -197,7 +197,7 @@ mod scan;
 mod segment;
 mod tablet;
 
-pub use scan::ScanToken;
+pub use scan::{IndexSnapshot, ScanToken};
 
 use cleaner::Goal;
 use segment::{Budget, Purpose};

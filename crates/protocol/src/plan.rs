@@ -489,7 +489,7 @@ pub fn apply_update(field: Field, action: UpdateAction, value: &mut [u8]) {
 
 /// Lanes of the chunked accumulators: wide enough for the compiler to keep
 /// several independent vector registers busy.
-const LANES: usize = 16;
+const LANES: usize = 32;
 
 /// Points accumulated in f32 before the sums are flushed into f64, which
 /// bounds rounding error whatever the number of points.
@@ -572,6 +572,25 @@ fn detect_fast() -> bool {
     }
 }
 
+/// The per-point scalar work: sigmoid, error, log-loss; returns `p - y`.
+#[inline(always)]
+fn point_scalar(acc: &mut GradAcc, dot: f32, positive: bool) -> f32 {
+    let z = dot + acc.bias;
+    let y = if positive { 1.0f32 } else { 0.0 };
+    // One exp and one ln_1p per point, numerically stable for any z:
+    // e = exp(-|z|); p = 1/(1+e) for z >= 0, e/(1+e) for z < 0;
+    // log-loss = log(1 + exp(z)) - y z = ln_1p(e) + max(z, 0) - y z.
+    let e = (-z.abs()).exp();
+    let inv = 1.0 / (1.0 + e);
+    let p = if z >= 0.0 { inv } else { e * inv };
+    let err = p - y;
+    let loss = e.ln_1p() + z.max(0.0) - y * z;
+    acc.out.loss += loss as f64;
+    acc.out.count += 1;
+    acc.local_bias += err;
+    err
+}
+
 #[inline(always)]
 fn point_body<const FMA: bool>(acc: &mut GradAcc, x: &[u8], positive: bool) {
     let d = acc.weights.len();
@@ -590,20 +609,16 @@ fn point_body<const FMA: bool>(acc: &mut GradAcc, x: &[u8], positive: bool) {
     for (xb, w) in xc.remainder().chunks_exact(4).zip(wc.remainder()) {
         dot += f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]) * w;
     }
-    dot += lanes.iter().sum::<f32>();
-    let z = dot + acc.bias;
-    let y = if positive { 1.0f32 } else { 0.0 };
-    // One exp and one ln_1p per point, numerically stable for any z:
-    // e = exp(-|z|); p = 1/(1+e) for z >= 0, e/(1+e) for z < 0;
-    // log-loss = log(1 + exp(z)) - y z = ln_1p(e) + max(z, 0) - y z.
-    let e = (-z.abs()).exp();
-    let inv = 1.0 / (1.0 + e);
-    let p = if z >= 0.0 { inv } else { e * inv };
-    let err = p - y;
-    let loss = e.ln_1p() + z.max(0.0) - y * z;
-    acc.out.loss += loss as f64;
-    acc.out.count += 1;
-    acc.local_bias += err;
+    // Pairwise (tree) reduction: a few vector adds, not LANES dependent scalar ones.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    dot += lanes[0];
+    let err = point_scalar(acc, dot, positive);
     for (g, xb) in acc.local.iter_mut().zip(x.chunks_exact(4)) {
         let xv = f32::from_le_bytes([xb[0], xb[1], xb[2], xb[3]]);
         *g = madd::<FMA>(xv, err, *g);
@@ -621,10 +636,70 @@ fn point_generic(acc: &mut GradAcc, x: &[u8], positive: bool) {
     point_body::<false>(acc, x, positive)
 }
 
+/// The AVX2+FMA kernel: the same arithmetic as `point_body`, written with
+/// explicit 8-lane vectors (four independent accumulators for the dot product).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn point_avx2(acc: &mut GradAcc, x: &[u8], positive: bool) {
-    point_body::<true>(acc, x, positive)
+    use std::arch::x86_64::*;
+    let d = acc.weights.len();
+    assert!(x.len() >= d * 4 && acc.local.len() == d);
+    // Little-endian f32 bytes are the native representation on x86_64; loads are unaligned.
+    let xp = x.as_ptr() as *const f32;
+    let wp = acc.weights.as_ptr();
+    // SAFETY: every access below is at an index < d, checked above.
+    unsafe {
+        let mut a0 = _mm256_setzero_ps();
+        let mut a1 = _mm256_setzero_ps();
+        let mut a2 = _mm256_setzero_ps();
+        let mut a3 = _mm256_setzero_ps();
+        let mut j = 0;
+        while j + 32 <= d {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(j)), _mm256_loadu_ps(wp.add(j)), a0);
+            a1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(xp.add(j + 8)),
+                _mm256_loadu_ps(wp.add(j + 8)),
+                a1,
+            );
+            a2 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(xp.add(j + 16)),
+                _mm256_loadu_ps(wp.add(j + 16)),
+                a2,
+            );
+            a3 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(xp.add(j + 24)),
+                _mm256_loadu_ps(wp.add(j + 24)),
+                a3,
+            );
+            j += 32;
+        }
+        while j + 8 <= d {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(j)), _mm256_loadu_ps(wp.add(j)), a0);
+            j += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        let mut dot = _mm_cvtss_f32(h);
+        while j < d {
+            dot = xp.add(j).read_unaligned().mul_add(*wp.add(j), dot);
+            j += 1;
+        }
+        let err = point_scalar(acc, dot, positive);
+        let e = _mm256_set1_ps(err);
+        let lp = acc.local.as_mut_ptr();
+        let mut j = 0;
+        while j + 8 <= d {
+            let g = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(j)), e, _mm256_loadu_ps(lp.add(j)));
+            _mm256_storeu_ps(lp.add(j), g);
+            j += 8;
+        }
+        while j < d {
+            *lp.add(j) = xp.add(j).read_unaligned().mul_add(err, *lp.add(j));
+            j += 1;
+        }
+    }
 }
 
 /// The same gradient over points given as f32 slices (the in-memory

@@ -33,6 +33,8 @@ use crate::shard::ShardState;
 const CHUNK: Duration = Duration::from_millis(1);
 /// Index entries / integer keys visited between two clock checks.
 const KEYS_PER_STEP: usize = 8192;
+/// Most integer keys one `IntKeys` request may look up.
+const MAX_INT_KEYS: u64 = 1 << 32;
 /// Restarts (tablet changed between chunks) before a scan runs in one go.
 const MAX_RESTARTS: u32 = 2;
 
@@ -157,10 +159,16 @@ fn validate(plan: &ScanPlan) -> Result<usize, String> {
             need = need.max(layout.end());
         }
     }
-    if let Source::IntKeys { from, to } = plan.source
-        && from > to
-    {
-        return Err(format!("key range {from}..{to} is reversed"));
+    if let Source::IntKeys { from, to } = plan.source {
+        if from > to {
+            return Err(format!("key range {from}..{to} is reversed"));
+        }
+        // Every key is looked up: bound the work one request may ask for.
+        if to - from > MAX_INT_KEYS {
+            return Err(format!(
+                "key range {from}..{to} has more than {MAX_INT_KEYS} keys"
+            ));
+        }
     }
     Ok(need)
 }
@@ -342,6 +350,8 @@ struct Run<'a> {
     map_version: u64,
     plan: &'a ScanPlan,
     restarts: u32,
+    /// The index order of an `Index` scan (dropped on restart).
+    index_snap: std::cell::RefCell<Option<insitu_engine::IndexSnapshot>>,
 }
 
 impl Run<'_> {
@@ -379,7 +389,8 @@ impl Run<'_> {
                 _ => 0,
             };
             loop {
-                let done = self.step(v, &mut pos)?;
+                let budget = if may_yield { CHUNK } else { Duration::MAX };
+                let done = self.step(v, &mut pos, budget)?;
                 if done {
                     break 'attempt;
                 }
@@ -388,6 +399,7 @@ impl Run<'_> {
                     self.check()?;
                     if self.token()? != token {
                         self.restarts += 1;
+                        self.index_snap.borrow_mut().take();
                         v.reset();
                         continue 'attempt;
                     }
@@ -404,6 +416,7 @@ impl Run<'_> {
         &self,
         v: &mut Visit<'_, K, F>,
         pos: &mut u64,
+        budget: Duration,
     ) -> Result<bool, Refusal> {
         let engine = self.state.engine.borrow();
         let (table, start) = (self.table, self.start_hash);
@@ -418,13 +431,24 @@ impl Run<'_> {
                 Ok(!more)
             }
             Source::Index => {
-                let n = engine
-                    .scan_index_chunk(table, start, *pos as usize, KEYS_PER_STEP, |o| {
+                // The index's order is fixed at the first step (a snapshot of
+                // log references, valid while the scan token is unchanged).
+                let mut snap = self.index_snap.borrow_mut();
+                if snap.is_none() {
+                    *snap = Some(
+                        engine
+                            .index_snapshot(table, start)
+                            .map_err(engine_refusal)?,
+                    );
+                }
+                let snap = snap.as_ref().expect("just taken");
+                let (n, done) = engine
+                    .scan_index_snapshot(table, start, snap, *pos as usize, budget, |o| {
                         v.object(o.key, o.value)
                     })
                     .map_err(engine_refusal)?;
                 *pos += n as u64;
-                Ok(n < KEYS_PER_STEP)
+                Ok(done)
             }
             Source::IntKeys { to, .. } => {
                 let end = to.min(pos.saturating_add(KEYS_PER_STEP as u64));
@@ -497,6 +521,7 @@ async fn execute(
         map_version,
         plan,
         restarts: 0,
+        index_snap: std::cell::RefCell::new(None),
     };
     let (partial, visited, matched) = match &plan.op {
         Op::Count => {
