@@ -6,9 +6,8 @@
 use std::process::Command;
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|d| d.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
 #[test]
@@ -24,7 +23,15 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
     let json_path = dir.path().join("kv.json");
     let plot_path = dir.path().join("kv.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args(["bench", "kv", "--quick", "--keys", "2000", "--seconds", "0.1"])
+        .args([
+            "bench",
+            "kv",
+            "--quick",
+            "--keys",
+            "2000",
+            "--seconds",
+            "0.1",
+        ])
         .args(["--vs", if with_redis { "redis" } else { "none" }])
         .arg("--json")
         .arg(&json_path)
@@ -53,7 +60,10 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
         assert_eq!(mine.len(), 20, "{store} cases: {mine:#?}");
         for c in mine {
             assert!(c["ops_per_sec"].as_f64().unwrap() > 0.0, "{c}");
-            assert!(c["p99_us"].as_f64().unwrap() >= c["p50_us"].as_f64().unwrap(), "{c}");
+            assert!(
+                c["p99_us"].as_f64().unwrap() >= c["p50_us"].as_f64().unwrap(),
+                "{c}"
+            );
         }
     }
     let ratios = &report["ratios"];
