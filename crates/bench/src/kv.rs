@@ -698,8 +698,11 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 }
             }
         }
-        push(Mix::MultiRead(10), 16, 1);
-        push(Mix::MultiRead(100), 16, 1);
+        // One connection: the latency of a single batch; 16: throughput against single reads.
+        for conns in [1, 16] {
+            push(Mix::MultiRead(10), conns, 1);
+            push(Mix::MultiRead(100), conns, 1);
+        }
         for mix in [Mix::Mixed { write_pct: 5 }, Mix::Write] {
             for conns in [1, 16, 64] {
                 for depth in [1, 16] {
