@@ -174,27 +174,14 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                     ),
                 );
             }
-            let mut results = Vec::with_capacity(items.len());
-            for (key, value) in items {
-                results.push(match admit(state, table, key, true) {
-                    Err(status) => WriteResult { status, version: 0 },
-                    Ok(()) => match state.engine.borrow_mut().write(
-                        table,
-                        key,
-                        value,
-                        &insitu_engine::RejectRules::default(),
-                    ) {
-                        Ok(version) => WriteResult {
-                            status: Status::Ok,
-                            version,
-                        },
-                        Err(e) => WriteResult {
-                            status: engine_status(&e),
-                            version: 0,
-                        },
-                    },
-                });
-            }
+            let results = items
+                .iter()
+                .map(|(key, value)| {
+                    apply_write(state, table, key, |engine| {
+                        engine.write(table, key, value, &insitu_engine::RejectRules::default())
+                    })
+                })
+                .collect();
             reply(out, id, &Response::MultiWrite { results })
         }
         Request::MultiRemove { table, keys } => {
@@ -206,26 +193,14 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                     format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()),
                 );
             }
-            let mut results = Vec::with_capacity(keys.len());
-            for key in keys {
-                results.push(match admit(state, table, key, true) {
-                    Err(status) => WriteResult { status, version: 0 },
-                    Ok(()) => match state.engine.borrow_mut().remove(
-                        table,
-                        key,
-                        &insitu_engine::RejectRules::default(),
-                    ) {
-                        Ok(version) => WriteResult {
-                            status: Status::Ok,
-                            version,
-                        },
-                        Err(e) => WriteResult {
-                            status: engine_status(&e),
-                            version: 0,
-                        },
-                    },
-                });
-            }
+            let results = keys
+                .iter()
+                .map(|key| {
+                    apply_write(state, table, key, |engine| {
+                        engine.remove(table, key, &insitu_engine::RejectRules::default())
+                    })
+                })
+                .collect();
             reply(out, id, &Response::MultiRemove { results })
         }
         Request::Enumerate {
@@ -378,6 +353,29 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             Status::BadRequest,
             "this is a storage server; send metadata requests to the coordinator",
         ),
+    }
+}
+
+/// One item of a multiWrite / multiRemove: admit it, run `op` on the engine,
+/// and turn the outcome into that item's status.
+fn apply_write(
+    state: &ShardState,
+    table: u64,
+    key: &[u8],
+    op: impl FnOnce(&mut insitu_engine::Engine) -> Result<u64, EngineError>,
+) -> WriteResult {
+    if let Err(status) = admit(state, table, key, true) {
+        return WriteResult { status, version: 0 };
+    }
+    match op(&mut state.engine.borrow_mut()) {
+        Ok(version) => WriteResult {
+            status: Status::Ok,
+            version,
+        },
+        Err(e) => WriteResult {
+            status: engine_status(&e),
+            version: 0,
+        },
     }
 }
 
