@@ -56,8 +56,8 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
             assert!(mine.is_empty());
             continue;
         }
-        // read, write, mix x {1,16,64} conns x {1,16} depth, plus 2 multi-reads.
-        assert_eq!(mine.len(), 20, "{store} cases: {mine:#?}");
+        // read, write, mix x {1,16,64} conns x {1,16} depth, plus multiRead(10|100) x {1,16} conns.
+        assert_eq!(mine.len(), 22, "{store} cases: {mine:#?}");
         for c in mine {
             assert!(c["ops_per_sec"].as_f64().unwrap() > 0.0, "{c}");
             assert!(
