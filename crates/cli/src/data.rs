@@ -72,6 +72,20 @@ async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
     })
 }
 
+/// Connect and look the table up: what every per-table command starts with.
+async fn open(
+    cluster: &ClusterArg,
+    table: &str,
+) -> anyhow::Result<(Client, insitu_client::TableInfo)> {
+    let client = connect(cluster).await?;
+    let info = client.open_table(table).await?;
+    Ok((client, info))
+}
+
+fn not_found(key: &str, table: &str) -> anyhow::Error {
+    NotFound(format!("no object with key {key:?} in table {table}")).into()
+}
+
 pub fn run(command: Command) -> anyhow::Result<()> {
     runtime()?.block_on(run_async(command))
 }
@@ -136,8 +150,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             value,
             cluster,
         } => {
-            let client = connect(&cluster).await?;
-            let t = client.open_table(&table).await?;
+            let (client, t) = open(&cluster, &table).await?;
             let version = client.write(t.id, key.as_bytes(), value.as_bytes()).await?;
             println!("ok (version {version})");
         }
@@ -146,19 +159,14 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             key,
             cluster,
         } => {
-            let client = connect(&cluster).await?;
-            let t = client.open_table(&table).await?;
+            let (client, t) = open(&cluster, &table).await?;
             match client.read(t.id, key.as_bytes()).await? {
                 Some((value, _version)) => {
                     let mut out = std::io::stdout().lock();
                     out.write_all(&value)?;
                     out.write_all(b"\n")?;
                 }
-                None => {
-                    return Err(
-                        NotFound(format!("no object with key {key:?} in table {table}")).into(),
-                    );
-                }
+                None => return Err(not_found(&key, &table)),
             }
         }
         Command::Del {
@@ -166,15 +174,10 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             key,
             cluster,
         } => {
-            let client = connect(&cluster).await?;
-            let t = client.open_table(&table).await?;
+            let (client, t) = open(&cluster, &table).await?;
             match client.remove(t.id, key.as_bytes()).await? {
                 Some(version) => println!("removed (version {version})"),
-                None => {
-                    return Err(
-                        NotFound(format!("no object with key {key:?} in table {table}")).into(),
-                    );
-                }
+                None => return Err(not_found(&key, &table)),
             }
         }
         Command::Scan {
@@ -182,8 +185,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             limit,
             cluster,
         } => {
-            let client = connect(&cluster).await?;
-            let t = client.open_table(&table).await?;
+            let (client, t) = open(&cluster, &table).await?;
             let mut cursor = client.enumerate(t.id);
             let mut printed = 0u64;
             let limit = limit.unwrap_or(u64::MAX);
@@ -212,8 +214,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
                 (1..=100_000).contains(&batch),
                 "--batch must be between 1 and 100000"
             );
-            let client = connect(&cluster).await?;
-            let t = client.open_table(&table).await?;
+            let (client, t) = open(&cluster, &table).await?;
             load(&client, t.id, &file, batch).await?;
         }
         Command::Status { cluster } => status(&cluster).await?,

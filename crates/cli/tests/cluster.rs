@@ -341,6 +341,42 @@ fn garbage_does_not_hurt_server_or_coordinator() {
                 b"v"
             );
         }
+        // A multi-operation over the per-request item limit is refused whole; at the limit it runs.
+        let shard = insitu_client::RpcConn::connect(&t.tablets[0].addr)
+            .await
+            .unwrap();
+        let key = insitu_protocol::blob(b"k");
+        for (n, ok) in [(100_000usize, true), (100_001, false)] {
+            let reads = insitu_protocol::Request::MultiRead {
+                table: t.id,
+                keys: vec![key; n],
+            };
+            let removes = insitu_protocol::Request::MultiRemove {
+                table: t.id,
+                keys: vec![key; n],
+            };
+            let writes = insitu_protocol::Request::MultiWrite {
+                table: t.id,
+                items: vec![(key, key); n],
+            };
+            for request in [reads, removes, writes] {
+                let reply = shard.call(&request).await.unwrap();
+                assert_eq!(
+                    reply.status.is_ok(),
+                    ok,
+                    "{n} items: {}",
+                    reply.error_message()
+                );
+                if !ok {
+                    assert_eq!(reply.status, Status::BadRequest);
+                    assert!(
+                        reply.error_message().contains("limit"),
+                        "{}",
+                        reply.error_message()
+                    );
+                }
+            }
+        }
         // Oversized key and value get clear errors, not a dead connection.
         let long_key = vec![b'k'; 70 * 1024];
         assert!(matches!(
