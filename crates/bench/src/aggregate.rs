@@ -459,21 +459,19 @@ mod tests {
 
     #[test]
     fn smoke_tiny_sizes() {
-        let dir =
-            std::env::temp_dir().join(format!("insitu-agg-smoke-{}.json", std::process::id()));
-        run(&Args {
-            objects: "300".into(),
-            selectivity: "1,0.5".into(),
-            max_total: 1000,
-            client_cap: 100,
-            repeats: 1,
-            shards: 1,
-            no_duckdb: true,
-            json: Some(dir.clone()),
+        let v = crate::pushdown_cluster::smoke_json("agg", |path| {
+            run(&Args {
+                objects: "300".into(),
+                selectivity: "1,0.5".into(),
+                max_total: 1000,
+                client_cap: 100,
+                repeats: 1,
+                shards: 1,
+                no_duckdb: true,
+                json: Some(path),
+            })
         })
         .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&dir).unwrap()).unwrap();
         let rows = v["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 2 * STRATEGIES.len());
         for st in STRATEGIES {
@@ -482,6 +480,5 @@ mod tests {
                     .any(|r| r["strategy"] == st && r["objects_per_ms"].as_f64().unwrap() > 0.0)
             );
         }
-        let _ = std::fs::remove_file(dir);
     }
 }

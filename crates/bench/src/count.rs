@@ -123,19 +123,16 @@ mod tests {
 
     #[test]
     fn smoke_tiny_sizes() {
-        let path =
-            std::env::temp_dir().join(format!("insitu-count-smoke-{}.json", std::process::id()));
-        run(&Args {
-            objects: 500,
-            value_bytes: 64,
-            servers: "1,2".into(),
-            repeats: 1,
-            json: Some(path.clone()),
+        let v = crate::pushdown_cluster::smoke_json("count", |path| {
+            run(&Args {
+                objects: 500,
+                value_bytes: 64,
+                servers: "1,2".into(),
+                repeats: 1,
+                json: Some(path),
+            })
         })
         .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["rows"].as_array().unwrap().len(), 2);
-        let _ = std::fs::remove_file(path);
     }
 }

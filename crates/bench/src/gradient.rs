@@ -226,19 +226,16 @@ mod tests {
 
     #[test]
     fn smoke_tiny_sizes() {
-        let path =
-            std::env::temp_dir().join(format!("insitu-grad-smoke-{}.json", std::process::id()));
-        run(&Args {
-            points: 300,
-            dims: 16,
-            repeats: 1,
-            no_numpy: true,
-            json: Some(path.clone()),
+        let v = crate::pushdown_cluster::smoke_json("grad", |path| {
+            run(&Args {
+                points: 300,
+                dims: 16,
+                repeats: 1,
+                no_numpy: true,
+                json: Some(path),
+            })
         })
         .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(v["max_rel_error"].as_f64().unwrap() <= 1e-4);
-        let _ = std::fs::remove_file(path);
     }
 }

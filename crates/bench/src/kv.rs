@@ -17,10 +17,10 @@
 //! against Redis and insitu back to back (alternating which goes first), so
 //! machine noise hits both alike. Each case runs for a fixed time and stops.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::loadgen::{self, CaseResult, CaseSpec, InsituWire, Mix, RedisWire};
 use crate::resp;
+use insitu_testkit::{Proc, on_path};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versus {
@@ -77,45 +78,8 @@ const CURVE: [f64; 9] = [50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99]
 
 // ---- child processes ---------------------------------------------------------
 
-/// A child process, killed (and waited for) when dropped.
-struct Proc {
-    child: Child,
-    name: &'static str,
-}
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGTERM first so insitu shuts down cleanly; SIGKILL if it lingers.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        tracing_note(&format!("{} had to be killed", self.name));
-    }
-}
-
 fn tracing_note(msg: &str) {
     eprintln!("bench kv: {msg}");
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
 }
 
 /// `program args`, prefixed by `taskset -c CPU` when pinning.
@@ -142,32 +106,12 @@ fn start_insitu(
     ready: &str,
 ) -> anyhow::Result<(Proc, String)> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
-    let mut child = command(cpu, &exe, args)
-        .env("INSITU_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("cannot start insitu {name}"))?;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let proc = Proc { child, name };
-    let (tx, rx) = std::sync::mpsc::channel();
+    let mut cmd = command(cpu, &exe, args);
+    cmd.env("INSITU_LOG", "warn");
     let ready = ready.to_string();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        // Keep draining so the child never blocks on a full pipe.
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if !sent && line.starts_with(&ready) {
-                let _ = tx.send(line);
-                sent = true;
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(30))
-        .map_err(|_| anyhow!("insitu {name} did not become ready within 30 s"))?;
-    Ok((proc, line))
+    Proc::spawn(cmd, &format!("insitu {name}"), move |l| {
+        l.starts_with(&ready)
+    })
 }
 
 /// CPUs this process may run on (from /proc/self/status).
@@ -233,11 +177,6 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 
 // ---- Redis --------------------------------------------------------------------
 
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 fn ensure_redis_installed() -> anyhow::Result<()> {
     if on_path("redis-server") {
         return Ok(());
@@ -293,7 +232,7 @@ fn redis_info_field(addr: SocketAddr, section: &str, field: &str) -> anyhow::Res
 
 fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
     ensure_redis_installed()?;
-    let port = free_port()?;
+    let port = insitu_testkit::free_port()?;
     let args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -323,7 +262,7 @@ fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Proc, SocketAd
         .context("cannot start redis-server")?;
     let proc = Proc {
         child,
-        name: "redis-server",
+        name: "redis-server".to_string(),
     };
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let deadline = Instant::now() + Duration::from_secs(15);

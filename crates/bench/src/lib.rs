@@ -1,3 +1,5 @@
+//! insitu's benchmarks as library functions; the `insitu bench ...` commands run them.
+
 pub mod aggregate;
 pub mod count;
 pub mod engine;
@@ -7,18 +9,3 @@ pub mod kv_plot;
 pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod resp;
-
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}

@@ -249,29 +249,6 @@ impl CaseResult {
     }
 }
 
-/// xorshift64*: cheap, and good enough to pick keys uniformly.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    #[inline]
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in 0..n.
-    #[inline]
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-}
-
 async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
     let stream = TcpStream::connect(addr)
         .await
@@ -349,7 +326,7 @@ where
         let mut wire = make();
         let spec = spec.clone();
         tasks.push(tokio::task::spawn_local(async move {
-            let mut rng = Rng::new(spec.seed ^ ((c as u64 + 1) << 32));
+            let mut rng = insitu_testkit::rng(spec.seed ^ ((c as u64 + 1) << 32));
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
             let mut out = BytesMut::with_capacity(64 * 1024);
             let mut inbox = Inbox::new();
@@ -360,14 +337,14 @@ where
                 out.clear();
                 for _ in 0..spec.depth {
                     match spec.mix {
-                        Mix::Read => wire.read(&mut out, &key(rng.below(spec.keys))),
+                        Mix::Read => wire.read(&mut out, &key(rng.u64(0..spec.keys))),
                         Mix::Write => {
-                            let i = rng.below(spec.keys);
+                            let i = rng.u64(0..spec.keys);
                             wire.write(&mut out, &key(i), &value(i));
                         }
                         Mix::Mixed { write_pct } => {
-                            let i = rng.below(spec.keys);
-                            if rng.below(100) < u64::from(write_pct) {
+                            let i = rng.u64(0..spec.keys);
+                            if rng.u64(0..100) < u64::from(write_pct) {
                                 wire.write(&mut out, &key(i), &value(i));
                             } else {
                                 wire.read(&mut out, &key(i));
@@ -375,7 +352,7 @@ where
                         }
                         Mix::MultiRead(n) => {
                             multi.clear();
-                            multi.extend((0..n).map(|_| key(rng.below(spec.keys))));
+                            multi.extend((0..n).map(|_| key(rng.u64(0..spec.keys))));
                             wire.multi_read(&mut out, &multi);
                         }
                     }
@@ -463,19 +440,6 @@ mod tests {
         assert_eq!(&key(0), b"key:00000000000000000000000000");
         assert_eq!(&key(1234), b"key:00000000000000000000001234");
         assert_ne!(key(1), key(10));
-    }
-
-    #[test]
-    fn rng_is_uniform_enough() {
-        let mut r = Rng::new(7);
-        let mut counts = [0u32; 10];
-        for _ in 0..100_000 {
-            counts[r.below(10) as usize] += 1;
-        }
-        assert!(
-            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
-            "{counts:?}"
-        );
     }
 
     #[test]

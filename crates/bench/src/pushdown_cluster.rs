@@ -211,6 +211,21 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// For smoke tests: run a benchmark that writes its JSON report to the path
+/// it is given (a fresh file under the temp dir), and return the parsed report.
+pub fn smoke_json(
+    name: &str,
+    run: impl FnOnce(std::path::PathBuf) -> anyhow::Result<()>,
+) -> anyhow::Result<serde_json::Value> {
+    let path =
+        std::env::temp_dir().join(format!("insitu-{name}-smoke-{}.json", std::process::id()));
+    run(path.clone())?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("the {name} benchmark wrote no {}", path.display()))?;
+    let _ = std::fs::remove_file(&path);
+    Ok(serde_json::from_str(&text)?)
+}
+
 /// Parse "a,b,c" into numbers.
 pub fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
     s.split(',')

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Cluster, Rng};
+use common::{Cluster, rng};
 use insitu_client::{Client, ClientError};
 use insitu_protocol::{MAX_BODY_BYTES, RejectRules, Status};
 
@@ -214,10 +214,10 @@ fn tablet_moves_while_a_client_writes() {
             let stop = stop.clone();
             tokio::spawn(async move {
                 let mut acked: HashMap<u32, u64> = HashMap::new();
-                let mut rng = Rng(7);
+                let mut rng = rng(7);
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) || n < 2000 {
-                    let k = rng.below(200) as u32;
+                    let k = rng.u32(0..200);
                     let next = acked.get(&k).copied().unwrap_or(0) + 1;
                     client
                         .write(t.id, format!("c{k}").as_bytes(), &next.to_le_bytes())
@@ -229,10 +229,10 @@ fn tablet_moves_while_a_client_writes() {
                 acked
             })
         };
-        let mut rng = Rng(99);
+        let mut rng = rng(99);
         for round in 0..6 {
             let idx = (round % 3) as u32;
-            let dest = servers[rng.below(servers.len() as u64) as usize];
+            let dest = servers[rng.usize(0..servers.len())];
             client.move_tablet("moving", idx, dest).await.unwrap();
             tokio::time::sleep(Duration::from_millis(30)).await;
         }

@@ -358,12 +358,12 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
                 .build()
                 .unwrap();
             let c = rt.block_on(Client::connect(&addr)).unwrap();
-            let mut rng = common::Rng(0x1234_5678);
+            let mut rng = common::rng(0x1234_5678);
             let mut writes = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let items: Vec<([u8; 8], Vec<u8>)> = (0..50)
                     .map(|_| {
-                        let i = rng.below(n);
+                        let i = rng.u64(0..n);
                         (int_key(i), value(i))
                     })
                     .collect();

@@ -2,14 +2,14 @@
 
 mod common;
 
-use common::{Proc, cli, free_port};
+use common::{cli, free_port, start};
 
 #[test]
 fn up_serves_the_cli_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let data = dir.path().join("data");
-    let (mut up, line) = Proc::start(
+    let (mut up, line) = start(
         "up",
         &[
             "up",

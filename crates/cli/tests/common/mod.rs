@@ -1,72 +1,34 @@
 //! Test harness: real `insitu` processes on loopback, killed when dropped.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use insitu_testkit::{Proc, rng};
 
 pub fn insitu_bin() -> &'static str {
     env!("CARGO_BIN_EXE_insitu")
 }
 
-/// A port that was free a moment ago (bind :0, read it, release it).
+/// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind :0");
-    l.local_addr().expect("local addr").port()
+    insitu_testkit::free_port().expect("a free loopback port")
 }
 
-/// A child process that is killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub name: String,
+/// `insitu ARGS` with warnings-only logging.
+pub fn insitu_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(insitu_bin());
+    cmd.args(args).env("INSITU_LOG", "warn");
+    cmd
 }
 
-impl Proc {
-    /// Start `insitu ARGS`, wait until its stdout prints a line containing `ready`, return that line.
-    pub fn start(name: &str, args: &[&str], ready: &str) -> (Proc, String) {
-        let mut child = Command::new(insitu_bin())
-            .args(args)
-            .env("INSITU_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let ready = ready.to_string();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if !sent && line.contains(&ready) {
-                    let _ = tx.send(line);
-                    sent = true;
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("{name} did not become ready"));
-        (
-            Proc {
-                child,
-                name: name.to_string(),
-            },
-            line,
-        )
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Start `insitu ARGS`, wait until its stdout prints a line containing `ready`, return that line.
+pub fn start(name: &str, args: &[&str], ready: &str) -> (Proc, String) {
+    let ready = ready.to_string();
+    Proc::spawn(insitu_command(args), name, move |l| l.contains(&ready))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A coordinator plus storage servers, each its own process.
@@ -102,7 +64,7 @@ impl Cluster {
         let i = self.servers.len();
         let sdir: PathBuf = self.dir.path().join(format!("server-{i}"));
         let shards = shards.to_string();
-        let (p, _) = Proc::start(
+        let (p, _) = start(
             &format!("server-{i}"),
             &[
                 "server",
@@ -133,29 +95,17 @@ impl Cluster {
 
 pub fn start_coordinator(dir: &Path, port: u16) -> Proc {
     let cdir = dir.join("coordinator");
+    let cdir = cdir.to_str().expect("utf-8 path").to_string();
     let port = port.to_string();
-    let started = Instant::now();
-    loop {
-        // The old process's port may take a moment to free up.
-        let attempt = std::panic::catch_unwind(|| {
-            Proc::start(
-                "coordinator",
-                &[
-                    "coordinator",
-                    "--port",
-                    &port,
-                    "--dir",
-                    cdir.to_str().expect("utf-8 path"),
-                ],
-                "insitu coordinator at",
-            )
-        });
-        match attempt {
-            Ok((p, _)) => return p,
-            Err(e) if started.elapsed() > Duration::from_secs(20) => std::panic::resume_unwind(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
+    // The old process's port may take a moment to free up.
+    let (p, _) = Proc::spawn_retrying(
+        || insitu_command(&["coordinator", "--port", &port, "--dir", &cdir]),
+        "coordinator",
+        |l| l.contains("insitu coordinator at"),
+        Duration::from_secs(20),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    p
 }
 
 pub fn cli(cluster: &str, args: &[&str]) -> (i32, String, String) {
@@ -169,20 +119,4 @@ pub fn cli(cluster: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// Deterministic pseudo-random numbers (xorshift), so failures reproduce.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }

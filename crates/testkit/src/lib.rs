@@ -1,0 +1,54 @@
+//! Helpers shared by insitu's tests and benchmarks, so that starting a child
+//! process, finding a free port or drawing reproducible random numbers is
+//! written once.
+//!
+//! - [`proc`]: a child process that is stopped when dropped, started and
+//!   waited for until it prints its "ready" line.
+//! - [`free_port`]: a loopback port that was free a moment ago.
+//! - [`rng`]: a seeded generator, so a failing test reproduces.
+
+pub mod proc;
+
+pub use proc::{Proc, on_path};
+
+/// Seeded random numbers: `fastrand`'s wyrand, fast enough for a load
+/// generator's per-operation key choice and reproducible from its seed.
+pub fn rng(seed: u64) -> fastrand::Rng {
+    fastrand::Rng::with_seed(seed)
+}
+
+pub use fastrand::Rng;
+
+/// A loopback port that was free a moment ago (bind :0, read it, release it).
+/// Another process may take it before the caller binds it; callers that start
+/// servers retry (see `Proc::spawn_retrying`).
+pub fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_reproduces_from_its_seed_and_is_uniform_enough() {
+        let (mut a, mut b) = (rng(7), rng(7));
+        let mut counts = [0u32; 10];
+        for _ in 0..100_000 {
+            let x = a.u64(0..10);
+            assert_eq!(x, b.u64(0..10));
+            counts[x as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn free_port_is_bindable() {
+        let p = free_port().expect("a free port");
+        std::net::TcpListener::bind(("127.0.0.1", p)).expect("bind the free port");
+    }
+}
