@@ -1,0 +1,413 @@
+//! A backup's replicas: accept appends, buffer them, write them out, read
+//! them back verified, and find them again after a restart.
+//!
+//! When an append is durable (what the master may acknowledge after):
+//! - `SyncMode::Always`: `append` returns after the record is written and
+//!   fsynced (one fsync per call; the caller batches many writes per call).
+//! - `SyncMode::Interval`: `append` returns once the record is in this
+//!   process's memory; `flush` (called by the server on a timer, 1 s by
+//!   default) writes and fsyncs it. A crash of this process alone loses what
+//!   was not flushed, which is why a master keeps R replicas on different
+//!   servers; a power loss of every machine loses at most one interval.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::io::Io;
+use crate::replica_file::{
+    self, HEADER_BYTES, KIND_CLOSED, KIND_DATA, MAX_RECORD_PAYLOAD_BYTES, MAX_SEGMENT_BYTES,
+    RECORD_HEAD_BYTES,
+};
+use crate::{BackupError, ReplicaId};
+
+/// When an append counts as durable; see the module comment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    Always,
+    Interval,
+}
+
+#[derive(Clone, Debug)]
+pub struct BackupConfig {
+    /// Where replica files live (one file per replica).
+    pub dir: PathBuf,
+    /// The cluster this backup serves; replicas of another cluster found in
+    /// `dir` make `open` fail rather than mix two clusters' data.
+    pub cluster: u64,
+    /// Disk bytes all replica files may take; an append past it is refused
+    /// with `DiskFull` so the master picks another backup.
+    pub disk_budget_bytes: u64,
+    /// Bytes of records held in memory before they are written out even if
+    /// no flush is due, so a burst cannot grow memory without bound.
+    pub buffer_budget_bytes: usize,
+    pub sync: SyncMode,
+}
+
+/// What `open` found on disk.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub replicas: usize,
+    /// One line per file that was cut (torn tail) or skipped (not a replica).
+    pub problems: Vec<String>,
+}
+
+/// A replica as the store lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub id: ReplicaId,
+    /// Segment bytes accepted (written or still buffered).
+    pub data_bytes: u64,
+    pub closed: bool,
+}
+
+struct Replica {
+    path: PathBuf,
+    /// Segment bytes accepted so far: the offset the next append must start at.
+    data_bytes: u64,
+    closed: bool,
+    /// Encoded records (and, for a new replica, its header) not yet written.
+    pending: Vec<u8>,
+    /// Bytes of this replica's file on disk (written, maybe not yet synced).
+    file_bytes: u64,
+    /// Written since the last sync.
+    unsynced: bool,
+}
+
+pub struct BackupStore<I: Io> {
+    config: BackupConfig,
+    io: I,
+    replicas: BTreeMap<ReplicaId, Replica>,
+    /// Sum of `pending.len()`: checked against `buffer_budget_bytes`.
+    pending_bytes: usize,
+    /// Sum of file bytes plus pending bytes: checked against the disk budget.
+    disk_bytes: u64,
+}
+
+const SUFFIX: &str = "replica";
+
+fn file_name(id: ReplicaId) -> String {
+    format!(
+        "m{:016x}-l{:016x}-s{:016x}.{SUFFIX}",
+        id.master, id.log, id.segment
+    )
+}
+
+impl<I: Io> BackupStore<I> {
+    /// Open (or create) the backup directory and load every replica in it,
+    /// verifying each; torn tails are cut off and reported.
+    pub fn open(config: BackupConfig, mut io: I) -> Result<(Self, OpenReport), BackupError> {
+        let dir = config.dir.clone();
+        io.create_dir_all(&dir)
+            .map_err(|e| BackupError::io("create", &dir, e))?;
+        let mut report = OpenReport::default();
+        let mut replicas = BTreeMap::new();
+        let mut disk_bytes = 0u64;
+        let files = io
+            .list(&dir)
+            .map_err(|e| BackupError::io("list", &dir, e))?;
+        for path in files {
+            if path.extension().and_then(|e| e.to_str()) != Some(SUFFIX) {
+                continue;
+            }
+            let bytes = io
+                .read(&path)
+                .map_err(|e| BackupError::io("read", &path, e))?;
+            let parsed = match replica_file::parse(&bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    report
+                        .problems
+                        .push(format!("{}: skipped: {e}", path.display()));
+                    continue;
+                }
+            };
+            if parsed.cluster != config.cluster {
+                return Err(BackupError::OtherCluster {
+                    path,
+                    found: parsed.cluster,
+                    expected: config.cluster,
+                });
+            }
+            if path.file_name().and_then(|n| n.to_str()) != Some(file_name(parsed.id).as_str()) {
+                report.problems.push(format!(
+                    "{}: skipped: its header names replica {:?}",
+                    path.display(),
+                    parsed.id
+                ));
+                continue;
+            }
+            if let Some(why) = &parsed.cut {
+                report
+                    .problems
+                    .push(format!("{}: cut: {why}", path.display()));
+                io.truncate(&path, parsed.valid_file_bytes)
+                    .and_then(|()| io.sync(&path))
+                    .map_err(|e| BackupError::io("truncate", &path, e))?;
+            }
+            disk_bytes += parsed.valid_file_bytes;
+            replicas.insert(
+                parsed.id,
+                Replica {
+                    path,
+                    data_bytes: parsed.data.len() as u64,
+                    closed: parsed.closed,
+                    pending: Vec::new(),
+                    file_bytes: parsed.valid_file_bytes,
+                    unsynced: false,
+                },
+            );
+        }
+        report.replicas = replicas.len();
+        let store = BackupStore {
+            config,
+            io,
+            replicas,
+            pending_bytes: 0,
+            disk_bytes,
+        };
+        Ok((store, report))
+    }
+
+    /// Accept `bytes` at segment `offset` of replica `id` (created by its first
+    /// append, which must be at offset 0), and mark the segment complete when
+    /// `close`. A resend of bytes already held is accepted again (a master
+    /// retrying after a lost reply). Durable on return under
+    /// `SyncMode::Always`; see the module comment.
+    pub fn append(
+        &mut self,
+        id: ReplicaId,
+        offset: u64,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), BackupError> {
+        if bytes.len() > MAX_RECORD_PAYLOAD_BYTES {
+            return Err(BackupError::TooLarge {
+                bytes: bytes.len() as u64,
+                max: MAX_RECORD_PAYLOAD_BYTES as u64,
+            });
+        }
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .ok_or(BackupError::TooLarge {
+                bytes: u64::MAX,
+                max: MAX_SEGMENT_BYTES,
+            })?;
+        if end > MAX_SEGMENT_BYTES {
+            return Err(BackupError::TooLarge {
+                bytes: end,
+                max: MAX_SEGMENT_BYTES,
+            });
+        }
+        let (have, closed) = match self.replicas.get(&id) {
+            Some(r) => (r.data_bytes, r.closed),
+            None => (0, false),
+        };
+        if offset > have {
+            return Err(BackupError::Gap { id, have, offset });
+        }
+        // Only the part beyond what we hold is new.
+        let skip = (have - offset) as usize;
+        let new = bytes.get(skip..).unwrap_or(&[]);
+        if closed {
+            return if new.is_empty() {
+                Ok(())
+            } else {
+                Err(BackupError::Closed(id))
+            };
+        }
+        let header = if self.replicas.contains_key(&id) {
+            0
+        } else {
+            HEADER_BYTES
+        };
+        let growth = header
+            + if new.is_empty() {
+                0
+            } else {
+                RECORD_HEAD_BYTES + new.len()
+            }
+            + if close { RECORD_HEAD_BYTES } else { 0 };
+        let free = self
+            .config
+            .disk_budget_bytes
+            .saturating_sub(self.disk_bytes);
+        if growth as u64 > free {
+            return Err(BackupError::DiskFull {
+                need: growth as u64,
+                free,
+            });
+        }
+        let cluster = self.config.cluster;
+        let dir = self.config.dir.clone();
+        let r = self.replicas.entry(id).or_insert_with(|| Replica {
+            path: dir.join(file_name(id)),
+            data_bytes: 0,
+            closed: false,
+            pending: replica_file::encode_header(cluster, id).to_vec(),
+            file_bytes: 0,
+            unsynced: false,
+        });
+        if !new.is_empty() {
+            replica_file::encode_record(&mut r.pending, KIND_DATA, have, new);
+            r.data_bytes += new.len() as u64;
+        }
+        if close {
+            replica_file::encode_record(&mut r.pending, KIND_CLOSED, r.data_bytes, &[]);
+            r.closed = true;
+        }
+        self.pending_bytes += growth;
+        self.disk_bytes += growth as u64;
+        match self.config.sync {
+            SyncMode::Always => self.write_out(id, true),
+            SyncMode::Interval if self.pending_bytes > self.config.buffer_budget_bytes => {
+                self.write_out(id, false)
+            }
+            SyncMode::Interval => Ok(()),
+        }
+    }
+
+    /// Write out every buffered record and fsync every file written since the
+    /// last sync. The server calls this on its flush timer.
+    pub fn flush(&mut self) -> Result<(), BackupError> {
+        let ids: Vec<ReplicaId> = self
+            .replicas
+            .iter()
+            .filter(|(_, r)| !r.pending.is_empty() || r.unsynced)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut first_error = None;
+        for id in ids {
+            if let Err(e) = self.write_out(id, true) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Write `id`'s buffered records; fsync when `sync`. On an I/O error the
+    /// replica's state on disk is unknown, so it is dropped (file removed) and
+    /// the error returned: the master re-replicates that segment elsewhere.
+    fn write_out(&mut self, id: ReplicaId, sync: bool) -> Result<(), BackupError> {
+        let BackupStore {
+            io,
+            replicas,
+            pending_bytes,
+            ..
+        } = self;
+        let Some(r) = replicas.get_mut(&id) else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        if !r.pending.is_empty() {
+            result = io.append(&r.path, &r.pending);
+            if result.is_ok() {
+                r.file_bytes += r.pending.len() as u64;
+                *pending_bytes -= r.pending.len();
+                r.pending = Vec::new();
+                r.unsynced = true;
+            }
+        }
+        if result.is_ok() && sync && r.unsynced {
+            result = io.sync(&r.path);
+            if result.is_ok() {
+                r.unsynced = false;
+            }
+        }
+        let path = r.path.clone();
+        result.map_err(|e| {
+            self.drop_replica(id);
+            BackupError::io("write", &path, e)
+        })
+    }
+
+    fn drop_replica(&mut self, id: ReplicaId) {
+        if let Some(r) = self.replicas.remove(&id) {
+            self.pending_bytes -= r.pending.len();
+            self.disk_bytes -= r.file_bytes + r.pending.len() as u64;
+            let _ = self.io.remove(&r.path);
+        }
+    }
+
+    /// The replica's segment bytes, read back from disk and verified (its
+    /// buffered records are written out first). A replica whose file no
+    /// longer verifies completely is reported as `Corrupt`, so recovery uses
+    /// another replica.
+    pub fn read(&mut self, id: ReplicaId) -> Result<(Vec<u8>, bool), BackupError> {
+        let Some(r) = self.replicas.get(&id) else {
+            return Err(BackupError::Unknown(id));
+        };
+        let (path, want, closed) = (r.path.clone(), r.data_bytes, r.closed);
+        self.write_out(id, false)?;
+        let bytes = self
+            .io
+            .read(&path)
+            .map_err(|e| BackupError::io("read", &path, e))?;
+        let parsed = replica_file::parse(&bytes).map_err(|e| BackupError::Corrupt {
+            id,
+            why: e.to_string(),
+        })?;
+        if parsed.data.len() as u64 != want || parsed.closed != closed || parsed.id != id {
+            return Err(BackupError::Corrupt {
+                id,
+                why: parsed.cut.unwrap_or_else(|| {
+                    format!(
+                        "holds {} segment bytes, {} were accepted",
+                        parsed.data.len(),
+                        want
+                    )
+                }),
+            });
+        }
+        Ok((parsed.data, parsed.closed))
+    }
+
+    /// Replicas held, optionally only those of one master, in id order.
+    pub fn list(&self, master: Option<u64>) -> Vec<ReplicaInfo> {
+        self.replicas
+            .iter()
+            .filter(|(id, _)| master.is_none_or(|m| id.master == m))
+            .map(|(id, r)| ReplicaInfo {
+                id: *id,
+                data_bytes: r.data_bytes,
+                closed: r.closed,
+            })
+            .collect()
+    }
+
+    /// Forget a replica and delete its file (its segment was cleaned, or
+    /// its master's recovery finished).
+    pub fn free(&mut self, id: ReplicaId) {
+        self.drop_replica(id);
+    }
+
+    /// Forget every replica of `master`.
+    pub fn free_master(&mut self, master: u64) {
+        let ids: Vec<ReplicaId> = self.list(Some(master)).iter().map(|r| r.id).collect();
+        for id in ids {
+            self.drop_replica(id);
+        }
+    }
+
+    /// Bytes on disk plus buffered, against the disk budget.
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.config.dir
+    }
+
+    /// The I/O layer (tests reach the simulated disk through it).
+    pub fn io_mut(&mut self) -> &mut I {
+        &mut self.io
+    }
+
+    /// Give the I/O layer back (a test "crashes" it and opens a new store).
+    pub fn into_io(self) -> I {
+        self.io
+    }
+}
