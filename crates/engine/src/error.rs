@@ -28,6 +28,11 @@ pub enum EngineError {
     NotANumber {
         len: usize,
     },
+    /// The tablet's version counter is spent: the next version would pass
+    /// `MAX_VERSION`, or a given version (install, raise) lies beyond it.
+    VersionExhausted {
+        version: u64,
+    },
     /// create_tablet / split: the range overlaps an existing tablet, or is invalid.
     BadTablet(String),
 }
@@ -55,6 +60,11 @@ impl std::fmt::Display for EngineError {
             EngineError::NotANumber { len } => {
                 write!(f, "value is {len} bytes, not an 8-byte number")
             }
+            EngineError::VersionExhausted { version } => write!(
+                f,
+                "version {version} is beyond the maximum {}: the tablet's version counter is exhausted",
+                crate::MAX_VERSION
+            ),
             EngineError::BadTablet(why) => write!(f, "bad tablet: {why}"),
         }
     }

@@ -34,6 +34,13 @@ pub use insitu_keyhash::{HashRange, key_hash};
 
 pub type TableId = u64;
 
+/// Highest version the engine ever issues or accepts. A tablet whose counter
+/// would pass it refuses writes (`VersionExhausted`) instead of saturating:
+/// a saturated counter would hand out one version twice, and chunked scans
+/// detect concurrent writes by the counter changing. One below `u64::MAX`, so
+/// the counter after the last version (`MAX_VERSION + 1`) still fits.
+pub const MAX_VERSION: u64 = u64::MAX - 1;
+
 /// Largest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
 

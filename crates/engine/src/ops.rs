@@ -48,6 +48,7 @@ impl Engine {
         let (Some(old), Some(removed_version)) = (old, removed_version) else {
             return Ok(0);
         };
+        self.tablet(slot).check_version_left()?;
         let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
         let cleaned = self.make_room(slot, len, Purpose::Tombstone)?;
         let Engine {
@@ -106,6 +107,10 @@ impl Engine {
         version: u64,
     ) -> Result<(), EngineError> {
         self.check_value(value.len())?;
+        // A version from elsewhere (a migration batch) is checked, never trusted.
+        if version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted { version });
+        }
         let (hash, slot, old) = self.locate(table, key)?;
         if self
             .version_at(slot, old)
@@ -130,6 +135,12 @@ impl Engine {
         let slot = self
             .route_exact(table, start_hash)
             .ok_or(EngineError::UnknownTablet)?;
+        // Raising to MAX_VERSION + 1 would leave nothing to issue: refused.
+        if next_version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted {
+                version: next_version,
+            });
+        }
         if next_version <= self.tablet(slot).next_version {
             return Ok(());
         }
@@ -156,6 +167,10 @@ impl Engine {
         version: Option<u64>,
         old: Option<u64>,
     ) -> Result<u64, EngineError> {
+        match version {
+            Some(v) => debug_assert!(v <= crate::MAX_VERSION),
+            None => self.tablet(slot).check_version_left()?,
+        }
         if old.is_none() {
             self.tablet_mut(slot).reserve_index(1)?;
         }
@@ -173,7 +188,7 @@ impl Engine {
         let old = if cleaned { t.find(hash, key) } else { old };
         let version = match version {
             Some(v) => {
-                t.raise_version(v.saturating_add(1));
+                t.raise_version(v + 1); // v <= MAX_VERSION: no overflow
                 v
             }
             None => t.take_version(),

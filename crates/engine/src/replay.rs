@@ -78,12 +78,28 @@ pub(crate) fn resolve<'s>(
             debug_assert_eq!(p.table, table);
             let position = (si, at);
             at = p.next;
+            // Versions the engine never issues: refused like any corrupt entry
+            // (a mark holds a counter, which may be one past the last version).
+            let limit = if p.kind == KIND_MARK {
+                crate::MAX_VERSION + 1
+            } else {
+                crate::MAX_VERSION
+            };
+            if p.version > limit {
+                report.corrupt.try_reserve(1).map_err(oom)?;
+                report.corrupt.push(CorruptEntry {
+                    segment: si,
+                    offset: position.1,
+                    reason: format!("version {} beyond the maximum {limit}", p.version),
+                });
+                continue;
+            }
             if p.kind == KIND_MARK {
                 next_version = next_version.max(p.version);
                 continue;
             }
             debug_assert!(p.kind == KIND_OBJECT || p.kind == KIND_TOMBSTONE);
-            next_version = next_version.max(p.version.saturating_add(1));
+            next_version = next_version.max(p.version + 1);
             let hash = crate::key_hash(table, p.key);
             if !range.contains(hash) {
                 continue;

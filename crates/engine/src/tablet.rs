@@ -99,14 +99,29 @@ impl Tablet {
 
     // ---- versions -------------------------------------------------------------
 
+    /// Refuses once `MAX_VERSION` was issued: never saturates.
+    #[inline]
+    pub fn check_version_left(&self) -> Result<(), EngineError> {
+        if self.next_version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted {
+                version: self.next_version,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next version; the caller checked `check_version_left`.
     #[inline]
     pub fn take_version(&mut self) -> u64 {
         let v = self.next_version;
-        self.next_version = v.saturating_add(1);
+        assert!(v <= crate::MAX_VERSION, "version counter exhausted");
+        self.next_version = v + 1;
         v
     }
 
+    /// `at_least` is at most `MAX_VERSION + 1` (callers check).
     pub fn raise_version(&mut self, at_least: u64) {
+        debug_assert!(at_least <= crate::MAX_VERSION + 1);
         self.next_version = self.next_version.max(at_least);
     }
 

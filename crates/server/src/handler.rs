@@ -28,6 +28,9 @@ pub fn engine_status(e: &EngineError) -> Status {
         EngineError::WrongVersion { .. } => Status::WrongVersion,
         EngineError::NotANumber { .. } => Status::NotANumber,
         EngineError::BadTablet(_) => Status::BadRequest,
+        // The protocol has no status of its own for this; the message says
+        // which version and that the tablet's counter is spent.
+        EngineError::VersionExhausted { .. } => Status::Internal,
     }
 }
 
