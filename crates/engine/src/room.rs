@@ -47,6 +47,28 @@ impl Engine {
         stats
     }
 
+    /// The budget is full: compact tablet `slot` so that its own survivor
+    /// becomes a head with `len` bytes free (see `cleaner::compact_into_head`).
+    fn compact_tablet_into_head(&mut self, slot: usize, len: usize) -> bool {
+        let mut stats = CleanStats::default();
+        let allocated_before = self.budget.allocated_bytes;
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        let done = cleaner::compact_into_head(t, budget, len, &mut stats);
+        stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
+        let totals = &mut self.cleaner_totals;
+        totals.segments_cleaned += stats.segments_cleaned;
+        totals.entries_moved += stats.entries_moved;
+        totals.bytes_freed += stats.bytes_freed;
+        totals.tombstones_dropped += stats.tombstones_dropped;
+        debug_assert!(!done || self.tablet(slot).head_room(self.config.segment_bytes) >= len);
+        done
+    }
+
     /// Make sure the head of tablet `slot` has `len` bytes free, opening a
     /// new head if needed: after incremental cleaning when utilisation is
     /// low, after cleaning for room when the budget is full, and failing with
@@ -67,8 +89,11 @@ impl Engine {
             cleaned = true;
         }
         if !self.budget.may_allocate(purpose) {
-            self.run_cleaner(Goal::Room(purpose));
             cleaned = true;
+            if self.compact_tablet_into_head(slot, len) {
+                return Ok(true);
+            }
+            self.run_cleaner(Goal::Room(purpose));
         }
         let Engine {
             tablets, budget, ..
