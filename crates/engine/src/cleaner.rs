@@ -369,13 +369,15 @@ mod tests {
     /// a head, and an open survivor with little room left; budget exactly full.
     fn setup() -> (Tablet, Budget, u32, Vec<u32>) {
         let mut budget = Budget::new(3 * SEG as u64, SEG);
+        // Room for the index while building; cut back to exactly full below.
+        budget.budget_bytes += 1 << 20;
         let mut t = Tablet::new(1, HashRange::FULL, 1);
         t.open_head(&mut budget, Purpose::Object).expect("head");
         let sealed = t.head.expect("head");
         let mut i = 0;
         while t.head_room(SEG) >= entry::entry_bytes(10, 100) {
             let hash = crate::key_hash(1, &key(i));
-            t.reserve_index(1).expect("index");
+            t.reserve_index(&mut budget, 1).expect("index");
             let v = t.take_version();
             t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, None);
             i += 1;
@@ -396,6 +398,7 @@ mod tests {
         while t.segs[s as usize].room(SEG) > 600 {
             t.segs[s as usize].append(KIND_MARK, 1, 1, &[], &[], 0);
         }
+        budget.budget_bytes = budget.used_bytes();
         assert!(
             !budget.may_allocate(Purpose::Survivor),
             "budget must be full"

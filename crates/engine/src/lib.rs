@@ -70,6 +70,7 @@ mod visit;
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
 pub use scan::{IndexSnapshot, ScanToken};
+pub use segment::TransientCharge;
 pub use stats::{CleanStats, CorruptEntry, MemoryStats, ReplayReport, TabletStats};
 
 use routing::Route;
@@ -191,8 +192,22 @@ impl Engine {
             self.budget.allocated_bytes,
             "budget drifted"
         );
+        let index: u64 = self
+            .tablets
+            .iter()
+            .flatten()
+            .map(|t| {
+                assert_eq!(
+                    t.index_charged_bytes,
+                    t.index.allocation_size() as u64,
+                    "index charge drifted"
+                );
+                t.index_charged_bytes
+            })
+            .sum();
+        assert_eq!(index, self.budget.index_bytes, "index bytes drifted");
         assert!(
-            self.budget.allocated_bytes <= self.budget.budget_bytes,
+            self.budget.used_bytes() <= self.budget.budget_bytes,
             "over budget"
         );
     }

@@ -172,7 +172,7 @@ impl Engine {
             None => self.tablet(slot).check_version_left()?,
         }
         if old.is_none() {
-            self.tablet_mut(slot).reserve_index(1)?;
+            self.reserve_index_room(slot)?;
         }
         let cleaned = self.make_room(
             slot,

@@ -174,7 +174,7 @@ impl Engine {
         t: &mut Tablet,
         resolved: &Resolved<'_>,
     ) -> Result<(), EngineError> {
-        t.reserve_index(resolved.objects.len())?;
+        t.reserve_index(&mut self.budget, resolved.objects.len())?;
         if t.next_version > 1 {
             // Log the counter even if no object survives (see split_tablet).
             self.with_room_retry(|budget| t.open_head(budget, Purpose::Object))?;

@@ -3,7 +3,7 @@
 //! engine-wide memory figures.
 
 use crate::cleaner::{self, Goal};
-use crate::segment::{Budget, Purpose};
+use crate::segment::{Budget, Purpose, TransientCharge};
 use crate::tablet::Tablet;
 use crate::{CleanStats, Engine, EngineError, MemoryStats};
 
@@ -45,6 +45,37 @@ impl Engine {
                 .for_each(Tablet::check_consistency);
         }
         stats
+    }
+
+    /// Index room for one more object in tablet `slot`. The index grows by
+    /// doubling, so on a full budget a whole cleaning pass runs before the
+    /// one retry (one segment's worth would rarely be enough).
+    pub(crate) fn reserve_index_room(&mut self, slot: usize) -> Result<(), EngineError> {
+        let attempt = |e: &mut Engine| {
+            let Engine {
+                tablets, budget, ..
+            } = e;
+            tablets[slot]
+                .as_mut()
+                .expect("a routed slot holds a tablet")
+                .reserve_index(budget, 1)
+        };
+        match attempt(self) {
+            Err(EngineError::OutOfMemory) => {
+                self.run_cleaner(Goal::Explicit);
+                attempt(self)
+            }
+            other => other,
+        }
+    }
+
+    /// Charge `bytes` of a transient copy (a migration buffer, a key list, a
+    /// snapshot) to the memory budget until the returned charge is dropped.
+    /// Refused with `OutOfMemory` when it would not fit beside the reserves
+    /// (the same rule as an object write); no cleaning is attempted, so a
+    /// refusal is cheap and the caller may retry later or in smaller pieces.
+    pub fn try_charge_transient(&self, bytes: u64) -> Result<TransientCharge, EngineError> {
+        self.budget.charge_transient(bytes)
     }
 
     /// The budget is full: compact tablet `slot` so that its own survivor
@@ -112,6 +143,11 @@ impl Engine {
         MemoryStats {
             budget_bytes: self.budget.budget_bytes,
             segment_bytes: held,
+            index_bytes: self.budget.index_bytes,
+            transient_bytes: self
+                .budget
+                .transient
+                .load(std::sync::atomic::Ordering::Relaxed),
             live_bytes: live,
             utilization: if held == 0 {
                 1.0

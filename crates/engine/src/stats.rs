@@ -23,6 +23,11 @@ pub struct MemoryStats {
     pub budget_bytes: u64,
     /// Bytes of all segments held, over all tablets.
     pub segment_bytes: u64,
+    /// Bytes of every tablet's hash index allocation (counted in the budget).
+    pub index_bytes: u64,
+    /// Bytes of transient copies charged now (snapshots, migration buffers,
+    /// key lists; counted in the budget).
+    pub transient_bytes: u64,
     /// Bytes of live entries, over all tablets.
     pub live_bytes: u64,
     /// live_bytes / segment_bytes (1.0 when empty).
