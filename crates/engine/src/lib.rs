@@ -21,7 +21,9 @@
 //!   cleaning when the budget is full, OutOfMemory) and memory figures;
 //! - `ops`: point operations, the write path and reject rules;
 //! - `visit`: log / index / key-list visits, `extract`, raw segments;
-//! - `scan`: resumable chunked scans with staleness tokens.
+//! - `scan`: resumable chunked scans with staleness tokens;
+//! - `hashscan`: resumable walks in key-hash order (enumeration, chunked
+//!   migration copies).
 //!
 //! This file holds the `Engine` struct, its constructor and the crate's
 //! public surface.
@@ -56,6 +58,7 @@ mod cleaner;
 mod config;
 mod entry;
 mod error;
+mod hashscan;
 mod index;
 mod ops;
 mod replay;
@@ -69,6 +72,7 @@ mod visit;
 
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
+pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};
 pub use scan::{IndexSnapshot, ScanToken};
 pub use segment::TransientCharge;
 pub use stats::{CleanStats, CorruptEntry, MemoryStats, ReplayReport, TabletStats};
@@ -101,6 +105,8 @@ pub struct Engine {
     /// that freed nothing, e.g. when entries are too large to pack better).
     incremental_backoff_clock: u64,
     cleaner_totals: CleanStats,
+    /// Work of hash-order walks (`hashscan.rs`), for tests and statistics.
+    work: hashscan::WorkCounters,
 }
 
 impl Engine {
@@ -155,6 +161,7 @@ impl Engine {
             routes: hashbrown::HashMap::new(),
             incremental_backoff_clock: 0,
             cleaner_totals: CleanStats::default(),
+            work: hashscan::WorkCounters::default(),
         })
     }
 
