@@ -119,7 +119,7 @@ fn extraction_with_writes_in_between_follows_the_documented_rule() {
         }
     }
     assert!(
-        !rest.contains_key(&ahead[0].to_le_bytes().to_vec()),
+        !rest.contains_key(ahead[0].to_le_bytes().as_slice()),
         "removed: skipped"
     );
     assert_eq!(
