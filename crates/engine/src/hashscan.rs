@@ -166,13 +166,14 @@ impl Engine {
 
     /// Call `f` for every live object of the tablet whose key hash is
     /// exactly `hash`, in key order (distinct keys rarely share a hash).
-    /// Returns how many there were. One index probe.
-    pub fn objects_with_hash(
-        &self,
+    /// Returns how many there were. One index probe. The objects borrow
+    /// from the engine, so a caller may keep them for a reply.
+    pub fn objects_with_hash<'e>(
+        &'e self,
         table: TableId,
         start_hash: u64,
         hash: u64,
-        mut f: impl FnMut(ObjectRef<'_>),
+        mut f: impl FnMut(ObjectRef<'e>),
     ) -> Result<usize, EngineError> {
         let t = self.tablet_at(table, start_hash)?;
         self.work.index_probes.set(self.work.index_probes.get() + 1);
@@ -193,7 +194,7 @@ impl Engine {
         all.extend(found);
         all.sort_unstable_by(|a, b| a.key.cmp(b.key));
         let n = all.len();
-        all.into_iter().for_each(f);
+        all.into_iter().for_each(&mut f);
         Ok(n)
     }
 
