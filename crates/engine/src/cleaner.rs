@@ -252,6 +252,79 @@ fn copy_kept(
     Ok(())
 }
 
+/// Make room for an entry of `len` bytes in tablet `t` by compacting the
+/// tablet itself, without growing its segment count: the full head is
+/// sealed (so it can be cleaned like any other segment), the sealed segments
+/// with the most reclaimable bytes are copied into the tablet's survivor, and
+/// as soon as the open survivor has room for a version mark plus `len`, it
+/// is adopted as the new head. Needs at most one free segment at a time (a
+/// survivor may be opened before its source is freed), which the cleaner
+/// reserve provides; every source is freed once copied, so the tablet ends
+/// with no more segments than it started with (plus at most that one).
+///
+/// This is what makes removes and writes succeed on a full budget when the
+/// freed space is scattered over many tablets with few segments each: a
+/// global pass cannot free a whole segment there (each tablet's copies need
+/// a segment of their own), but the tablet's own survivor can take the
+/// writes. Returns whether the head now has room.
+pub(crate) fn compact_into_head(
+    t: &mut Tablet,
+    budget: &mut Budget,
+    len: usize,
+    stats: &mut CleanStats,
+) -> bool {
+    let segment_bytes = budget.segment_bytes;
+    let need = len + entry::HEADER_BYTES; // the adopted head starts with a version mark
+    let adopt = |t: &mut Tablet, budget: &mut Budget| -> bool {
+        match t.survivor {
+            Some(s) if t.segs[s as usize].room(segment_bytes) >= need => {
+                t.survivor = None;
+                t.head = Some(s);
+                t.append_mark(budget);
+                true
+            }
+            _ => false,
+        }
+    };
+    if adopt(t, budget) {
+        return true;
+    }
+    let mut sources: Vec<(u64, u32, u64)> = Vec::new();
+    if sources.try_reserve_exact(t.order.len()).is_err() {
+        return false;
+    }
+    for &slot in &t.order {
+        if t.survivor == Some(slot) {
+            continue;
+        }
+        let seg = &t.segs[slot as usize];
+        sources.push((kept_bytes(t, slot, seg), slot, seg.id));
+    }
+    let reclaimable: u64 = sources
+        .iter()
+        .map(|&(kept, _, _)| segment_bytes as u64 - kept)
+        .sum();
+    if reclaimable < need as u64 {
+        return false; // nothing to gain: keep the head as it is
+    }
+    // The full head is sealed: cleanable like any other segment. If nothing
+    // is adopted below, the next write simply opens a new head.
+    t.head = None;
+    sources.sort_unstable_by_key(|&(kept, _, _)| kept);
+    for (_, slot, id) in sources {
+        if t.segs[slot as usize].id != id || t.survivor == Some(slot) {
+            continue; // reused by a survivor of this compaction
+        }
+        if clean_segment(t, slot, budget, stats).is_err() {
+            break; // no room even for a survivor: nothing was lost
+        }
+        if adopt(t, budget) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Objects copied before their index entries are pointed at the copies.
 const MOVE_BATCH: usize = 32;
 
@@ -296,13 +369,15 @@ mod tests {
     /// a head, and an open survivor with little room left; budget exactly full.
     fn setup() -> (Tablet, Budget, u32, Vec<u32>) {
         let mut budget = Budget::new(3 * SEG as u64, SEG);
+        // Room for the index while building; cut back to exactly full below.
+        budget.budget_bytes += 1 << 20;
         let mut t = Tablet::new(1, HashRange::FULL, 1);
         t.open_head(&mut budget, Purpose::Object).expect("head");
         let sealed = t.head.expect("head");
         let mut i = 0;
         while t.head_room(SEG) >= entry::entry_bytes(10, 100) {
             let hash = crate::key_hash(1, &key(i));
-            t.reserve_index(1).expect("index");
+            t.reserve_index(&mut budget, 1).expect("index");
             let v = t.take_version();
             t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, None);
             i += 1;
@@ -323,6 +398,7 @@ mod tests {
         while t.segs[s as usize].room(SEG) > 600 {
             t.segs[s as usize].append(KIND_MARK, 1, 1, &[], &[], 0);
         }
+        budget.budget_bytes = budget.used_bytes();
         assert!(
             !budget.may_allocate(Purpose::Survivor),
             "budget must be full"

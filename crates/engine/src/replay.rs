@@ -12,7 +12,9 @@ use hashbrown::HashTable;
 
 use crate::entry::{self, Bad, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
 use crate::index::probe_hash;
-use crate::{CorruptEntry, EngineError, HashRange, ReplayReport, TableId};
+use crate::segment::Purpose;
+use crate::tablet::Tablet;
+use crate::{CorruptEntry, Engine, EngineError, HashRange, ReplayReport, TableId};
 
 /// The newest entry seen for one key.
 #[derive(Clone, Copy)]
@@ -76,12 +78,28 @@ pub(crate) fn resolve<'s>(
             debug_assert_eq!(p.table, table);
             let position = (si, at);
             at = p.next;
+            // Versions the engine never issues: refused like any corrupt entry
+            // (a mark holds a counter, which may be one past the last version).
+            let limit = if p.kind == KIND_MARK {
+                crate::MAX_VERSION + 1
+            } else {
+                crate::MAX_VERSION
+            };
+            if p.version > limit {
+                report.corrupt.try_reserve(1).map_err(oom)?;
+                report.corrupt.push(CorruptEntry {
+                    segment: si,
+                    offset: position.1,
+                    reason: format!("version {} beyond the maximum {limit}", p.version),
+                });
+                continue;
+            }
             if p.kind == KIND_MARK {
                 next_version = next_version.max(p.version);
                 continue;
             }
             debug_assert!(p.kind == KIND_OBJECT || p.kind == KIND_TOMBSTONE);
-            next_version = next_version.max(p.version.saturating_add(1));
+            next_version = next_version.max(p.version + 1);
             let hash = crate::key_hash(table, p.key);
             if !range.contains(hash) {
                 continue;
@@ -118,4 +136,52 @@ pub(crate) fn resolve<'s>(
         objects,
         next_version,
     })
+}
+
+impl Engine {
+    /// Rebuild the tablet `range` of `table` (which must not exist yet) from
+    /// segment byte buffers: newest version wins, tombstones respected,
+    /// corrupt entries reported and never loaded.
+    pub fn replay<'s>(
+        &mut self,
+        table: TableId,
+        range: HashRange,
+        segments: impl IntoIterator<Item = &'s [u8]>,
+    ) -> Result<ReplayReport, EngineError> {
+        self.check_free_range(table, range)?;
+        let mut report = ReplayReport::default();
+        let resolved = resolve(
+            table,
+            range,
+            segments,
+            self.max_key_bytes,
+            self.config.max_value_bytes,
+            &mut report,
+        )?;
+        let mut t = Tablet::new(table, range, resolved.next_version);
+        let built = self.build_replayed(&mut t, &resolved);
+        if let Err(e) = built {
+            t.release(&mut self.budget);
+            return Err(e);
+        }
+        report.objects_loaded = resolved.objects.len() as u64;
+        self.add_tablet(t)?;
+        Ok(report)
+    }
+
+    pub(crate) fn build_replayed(
+        &mut self,
+        t: &mut Tablet,
+        resolved: &Resolved<'_>,
+    ) -> Result<(), EngineError> {
+        t.reserve_index(&mut self.budget, resolved.objects.len())?;
+        if t.next_version > 1 {
+            // Log the counter even if no object survives (see split_tablet).
+            self.with_room_retry(|budget| t.open_head(budget, Purpose::Object))?;
+        }
+        for w in &resolved.objects {
+            self.with_room_retry(|budget| t.push_new(budget, w.hash, w.key, w.value, w.version))?;
+        }
+        Ok(())
+    }
 }

@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::tablet::walk_live;
-use crate::{Engine, EngineError, ObjectRef, TableId};
+use crate::{Engine, EngineError, ObjectRef, TableId, TransientCharge};
 
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
@@ -34,6 +34,8 @@ pub(crate) fn next_generation() -> u64 {
 pub struct IndexSnapshot {
     token: ScanToken,
     locs: Vec<u64>,
+    /// `locs` counted against the memory budget while the snapshot lives.
+    _charge: TransientCharge,
 }
 
 /// The state of a tablet a scan cursor depends on; equal tokens mean the
@@ -97,6 +99,7 @@ impl Engine {
         start_hash: u64,
     ) -> Result<IndexSnapshot, EngineError> {
         let t = self.tablet_at(table, start_hash)?;
+        let charge = self.try_charge_transient((t.index.len() * 8) as u64)?;
         let mut locs = Vec::new();
         locs.try_reserve_exact(t.index.len())
             .map_err(|_| EngineError::OutOfMemory)?;
@@ -104,6 +107,7 @@ impl Engine {
         Ok(IndexSnapshot {
             token: self.scan_token(table, start_hash)?,
             locs,
+            _charge: charge,
         })
     }
 

@@ -4,6 +4,14 @@
 //! `entry.rs`). Its `Vec` is allocated once with `try_reserve_exact` at the
 //! full segment size and never grows, so appends never reallocate and the
 //! budget can count allocated segment bytes exactly.
+//!
+//! The budget covers three kinds of memory: segments, every tablet's hash
+//! index (hashbrown's allocation, computed), and transient copies the engine
+//! or its owner makes (index snapshots, sorted hash lists, migration buffers,
+//! key lists), charged through `TransientCharge`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::EngineError;
 use crate::entry;
@@ -73,15 +81,47 @@ pub(crate) enum Purpose {
     Survivor,
 }
 
-/// Engine-wide memory accounting: allocated segment bytes against the budget.
+/// Engine-wide memory accounting: segments, indexes and transient copies
+/// against the budget.
 pub(crate) struct Budget {
     pub budget_bytes: u64,
     pub segment_bytes: usize,
+    /// Bytes of allocated segments (whole segments, whether filled or not).
     pub allocated_bytes: u64,
+    /// Bytes of every tablet's hash index allocation (the sum of the tablets'
+    /// `index_charged_bytes`).
+    pub index_bytes: u64,
+    /// Bytes held by live `TransientCharge`s; shared with them so a charge
+    /// releases itself on drop without borrowing the engine.
+    pub transient: Arc<AtomicU64>,
     cleaner_reserve_bytes: u64,
     remove_reserve_bytes: u64,
     /// Bytes appended engine-wide so far: a logical clock for segment ages.
     pub clock: u64,
+}
+
+/// Bytes of a transient copy counted against an engine's memory budget
+/// until dropped. Holds no borrow of the engine, so it can live in a
+/// migration task or a cache beside it.
+#[derive(Debug)]
+pub struct TransientCharge {
+    /// The engine's transient counter this charge is part of.
+    counter: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl TransientCharge {
+    /// Bytes this charge holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for TransientCharge {
+    fn drop(&mut self) {
+        let before = self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+        debug_assert!(before >= self.bytes, "transient bytes released twice");
+    }
 }
 
 impl Budget {
@@ -102,19 +142,48 @@ impl Budget {
             budget_bytes,
             segment_bytes,
             allocated_bytes: 0,
+            index_bytes: 0,
+            transient: Arc::new(AtomicU64::new(0)),
             cleaner_reserve_bytes,
             remove_reserve_bytes,
             clock: 0,
         }
     }
 
-    pub fn may_allocate(&self, purpose: Purpose) -> bool {
+    /// Bytes in use: segments, indexes, transient copies.
+    pub fn used_bytes(&self) -> u64 {
+        self.allocated_bytes + self.index_bytes + self.transient.load(Ordering::Relaxed)
+    }
+
+    /// Whether `bytes` more may be used for `purpose`, leaving the reserves
+    /// that purpose may not touch.
+    pub fn may_grow(&self, bytes: u64, purpose: Purpose) -> bool {
         let held_back = match purpose {
             Purpose::Object => self.cleaner_reserve_bytes + self.remove_reserve_bytes,
             Purpose::Tombstone => self.cleaner_reserve_bytes,
             Purpose::Survivor => 0,
         };
-        self.allocated_bytes + self.segment_bytes as u64 + held_back <= self.budget_bytes
+        self.used_bytes()
+            .checked_add(bytes)
+            .and_then(|b| b.checked_add(held_back))
+            .is_some_and(|b| b <= self.budget_bytes)
+    }
+
+    pub fn may_allocate(&self, purpose: Purpose) -> bool {
+        self.may_grow(self.segment_bytes as u64, purpose)
+    }
+
+    /// Charge `bytes` of a transient copy; refused (`OutOfMemory`) if they
+    /// would eat into the reserves. Same rule as an object write.
+    pub fn charge_transient(&self, bytes: u64) -> Result<TransientCharge, EngineError> {
+        if !self.may_grow(bytes, Purpose::Object) {
+            return Err(EngineError::OutOfMemory);
+        }
+        self.transient.fetch_add(bytes, Ordering::Relaxed);
+        Ok(TransientCharge {
+            counter: Arc::clone(&self.transient),
+            bytes,
+        })
     }
 
     /// Allocate a segment if the budget (and the allocator) allow it.

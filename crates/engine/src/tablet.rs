@@ -33,6 +33,9 @@ pub(crate) struct Tablet {
     pub survivor: Option<u32>,
     pub next_segment_id: u64,
     pub index: HashTable<IndexEntry>,
+    /// Bytes of `index`'s allocation counted in the budget's `index_bytes`
+    /// (kept equal to `index.allocation_size()`).
+    pub index_charged_bytes: u64,
     /// Unique per tablet instance (a dropped and re-created tablet differs).
     pub generation: u64,
     /// Bumped whenever the cleaner starts on one of this tablet's segments:
@@ -55,6 +58,7 @@ impl Tablet {
             survivor: None,
             next_segment_id: 1,
             index: HashTable::new(),
+            index_charged_bytes: 0,
             generation: crate::scan::next_generation(),
             clean_epoch: 0,
         }
@@ -99,13 +103,27 @@ impl Tablet {
 
     // ---- versions -------------------------------------------------------------
 
+    /// Refuses once `MAX_VERSION` was issued: never saturates.
+    #[inline]
+    pub fn check_version_left(&self) -> Result<(), EngineError> {
+        if self.next_version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted {
+                version: self.next_version,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next version; the caller checked `check_version_left`.
     #[inline]
     pub fn take_version(&mut self) -> u64 {
         let v = self.next_version;
-        self.next_version = v.saturating_add(1);
+        assert!(v <= crate::MAX_VERSION, "version counter exhausted");
+        self.next_version = v + 1;
         v
     }
 
+    /// `at_least` is at most `MAX_VERSION + 1` (`u64::MAX`), so it always fits.
     pub fn raise_version(&mut self, at_least: u64) {
         self.next_version = self.next_version.max(at_least);
     }
@@ -180,15 +198,35 @@ impl Tablet {
 
     /// Return every segment to the budget (tablet dropped or build abandoned).
     pub fn release(mut self, budget: &mut Budget) {
+        budget.index_bytes -= self.index_charged_bytes;
         for &slot in &self.order {
             budget.free(std::mem::take(&mut self.segs[slot as usize]));
         }
     }
 
-    pub fn reserve_index(&mut self, additional: usize) -> Result<(), EngineError> {
+    /// Room for `additional` new index entries. Growth is refused
+    /// (`OutOfMemory`) when the new table (which briefly exists beside the
+    /// old one) does not fit the budget beside the reserves; the budget then
+    /// counts the table's actual allocation.
+    pub fn reserve_index(
+        &mut self,
+        budget: &mut Budget,
+        additional: usize,
+    ) -> Result<(), EngineError> {
+        let growth = index::growth_bytes(&self.index, additional) as u64;
+        if growth == 0 {
+            return Ok(());
+        }
+        if !budget.may_grow(growth, Purpose::Object) {
+            return Err(EngineError::OutOfMemory);
+        }
         self.index
             .try_reserve(additional, index::rehash)
-            .map_err(|_| EngineError::OutOfMemory)
+            .map_err(|_| EngineError::OutOfMemory)?;
+        let now = self.index.allocation_size() as u64;
+        budget.index_bytes = budget.index_bytes - self.index_charged_bytes + now;
+        self.index_charged_bytes = now;
+        Ok(())
     }
 
     // ---- mutations (room in the head already made) ---------------------------
@@ -291,7 +329,7 @@ impl Tablet {
         if self.head_room(budget.segment_bytes) < len {
             self.open_head(budget, Purpose::Object)?;
         }
-        self.reserve_index(1)?;
+        self.reserve_index(budget, 1)?;
         self.put(budget, hash, key, value, version, None);
         Ok(())
     }
@@ -317,7 +355,7 @@ impl Tablet {
         });
         debug_assert_eq!(movers.len(), expected);
         let mut new = Tablet::new(table, part, self.next_version);
-        let built = new.reserve_index(movers.len()).and_then(|()| {
+        let built = new.reserve_index(budget, movers.len()).and_then(|()| {
             movers.iter().try_for_each(|&(loc, hash)| {
                 let o = self.object(loc);
                 new.push_new(budget, hash, o.key, o.value, o.version)

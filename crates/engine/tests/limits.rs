@@ -188,7 +188,10 @@ fn overwrite_workload_keeps_utilisation_high() {
     let segment_bytes = 64 * 1024;
     let objects = 20_000u64;
     let live = objects as usize * object_entry_bytes(8, 100);
-    let budget = (live as f64 / 0.9) as usize + 4 * segment_bytes;
+    // The budget covers the index too: 20,000 entries take 32,768 buckets of
+    // 16 bytes plus a control byte each, and 16 trailing control bytes.
+    let index_bytes = 32_768 * 17 + 16;
+    let budget = (live as f64 / 0.9) as usize + 4 * segment_bytes + index_bytes;
     let config = EngineConfig {
         segment_bytes,
         memory_budget_bytes: budget,
@@ -210,6 +213,7 @@ fn overwrite_workload_keeps_utilisation_high() {
     let m = e.memory();
     assert_eq!(m.live_bytes, live as u64);
     assert!(m.utilization >= 0.85, "utilisation {m:?}");
+    assert_eq!(m.index_bytes, index_bytes as u64);
 }
 
 #[test]

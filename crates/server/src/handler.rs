@@ -2,7 +2,7 @@
 //! encode the reply into the connection's output buffer.
 
 use bytes::BytesMut;
-use insitu_engine::{EngineError, HashRange, ObjectRef, key_hash};
+use insitu_engine::{EngineError, HashRange, key_hash};
 use insitu_protocol::{
     Number, Object, ReadResult, RejectRules, Request, Response, ShardStats, Status, TabletStat,
     TabletState, WriteResult, blob, decode_request, encode_error, encode_response,
@@ -28,6 +28,9 @@ pub fn engine_status(e: &EngineError) -> Status {
         EngineError::WrongVersion { .. } => Status::WrongVersion,
         EngineError::NotANumber { .. } => Status::NotANumber,
         EngineError::BadTablet(_) => Status::BadRequest,
+        // The protocol has no status of its own for this; the message says
+        // which version and that the tablet's counter is spent.
+        EngineError::VersionExhausted { .. } => Status::Internal,
     }
 }
 
@@ -464,40 +467,23 @@ fn enumerate(
     }
     let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
     let engine = state.engine.borrow();
-    // Objects at or after the cursor, in hash order. O(n log n) per batch:
-    // fine for scans of modest tables; pushdown scans do not use this path.
-    // Owned copies: the engine lends objects only for the visit.
-    let mut found: Vec<(u64, Vec<u8>, Vec<u8>, u64)> = Vec::new();
-    let visited = engine.for_each_index(table, tablet_start, |obj: ObjectRef<'_>| {
-        let h = key_hash(table, obj.key);
-        if h >= from_hash {
-            found.push((h, obj.key.to_vec(), obj.value.to_vec(), obj.version));
-        }
-    });
-    if let Err(e) = visited {
-        return reply_engine_error(out, id, &e);
-    }
-    found.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-    let mut used = 0usize;
-    let mut objects = Vec::new();
-    let mut next_hash = None;
-    let mut i = 0;
-    while i < found.len() {
-        let (h, ref key, ref value, version) = found[i];
-        let size = key.len() + value.len() + 24;
-        // Never cut between objects that share a hash: the cursor is a hash.
-        let same_as_last = i > 0 && found[i - 1].0 == h;
-        if !objects.is_empty() && !same_as_last && used + size > max_bytes {
-            next_hash = Some(h);
-            break;
-        }
-        used += size;
-        objects.push(Object {
-            key: blob(key),
-            value: blob(value),
-            version,
-        });
-        i += 1;
-    }
+    // O(batch): continues the tablet's sorted hash list (enumerate.rs).
+    let batch =
+        state
+            .enumerate
+            .borrow_mut()
+            .next_batch(&engine, table, tablet_start, from_hash, max_bytes);
+    let (found, next_hash) = match batch {
+        Ok(b) => b,
+        Err(e) => return reply_engine_error(out, id, &e),
+    };
+    let objects: Vec<Object<'_>> = found
+        .iter()
+        .map(|o| Object {
+            key: blob(o.key),
+            value: blob(o.value),
+            version: o.version,
+        })
+        .collect();
     reply(out, id, &Response::Enumerate { objects, next_hash })
 }

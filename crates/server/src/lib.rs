@@ -5,6 +5,7 @@
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
 mod conn;
+mod enumerate;
 mod handler;
 mod migrate;
 mod scan;

@@ -43,6 +43,8 @@ pub struct ShardState {
     /// hot path skips the per-request state check.
     pub unusual_tablets: Cell<usize>,
     pub connections: Cell<usize>,
+    /// Enumerations in progress, so each batch costs O(batch) (enumerate.rs).
+    pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
 }
 
 impl ShardState {
@@ -86,6 +88,7 @@ pub fn run_shard(
         tablets: RefCell::new(HashMap::new()),
         unusual_tablets: Cell::new(0),
         connections: Cell::new(0),
+        enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {

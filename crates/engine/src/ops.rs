@@ -1,0 +1,221 @@
+//! Point operations: read, and the write path (write, remove, increment,
+//! install, raise_version) with its reject rules and version counter.
+
+use crate::config::check_rules;
+use crate::segment::Purpose;
+use crate::{Engine, EngineError, ObjectRef, RejectRules, TableId, entry, key_hash};
+
+impl Engine {
+    /// Read the live object `key` of `table`.
+    /// `Err(ObjectDoesntExist)` if absent, `Err(UnknownTablet)` if no tablet covers it.
+    #[inline]
+    pub fn read(&self, table: TableId, key: &[u8]) -> Result<ObjectRef<'_>, EngineError> {
+        self.check_key(key)?;
+        let hash = key_hash(table, key);
+        let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
+        let t = self.tablet(slot);
+        t.find(hash, key)
+            .map(|loc| t.object(loc))
+            .ok_or(EngineError::ObjectDoesntExist)
+    }
+
+    /// Write `value` under `key`; returns the new version.
+    pub fn write(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        rules: &RejectRules,
+    ) -> Result<u64, EngineError> {
+        self.check_value(value.len())?;
+        let (hash, slot, old) = self.locate(table, key)?;
+        check_rules(rules, self.version_at(slot, old))?;
+        self.put(slot, hash, key, value, None, old)
+    }
+
+    /// Remove `key` (appends a tombstone); returns the version of the removed object.
+    /// Removing an absent key (unless `rules.doesnt_exist`) succeeds with version 0
+    /// and writes nothing, as in RAMCloud.
+    pub fn remove(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        rules: &RejectRules,
+    ) -> Result<u64, EngineError> {
+        let (hash, slot, old) = self.locate(table, key)?;
+        let removed_version = self.version_at(slot, old);
+        check_rules(rules, removed_version)?;
+        let (Some(old), Some(removed_version)) = (old, removed_version) else {
+            return Ok(0);
+        };
+        self.tablet(slot).check_version_left()?;
+        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
+        let cleaned = self.make_room(slot, len, Purpose::Tombstone)?;
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        let old = if cleaned {
+            t.find(hash, key).expect("cleaning keeps live objects")
+        } else {
+            old
+        };
+        let version = t.take_version();
+        t.remove(budget, hash, key, version, old);
+        Ok(removed_version)
+    }
+
+    /// Add `delta` to the little-endian i64 stored as the value (absent = 0);
+    /// returns (new value, new version).
+    pub fn increment_i64(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        delta: i64,
+        rules: &RejectRules,
+    ) -> Result<(i64, u64), EngineError> {
+        let (bytes, version) = self.increment(table, key, rules, |b| {
+            i64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+        })?;
+        Ok((i64::from_le_bytes(bytes), version))
+    }
+
+    /// Same for an f64.
+    pub fn increment_f64(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        delta: f64,
+        rules: &RejectRules,
+    ) -> Result<(f64, u64), EngineError> {
+        let (bytes, version) = self.increment(table, key, rules, |b| {
+            (f64::from_le_bytes(b) + delta).to_le_bytes()
+        })?;
+        Ok((f64::from_le_bytes(bytes), version))
+    }
+
+    /// Install an object with a given version (migration / replay destination).
+    /// Ignored if the tablet already holds a version >= `version` for the key.
+    /// The tablet's version counter is raised above `version`.
+    pub fn install(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+    ) -> Result<(), EngineError> {
+        self.check_value(value.len())?;
+        // A version from elsewhere (a migration batch) is checked, never trusted.
+        if version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted { version });
+        }
+        let (hash, slot, old) = self.locate(table, key)?;
+        if self
+            .version_at(slot, old)
+            .is_some_and(|current| current >= version)
+        {
+            // The held version is already >= `version`, so the counter is above it.
+            debug_assert!(self.tablet(slot).next_version > version);
+            return Ok(());
+        }
+        self.put(slot, hash, key, value, Some(version), old)
+            .map(|_| ())
+    }
+
+    /// Raise the version counter of the tablet starting at `start_hash` to at least `next_version`.
+    /// A version mark is logged so that a replay of the tablet keeps it.
+    pub fn raise_version(
+        &mut self,
+        table: TableId,
+        start_hash: u64,
+        next_version: u64,
+    ) -> Result<(), EngineError> {
+        let slot = self
+            .route_exact(table, start_hash)
+            .ok_or(EngineError::UnknownTablet)?;
+        // Raising to MAX_VERSION + 1 would leave nothing to issue: refused.
+        if next_version > crate::MAX_VERSION {
+            return Err(EngineError::VersionExhausted {
+                version: next_version,
+            });
+        }
+        if next_version <= self.tablet(slot).next_version {
+            return Ok(());
+        }
+        self.make_room(slot, entry::HEADER_BYTES, Purpose::Object)?;
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        t.raise_version(next_version);
+        t.append_mark(budget);
+        Ok(())
+    }
+
+    /// Write an object into tablet `slot`, superseding `old`. `version`
+    /// `None` takes the next version; `Some(v)` installs `v` as given.
+    pub(crate) fn put(
+        &mut self,
+        slot: usize,
+        hash: u64,
+        key: &[u8],
+        value: &[u8],
+        version: Option<u64>,
+        old: Option<u64>,
+    ) -> Result<u64, EngineError> {
+        match version {
+            Some(v) => debug_assert!(v <= crate::MAX_VERSION),
+            None => self.tablet(slot).check_version_left()?,
+        }
+        if old.is_none() {
+            self.reserve_index_room(slot)?;
+        }
+        let cleaned = self.make_room(
+            slot,
+            entry::entry_bytes(key.len(), value.len()),
+            Purpose::Object,
+        )?;
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        let old = if cleaned { t.find(hash, key) } else { old };
+        let version = match version {
+            Some(v) => {
+                t.raise_version(v + 1); // v <= MAX_VERSION: no overflow
+                v
+            }
+            None => t.take_version(),
+        };
+        t.put(budget, hash, key, value, version, old);
+        Ok(version)
+    }
+
+    pub(crate) fn increment(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        rules: &RejectRules,
+        add: impl FnOnce([u8; 8]) -> [u8; 8],
+    ) -> Result<([u8; 8], u64), EngineError> {
+        self.check_value(8)?;
+        let (hash, slot, old) = self.locate(table, key)?;
+        check_rules(rules, self.version_at(slot, old))?;
+        let current = match old {
+            Some(l) => {
+                let v = self.tablet(slot).object(l).value;
+                <[u8; 8]>::try_from(v).map_err(|_| EngineError::NotANumber { len: v.len() })?
+            }
+            None => [0u8; 8], // absent counts as 0 (the same bytes for i64 and f64)
+        };
+        let new = add(current);
+        let version = self.put(slot, hash, key, &new, None, old)?;
+        Ok((new, version))
+    }
+}

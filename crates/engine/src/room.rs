@@ -1,0 +1,179 @@
+//! Budget policy: making room in a head (incremental cleaning, cleaning
+//! when the budget is full, `OutOfMemory`), running the cleaner, and the
+//! engine-wide memory figures.
+
+use crate::cleaner::{self, Goal};
+use crate::segment::{Budget, Purpose, TransientCharge};
+use crate::tablet::Tablet;
+use crate::{CleanStats, Engine, EngineError, MemoryStats};
+
+impl Engine {
+    pub(crate) fn live_bytes_total(&self) -> u64 {
+        self.tablets.iter().flatten().map(|t| t.live_bytes).sum()
+    }
+
+    pub(crate) fn wants_incremental_clean(&self) -> bool {
+        let allocated = self.budget.allocated_bytes;
+        allocated >= cleaner::INCREMENTAL_MIN_SEGMENTS * self.config.segment_bytes as u64
+            && self.budget.clock >= self.incremental_backoff_clock
+            && (self.live_bytes_total() as f64) < cleaner::INCREMENTAL_LOW * allocated as f64
+    }
+
+    pub(crate) fn run_cleaner(&mut self, goal: Goal) -> CleanStats {
+        let stats = cleaner::run(&mut self.tablets, &mut self.budget, goal);
+        if goal == Goal::Incremental && stats.bytes_freed == 0 {
+            self.incremental_backoff_clock = self.budget.clock + self.budget.allocated_bytes / 2;
+        }
+        let t = &mut self.cleaner_totals;
+        t.segments_cleaned += stats.segments_cleaned;
+        t.entries_moved += stats.entries_moved;
+        t.bytes_freed += stats.bytes_freed;
+        t.tombstones_dropped += stats.tombstones_dropped;
+        #[cfg(debug_assertions)]
+        if stats.segments_cleaned > 0
+            && self
+                .tablets
+                .iter()
+                .flatten()
+                .map(|t| t.object_count)
+                .sum::<u64>()
+                < 5_000
+        {
+            self.tablets
+                .iter()
+                .flatten()
+                .for_each(Tablet::check_consistency);
+        }
+        stats
+    }
+
+    /// Index room for one more object in tablet `slot`. The index grows by
+    /// doubling, so on a full budget a whole cleaning pass runs before the
+    /// one retry (one segment's worth would rarely be enough).
+    pub(crate) fn reserve_index_room(&mut self, slot: usize) -> Result<(), EngineError> {
+        let attempt = |e: &mut Engine| {
+            let Engine {
+                tablets, budget, ..
+            } = e;
+            tablets[slot]
+                .as_mut()
+                .expect("a routed slot holds a tablet")
+                .reserve_index(budget, 1)
+        };
+        match attempt(self) {
+            Err(EngineError::OutOfMemory) => {
+                self.run_cleaner(Goal::Explicit);
+                attempt(self)
+            }
+            other => other,
+        }
+    }
+
+    /// Charge `bytes` of a transient copy (a migration buffer, a key list, a
+    /// snapshot) to the memory budget until the returned charge is dropped.
+    /// Refused with `OutOfMemory` when it would not fit beside the reserves
+    /// (the same rule as an object write); no cleaning is attempted, so a
+    /// refusal is cheap and the caller may retry later or in smaller pieces.
+    pub fn try_charge_transient(&self, bytes: u64) -> Result<TransientCharge, EngineError> {
+        self.budget.charge_transient(bytes)
+    }
+
+    /// The budget is full: compact tablet `slot` so that its own survivor
+    /// becomes a head with `len` bytes free (see `cleaner::compact_into_head`).
+    fn compact_tablet_into_head(&mut self, slot: usize, len: usize) -> bool {
+        let mut stats = CleanStats::default();
+        let allocated_before = self.budget.allocated_bytes;
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        let done = cleaner::compact_into_head(t, budget, len, &mut stats);
+        stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
+        let totals = &mut self.cleaner_totals;
+        totals.segments_cleaned += stats.segments_cleaned;
+        totals.entries_moved += stats.entries_moved;
+        totals.bytes_freed += stats.bytes_freed;
+        totals.tombstones_dropped += stats.tombstones_dropped;
+        debug_assert!(!done || self.tablet(slot).head_room(self.config.segment_bytes) >= len);
+        done
+    }
+
+    /// Make sure the head of tablet `slot` has `len` bytes free, opening a
+    /// new head if needed: after incremental cleaning when utilisation is
+    /// low, after cleaning for room when the budget is full, and failing with
+    /// `OutOfMemory` if there is still no room. Returns whether the cleaner
+    /// ran (log references held by the caller may then have moved).
+    pub(crate) fn make_room(
+        &mut self,
+        slot: usize,
+        len: usize,
+        purpose: Purpose,
+    ) -> Result<bool, EngineError> {
+        if self.tablet(slot).head_room(self.config.segment_bytes) >= len {
+            return Ok(false);
+        }
+        let mut cleaned = false;
+        if self.wants_incremental_clean() {
+            self.run_cleaner(Goal::Incremental);
+            cleaned = true;
+        }
+        if !self.budget.may_allocate(purpose) {
+            cleaned = true;
+            if self.compact_tablet_into_head(slot, len) {
+                return Ok(true);
+            }
+            self.run_cleaner(Goal::Room(purpose));
+        }
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        t.open_head(budget, purpose)?;
+        debug_assert!(t.head_room(budget.segment_bytes) >= len);
+        Ok(cleaned)
+    }
+
+    pub fn memory(&self) -> MemoryStats {
+        let live = self.live_bytes_total();
+        let held = self.budget.allocated_bytes;
+        MemoryStats {
+            budget_bytes: self.budget.budget_bytes,
+            segment_bytes: held,
+            index_bytes: self.budget.index_bytes,
+            transient_bytes: self
+                .budget
+                .transient
+                .load(std::sync::atomic::Ordering::Relaxed),
+            live_bytes: live,
+            utilization: if held == 0 {
+                1.0
+            } else {
+                live as f64 / held as f64
+            },
+        }
+    }
+
+    /// One cleaner pass over every tablet: compact segments with little live
+    /// data. Also runs by itself when a write finds the budget full.
+    pub fn clean(&mut self) -> CleanStats {
+        self.run_cleaner(Goal::Explicit)
+    }
+
+    /// Run `f`; if the budget is full, clean the other tablets once and retry.
+    pub(crate) fn with_room_retry(
+        &mut self,
+        mut f: impl FnMut(&mut Budget) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        match f(&mut self.budget) {
+            Err(EngineError::OutOfMemory) => {
+                self.run_cleaner(Goal::Room(Purpose::Object));
+                f(&mut self.budget)
+            }
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Hash-order walks: chunked extraction for migration, sorted hash lists.
+
+use std::collections::HashMap;
+
+use insitu_engine::{Engine, EngineConfig, EngineError, HashRange, RejectRules, key_hash};
+
+const T: u64 = 6;
+const OTHER: u64 = 7;
+
+fn engine() -> Engine {
+    let config = EngineConfig {
+        segment_bytes: 64 * 1024,
+        memory_budget_bytes: 256 * 64 * 1024,
+        max_value_bytes: 4096,
+    };
+    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
+    e.create_tablet(T, HashRange::FULL).expect("tablet");
+    e.create_tablet(OTHER, HashRange::FULL).expect("tablet");
+    e
+}
+
+fn put(e: &mut Engine, table: u64, i: u64, len: usize, fill: u8) {
+    e.write(
+        table,
+        &i.to_le_bytes(),
+        &vec![fill; len],
+        &RejectRules::default(),
+    )
+    .expect("write");
+}
+
+type Objects = HashMap<Vec<u8>, (Vec<u8>, u64)>;
+
+fn extract_all(e: &Engine) -> Objects {
+    e.extract(T, 0)
+        .expect("extract")
+        .into_iter()
+        .map(|(k, v, ver)| (k, (v, ver)))
+        .collect()
+}
+
+#[test]
+fn chunked_extraction_returns_each_object_once_across_cleaning() {
+    let mut e = engine();
+    for i in 0..3_000u64 {
+        put(&mut e, T, i, 100 + (i % 300) as usize, 1);
+        put(&mut e, OTHER, i, 200, 1);
+    }
+    for i in 0..1_500u64 {
+        put(&mut e, T, i, 50, 2); // leave dead entries behind for the cleaner
+    }
+    let want = extract_all(&e);
+    let mut cursor = e.extract_begin(T, 0).expect("begin");
+    let mut got: Objects = HashMap::new();
+    let mut last_hash = None;
+    let mut chunks = 0;
+    while !cursor.is_done() {
+        let chunk = e.extract_chunk(&mut cursor, 16 * 1024).expect("chunk");
+        assert!(!chunk.objects.is_empty());
+        let bytes: usize = chunk
+            .objects
+            .iter()
+            .map(|(k, v, _)| k.len() + v.len())
+            .sum();
+        assert!(bytes <= 16 * 1024, "a chunk of {bytes} bytes");
+        assert!(e.memory().transient_bytes >= chunk.charge.bytes());
+        for (k, v, ver) in chunk.objects {
+            let h = key_hash(T, &k);
+            assert!(last_hash.is_none_or(|l| l < h), "hash order");
+            last_hash = Some(h);
+            assert!(got.insert(k, (v, ver)).is_none(), "returned twice");
+        }
+        chunks += 1;
+        // Churn elsewhere and clean between chunks: log positions move.
+        for i in 0..200u64 {
+            put(&mut e, OTHER, i, 200, chunks as u8);
+        }
+        e.clean();
+    }
+    assert!(chunks > 10);
+    assert_eq!(got, want);
+    assert!(
+        e.extract_chunk(&mut cursor, 1024)
+            .expect("done")
+            .objects
+            .is_empty()
+    );
+    drop(cursor);
+    assert_eq!(e.memory().transient_bytes, 0, "all charges released");
+    e.check_invariants();
+}
+
+#[test]
+fn extraction_with_writes_in_between_follows_the_documented_rule() {
+    let mut e = engine();
+    for i in 0..1_000u64 {
+        put(&mut e, T, i, 64, 1);
+    }
+    let mut cursor = e.extract_begin(T, 0).expect("begin");
+    let first = e.extract_chunk(&mut cursor, 8 * 1024).expect("chunk");
+    let seen: Vec<Vec<u8>> = first.objects.iter().map(|o| o.0.clone()).collect();
+    let next = cursor.next_hash().expect("more to come");
+    // Ahead of the cursor: one removed, one overwritten; one new key.
+    let ahead: Vec<u64> = (0..1_000u64)
+        .filter(|i| key_hash(T, &i.to_le_bytes()) > next)
+        .take(2)
+        .collect();
+    e.remove(T, &ahead[0].to_le_bytes(), &RejectRules::default())
+        .expect("remove");
+    put(&mut e, T, ahead[1], 64, 9);
+    let mut rest: Objects = HashMap::new();
+    while !cursor.is_done() {
+        for (k, v, ver) in e
+            .extract_chunk(&mut cursor, 8 * 1024)
+            .expect("chunk")
+            .objects
+        {
+            rest.insert(k, (v, ver));
+        }
+    }
+    assert!(
+        !rest.contains_key(ahead[0].to_le_bytes().as_slice()),
+        "removed: skipped"
+    );
+    assert_eq!(
+        rest[&ahead[1].to_le_bytes().to_vec()].0,
+        vec![9u8; 64],
+        "newest value"
+    );
+    assert_eq!(seen.len() + rest.len(), 999);
+    // A re-created tablet is refused, not walked.
+    e.drop_tablet(T, 0);
+    assert_eq!(
+        e.extract_chunk(&mut cursor, 1024).err(),
+        Some(EngineError::UnknownTablet)
+    );
+    e.create_tablet(T, HashRange::FULL).expect("tablet");
+    assert!(matches!(
+        e.extract_chunk(&mut cursor, 1024),
+        Err(EngineError::BadTablet(_))
+    ));
+}
+
+#[test]
+fn sorted_hashes_are_charged_and_walks_cost_one_probe_per_hash() {
+    let mut e = engine();
+    for i in 0..2_000u64 {
+        put(&mut e, T, i, 10, 1);
+    }
+    let from = u64::MAX / 2;
+    let list = e.sorted_hashes(T, 0, from).expect("list");
+    assert!(list.hashes().windows(2).all(|w| w[0] < w[1]));
+    assert!(list.hashes().iter().all(|&h| h >= from));
+    let expected = (0..2_000u64)
+        .filter(|i| key_hash(T, &i.to_le_bytes()) >= from)
+        .count();
+    assert_eq!(list.hashes().len(), expected);
+    assert_eq!(e.memory().transient_bytes, list.bytes());
+    let before = e.hash_scan_work();
+    let mut n = 0;
+    for &h in &list.hashes()[..100] {
+        n += e
+            .objects_with_hash(T, 0, h, |o| assert_eq!(key_hash(T, o.key), h))
+            .expect("probe");
+    }
+    assert_eq!(n, 100);
+    assert_eq!(e.hash_scan_work().index_probes - before.index_probes, 100);
+    assert!(e.sorted_hashes_current(&list));
+    drop(list);
+    assert_eq!(e.memory().transient_bytes, 0);
+}
