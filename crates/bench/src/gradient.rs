@@ -13,7 +13,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use insitu_protocol::plan::{GradPartial, PointLayout, gradient_flat, int_key};
+use insitu_compute::gradient_flat;
+use insitu_protocol::plan::{GradPartial, PointLayout, int_key};
 use serde_json::json;
 
 use crate::pushdown_cluster::{LocalCluster, python, write_json};

@@ -17,10 +17,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use insitu_client::{Client, Selection};
+use insitu_compute::{AggExt, MAX_PRED_DEPTH};
 use insitu_protocol::Number;
-use insitu_protocol::plan::{
-    CmpOp, Field, KeyRange, MAX_PRED_DEPTH, PointLayout, PredOp, UpdateAction,
-};
+use insitu_protocol::plan::{CmpOp, Field, KeyRange, PointLayout, PredOp, UpdateAction};
 
 use crate::ClusterArg;
 
@@ -327,7 +326,7 @@ pub fn parse_where(src: &str) -> Result<Vec<PredOp>, String> {
     if p.pos < p.toks.len() {
         return p.err("\"and\", \"or\" or the end");
     }
-    insitu_protocol::plan::validate(&p.out)?;
+    insitu_compute::validate_predicate(&p.out)?;
     Ok(p.out)
 }
 

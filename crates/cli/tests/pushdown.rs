@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use common::Cluster;
 use insitu_client::{Client, Selection, Status};
+use insitu_compute::{AggExt, gradient_flat};
 use insitu_protocol::Number;
 use insitu_protocol::plan::{
     CmpOp, Field, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan, Source, UpdateAction,
-    gradient_flat, int_key,
+    int_key,
 };
 
 fn rt() -> tokio::runtime::Runtime {

@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+use insitu_compute::merge_partial;
 use insitu_protocol::plan::{
     AggPartial, Field, GradPartial, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan,
     ScanResult, Source, UpdateAction,
@@ -73,23 +74,10 @@ impl Selection {
 }
 
 fn merge(into: &mut Option<Partial>, p: Partial) -> Result<(), ClientError> {
-    let Some(acc) = into else {
-        *into = Some(p);
-        return Ok(());
-    };
-    match (acc, p) {
-        (Partial::Count(a), Partial::Count(b)) => *a += b,
-        (Partial::Aggregate(a), Partial::Aggregate(b)) => a.merge(&b),
-        (Partial::Update { updated: a }, Partial::Update { updated: b }) => *a += b,
-        (Partial::Gradient(a), Partial::Gradient(b)) => a.merge(&b),
-        (a, b) => {
-            return Err(ClientError::Unexpected {
-                addr: String::new(),
-                what: format!("partial results of different kinds: {a:?} and {b:?}"),
-            });
-        }
-    }
-    Ok(())
+    merge_partial(into, p).map_err(|what| ClientError::Unexpected {
+        addr: String::new(),
+        what,
+    })
 }
 
 impl Client {

@@ -19,12 +19,13 @@
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use insitu_compute::aggregate::{F64AggK, IntAggK};
+use insitu_compute::kernel::{CountK, GradK, Kernel, KeysK, Visit};
+use insitu_compute::validate::describe_need;
+use insitu_compute::{GradAcc, apply_update, eval, validate_plan};
 use insitu_engine::{EngineError, ObjectRef, ScanToken};
-use insitu_protocol::plan::{
-    self, AggPartial, Field, GradAcc, KeyRange, Op, Partial, PredOp, ScanPlan, ScanResult, Source,
-    UpdateAction,
-};
-use insitu_protocol::{Number, Response, Status, encode_error, encode_response};
+use insitu_protocol::plan::{self, Field, Op, Partial, ScanPlan, ScanResult, Source, UpdateAction};
+use insitu_protocol::{Response, Status, encode_error, encode_response};
 
 use crate::handler::engine_status;
 use crate::shard::ShardState;
@@ -33,8 +34,6 @@ use crate::shard::ShardState;
 const CHUNK: Duration = Duration::from_millis(1);
 /// Index entries / integer keys visited between two clock checks.
 const KEYS_PER_STEP: usize = 8192;
-/// Most integer keys one `IntKeys` request may look up.
-const MAX_INT_KEYS: u64 = 1 << 32;
 /// Restarts (tablet changed between chunks) before a scan runs in one go.
 const MAX_RESTARTS: u32 = 2;
 
@@ -101,243 +100,6 @@ fn show_key(key: &[u8]) -> String {
             let hex: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
             format!("0x{hex}")
         }
-    }
-}
-
-/// What a plan needs from a value, for the "short value" error.
-fn describe_need(plan: &ScanPlan) -> String {
-    let mut parts: Vec<String> = plan
-        .filter
-        .iter()
-        .filter_map(|p| match p {
-            PredOp::Cmp { field, .. } | PredOp::Between { field, .. } => Some(field.to_string()),
-            _ => None,
-        })
-        .collect();
-    match &plan.op {
-        Op::Aggregate { field } | Op::Update { field, .. } => parts.push(field.to_string()),
-        Op::Gradient { layout, .. } => parts.push(format!(
-            "f32x{}@{} and label u8@{}",
-            layout.dims, layout.offset, layout.label_offset
-        )),
-        Op::Count => {}
-    }
-    parts.join(", ")
-}
-
-/// Bytes a value needs for everything the plan reads; or why the plan is invalid.
-fn validate(plan: &ScanPlan) -> Result<usize, String> {
-    let mut need = plan::validate(&plan.filter)?;
-    match &plan.op {
-        Op::Count => {}
-        Op::Aggregate { field } => need = need.max(field.end()),
-        Op::Update { field, action } => {
-            need = need.max(field.end());
-            if let (
-                Field::I64(_) | Field::I32(_) | Field::U8(_),
-                UpdateAction::Add(Number::F64(_)),
-            ) = (field, action)
-            {
-                return Err(format!(
-                    "cannot add a fractional number to the integer field {field}"
-                ));
-            }
-        }
-        Op::Gradient {
-            layout, weights, ..
-        } => {
-            if layout.dims == 0 || layout.dims > plan::MAX_DIMS {
-                return Err(format!("dims must be in 1..={}", plan::MAX_DIMS));
-            }
-            if weights.len() != layout.dims as usize {
-                return Err(format!(
-                    "{} weights for {} dimensions",
-                    weights.len(),
-                    layout.dims
-                ));
-            }
-            need = need.max(layout.end());
-        }
-    }
-    if let Source::IntKeys { from, to } = plan.source {
-        if from > to {
-            return Err(format!("key range {from}..{to} is reversed"));
-        }
-        // Every key is looked up: bound the work one request may ask for.
-        if to - from > MAX_INT_KEYS {
-            return Err(format!(
-                "key range {from}..{to} has more than {MAX_INT_KEYS} keys"
-            ));
-        }
-    }
-    Ok(need)
-}
-
-// ---- kernels: the per-object work, monomorphised per op and field kind ----
-
-trait Kernel {
-    fn visit(&mut self, key: &[u8], value: &[u8]);
-    fn reset(&mut self);
-}
-
-#[derive(Default)]
-struct CountK(u64);
-impl Kernel for CountK {
-    #[inline(always)]
-    fn visit(&mut self, _: &[u8], _: &[u8]) {
-        self.0 += 1;
-    }
-    fn reset(&mut self) {
-        self.0 = 0;
-    }
-}
-
-/// Integer sum/min/max of a field at offset `O`-independent runtime offset.
-struct IntAggK<const W: usize> {
-    off: usize,
-    count: u64,
-    sum: i128,
-    min: i64,
-    max: i64,
-}
-impl<const W: usize> IntAggK<W> {
-    fn new(off: usize) -> Self {
-        IntAggK {
-            off,
-            count: 0,
-            sum: 0,
-            min: i64::MAX,
-            max: i64::MIN,
-        }
-    }
-    fn partial(&self) -> AggPartial {
-        AggPartial {
-            count: self.count,
-            sum_int: self.sum,
-            sum_float: 0.0,
-            min: (self.count > 0).then_some(Number::I64(self.min)),
-            max: (self.count > 0).then_some(Number::I64(self.max)),
-        }
-    }
-}
-impl<const W: usize> Kernel for IntAggK<W> {
-    #[inline(always)]
-    fn visit(&mut self, _: &[u8], value: &[u8]) {
-        let b = &value[self.off..self.off + W];
-        let v = match W {
-            1 => b[0] as i64,
-            4 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
-            _ => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        };
-        self.count += 1;
-        self.sum += v as i128;
-        self.min = self.min.min(v);
-        self.max = self.max.max(v);
-    }
-    fn reset(&mut self) {
-        *self = Self::new(self.off);
-    }
-}
-
-struct F64AggK(usize, AggPartial);
-impl Kernel for F64AggK {
-    #[inline(always)]
-    fn visit(&mut self, _: &[u8], value: &[u8]) {
-        let b: [u8; 8] = value[self.0..self.0 + 8]
-            .try_into()
-            .expect("checked length");
-        self.1.add(Number::F64(f64::from_le_bytes(b)));
-    }
-    fn reset(&mut self) {
-        self.1 = AggPartial::default();
-    }
-}
-
-/// Update, phase one: the keys of the matched objects.
-#[derive(Default)]
-struct KeysK(Vec<Vec<u8>>);
-impl Kernel for KeysK {
-    fn visit(&mut self, key: &[u8], _: &[u8]) {
-        self.0.push(key.to_vec());
-    }
-    fn reset(&mut self) {
-        self.0.clear();
-    }
-}
-
-struct GradK {
-    acc: GradAcc,
-    off: usize,
-    bytes: usize,
-    label: usize,
-}
-impl Kernel for GradK {
-    #[inline(always)]
-    fn visit(&mut self, _: &[u8], value: &[u8]) {
-        let x = &value[self.off..self.off + self.bytes];
-        self.acc.add_point_bytes(x, value[self.label] != 0);
-    }
-    fn reset(&mut self) {
-        self.acc = GradAcc::new(std::mem::take(&mut self.acc.weights), self.acc.bias);
-    }
-}
-
-/// A kernel behind the value-length check and (when `FILTERED`) the key
-/// range and predicate.
-struct Visit<'p, K, const FILTERED: bool> {
-    kernel: K,
-    need: usize,
-    key_range: Option<&'p KeyRange>,
-    filter: &'p [PredOp],
-    visited: u64,
-    matched: u64,
-    /// The first object whose value was too short: (key, value length).
-    short: Option<(Vec<u8>, usize)>,
-}
-
-impl<'p, K: Kernel, const FILTERED: bool> Visit<'p, K, FILTERED> {
-    fn new(kernel: K, need: usize, plan: &'p ScanPlan) -> Self {
-        Visit {
-            kernel,
-            need,
-            key_range: plan.key_range.as_ref(),
-            filter: &plan.filter,
-            visited: 0,
-            matched: 0,
-            short: None,
-        }
-    }
-
-    #[inline(always)]
-    fn object(&mut self, key: &[u8], value: &[u8]) {
-        self.visited += 1;
-        if FILTERED
-            && let Some(r) = self.key_range
-            && !r.contains(key)
-        {
-            return;
-        }
-        if value.len() < self.need {
-            if self.short.is_none() {
-                self.short = Some((key.to_vec(), value.len()));
-            }
-            return;
-        }
-        if FILTERED {
-            match plan::eval(self.filter, value) {
-                Ok(true) => {}
-                _ => return, // too short was ruled out above
-            }
-        }
-        self.matched += 1;
-        self.kernel.visit(key, value);
-    }
-
-    fn reset(&mut self) {
-        self.visited = 0;
-        self.matched = 0;
-        self.short = None;
-        self.kernel.reset();
     }
 }
 
@@ -512,7 +274,7 @@ async fn execute(
     plan: &ScanPlan,
 ) -> Result<ScanResult, Refusal> {
     let started = Instant::now();
-    let need = validate(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
+    let need = validate_plan(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
     let mut run = Run {
         state,
         table,
@@ -544,9 +306,8 @@ async fn execute(
                     (k.partial(), vis, m)
                 }
                 Field::F64(_) => {
-                    let k = F64AggK(off, AggPartial::default());
-                    let (k, vis, m) = run_kernel(&mut run, k, need).await?;
-                    (k.1, vis, m)
+                    let (k, vis, m) = run_kernel(&mut run, F64AggK::new(off), need).await?;
+                    (k.out, vis, m)
                 }
             };
             (Partial::Aggregate(p), vis, m)
@@ -603,13 +364,13 @@ fn apply_updates(
                 return Err(short_error(plan, need, key, o.value.len()));
             }
             // The object may have changed since phase one: re-check the predicate.
-            if !matches!(plan::eval(&plan.filter, o.value), Ok(true)) {
+            if !matches!(eval(&plan.filter, o.value), Ok(true)) {
                 continue;
             }
             value.clear();
             value.extend_from_slice(o.value);
         }
-        plan::apply_update(field, action, &mut value);
+        apply_update(field, action, &mut value);
         if let Err(e) = engine.write(run.table, key, &value, &rules) {
             return Err((
                 engine_status(&e),

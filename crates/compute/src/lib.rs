@@ -1,0 +1,29 @@
+//! Evaluation of scan plans: everything a storage server (or a client, or an
+//! in-memory reference) computes from the plan types that `insitu-protocol`
+//! carries on the wire.
+//!
+//! - [`field`]: reading a numeric field out of a raw value, comparisons;
+//! - [`predicate`]: checking and interpreting a postfix predicate program;
+//! - [`validate`]: the whole-plan check both ends run (bounds, types);
+//! - [`kernel`]: the per-object work of each operation, monomorphised;
+//! - [`aggregate`]: count/sum/min/max partials and their merge;
+//! - [`update`]: the read-modify-write of one field;
+//! - [`gradient`]: the logistic-regression kernel (AVX2+FMA where available).
+//!
+//! `insitu-protocol` stays the bytes on the wire only; this crate never
+//! encodes or decodes anything.
+
+pub mod aggregate;
+pub mod field;
+pub mod gradient;
+pub mod kernel;
+pub mod predicate;
+pub mod update;
+pub mod validate;
+
+pub use aggregate::{AggExt, Merge, merge_partial};
+pub use field::{as_f64, read_field};
+pub use gradient::{FLUSH_POINTS, GradAcc, gradient_flat};
+pub use predicate::{MAX_PRED_DEPTH, eval, key_in_range, validate_predicate};
+pub use update::apply_update;
+pub use validate::validate_plan;

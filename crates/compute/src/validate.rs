@@ -1,0 +1,127 @@
+//! The whole-plan check, run by the server before any work and by the
+//! client before sending: predicate discipline, operation bounds and types.
+//! It returns how many bytes a value needs for everything the plan reads,
+//! so the scan checks each value's length once.
+
+use insitu_protocol::Number;
+use insitu_protocol::plan::{Field, MAX_DIMS, Op, PredOp, ScanPlan, Source, UpdateAction};
+
+use crate::predicate::validate_predicate;
+
+/// Most integer keys one `IntKeys` plan may look up (each is a hash lookup:
+/// this bounds the work one request may ask of a shard).
+pub const MAX_INT_KEYS: u64 = 1 << 32;
+
+/// Bytes a value needs for everything the plan reads; or why the plan is invalid.
+pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {
+    let mut need = validate_predicate(&plan.filter)?;
+    match &plan.op {
+        Op::Count => {}
+        Op::Aggregate { field } => need = need.max(field.end()),
+        Op::Update { field, action } => {
+            need = need.max(field.end());
+            if let (
+                Field::I64(_) | Field::I32(_) | Field::U8(_),
+                UpdateAction::Add(Number::F64(_)),
+            ) = (field, action)
+            {
+                return Err(format!(
+                    "cannot add a fractional number to the integer field {field}"
+                ));
+            }
+        }
+        Op::Gradient {
+            layout, weights, ..
+        } => {
+            if layout.dims == 0 || layout.dims > MAX_DIMS {
+                return Err(format!("dims must be in 1..={MAX_DIMS}"));
+            }
+            if weights.len() != layout.dims as usize {
+                return Err(format!(
+                    "{} weights for {} dimensions",
+                    weights.len(),
+                    layout.dims
+                ));
+            }
+            need = need.max(layout.end());
+        }
+    }
+    if let Source::IntKeys { from, to } = plan.source {
+        if from > to {
+            return Err(format!("key range {from}..{to} is reversed"));
+        }
+        if to - from > MAX_INT_KEYS {
+            return Err(format!(
+                "key range {from}..{to} has more than {MAX_INT_KEYS} keys"
+            ));
+        }
+    }
+    Ok(need)
+}
+
+/// What a plan needs from a value, for the "short value" error.
+pub fn describe_need(plan: &ScanPlan) -> String {
+    let mut parts: Vec<String> = plan
+        .filter
+        .iter()
+        .filter_map(|p| match p {
+            PredOp::Cmp { field, .. } | PredOp::Between { field, .. } => Some(field.to_string()),
+            _ => None,
+        })
+        .collect();
+    match &plan.op {
+        Op::Aggregate { field } | Op::Update { field, .. } => parts.push(field.to_string()),
+        Op::Gradient { layout, .. } => parts.push(format!(
+            "f32x{}@{} and label u8@{}",
+            layout.dims, layout.offset, layout.label_offset
+        )),
+        Op::Count => {}
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use insitu_protocol::plan::PointLayout;
+
+    #[test]
+    fn plans_are_checked() {
+        let agg = ScanPlan::new(Op::Aggregate {
+            field: Field::I32(4),
+        });
+        assert_eq!(validate_plan(&agg), Ok(8));
+        let frac = ScanPlan::new(Op::Update {
+            field: Field::I64(0),
+            action: UpdateAction::Add(Number::F64(0.5)),
+        });
+        assert!(validate_plan(&frac).unwrap_err().contains("fractional"));
+        let grad = |dims, weights: usize| {
+            ScanPlan::new(Op::Gradient {
+                layout: PointLayout {
+                    offset: 0,
+                    dims,
+                    label_offset: 4 * dims,
+                },
+                weights: vec![0.0; weights],
+                bias: 0.0,
+            })
+        };
+        assert_eq!(validate_plan(&grad(3, 3)), Ok(13));
+        assert!(validate_plan(&grad(0, 0)).is_err());
+        assert!(
+            validate_plan(&grad(3, 2))
+                .unwrap_err()
+                .contains("2 weights")
+        );
+        let mut reversed = ScanPlan::new(Op::Count);
+        reversed.source = Source::IntKeys { from: 5, to: 1 };
+        assert!(validate_plan(&reversed).unwrap_err().contains("reversed"));
+        reversed.source = Source::IntKeys {
+            from: 0,
+            to: MAX_INT_KEYS + 1,
+        };
+        assert!(validate_plan(&reversed).is_err());
+        assert_eq!(describe_need(&agg), "i32@4");
+    }
+}
