@@ -266,11 +266,15 @@ fn copy_kept(
 /// freed space is scattered over many tablets with few segments each: a
 /// global pass cannot free a whole segment there (each tablet's copies need
 /// a segment of their own), but the tablet's own survivor can take the
-/// writes. Returns whether the head now has room.
+/// writes. Nothing is done unless the tablet's segments hold at least
+/// `min_reclaimable` bytes that copying would free (so a caller can refuse
+/// to copy whole segments for a tiny gain). Returns whether the head now
+/// has room.
 pub(crate) fn compact_into_head(
     t: &mut Tablet,
     budget: &mut Budget,
     len: usize,
+    min_reclaimable: u64,
     stats: &mut CleanStats,
 ) -> bool {
     let segment_bytes = budget.segment_bytes;
@@ -304,8 +308,8 @@ pub(crate) fn compact_into_head(
         .iter()
         .map(|&(kept, _, _)| segment_bytes as u64 - kept)
         .sum();
-    if reclaimable < need as u64 {
-        return false; // nothing to gain: keep the head as it is
+    if reclaimable < min_reclaimable.max(need as u64) {
+        return false; // not worth it: keep the head as it is
     }
     // The full head is sealed: cleanable like any other segment. If nothing
     // is adopted below, the next write simply opens a new head.

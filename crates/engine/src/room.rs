@@ -79,8 +79,9 @@ impl Engine {
     }
 
     /// The budget is full: compact tablet `slot` so that its own survivor
-    /// becomes a head with `len` bytes free (see `cleaner::compact_into_head`).
-    fn compact_tablet_into_head(&mut self, slot: usize, len: usize) -> bool {
+    /// becomes a head with `len` bytes free (see `cleaner::compact_into_head`),
+    /// if the tablet holds at least `min_reclaimable` bytes copying would free.
+    fn compact_tablet_into_head(&mut self, slot: usize, len: usize, min_reclaimable: u64) -> bool {
         let mut stats = CleanStats::default();
         let allocated_before = self.budget.allocated_bytes;
         let Engine {
@@ -89,7 +90,7 @@ impl Engine {
         let t = tablets[slot]
             .as_mut()
             .expect("a routed slot holds a tablet");
-        let done = cleaner::compact_into_head(t, budget, len, &mut stats);
+        let done = cleaner::compact_into_head(t, budget, len, min_reclaimable, &mut stats);
         stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
         let totals = &mut self.cleaner_totals;
         totals.segments_cleaned += stats.segments_cleaned;
@@ -121,10 +122,18 @@ impl Engine {
         }
         if !self.budget.may_allocate(purpose) {
             cleaned = true;
-            if self.compact_tablet_into_head(slot, len) {
+            // The tablet itself first if that gains at least 1/8 segment (a
+            // cheap, local pass), then every tablet, then the tablet again
+            // for any gain at all: the last resort that lets removes and
+            // writes use space freed in tablets with few segments.
+            let worthwhile = self.config.segment_bytes as u64 / 8;
+            if self.compact_tablet_into_head(slot, len, worthwhile) {
                 return Ok(true);
             }
             self.run_cleaner(Goal::Room(purpose));
+            if !self.budget.may_allocate(purpose) && self.compact_tablet_into_head(slot, len, 0) {
+                return Ok(true);
+            }
         }
         let Engine {
             tablets, budget, ..

@@ -200,6 +200,7 @@ mod tests {
                 work <= 3 * n + batches,
                 "{work} units of work for {n} objects"
             );
+            eprintln!("enumerate {n} objects: {batches} batches, {work} units of work");
             per_object.push(work as f64 / n as f64);
             assert!(cache.is_empty(), "a finished walk leaves the cache");
             assert_eq!(e.memory().transient_bytes, 0, "its list's charge too");

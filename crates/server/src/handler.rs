@@ -460,10 +460,10 @@ fn enumerate(
     max_bytes: u32,
     out: &mut BytesMut,
 ) {
-    if let Some(m) = state.tablets.borrow().get(&(table, tablet_start)) {
-        if !m.serves_reads() {
-            return encode_error(out, id, Status::Retry, "tablet is being moved");
-        }
+    if let Some(m) = state.tablets.borrow().get(&(table, tablet_start))
+        && !m.serves_reads()
+    {
+        return encode_error(out, id, Status::Retry, "tablet is being moved");
     }
     let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
     let engine = state.engine.borrow();
