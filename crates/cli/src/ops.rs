@@ -116,10 +116,20 @@ pub fn parse_number(s: &str) -> anyhow::Result<Number> {
     if let Ok(i) = s.parse::<i64>() {
         return Ok(Number::I64(i));
     }
+    if s.bytes()
+        .all(|b| b.is_ascii_digit() || b == b'-' || b == b'+')
+        && s.parse::<i128>().is_ok()
+    {
+        bail!(
+            "{s:?} is out of range: integers must be in {}..={}",
+            i64::MIN,
+            i64::MAX
+        );
+    }
     match s.parse::<f64>() {
-        Ok(f) if !s.eq_ignore_ascii_case("nan") && !s.to_ascii_lowercase().contains("inf") => {
-            Ok(Number::F64(f))
-        }
+        // `1e400` parses as infinity: a number, but not one a field can hold.
+        Ok(f) if f.is_finite() => Ok(Number::F64(f)),
+        Ok(_) => bail!("{s:?} is not a finite number"),
         _ => bail!("{s:?} is not a number"),
     }
 }
@@ -395,7 +405,7 @@ pub fn agg(a: AggArgs) -> anyhow::Result<()> {
         let r = client.aggregate(id, field, &sel).await?;
         let float = field.is_float();
         let out = match func.as_str() {
-            "sum" => show(r.sum(float)),
+            "sum" => r.sum(float).to_string(), // exact: i128 for integer fields
             "count" => r.count.to_string(),
             "avg" => r.avg(float).map_or("null".into(), |v| v.to_string()),
             "min" => r.min.map_or("null".into(), show),
@@ -413,11 +423,8 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<()> {
         (None, Some(x)) => UpdateAction::Set(parse_number(x).with_context(|| "bad --set")?),
         _ => bail!("give --add X or --set X"),
     };
-    if let (Field::I32(_) | Field::I64(_) | Field::U8(_), UpdateAction::Add(Number::F64(x))) =
-        (field, action)
-    {
-        bail!("cannot add {x} to the integer field {field}: give an integer");
-    }
+    // The same check the client and the servers run, before connecting.
+    insitu_compute::check_action(field, action).map_err(|e| anyhow::anyhow!("bad update: {e}"))?;
     let sel = selection(&a.filter)?;
     runtime()?.block_on(async {
         let (client, id) = open(&a.cluster, &a.table).await?;
@@ -518,5 +525,13 @@ mod tests {
         assert!(parse_where(&format!("{}i64@0 = 1{}", "(".repeat(40), ")".repeat(40))).is_err());
         assert!(parse_field("i64").is_err());
         assert!(parse_number("abc").is_err());
+        for bad in ["1e400", "-1e400", "inf", "nan", "9223372036854775808"] {
+            assert!(parse_number(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_number("-9223372036854775808").unwrap(),
+            Number::I64(i64::MIN)
+        );
+        assert_eq!(parse_number("1e3").unwrap(), Number::F64(1000.0));
     }
 }

@@ -499,3 +499,94 @@ fn pushdown_training_reaches_the_in_memory_weights() {
         assert!((a - e).abs() <= 1e-4 * e.abs().max(1.0), "{got:?} vs {w:?}");
     }
 }
+
+/// Issue: `update u8@0 --set 300` stored 44, `i32@0 --set 5000000000` stored
+/// 705032704, `--add 1` at i64::MAX wrapped, `agg sum` saturated, and
+/// `--set 1e400` stored inf, all with exit 0. Each is now refused (nothing
+/// written) or exact.
+#[test]
+fn out_of_range_numbers_are_refused_and_sums_are_exact() {
+    let cluster = Cluster::start(1, 2);
+    let rt = rt();
+    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
+    let t = rt.block_on(client.create_table("edge", 4)).unwrap().id;
+    // i64@0 = i64::MAX, i32@8 = 7, u8@12 = 9, f64@16 = 1.5
+    let mut v = Vec::new();
+    v.extend_from_slice(&i64::MAX.to_le_bytes());
+    v.extend_from_slice(&7i32.to_le_bytes());
+    v.extend_from_slice(&[9, 0, 0, 0]);
+    v.extend_from_slice(&1.5f64.to_le_bytes());
+    let original = v.clone();
+    rt.block_on(load(&client, t, 3, move |_| v.clone()));
+
+    let fails = |args: &[&str], want: &[&str]| {
+        let (code, out, err) = cluster.cli(args);
+        assert_ne!(code, 0, "{args:?} should fail: {out}");
+        for w in want {
+            assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
+        }
+    };
+    fails(
+        &["update", "edge", "u8@12", "--set", "300"],
+        &["300", "out of range", "u8@12"],
+    );
+    fails(
+        &["update", "edge", "i32@8", "--set", "5000000000"],
+        &["5000000000", "out of range", "i32@8"],
+    );
+    fails(
+        &["update", "edge", "i64@0", "--add", "1"],
+        &["out of range for i64", "nothing was written", "integer key"],
+    );
+    fails(
+        &["update", "edge", "f64@16", "--set", "1e400"],
+        &["1e400", "not a finite number"],
+    );
+    // Nothing was written by any of them.
+    for i in 0..3 {
+        let (got, _) = rt.block_on(client.read(t, int_key(i))).unwrap().unwrap();
+        assert_eq!(got, original, "object {i} changed");
+    }
+    // The sum of three i64::MAX is exact, not saturated.
+    let (code, out, err) = cluster.cli(&["agg", "edge", "sum", "i64@0"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), (3 * i64::MAX as i128).to_string());
+    // The servers check too: a plan sent straight to a shard, without the
+    // client's check, is refused.
+    let info = rt.block_on(client.open_table("edge")).unwrap();
+    let tab = &info.tablets[0];
+    let request = insitu_protocol::Request::Scan {
+        table: t,
+        start_hash: tab.start_hash,
+        end_hash: tab.end_hash,
+        map_version: tab.map_version,
+        plan: ScanPlan::new(Op::Update {
+            field: Field::U8(12),
+            action: UpdateAction::Set(Number::I64(300)),
+        }),
+    };
+    let (status, body) = raw_call(&tab.addr, &request);
+    assert_eq!(status, Status::BadRequest);
+    assert!(body.contains("out of range"), "{body}");
+    let (got, _) = rt.block_on(client.read(t, int_key(0))).unwrap().unwrap();
+    assert_eq!(got, original);
+}
+
+/// Send one request on a fresh connection; the reply's status and body (Debug).
+fn raw_call(addr: &str, request: &insitu_protocol::Request<'_>) -> (Status, String) {
+    use std::io::{Read, Write};
+    let mut buf = bytes::BytesMut::new();
+    insitu_protocol::encode_request(&mut buf, 1, request).unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&buf).unwrap();
+    let mut header = [0u8; insitu_protocol::HEADER_BYTES];
+    s.read_exact(&mut header).unwrap();
+    let (h, len) = insitu_protocol::frame::check_header(&header, insitu_protocol::MAX_BODY_BYTES)
+        .unwrap()
+        .unwrap();
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    let reply = insitu_protocol::decode_response(&body).unwrap();
+    (h.status, format!("{reply:?}"))
+}

@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use insitu_compute::merge_partial;
+use insitu_compute::{merge_partial, validate_plan};
 use insitu_protocol::plan::{
     AggPartial, Field, GradPartial, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan,
     ScanResult, Source, UpdateAction,
@@ -87,6 +87,10 @@ impl Client {
         table: u64,
         plan: &ScanPlan,
     ) -> Result<PlanOutcome, ClientError> {
+        // Refuse a bad plan here with the server's own check (the servers
+        // check again): an out-of-range `set` never leaves the client.
+        validate_plan(plan)
+            .map_err(|e| ClientError::Status(Status::BadRequest, format!("bad plan: {e}")))?;
         let is_update = matches!(plan.op, Op::Update { .. });
         let deadline = Instant::now() + self.inner.config.op_timeout;
         let mut layout_retries = 0;

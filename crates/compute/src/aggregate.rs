@@ -7,12 +7,31 @@ use insitu_protocol::plan::{AggPartial, GradPartial, Partial};
 use crate::field::num_lt;
 use crate::kernel::Kernel;
 
+/// A sum as reported: integer sums are exact in i128 (at most 2^64 values
+/// of at most 2^63 each cannot overflow it), so a sum beyond i64 is printed
+/// as it is rather than saturated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sum {
+    Int(i128),
+    Float(f64),
+}
+
+impl std::fmt::Display for Sum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sum::Int(v) => write!(f, "{v}"),
+            Sum::Float(v) => write!(f, "{v}"),
+        }
+    }
+}
+
 /// Accumulation on an [`AggPartial`] (a plain wire type).
 pub trait AggExt {
     /// Count `n` and fold it into sum, min and max.
     fn add(&mut self, n: Number);
-    /// The sum as a number of the field's kind (integers saturate at i64).
-    fn sum(&self, float: bool) -> Number;
+    /// The exact sum of an integer field (never saturated or wrapped), or
+    /// the f64 sum of a float field.
+    fn sum(&self, float: bool) -> Sum;
     /// sum / count; `None` over no objects.
     fn avg(&self, float: bool) -> Option<f64>;
 }
@@ -33,11 +52,11 @@ impl AggExt for AggPartial {
         }
     }
 
-    fn sum(&self, float: bool) -> Number {
+    fn sum(&self, float: bool) -> Sum {
         if float {
-            Number::F64(self.sum_float)
+            Sum::Float(self.sum_float)
         } else {
-            Number::I64(self.sum_int.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+            Sum::Int(self.sum_int)
         }
     }
 
@@ -209,6 +228,27 @@ mod tests {
             (3, 11, Some(Number::I64(-2)), Some(Number::I64(10)))
         );
         assert_eq!(a.avg(false), Some(11.0 / 3.0));
+        assert_eq!(a.sum(false), Sum::Int(11));
+    }
+
+    #[test]
+    fn integer_sums_are_exact_beyond_i64() {
+        // Three i64::MAX on two tablets: merged in i128, printed exactly.
+        let mut t1 = IntAggK::<8>::new(0);
+        for _ in 0..2 {
+            t1.visit(b"k", &i64::MAX.to_le_bytes());
+        }
+        let mut t2 = IntAggK::<8>::new(0);
+        t2.visit(b"k", &i64::MAX.to_le_bytes());
+        let mut a = t1.partial();
+        a.merge(&t2.partial());
+        assert_eq!(a.sum(false), Sum::Int(3 * i64::MAX as i128));
+        assert_eq!(a.sum(false).to_string(), "27670116110564327421");
+        let mut neg = AggPartial::default();
+        for _ in 0..3 {
+            neg.add(Number::I64(i64::MIN));
+        }
+        assert_eq!(neg.sum(false).to_string(), "-27670116110564327424");
     }
 
     #[test]

@@ -21,9 +21,9 @@ pub mod predicate;
 pub mod update;
 pub mod validate;
 
-pub use aggregate::{AggExt, Merge, merge_partial};
+pub use aggregate::{AggExt, Merge, Sum, merge_partial};
 pub use field::{as_f64, read_field};
 pub use gradient::{FLUSH_POINTS, GradAcc, gradient_flat};
 pub use predicate::{MAX_PRED_DEPTH, eval, key_in_range, validate_predicate};
-pub use update::apply_update;
+pub use update::{apply_update, check_action, new_value};
 pub use validate::validate_plan;

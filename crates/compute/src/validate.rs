@@ -3,10 +3,10 @@
 //! It returns how many bytes a value needs for everything the plan reads,
 //! so the scan checks each value's length once.
 
-use insitu_protocol::Number;
-use insitu_protocol::plan::{Field, MAX_DIMS, Op, PredOp, ScanPlan, Source, UpdateAction};
+use insitu_protocol::plan::{MAX_DIMS, Op, PredOp, ScanPlan, Source};
 
 use crate::predicate::validate_predicate;
+use crate::update::check_action;
 
 /// Most integer keys one `IntKeys` plan may look up (each is a hash lookup:
 /// this bounds the work one request may ask of a shard).
@@ -20,15 +20,7 @@ pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {
         Op::Aggregate { field } => need = need.max(field.end()),
         Op::Update { field, action } => {
             need = need.max(field.end());
-            if let (
-                Field::I64(_) | Field::I32(_) | Field::U8(_),
-                UpdateAction::Add(Number::F64(_)),
-            ) = (field, action)
-            {
-                return Err(format!(
-                    "cannot add a fractional number to the integer field {field}"
-                ));
-            }
+            check_action(*field, *action)?;
         }
         Op::Gradient {
             layout, weights, ..
@@ -83,7 +75,8 @@ pub fn describe_need(plan: &ScanPlan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use insitu_protocol::plan::PointLayout;
+    use insitu_protocol::Number;
+    use insitu_protocol::plan::{Field, PointLayout, UpdateAction};
 
     #[test]
     fn plans_are_checked() {
@@ -96,6 +89,15 @@ mod tests {
             action: UpdateAction::Add(Number::F64(0.5)),
         });
         assert!(validate_plan(&frac).unwrap_err().contains("fractional"));
+        let too_big = ScanPlan::new(Op::Update {
+            field: Field::U8(0),
+            action: UpdateAction::Set(Number::I64(300)),
+        });
+        assert!(
+            validate_plan(&too_big)
+                .unwrap_err()
+                .contains("out of range")
+        );
         let grad = |dims, weights: usize| {
             ScanPlan::new(Op::Gradient {
                 layout: PointLayout {

@@ -5,6 +5,7 @@
 //! else calls `encode_*` / `decode_*` and never touches bytes directly.
 
 pub mod frame;
+pub mod limits;
 pub mod message;
 pub mod plan;
 
@@ -12,6 +13,7 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 pub use frame::{Frame, FrameCodec, FrameKind, HEADER_BYTES, Header, MAX_BODY_BYTES};
+pub use limits::{MAX_MULTI_ITEMS, MAX_SHARD_ADDRS};
 pub use message::*;
 
 /// Outcome of a request (frame header) or of one object in a multi-operation.
@@ -199,8 +201,11 @@ pub fn encode_error(
 }
 
 fn decode_whole<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProtocolError> {
-    let (value, rest) =
-        postcard::take_from_bytes(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    limits::clear_violation();
+    let (value, rest) = postcard::take_from_bytes(body).map_err(|e| {
+        // A limit refused a sequence before it was built: say which.
+        ProtocolError::Malformed(limits::take_violation().unwrap_or_else(|| e.to_string()))
+    })?;
     if !rest.is_empty() {
         return Err(ProtocolError::Malformed(format!(
             "{} trailing bytes after the message",

@@ -147,17 +147,17 @@ pub enum Request<'a> {
     },
     MultiRead {
         table: u64,
-        #[serde(borrow)]
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         keys: Vec<Blob<'a>>,
     },
     MultiWrite {
         table: u64,
-        #[serde(borrow)]
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         items: Vec<(Blob<'a>, Blob<'a>)>,
     },
     MultiRemove {
         table: u64,
-        #[serde(borrow)]
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         keys: Vec<Blob<'a>>,
     },
     /// Objects of one tablet with key hash >= `from_hash`, in hash order, up to
@@ -193,7 +193,7 @@ pub enum Request<'a> {
         table: u64,
         start_hash: u64,
         next_version: u64,
-        #[serde(borrow)]
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         objects: Vec<Object<'a>>,
     },
     ActivateTablet {
@@ -204,6 +204,7 @@ pub enum Request<'a> {
 
     // ---- metadata: anyone -> coordinator ----
     Enlist {
+        #[serde(deserialize_with = "crate::limits::shard_addrs")]
         shard_addrs: Vec<String>,
     },
     CreateTable {

@@ -169,6 +169,7 @@ pub enum Op {
     /// Logistic-regression gradient and log-loss sums at `weights`, `bias`.
     Gradient {
         layout: PointLayout,
+        #[serde(deserialize_with = "crate::limits::weights")]
         weights: Vec<f32>,
         bias: f32,
     },
@@ -180,6 +181,7 @@ pub struct ScanPlan {
     pub source: Source,
     pub key_range: Option<KeyRange>,
     /// Postfix predicate; empty = every object.
+    #[serde(deserialize_with = "crate::limits::pred_ops")]
     pub filter: Vec<PredOp>,
     pub op: Op,
 }

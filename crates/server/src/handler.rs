@@ -14,7 +14,7 @@ use crate::shard::{ShardState, TabletMeta};
 /// Bytes kept free in a reply for framing and per-entry overhead.
 const REPLY_SLACK_BYTES: usize = 64 * 1024;
 /// Most items one multi-operation request may carry.
-pub const MAX_MULTI_ITEMS: usize = 100_000;
+pub use insitu_protocol::MAX_MULTI_ITEMS;
 
 pub fn engine_status(e: &EngineError) -> Status {
     match e {

@@ -22,7 +22,7 @@ use bytes::BytesMut;
 use insitu_compute::aggregate::{F64AggK, IntAggK};
 use insitu_compute::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use insitu_compute::validate::describe_need;
-use insitu_compute::{GradAcc, apply_update, eval, validate_plan};
+use insitu_compute::{GradAcc, apply_update, eval, new_value, validate_plan};
 use insitu_engine::{EngineError, ObjectRef, ScanToken};
 use insitu_protocol::plan::{self, Field, Op, Partial, ScanPlan, ScanResult, Source, UpdateAction};
 use insitu_protocol::{Response, Status, encode_error, encode_response};
@@ -342,6 +342,12 @@ async fn execute(
 }
 
 /// Update, phase two: read-modify-write each collected key, without yielding.
+///
+/// Two passes over the keys with no yield in between, so nothing changes
+/// between them: the first computes every new value and refuses the whole
+/// update (naming the key) if one object cannot take it (too short, or an
+/// `add` that overflows the field); only then does the second write. A
+/// refused update therefore writes nothing on this tablet.
 fn apply_updates(
     run: &Run<'_>,
     keys: &[Vec<u8>],
@@ -352,25 +358,45 @@ fn apply_updates(
     run.check()?;
     let plan = run.plan;
     let mut engine = run.state.engine.borrow_mut();
+    for key in keys {
+        let Ok(o) = engine.read(run.table, key) else {
+            continue; // removed meanwhile: nothing to update
+        };
+        if o.value.len() < need {
+            return Err(short_error(plan, need, key, o.value.len()));
+        }
+        // The object may have changed since phase one: re-check the predicate.
+        if !matches!(eval(&plan.filter, o.value), Ok(true)) {
+            continue;
+        }
+        if let Err(e) = new_value(field, action, o.value) {
+            return Err((
+                Status::BadRequest,
+                format!(
+                    "update refused at key {}: {e}; nothing was written on this tablet",
+                    show_key(key)
+                ),
+            ));
+        }
+    }
     let mut value = Vec::new();
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
     for key in keys {
         {
             let Ok(o) = engine.read(run.table, key) else {
-                continue; // removed meanwhile: nothing to update
+                continue;
             };
-            if o.value.len() < need {
-                return Err(short_error(plan, need, key, o.value.len()));
-            }
-            // The object may have changed since phase one: re-check the predicate.
             if !matches!(eval(&plan.filter, o.value), Ok(true)) {
                 continue;
             }
             value.clear();
             value.extend_from_slice(o.value);
         }
-        apply_update(field, action, &mut value);
+        if let Err(e) = apply_update(field, action, &mut value) {
+            // Checked by the first pass over the same, unchanged objects.
+            return Err((Status::Internal, format!("update changed under us: {e}")));
+        }
         if let Err(e) = engine.write(run.table, key, &value, &rules) {
             return Err((
                 engine_status(&e),

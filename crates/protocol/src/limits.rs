@@ -1,0 +1,135 @@
+//! Counts checked while decoding, before anything is allocated.
+//!
+//! postcard encodes a sequence as a varint length then the items; serde's
+//! `Vec` would build the whole vector before the server could look at its
+//! length, and a tiny encoded item can be much bigger in memory (an empty
+//! key is 1 byte on the wire and a 16-byte slice reference in a `Vec`; a
+//! predicate `And` is 1 byte and a 40-byte `PredOp`): a 4 MiB frame could
+//! expand to over 100 MB. The fields below decode through [`BoundedVec`],
+//! which refuses a length above the field's limit before reserving, and
+//! never reserves more than the limit.
+//!
+//! postcard's error type drops custom messages, so the reason is kept in a
+//! thread-local and picked up by `decode_request`/`decode_response` (decoding
+//! is synchronous: the message is read on the thread that wrote it).
+
+use std::cell::RefCell;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+
+use crate::plan::{MAX_DIMS, MAX_PRED_OPS};
+
+/// Most items one multi-operation request (and one migration batch) may carry.
+/// Why 100 000: it keeps a decoded request's vectors under ~4 MB (40 bytes per
+/// migrated object) whatever the frame holds; clients split larger batches,
+/// and a migration batch of 1 MiB at >= 24 bytes per object stays below it.
+pub const MAX_MULTI_ITEMS: usize = 100_000;
+
+/// Most shard addresses one server may enlist (the coordinator's own limit).
+pub const MAX_SHARD_ADDRS: usize = 1024;
+
+thread_local! {
+    /// Why the last decode on this thread was refused by a limit.
+    static VIOLATION: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Take the limit violation recorded by the last failed decode, if any.
+pub(crate) fn take_violation() -> Option<String> {
+    VIOLATION.with(|v| v.borrow_mut().take())
+}
+
+/// Forget a stale violation before a new decode.
+pub(crate) fn clear_violation() {
+    VIOLATION.with(|v| *v.borrow_mut() = None);
+}
+
+fn refuse<E: Error>(what: &'static str, len: usize, max: usize) -> E {
+    let msg = format!("{what}: {len} items, more than the limit of {max}");
+    VIOLATION.with(|v| *v.borrow_mut() = Some(msg.clone()));
+    E::custom(msg)
+}
+
+/// A `Vec<T>` visitor that refuses more than `max` items before allocating.
+struct BoundedVec<T> {
+    max: usize,
+    /// Names the field in the error.
+    what: &'static str,
+    _items: PhantomData<T>,
+}
+
+impl<'de, T: serde::Deserialize<'de>> Visitor<'de> for BoundedVec<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "a sequence of at most {} items ({})",
+            self.max, self.what
+        )
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let hint = seq.size_hint().unwrap_or(0);
+        if hint > self.max {
+            return Err(refuse(self.what, hint, self.max));
+        }
+        let mut out = Vec::with_capacity(hint);
+        while let Some(item) = seq.next_element()? {
+            if out.len() == self.max {
+                return Err(refuse(self.what, self.max + 1, self.max));
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
+}
+
+fn bounded<'de, D, T>(d: D, max: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    d.deserialize_seq(BoundedVec {
+        max,
+        what,
+        _items: PhantomData,
+    })
+}
+
+/// Keys or items of a multi-operation, objects of a migration batch.
+pub(crate) fn multi_items<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_MULTI_ITEMS, "multi-operation items")
+}
+
+/// Operations of a predicate program.
+pub(crate) fn pred_ops<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_PRED_OPS, "predicate operations")
+}
+
+/// Weights of a gradient plan (one per dimension).
+pub(crate) fn weights<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_DIMS as usize, "gradient weights")
+}
+
+/// Shard addresses of an enlisting server.
+pub(crate) fn shard_addrs<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_SHARD_ADDRS, "shard addresses")
+}

@@ -1,0 +1,141 @@
+//! Sequence limits are checked while decoding, before the vector is built:
+//! a 4 MiB frame of tiny items is refused without expanding to ~100 MB.
+//! A counting global allocator measures the peak heap growth of a decode.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use insitu_protocol::plan::{Op, PredOp, ScanPlan};
+use insitu_protocol::{MAX_BODY_BYTES, MAX_MULTI_ITEMS, Request, blob, decode_request};
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        PEAK.fetch_max(now, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Tests of this binary run one at a time, so the heap counters see only
+/// the decode being measured.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Bytes the heap grew by at most while `f` ran.
+fn peak_growth<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
+    let out = f();
+    (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
+}
+
+fn varint(mut n: usize, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// A body of `prefix`, then a sequence of `count` copies of `item`, then
+/// `suffix`: about 4 MiB in all.
+fn crafted(prefix: &[u8], item: &[u8], suffix: &[u8]) -> (Vec<u8>, usize) {
+    let count = (MAX_BODY_BYTES - prefix.len() - suffix.len() - 8) / item.len();
+    let mut body = prefix.to_vec();
+    varint(count, &mut body);
+    for _ in 0..count {
+        body.extend_from_slice(item);
+    }
+    body.extend_from_slice(suffix);
+    assert!(body.len() <= MAX_BODY_BYTES);
+    (body, count)
+}
+
+/// The bytes before and after the sequence, found by encoding it with 0 and 1 items.
+fn split_around<'a>(zero: &'a [u8], one: &'a [u8], item_len: usize) -> (&'a [u8], &'a [u8]) {
+    let at = zero.iter().zip(one).take_while(|(a, b)| a == b).count();
+    assert_eq!(zero[at], 0, "the length varint of the empty sequence");
+    (&zero[..at], &one[at + 1 + item_len..])
+}
+
+#[test]
+fn a_frame_of_millions_of_empty_keys_is_refused_before_it_is_built() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let enc = |n: usize| {
+        postcard::to_stdvec(&Request::MultiRead {
+            table: 1,
+            keys: vec![blob(b""); n],
+        })
+        .unwrap()
+    };
+    let (zero, one) = (enc(0), enc(1));
+    let (prefix, suffix) = split_around(&zero, &one, 1);
+    let (body, count) = crafted(prefix, &[0], suffix);
+    assert!(count > 4_000_000);
+    let (result, grew) = peak_growth(|| decode_request(&body).map(|_| ()));
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains(&count.to_string()) && e.contains(&format!("limit of {MAX_MULTI_ITEMS}")),
+        "{e}"
+    );
+    // Unbounded, the vector of slices alone would be 16 bytes x 4M = 64 MiB.
+    assert!(grew < 1 << 20, "decoding grew the heap by {grew} bytes");
+}
+
+#[test]
+fn a_frame_of_millions_of_predicate_ops_is_refused_before_it_is_built() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let enc = |n: usize| {
+        postcard::to_stdvec(&Request::Scan {
+            table: 1,
+            start_hash: 0,
+            end_hash: 0,
+            map_version: 1,
+            plan: ScanPlan {
+                filter: vec![PredOp::And; n],
+                ..ScanPlan::new(Op::Count)
+            },
+        })
+        .unwrap()
+    };
+    let (zero, one) = (enc(0), enc(1));
+    let and = postcard::to_stdvec(&PredOp::And).unwrap();
+    let (prefix, suffix) = split_around(&zero, &one, and.len());
+    let (body, count) = crafted(prefix, &and, suffix);
+    let (result, grew) = peak_growth(|| decode_request(&body).map(|_| ()));
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains("predicate operations") && e.contains(&count.to_string()),
+        "{e}"
+    );
+    assert!(grew < 1 << 20, "decoding grew the heap by {grew} bytes");
+}
+
+#[test]
+fn sequences_within_the_limits_still_decode() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = vec![blob(b"k"); MAX_MULTI_ITEMS];
+    let req = Request::MultiRead { table: 1, keys };
+    let bytes = postcard::to_stdvec(&req).unwrap();
+    assert_eq!(decode_request(&bytes).unwrap(), req);
+    let over = Request::MultiRemove {
+        table: 1,
+        keys: vec![blob(b"k"); MAX_MULTI_ITEMS + 1],
+    };
+    let bytes = postcard::to_stdvec(&over).unwrap();
+    assert!(decode_request(&bytes).is_err());
+    // A refusal is not remembered into the next, good, decode.
+    let ok = postcard::to_stdvec(&Request::Ping).unwrap();
+    assert_eq!(decode_request(&ok).unwrap(), Request::Ping);
+}
