@@ -62,10 +62,13 @@
 //! tablets still orphaned, to be re-homed at the next enlist.
 
 mod conn;
+mod membership;
 mod model;
+mod moves;
 mod service;
 mod shards;
 mod store;
+mod tables;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
