@@ -65,6 +65,7 @@ mod conn;
 mod membership;
 mod model;
 mod moves;
+mod reconcile;
 mod service;
 mod shards;
 mod store;
@@ -101,6 +102,10 @@ pub struct CoordinatorConfig {
     /// coordinator whose servers cannot have outlived it (`insitu up` runs them
     /// in its own process). Default `false`.
     pub forget_servers: bool,
+    /// Re-home orphaned tablets only once at least this many servers are
+    /// registered, so they spread over all of them (`insitu up` sets it to
+    /// its number of servers). Default 0: re-home at every enlistment.
+    pub rehome_after_servers: usize,
 }
 
 impl CoordinatorConfig {
@@ -109,6 +114,7 @@ impl CoordinatorConfig {
         CoordinatorConfig {
             dir: dir.into(),
             forget_servers: false,
+            rehome_after_servers: 0,
         }
     }
 }
@@ -118,6 +124,8 @@ pub struct CoordinatorHandle {
     coordinator: Arc<Coordinator>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
+    /// Finishes or undoes interrupted tablet moves (`reconcile.rs`).
+    reconciler: JoinHandle<()>,
 }
 
 impl CoordinatorHandle {
@@ -138,8 +146,35 @@ impl CoordinatorHandle {
     /// move in progress completes or is undone before this returns.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
+        // Every step of reconciliation is safe to stop and repeat.
+        self.reconciler.abort();
+        let _ = self.reconciler.await;
         if let Err(e) = self.task.await {
             error!("coordinator task failed: {e}");
+        }
+    }
+
+    /// For tests: stop as abruptly as a killed process, as far as the
+    /// metadata is concerned. Every task stops at its next suspension point
+    /// without finishing the request in hand (a move stops between two
+    /// steps); nothing more is committed. Resolves once the database is
+    /// released, so a new coordinator can open the same directory.
+    #[doc(hidden)]
+    pub async fn crash(self) {
+        self.reconciler.abort();
+        self.task.abort();
+        let _ = self.reconciler.await;
+        let _ = self.task.await;
+        // Connection tasks are aborted with the accept loop's task set; they
+        // release their reference when the runtime drops them.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.coordinator) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&self.coordinator) != 1 {
+            warn!("crash: coordinator state still referenced; its database stays open");
         }
     }
 }
@@ -153,7 +188,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("coordinator listener has no local address")?;
-    let dir: PathBuf = config.dir;
+    let dir: PathBuf = config.dir.clone();
     let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
         .await
         .context("opening the metadata database")??;
@@ -164,7 +199,7 @@ pub async fn start(
         map_version = model.map_version,
         "coordinator started"
     );
-    let coordinator = Arc::new(Coordinator::new(store, model));
+    let coordinator = Arc::new(Coordinator::new(store, model, config.rehome_after_servers));
     if config.forget_servers {
         // Committed before the first request is served.
         let retired = coordinator.retire_all().await.map_err(|e| {
@@ -180,12 +215,19 @@ pub async fn start(
         }
     }
     let shutdown = CancellationToken::new();
+    // Moves interrupted by a previous stop are finished or undone in the
+    // background (a round starts at once); new moves wait for it.
+    let reconciler = tokio::spawn(reconcile::run_reconciler(
+        coordinator.clone(),
+        shutdown.clone(),
+    ));
     let task = tokio::spawn(accept_loop(listener, coordinator.clone(), shutdown.clone()));
     Ok(CoordinatorHandle {
         addr,
         coordinator,
         shutdown,
         task,
+        reconciler,
     })
 }
 

@@ -6,29 +6,41 @@ use insitu_protocol::{Request, Response, TabletState};
 use tracing::{error, info, warn};
 
 use crate::model::{MAP_VERSION, NEXT_SERVER_ID, Op, Tablet};
-use crate::service::{Coordinator, MAX_SHARDS_PER_SERVER, MetaGuard, Reject, Reply, validate_addr};
+use crate::service::{
+    Coordinator, MAX_IDENTITY_BYTES, MAX_SHARDS_PER_SERVER, MetaGuard, Reject, Reply, validate_addr,
+};
 use crate::shards::{CONTROL_TIMEOUT, CallError};
 
 impl Coordinator {
     /// Register a server under a new id.
     ///
-    /// Any known server with one of the new server's shard addresses is
-    /// retired first (forgotten; its tablets become orphaned). That is safe: a
-    /// listening address is held by one live process at most, and the new
-    /// server listens on its addresses right now (it binds them before it
-    /// enlists, and enlists once per process), so the old owner of such an
-    /// address is dead — typically the previous incarnation of a server
-    /// restarted with the same `--port` — and its in-memory objects are gone.
-    /// Without this, its tablets would name a process that answers
-    /// `UnknownTablet` for them forever.
+    /// A server names itself by `identity`, a random value it keeps in its
+    /// data directory. A known server is retired (forgotten; its tablets
+    /// become orphaned) when
+    /// - it has the same identity: the same server restarted, so its previous
+    ///   process, and that process's in-memory objects, are gone;
+    /// - it shares a shard address with the new server and either has no
+    ///   identity on record or `replace` is set (the operator says it is dead).
+    ///
+    /// A known server with another identity on one of the new server's
+    /// addresses is otherwise NOT retired: the enlistment is refused with an
+    /// error naming both. Two live servers can advertise one address (e.g. two
+    /// hosts started with `--host 0.0.0.0`), and retiring the first would
+    /// re-home its tablets empty: silent data loss from a misconfiguration.
+    /// An empty `identity` (a server that keeps none) falls back to matching by
+    /// address alone.
     ///
     /// Then every orphaned tablet (of this retirement, of an earlier one, or
-    /// of `CoordinatorConfig::forget_servers`) is re-homed, EMPTY, onto the
-    /// new server's shards (round-robin): `TakeTablet{Active, v}` to the shard,
-    /// then the new owner is committed under map version `v`. A tablet whose
-    /// TakeTablet fails stays orphaned until the next enlist. All of it is
-    /// committed before the reply.
-    pub(crate) async fn enlist(&self, shard_addrs: Vec<String>) -> Reply {
+    /// of `CoordinatorConfig::forget_servers`) is re-homed, EMPTY, round-robin
+    /// over the shards of every live server (see `rehome`), once at least
+    /// `CoordinatorConfig::rehome_after_servers` servers are registered. All
+    /// of it is committed before the reply.
+    pub(crate) async fn enlist(
+        &self,
+        shard_addrs: Vec<String>,
+        identity: String,
+        replace: bool,
+    ) -> Reply {
         if shard_addrs.is_empty() || shard_addrs.len() > MAX_SHARDS_PER_SERVER {
             return Err(Reject::bad(format!(
                 "a server must enlist with 1 to {MAX_SHARDS_PER_SERVER} shard addresses, got {}",
@@ -39,19 +51,47 @@ impl Coordinator {
             validate_addr(addr)
                 .map_err(|e| Reject::bad(format!("shard {i} address {addr:?}: {e}")))?;
         }
+        if identity.len() > MAX_IDENTITY_BYTES
+            || identity
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(Reject::bad(format!(
+                "a server identity must be at most {MAX_IDENTITY_BYTES} printable bytes without spaces, got {identity:?}"
+            )));
+        }
         let guard = self.meta_lock.lock().await;
         let shards = shard_addrs.len();
-        // (1) Retire the servers that shared an address, register the new one,
-        // and reserve the map version of the re-homing, in one transaction.
-        let (id, retired, orphans, ops, rehome_version) = {
+        // (1) Retire the servers that are gone, register the new one, and
+        // reserve the map version of the re-homing, in one transaction.
+        let (id, retired, orphans, ops, rehome_version, slots) = {
             let model = self.model();
             let id = model.next_server_id;
-            let retired: Vec<(u64, Vec<String>)> = model
-                .servers
-                .iter()
-                .filter(|(_, addrs)| addrs.iter().any(|a| shard_addrs.contains(a)))
-                .map(|(id, addrs)| (*id, addrs.clone()))
-                .collect();
+            let mut retired: Vec<(u64, Vec<String>)> = Vec::new();
+            for (old_id, addrs) in &model.servers {
+                let old_identity = model.identities.get(old_id).map(String::as_str);
+                let same = !identity.is_empty() && old_identity == Some(identity.as_str());
+                let shared = addrs.iter().find(|a| shard_addrs.contains(a));
+                let retire = match (same, shared) {
+                    (true, _) => true,
+                    (false, None) => false,
+                    (false, Some(addr)) => match old_identity {
+                        Some(old) if !identity.is_empty() && !replace => {
+                            return Err(Reject::bad(format!(
+                                "address {addr} is already registered by live server {old_id} \
+                                 (identity {old}); this server has identity {identity}. Two servers \
+                                 cannot advertise the same address: give each its own --host/--port. \
+                                 If server {old_id} is dead and this one replaces it, start this one \
+                                 with --replace (its tablets are then re-created empty)"
+                            )));
+                        }
+                        _ => true,
+                    },
+                };
+                if retire {
+                    retired.push((*old_id, addrs.clone()));
+                }
+            }
             let retired_ids: Vec<u64> = retired.iter().map(|(id, _)| *id).collect();
             let mut version = model.map_version;
             let mut ops = Vec::new();
@@ -62,20 +102,34 @@ impl Coordinator {
             ops.push(Op::PutServer {
                 id,
                 shard_addrs: shard_addrs.clone(),
+                identity: identity.clone(),
             });
             ops.push(Op::Counter(NEXT_SERVER_ID, id + 1));
             // The tablets orphaned now and those orphaned before.
             let mut after = model.clone();
             drop(model);
             after.apply(&ops);
-            let orphans = after.orphaned_tablets();
+            let mut orphans = after.orphaned_tablets();
+            if after.servers.len() < self.rehome_after_servers {
+                // Wait for the rest of the expected servers, so the tablets
+                // spread over all of them instead of landing on the first.
+                orphans.clear();
+            }
             if !orphans.is_empty() {
                 version += 1;
             }
             if version != after.map_version {
                 ops.push(Op::Counter(MAP_VERSION, version));
             }
-            (id, retired, orphans, ops, version)
+            let slots: Vec<(u64, u32, String)> = after
+                .placement_slots()
+                .into_iter()
+                .filter_map(|(server, shard)| {
+                    let addr = after.shard_addr(server, shard)?.to_string();
+                    Some((server, shard, addr))
+                })
+                .collect();
+            (id, retired, orphans, ops, version, slots)
         };
         self.commit(&guard, ops).await?;
         for (old_id, old_addrs) in &retired {
@@ -83,7 +137,7 @@ impl Coordinator {
                 server_id = old_id,
                 addrs = ?old_addrs,
                 new_server_id = id,
-                "server retired: a new server enlisted on one of its addresses, so its process is gone"
+                "server retired: it re-enlisted (restart), or a new server enlisted on one of its addresses, so its process is gone"
             );
         }
         // A cached connection to one of these addresses led to a dead process.
@@ -92,36 +146,42 @@ impl Coordinator {
         }
         info!(server_id = id, shards, addrs = ?shard_addrs, "server enlisted");
         if !orphans.is_empty() {
-            self.rehome(&guard, id, &shard_addrs, orphans, rehome_version)
+            self.rehome(&guard, id, &slots, orphans, rehome_version)
                 .await;
         }
         drop(guard);
         Ok(Response::Enlisted { server_id: id })
     }
 
-    /// Give the orphaned tablets `orphans` (table id, index, tablet) to the
-    /// new server `server_id`, empty, under map version `version` (already
-    /// committed as the global version). Failures leave tablets orphaned.
+    /// Give the orphaned tablets `orphans` (table id, index, tablet), empty,
+    /// under map version `version` (already committed as the global version),
+    /// round-robin over `slots` (server, shard, address): every live server's
+    /// shard 0 first, then shard 1, ..., so a restarted `insitu up` spreads them
+    /// like a new table. `server_id` (the server that just enlisted) is for
+    /// the log. Failures leave tablets orphaned.
     pub(crate) async fn rehome(
         &self,
         guard: &MetaGuard<'_>,
         server_id: u64,
-        shard_addrs: &[String],
+        slots: &[(u64, u32, String)],
         orphans: Vec<(u64, u32, Tablet)>,
         version: u64,
     ) {
+        if slots.is_empty() {
+            return; // cannot happen: the enlisting server has a shard
+        }
         let placed: Vec<(u64, u32, Tablet, &str)> = orphans
             .into_iter()
             .enumerate()
             .map(|(i, (table, index, t))| {
-                let shard = i % shard_addrs.len();
+                let (server, shard, addr) = &slots[i % slots.len()];
                 let tablet = Tablet {
-                    server_id,
-                    shard: shard as u32,
+                    server_id: *server,
+                    shard: *shard,
                     map_version: version,
                     ..t
                 };
-                (table, index, tablet, shard_addrs[shard].as_str())
+                (table, index, tablet, addr.as_str())
             })
             .collect();
         let takes = placed.iter().map(|(table, _, t, addr)| {
@@ -212,7 +272,7 @@ impl Coordinator {
             map_version = version,
             tablets = rehomed.len(),
             tables = %names.join(", "),
-            "orphaned tablets re-homed EMPTY on the new server: their objects were held in memory only by a server that is gone (no replicas yet) and are lost"
+            "orphaned tablets re-homed EMPTY: their objects were held in memory only by a server that is gone (no replicas yet) and are lost"
         );
     }
 

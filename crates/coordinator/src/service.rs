@@ -15,6 +15,8 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_TABLETS: u32 = 1024;
 pub const MAX_SHARDS_PER_SERVER: usize = 1024;
 pub const MAX_ADDR_BYTES: usize = 256;
+/// Longest server identity accepted (servers send 32 hex digits).
+pub const MAX_IDENTITY_BYTES: usize = 128;
 
 /// An error reply: header status plus a message for humans.
 #[derive(Debug, Clone)]
@@ -50,13 +52,21 @@ pub struct Coordinator {
     /// Moves run one at a time (a move holds `meta_lock` only to commit).
     pub(crate) move_lock: tokio::sync::Mutex<()>,
     pub(crate) shards: ShardPool,
+    /// Orphaned tablets are re-homed only once this many servers are
+    /// registered (`CoordinatorConfig::rehome_after_servers`).
+    pub(crate) rehome_after_servers: usize,
+    /// Wakes the reconciler (`reconcile.rs`) when a move leaves a record
+    /// behind that it could not finish or undo itself.
+    pub(crate) reconcile_wake: tokio::sync::Notify,
 }
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
 
 impl Coordinator {
-    pub fn new(store: Store, model: Model) -> Coordinator {
+    pub fn new(store: Store, model: Model, rehome_after_servers: usize) -> Coordinator {
         Coordinator {
+            rehome_after_servers,
+            reconcile_wake: tokio::sync::Notify::new(),
             store: Mutex::new(Some(Arc::new(store))),
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
@@ -110,7 +120,11 @@ impl Coordinator {
     pub async fn handle(&self, request: Request<'_>) -> Reply {
         match request {
             Request::Ping => Ok(Response::Pong),
-            Request::Enlist { shard_addrs } => self.enlist(shard_addrs).await,
+            Request::Enlist {
+                shard_addrs,
+                identity,
+                replace,
+            } => self.enlist(shard_addrs, identity, replace).await,
             Request::CreateTable { name, tablets } => self.create_table(name, tablets).await,
             Request::DropTable { name } => self.drop_table(name).await,
             Request::OpenTable { name } => {

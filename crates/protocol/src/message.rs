@@ -205,6 +205,14 @@ pub enum Request<'a> {
     // ---- metadata: anyone -> coordinator ----
     Enlist {
         shard_addrs: Vec<String>,
+        /// The server's identity, kept in its data directory: the same value
+        /// across restarts of one server, different for two servers. Empty:
+        /// none (the coordinator then matches the server by address only).
+        identity: String,
+        /// Retire any registered server with another identity that claims one
+        /// of these addresses (the operator says it is dead). Without it such
+        /// an enlistment is refused.
+        replace: bool,
     },
     CreateTable {
         name: String,

@@ -53,9 +53,7 @@ fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), 
         return Err(Status::UnknownTablet);
     };
     match state.tablets.borrow().get(&(table, range.start)) {
-        Some(m) if write && !m.serves_writes() => Err(Status::Retry),
-        Some(m) if !m.serves_reads() => Err(Status::Retry),
-        Some(_) => Ok(()),
+        Some(m) => m.refusal(write).map_or(Ok(()), Err),
         None => Err(Status::UnknownTablet),
     }
 }
@@ -252,11 +250,7 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 }
             }
             // Taking a tablet we hold re-activates it (and un-freezes an aborted move).
-            let meta = TabletMeta {
-                map_version,
-                state: tablet_state,
-                frozen: false,
-            };
+            let meta = TabletMeta::new(map_version, tablet_state);
             state.tablets.borrow_mut().insert((table, start_hash), meta);
             state.recount_unusual();
             tracing::info!(
@@ -458,8 +452,8 @@ fn enumerate(
     out: &mut BytesMut,
 ) {
     if let Some(m) = state.tablets.borrow().get(&(table, tablet_start)) {
-        if !m.serves_reads() {
-            return encode_error(out, id, Status::Retry, "tablet is being moved");
+        if let Some(status) = m.refusal(false) {
+            return encode_error(out, id, status, "tablet is being moved or has moved");
         }
     }
     let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);

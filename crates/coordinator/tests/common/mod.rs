@@ -238,7 +238,22 @@ pub fn expect_err(reply: &Reply, status: Status) -> String {
 }
 
 pub async fn enlist(conn: &RpcConn, shard_addrs: Vec<String>) -> u64 {
-    match expect_ok(&call(conn, Request::Enlist { shard_addrs }).await) {
+    enlist_as(conn, shard_addrs, "", false).await
+}
+
+/// Enlist with an identity (and the operator's `replace`).
+pub async fn enlist_as(
+    conn: &RpcConn,
+    shard_addrs: Vec<String>,
+    identity: &str,
+    replace: bool,
+) -> u64 {
+    let request = Request::Enlist {
+        shard_addrs,
+        identity: identity.into(),
+        replace,
+    };
+    match expect_ok(&call(conn, request).await) {
         Response::Enlisted { server_id } => server_id,
         other => panic!("expected Enlisted, got {other:?}"),
     }
