@@ -145,6 +145,10 @@ impl Coordinator {
             self.shards.forget(addr);
         }
         info!(server_id = id, shards, addrs = ?shard_addrs, "server enlisted");
+        if !retired.is_empty() {
+            // A recorded move may involve a retired server: re-check it now.
+            self.reconcile_wake.notify_one();
+        }
         if !orphans.is_empty() {
             self.rehome(&guard, id, &slots, orphans, rehome_version)
                 .await;

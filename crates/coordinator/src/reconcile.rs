@@ -63,8 +63,13 @@ impl Coordinator {
                 .then(|| model.shard_addr(record.old.server_id, record.old.shard))
                 .flatten()
                 .map(str::to_string);
-            let dest = model
-                .shard_addr(record.dest_server, record.dest_shard)
+            // Unless the destination shard owns the tablet by now (e.g. it
+            // was re-homed there), its copy is a leftover of this move.
+            let dest_owns = current
+                .is_some_and(|t| (t.server_id, t.shard) == (record.dest_server, record.dest_shard));
+            let dest = (!dest_owns)
+                .then(|| model.shard_addr(record.dest_server, record.dest_shard))
+                .flatten()
                 .map(str::to_string);
             (src, dest)
         };
@@ -90,6 +95,7 @@ impl Coordinator {
             let drop_copy = Request::DropTablet {
                 table,
                 start_hash: record.old.start_hash,
+                only_if_not_serving: true,
             };
             self.call_with_retries(dest, &drop_copy, CONTROL_TIMEOUT)
                 .await
@@ -118,8 +124,14 @@ impl Coordinator {
                 .then(|| model.shard_addr(record.dest_server, record.dest_shard))
                 .flatten()
                 .map(str::to_string);
-            let src = model
-                .shard_addr(record.old.server_id, record.old.shard)
+            // Unless the source shard owns the tablet again (e.g. re-homed
+            // there after the destination died), its copy is moved out.
+            let src_owns = current.is_some_and(|t| {
+                (t.server_id, t.shard) == (record.old.server_id, record.old.shard)
+            });
+            let src = (!src_owns)
+                .then(|| model.shard_addr(record.old.server_id, record.old.shard))
+                .flatten()
                 .map(str::to_string);
             (dest, src)
         };
@@ -149,6 +161,7 @@ impl Coordinator {
             let drop_source = Request::DropTablet {
                 table,
                 start_hash: record.old.start_hash,
+                only_if_not_serving: true,
             };
             if let Err(e) = self
                 .call_with_retries(src, &drop_source, CONTROL_TIMEOUT)

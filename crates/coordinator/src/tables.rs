@@ -187,7 +187,11 @@ impl Coordinator {
                 .shards
                 .call(
                     addr,
-                    &Request::DropTablet { table, start_hash },
+                    &Request::DropTablet {
+                        table,
+                        start_hash,
+                        only_if_not_serving: false,
+                    },
                     CONTROL_TIMEOUT,
                 )
                 .await

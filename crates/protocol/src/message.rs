@@ -181,6 +181,10 @@ pub enum Request<'a> {
     DropTablet {
         table: u64,
         start_hash: u64,
+        /// Drop only a copy that serves nothing here (receiving, or moved
+        /// out): what clearing up after a move needs, so that it never drops
+        /// a tablet that was assigned to this shard again meanwhile.
+        only_if_not_serving: bool,
     },
     /// Freeze the tablet for writes and copy its objects to the shard at `dest_addr`.
     MigrateTablet {

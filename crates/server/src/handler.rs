@@ -263,7 +263,25 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             );
             reply(out, id, &Response::Done)
         }
-        Request::DropTablet { table, start_hash } => {
+        Request::DropTablet {
+            table,
+            start_hash,
+            only_if_not_serving,
+        } => {
+            let serving = state
+                .tablets
+                .borrow()
+                .get(&(table, start_hash))
+                .is_some_and(|m| m.serves_reads());
+            if only_if_not_serving && serving {
+                tracing::info!(
+                    shard = state.index,
+                    table,
+                    start_hash,
+                    "kept tablet: it serves here"
+                );
+                return reply(out, id, &Response::Done);
+            }
             state.tablets.borrow_mut().remove(&(table, start_hash));
             state.engine.borrow_mut().drop_tablet(table, start_hash);
             state.recount_unusual();
