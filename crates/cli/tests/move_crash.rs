@@ -63,7 +63,7 @@ fn killing_the_coordinator_during_a_move_leaves_one_owner_and_every_write() {
             .find(|s| s.id != owner)
             .expect("two servers")
             .id;
-        let mut mover = Command::new(insitu_bin())
+        let mover = Command::new(insitu_bin())
             .args(["tablet", "move", "m", "0", &dest.to_string()])
             .env("INSITU_CLUSTER", cluster.addr())
             .stdout(Stdio::null())

@@ -469,10 +469,13 @@ fn enumerate(
     max_bytes: u32,
     out: &mut BytesMut,
 ) {
-    if let Some(m) = state.tablets.borrow().get(&(table, tablet_start)) {
-        if let Some(status) = m.refusal(false) {
-            return encode_error(out, id, status, "tablet is being moved or has moved");
-        }
+    let refusal = state
+        .tablets
+        .borrow()
+        .get(&(table, tablet_start))
+        .and_then(|m| m.refusal(false));
+    if let Some(status) = refusal {
+        return encode_error(out, id, status, "tablet is being moved or has moved");
     }
     let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
     let engine = state.engine.borrow();
