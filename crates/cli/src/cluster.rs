@@ -56,6 +56,11 @@ pub struct ServerArgs {
     /// Memory budget for the whole server, in MiB.
     #[arg(long, default_value_t = 4096)]
     memory_mb: usize,
+    /// Take over the addresses of a registered server with another identity
+    /// (one that is dead; its tablets are re-created empty). Without it, the
+    /// coordinator refuses a server whose address another server already has.
+    #[arg(long)]
+    replace: bool,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -98,6 +103,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         // them, so their tablets are re-created (empty) on this run's servers.
         let mut config = CoordinatorConfig::new(args.dir.join("coordinator"));
         config.forget_servers = true;
+        // Re-create the previous run's tablets once all servers are in, so
+        // they spread over all of them.
+        config.rehome_after_servers = args.servers;
         let coordinator = insitu_coordinator::start(config, listener).await?;
         let kept = coordinator.orphaned_table_names();
         let addr = coordinator.addr().to_string();
@@ -144,7 +152,7 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
 
 pub fn server(args: ServerArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
-        let config = server_config(
+        let mut config = server_config(
             args.coordinator,
             args.host,
             args.port,
@@ -152,6 +160,7 @@ pub fn server(args: ServerArgs) -> anyhow::Result<()> {
             args.shards,
             args.memory_mb,
         );
+        config.replace = args.replace;
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();
         println!(

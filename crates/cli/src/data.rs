@@ -138,7 +138,18 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         }) => {
             let client = connect(&cluster).await?;
             let started = Instant::now();
-            client.move_tablet(&table, tablet_index, server_id).await?;
+            match client.move_tablet(&table, tablet_index, server_id).await {
+                Ok(()) => {}
+                // The request was sent and no reply came: the coordinator may
+                // still finish or undo the move, so "failed" would be a lie.
+                Err(
+                    e @ (insitu_client::ClientError::Timeout { .. }
+                    | insitu_client::ClientError::Closed(_)),
+                ) => bail!(
+                    "outcome unknown: {e}; the coordinator may still finish or undo the move, check `insitu status`"
+                ),
+                Err(e) => return Err(e.into()),
+            }
             println!(
                 "moved tablet {tablet_index} of {table} to server {server_id} in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3

@@ -18,23 +18,32 @@
 //! shard 1 of every server, and so on.
 //!
 //! # Moving a tablet (MoveTablet), one move at a time
+//! 0. Record the move in redb (`moves` row, uncommitted).
 //! 1. `TakeTablet{state: Receiving, map_version: old}` on the destination shard
 //!    (the destination server's shard with the fewest tablets).
-//! 2. `MigrateTablet{dest_addr}` on the source shard: it freezes writes to the
-//!    tablet (clients get `Retry`), streams its objects to the destination and
-//!    replies once the destination holds them all.
-//! 3. Bump the global map version and commit the new owner.
+//! 2. `MigrateTablet{dest_addr}` on the source shard, on a connection of its
+//!    own: it freezes writes to the tablet (clients get `Retry`), streams its
+//!    objects to the destination (each batch with a timeout) and replies once
+//!    the destination holds them all. From then on the source is *moved out*:
+//!    it answers `UnknownTablet` to every read, write and scan of the tablet,
+//!    so a client with an old map refreshes it and never reads an older value
+//!    than one the destination acknowledged. A failed migration un-freezes
+//!    the source by itself.
+//! 3. Bump the global map version, commit the new owner and mark the move
+//!    record committed, in one transaction.
 //! 4. `ActivateTablet{map_version: new}` on the destination.
-//! 5. `DropTablet` on the source (best effort: a failure is logged).
+//! 5. `DropTablet{only_if_not_serving}` on the source; delete the record.
 //!
-//! If 1 or 2 fails, the destination's copy is dropped and the source is told
-//! to serve again with `TakeTablet{state: Active, map_version: old}` (the
-//! storage server treats TakeTablet Active on a tablet it holds as
-//! "un-freeze / activate with this version"). If 4 is refused, the owner goes
-//! back to the source under a new version (the destination never served, so
-//! the frozen source copy is complete); if 4 gets no reply at all, nothing is
-//! dropped and an error is returned. The reply to a move is the table's new
-//! map (`Response::Table`).
+//! If a step before 3 fails, the move is undone: the source serves again
+//! (`TakeTablet{state: Active, map_version: old}`, which a shard treats as
+//! "un-freeze / serve this again"), the destination's copy is dropped. If 4
+//! is refused, the owner goes back to the source under a new version (the
+//! destination never served, so the moved-out copy is complete); if 4 gets no
+//! reply, the reply says the move is committed but not yet confirmed. Whatever
+//! is left unconfirmed (and every move recorded when a coordinator starts) is
+//! finished (committed) or undone (not committed) by the reconciler in the
+//! background (`reconcile.rs`). The reply to a move is the table's new map
+//! (`Response::Table`).
 //!
 //! # Dead servers: retirement and orphaned tablets
 //! Storage servers hold objects in memory only (no replicas yet), so when a
@@ -42,15 +51,19 @@
 //! to be gone is *retired*: removed from the server list, its tablets
 //! *orphaned* (owner id 0, empty address) under a new map version. This
 //! happens
-//! - on `Enlist`, to every known server that shares a shard address with the
-//!   enlisting one (a live process cannot share a listening address, so the
-//!   old one is dead: a server restarted on the same `--port`);
+//! - on `Enlist`, to a known server with the enlisting one's identity (the
+//!   same server restarted), or sharing a shard address with it if that
+//!   server has no identity on record or the new one says `replace`;
 //! - at start with [`CoordinatorConfig::forget_servers`] (`insitu up`, whose
 //!   servers lived in the previous coordinator process), to every server.
 //!
-//! Every `Enlist` then re-homes all orphaned tablets, EMPTY, onto the new
-//! server's shards (round-robin): `TakeTablet{Active, v}` to each shard, then
-//! the new owners under the new global map version `v`, committed before the
+//! A server is identified by the identity it keeps in its data directory: a
+//! known server with another identity on the same address is not retired but
+//! the enlistment refused (unless the new server says `replace`).
+//!
+//! Every `Enlist` then re-homes all orphaned tablets, EMPTY, round-robin over
+//! the shards of every live server (once `rehome_after_servers` are in):
+//! `TakeTablet{Active, v}` to each shard, then the new owners under the new global map version `v`, committed before the
 //! reply, with a warning naming the tables whose objects were lost. A tablet
 //! whose TakeTablet fails stays orphaned until the next enlist.
 //!
@@ -62,10 +75,14 @@
 //! tablets still orphaned, to be re-homed at the next enlist.
 
 mod conn;
+mod membership;
 mod model;
+mod moves;
+mod reconcile;
 mod service;
 mod shards;
 mod store;
+mod tables;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -98,6 +115,10 @@ pub struct CoordinatorConfig {
     /// coordinator whose servers cannot have outlived it (`insitu up` runs them
     /// in its own process). Default `false`.
     pub forget_servers: bool,
+    /// Re-home orphaned tablets only once at least this many servers are
+    /// registered, so they spread over all of them (`insitu up` sets it to
+    /// its number of servers). Default 0: re-home at every enlistment.
+    pub rehome_after_servers: usize,
 }
 
 impl CoordinatorConfig {
@@ -106,6 +127,7 @@ impl CoordinatorConfig {
         CoordinatorConfig {
             dir: dir.into(),
             forget_servers: false,
+            rehome_after_servers: 0,
         }
     }
 }
@@ -115,6 +137,8 @@ pub struct CoordinatorHandle {
     coordinator: Arc<Coordinator>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
+    /// Finishes or undoes interrupted tablet moves (`reconcile.rs`).
+    reconciler: JoinHandle<()>,
 }
 
 impl CoordinatorHandle {
@@ -135,8 +159,35 @@ impl CoordinatorHandle {
     /// move in progress completes or is undone before this returns.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
+        // Every step of reconciliation is safe to stop and repeat.
+        self.reconciler.abort();
+        let _ = self.reconciler.await;
         if let Err(e) = self.task.await {
             error!("coordinator task failed: {e}");
+        }
+    }
+
+    /// For tests: stop as abruptly as a killed process, as far as the
+    /// metadata is concerned. Every task stops at its next suspension point
+    /// without finishing the request in hand (a move stops between two
+    /// steps); nothing more is committed. Resolves once the database is
+    /// released, so a new coordinator can open the same directory.
+    #[doc(hidden)]
+    pub async fn crash(self) {
+        self.reconciler.abort();
+        self.task.abort();
+        let _ = self.reconciler.await;
+        let _ = self.task.await;
+        // Connection tasks are aborted with the accept loop's task set; they
+        // release their reference when the runtime drops them.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.coordinator) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&self.coordinator) != 1 {
+            warn!("crash: coordinator state still referenced; its database stays open");
         }
     }
 }
@@ -150,7 +201,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("coordinator listener has no local address")?;
-    let dir: PathBuf = config.dir;
+    let dir: PathBuf = config.dir.clone();
     let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
         .await
         .context("opening the metadata database")??;
@@ -161,7 +212,7 @@ pub async fn start(
         map_version = model.map_version,
         "coordinator started"
     );
-    let coordinator = Arc::new(Coordinator::new(store, model));
+    let coordinator = Arc::new(Coordinator::new(store, model, config.rehome_after_servers));
     if config.forget_servers {
         // Committed before the first request is served.
         let retired = coordinator.retire_all().await.map_err(|e| {
@@ -177,12 +228,19 @@ pub async fn start(
         }
     }
     let shutdown = CancellationToken::new();
+    // Moves interrupted by a previous stop are finished or undone in the
+    // background (a round starts at once); new moves wait for it.
+    let reconciler = tokio::spawn(reconcile::run_reconciler(
+        coordinator.clone(),
+        shutdown.clone(),
+    ));
     let task = tokio::spawn(accept_loop(listener, coordinator.clone(), shutdown.clone()));
     Ok(CoordinatorHandle {
         addr,
         coordinator,
         shutdown,
         task,
+        reconciler,
     })
 }
 

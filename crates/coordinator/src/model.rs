@@ -38,6 +38,21 @@ impl Tablet {
     }
 }
 
+/// A tablet move in progress, recorded (in redb) before its first step and
+/// updated when the new owner is committed, so that a coordinator that stops
+/// in the middle finishes or undoes it when it starts again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoveRecord {
+    /// The tablet's assignment before the move (the source).
+    pub old: Tablet,
+    pub dest_server: u64,
+    pub dest_shard: u32,
+    /// 0 while the source still owns the tablet in the map (undo on restart);
+    /// the map version of the destination's assignment once that is
+    /// committed (finish on restart: activate the destination, drop the source).
+    pub committed_version: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Table {
     pub id: u64,
@@ -59,27 +74,30 @@ pub enum Op {
     PutServer {
         id: u64,
         shard_addrs: Vec<String>,
+        /// The identity the server keeps in its data directory ("" if it sent none).
+        identity: String,
     },
     /// Forget a (retired) server. Its tablets are orphaned by `PutTablet`s in
     /// the same change (see [`Model::retire_ops`]).
-    DeleteServer {
-        id: u64,
-    },
+    DeleteServer { id: u64 },
     /// Create a table row. Its tablets follow as `PutTablet`s.
-    PutTable {
-        id: u64,
-        name: String,
-    },
+    PutTable { id: u64, name: String },
     /// Remove a table and all its tablets.
-    DeleteTable {
-        id: u64,
-    },
+    DeleteTable { id: u64 },
     /// Insert or replace tablet `index` of `table` (index <= current count).
     PutTablet {
         table: u64,
         index: u32,
         tablet: Tablet,
     },
+    /// Record or update the move of tablet `index` of `table`.
+    PutMove {
+        table: u64,
+        index: u32,
+        record: MoveRecord,
+    },
+    /// The move of tablet `index` of `table` is finished or undone.
+    DeleteMove { table: u64, index: u32 },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -88,6 +106,10 @@ pub struct Model {
     pub by_name: HashMap<String, u64>,
     /// Server id -> one address per shard.
     pub servers: BTreeMap<u64, Vec<String>>,
+    /// Server id -> the identity it keeps in its `--dir` (absent: none sent).
+    pub identities: BTreeMap<u64, String>,
+    /// Moves in progress, by (table id, tablet index).
+    pub moves: BTreeMap<(u64, u32), MoveRecord>,
     pub next_table_id: u64,
     pub next_server_id: u64,
     pub map_version: u64,
@@ -117,11 +139,31 @@ impl Model {
                         "unknown counter in a change (ignored in memory)"
                     ),
                 },
-                Op::PutServer { id, shard_addrs } => {
+                Op::PutServer {
+                    id,
+                    shard_addrs,
+                    identity,
+                } => {
                     self.servers.insert(*id, shard_addrs.clone());
+                    if identity.is_empty() {
+                        self.identities.remove(id);
+                    } else {
+                        self.identities.insert(*id, identity.clone());
+                    }
                 }
                 Op::DeleteServer { id } => {
                     self.servers.remove(id);
+                    self.identities.remove(id);
+                }
+                Op::PutMove {
+                    table,
+                    index,
+                    record,
+                } => {
+                    self.moves.insert((*table, *index), record.clone());
+                }
+                Op::DeleteMove { table, index } => {
+                    self.moves.remove(&(*table, *index));
                 }
                 Op::PutTable { id, name } => {
                     self.by_name.insert(name.clone(), *id);
@@ -138,6 +180,7 @@ impl Model {
                     if let Some(table) = self.tables.remove(id) {
                         self.by_name.remove(&table.name);
                     }
+                    self.moves.retain(|(table, _), _| table != id);
                 }
                 Op::PutTablet {
                     table,
@@ -390,6 +433,7 @@ mod tests {
                     shard_addrs: (0..*n)
                         .map(|s| format!("127.0.0.1:{}", 1000 + 10 * id + s as u64))
                         .collect(),
+                    identity: String::new(),
                 },
                 Op::Counter(NEXT_SERVER_ID, id + 1),
             ]);

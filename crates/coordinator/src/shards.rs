@@ -84,6 +84,35 @@ impl ShardPool {
         }
     }
 
+    /// Like `call`, on a connection of its own that is closed afterwards: for
+    /// a long request (a migration), which would otherwise hold up every
+    /// later request to `addr` on the shared connection, since a shard
+    /// answers one connection's requests in order.
+    pub async fn call_alone(
+        &self,
+        addr: &str,
+        request: &Request<'_>,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+            .await
+            .map_err(|_| {
+                CallError::Transport(format!(
+                    "cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"
+                ))
+            })?
+            .map_err(|e| CallError::Transport(e.to_string()))?;
+        let reply = conn
+            .call_timeout(request, timeout)
+            .await
+            .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
+        if reply.status.is_ok() {
+            Ok(())
+        } else {
+            Err(CallError::Rejected(reply.status, reply.error_message()))
+        }
+    }
+
     /// Forget the cached connection to `addr`, if any: the process behind that
     /// address was replaced, and a new request must reach the new one.
     pub fn forget(&self, addr: &str) {

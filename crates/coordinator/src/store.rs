@@ -8,6 +8,8 @@
 //! | `servers`  | `u64` server id              | `Vec<&str>`: one `host:port` per shard, by shard index     |
 //! | `tables`   | `u64` table id               | `&str` table name                                          |
 //! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
+//! | `server_identities` | `u64` server id     | `&str`: the identity the server keeps in its `--dir`         |
+//! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
 //!
 //! Counters:
 //! - `layout_version`: version of this layout (currently 1); a database with
@@ -25,6 +27,14 @@
 //! also the order of `start_hash`; together they cover `0..=u64::MAX`.
 //! A tablet's `map_version` is the global version at its last assignment.
 //!
+//! A `moves` row exists while a tablet move is in progress: written before its
+//! first step with `committed_version` 0, rewritten with the destination's map
+//! version in the transaction that commits the new owner, deleted when the
+//! move is finished or undone. A coordinator that starts with rows there
+//! reconciles them (see `reconcile.rs`). `server_identities` and `moves` were
+//! added without changing the layout version: an older database simply has
+//! none, and they are created empty on open.
+//!
 //! Every metadata change is one write transaction (`Store::commit`), committed
 //! with redb's default durability (fsync) before the coordinator replies.
 
@@ -33,7 +43,9 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::model::{MAP_VERSION, Model, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, Table, Tablet};
+use crate::model::{
+    MAP_VERSION, Model, MoveRecord, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, Table, Tablet,
+};
 
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const SERVERS: TableDefinition<u64, Vec<&str>> = TableDefinition::new("servers");
@@ -43,6 +55,11 @@ type TabletKey = (u64, u32);
 /// `(start_hash, end_hash, server_id, shard, map_version)`.
 type TabletRow = (u64, u64, u64, u32, u64);
 const TABLETS: TableDefinition<TabletKey, TabletRow> = TableDefinition::new("tablets");
+const IDENTITIES: TableDefinition<u64, &str> = TableDefinition::new("server_identities");
+/// `(start_hash, end_hash, old server_id, old shard, old map_version, dest
+/// server_id, dest shard, committed_version)`, keyed like `tablets`.
+type MoveRow = (u64, u64, u64, u32, u64, u64, u32, u64);
+const MOVES: TableDefinition<TabletKey, MoveRow> = TableDefinition::new("moves");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -93,6 +110,8 @@ impl Store {
             txn.open_table(SERVERS)?;
             txn.open_table(TABLES)?;
             txn.open_table(TABLETS)?;
+            txn.open_table(IDENTITIES)?;
+            txn.open_table(MOVES)?;
         }
         txn.commit()?;
         Ok(())
@@ -160,6 +179,34 @@ impl Store {
             });
         }
 
+        for row in txn.open_table(IDENTITIES)?.iter()? {
+            let (id, identity) = row?;
+            model
+                .identities
+                .insert(id.value(), identity.value().to_string());
+        }
+
+        for row in txn.open_table(MOVES)?.iter()? {
+            let (key, value) = row?;
+            let (s, e, old_server, old_shard, old_version, dest_server, dest_shard, committed) =
+                value.value();
+            model.moves.insert(
+                key.value(),
+                MoveRecord {
+                    old: Tablet {
+                        start_hash: s,
+                        end_hash: e,
+                        server_id: old_server,
+                        shard: old_shard,
+                        map_version: old_version,
+                    },
+                    dest_server,
+                    dest_shard,
+                    committed_version: committed,
+                },
+            );
+        }
+
         model
             .validate()
             .map_err(|e| anyhow::anyhow!("inconsistent metadata: {e}"))?;
@@ -174,17 +221,51 @@ impl Store {
             let mut servers = txn.open_table(SERVERS)?;
             let mut tables = txn.open_table(TABLES)?;
             let mut tablets = txn.open_table(TABLETS)?;
+            let mut identities = txn.open_table(IDENTITIES)?;
+            let mut moves = txn.open_table(MOVES)?;
             for op in ops {
                 match op {
                     Op::Counter(name, value) => {
                         counters.insert(*name, *value)?;
                     }
-                    Op::PutServer { id, shard_addrs } => {
+                    Op::PutServer {
+                        id,
+                        shard_addrs,
+                        identity,
+                    } => {
                         let addrs: Vec<&str> = shard_addrs.iter().map(String::as_str).collect();
                         servers.insert(*id, addrs)?;
+                        if identity.is_empty() {
+                            identities.remove(*id)?;
+                        } else {
+                            identities.insert(*id, identity.as_str())?;
+                        }
                     }
                     Op::DeleteServer { id } => {
                         servers.remove(*id)?;
+                        identities.remove(*id)?;
+                    }
+                    Op::PutMove {
+                        table,
+                        index,
+                        record: r,
+                    } => {
+                        moves.insert(
+                            (*table, *index),
+                            (
+                                r.old.start_hash,
+                                r.old.end_hash,
+                                r.old.server_id,
+                                r.old.shard,
+                                r.old.map_version,
+                                r.dest_server,
+                                r.dest_shard,
+                                r.committed_version,
+                            ),
+                        )?;
+                    }
+                    Op::DeleteMove { table, index } => {
+                        moves.remove((*table, *index))?;
                     }
                     Op::PutTable { id, name } => {
                         tables.insert(*id, name.as_str())?;
@@ -192,6 +273,7 @@ impl Store {
                     Op::DeleteTable { id } => {
                         tables.remove(*id)?;
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
+                        moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                     }
                     Op::PutTablet {
                         table,

@@ -86,17 +86,24 @@ async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
     assert_eq!(a2.map_version, b2.map_version);
     assert_covers_hash_space(&a2);
     assert_covers_hash_space(&b2);
-    // Exactly the tablets of id1 moved to id3 (round-robin over its shards),
-    // with the new version; id2's are untouched.
+    // Exactly the tablets of id1 were re-homed, round-robin over every live
+    // shard (shard 0 of each server by id, then shard 1), with the new
+    // version; id2's are untouched.
+    let slots = [
+        (id2, 0u32, s2[0].addr.clone()),
+        (id3, 0, s1[0].addr.clone()),
+        (id3, 1, s1[1].addr.clone()),
+    ];
     let mut expected = Vec::new();
     let mut next_shard = 0usize;
     for (old, new) in [(&a, &a2), (&b, &b2)] {
         for (i, (o, n)) in old.tablets.iter().zip(&new.tablets).enumerate() {
             assert_eq!((o.start_hash, o.end_hash), (n.start_hash, n.end_hash));
             if o.server_id == id1 {
-                assert_eq!(n.server_id, id3, "table {} tablet {i}", old.name);
-                assert_eq!(n.shard as usize, next_shard % 2);
-                assert_eq!(n.addr, s1[next_shard % 2].addr);
+                let (server, shard, addr) = &slots[next_shard % slots.len()];
+                assert_eq!(n.server_id, *server, "table {} tablet {i}", old.name);
+                assert_eq!(n.shard, *shard);
+                assert_eq!(n.addr, *addr);
                 assert_eq!(n.map_version, a2.map_version);
                 next_shard += 1;
                 expected.push((
@@ -131,9 +138,9 @@ async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
     }
     assert_eq!(
         takes(&take_log(&log)).len(),
-        a.tablets
+        a2.tablets
             .iter()
-            .chain(&b.tablets)
+            .chain(&b2.tablets)
             .filter(|t| t.server_id == id2)
             .count()
     );
@@ -191,15 +198,14 @@ async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
     s1[0].fail.lock().unwrap().clear();
     let s2 = fake_server(&log, 1).await;
     let id3 = enlist(&c, addrs(&s2)).await;
+    // They spread over both live servers (id2 takes them again now).
     let t2 = open(&c, "t").await;
-    assert!(t2.tablets.iter().all(|x| x.server_id == id3));
+    let owners: Vec<u64> = t2.tablets.iter().map(|x| x.server_id).collect();
+    assert_eq!(owners, vec![id2, id3]);
     assert!(t2.map_version > t.map_version);
     let got = takes(&take_log(&log));
     assert_eq!(got.len(), 2);
-    assert!(
-        got.iter()
-            .all(|g| g.0 == s2[0].addr && g.4 == t2.map_version)
-    );
+    assert!(got.iter().all(|g| g.4 == t2.map_version));
     coord.shutdown().await;
 }
 
@@ -489,8 +495,9 @@ async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
     let msg = expect_err(&reply, Status::Internal);
     assert!(msg.contains("was retired during the move"), "{msg}");
     let t3 = open(&c, "t").await;
-    assert_eq!(t3.tablets[0].server_id, new_src);
-    assert_eq!(t3.tablets[0].addr, src);
+    // Re-homed on the first live slot: shard 0 of the lowest server id.
+    assert_eq!(t3.tablets[0].server_id, new_dest);
+    assert_eq!(t3.tablets[0].addr, dest[0].addr);
     assert!(t3.map_version > t2.map_version);
     let ids: Vec<u64> = list_servers(&c).await.iter().map(|s| s.id).collect();
     assert_eq!(ids, vec![new_dest, new_src]);

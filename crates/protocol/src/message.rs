@@ -181,6 +181,10 @@ pub enum Request<'a> {
     DropTablet {
         table: u64,
         start_hash: u64,
+        /// Drop only a copy that serves nothing here (receiving, or moved
+        /// out): what clearing up after a move needs, so that it never drops
+        /// a tablet that was assigned to this shard again meanwhile.
+        only_if_not_serving: bool,
     },
     /// Freeze the tablet for writes and copy its objects to the shard at `dest_addr`.
     MigrateTablet {
@@ -206,6 +210,14 @@ pub enum Request<'a> {
     Enlist {
         #[serde(deserialize_with = "crate::limits::shard_addrs")]
         shard_addrs: Vec<String>,
+        /// The server's identity, kept in its data directory: the same value
+        /// across restarts of one server, different for two servers. Empty:
+        /// none (the coordinator then matches the server by address only).
+        identity: String,
+        /// Retire any registered server with another identity that claims one
+        /// of these addresses (the operator says it is dead). Without it such
+        /// an enlistment is refused.
+        replace: bool,
     },
     CreateTable {
         name: String,

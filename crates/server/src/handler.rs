@@ -56,9 +56,7 @@ fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), 
         return Err(Status::UnknownTablet);
     };
     match state.tablets.borrow().get(&(table, range.start)) {
-        Some(m) if write && !m.serves_writes() => Err(Status::Retry),
-        Some(m) if !m.serves_reads() => Err(Status::Retry),
-        Some(_) => Ok(()),
+        Some(m) => m.refusal(write).map_or(Ok(()), Err),
         None => Err(Status::UnknownTablet),
     }
 }
@@ -255,11 +253,7 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 }
             }
             // Taking a tablet we hold re-activates it (and un-freezes an aborted move).
-            let meta = TabletMeta {
-                map_version,
-                state: tablet_state,
-                frozen: false,
-            };
+            let meta = TabletMeta::new(map_version, tablet_state);
             state.tablets.borrow_mut().insert((table, start_hash), meta);
             state.recount_unusual();
             tracing::info!(
@@ -272,7 +266,25 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             );
             reply(out, id, &Response::Done)
         }
-        Request::DropTablet { table, start_hash } => {
+        Request::DropTablet {
+            table,
+            start_hash,
+            only_if_not_serving,
+        } => {
+            let serving = state
+                .tablets
+                .borrow()
+                .get(&(table, start_hash))
+                .is_some_and(|m| m.serves_reads());
+            if only_if_not_serving && serving {
+                tracing::info!(
+                    shard = state.index,
+                    table,
+                    start_hash,
+                    "kept tablet: it serves here"
+                );
+                return reply(out, id, &Response::Done);
+            }
             state.tablets.borrow_mut().remove(&(table, start_hash));
             state.engine.borrow_mut().drop_tablet(table, start_hash);
             state.recount_unusual();
@@ -460,10 +472,13 @@ fn enumerate(
     max_bytes: u32,
     out: &mut BytesMut,
 ) {
-    if let Some(m) = state.tablets.borrow().get(&(table, tablet_start))
-        && !m.serves_reads()
-    {
-        return encode_error(out, id, Status::Retry, "tablet is being moved");
+    let refusal = state
+        .tablets
+        .borrow()
+        .get(&(table, tablet_start))
+        .and_then(|m| m.refusal(false));
+    if let Some(status) = refusal {
+        return encode_error(out, id, status, "tablet is being moved or has moved");
     }
     let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
     let engine = state.engine.borrow();

@@ -7,6 +7,7 @@
 mod conn;
 mod enumerate;
 mod handler;
+mod identity;
 mod migrate;
 mod scan;
 mod shard;
@@ -14,11 +15,12 @@ mod shard;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use insitu_client::rpc::RpcConn;
 use insitu_engine::EngineConfig;
-use insitu_protocol::{Request, Response};
+use insitu_protocol::{Request, Response, Status};
 use tokio::sync::watch;
 
 /// How a storage server is started.
@@ -36,6 +38,12 @@ pub struct ServerConfig {
     pub dir: PathBuf,
     /// Engine settings; `memory_budget_bytes` is for the whole server and is split evenly over the shards.
     pub engine: EngineConfig,
+    /// Ask the coordinator to retire any registered server with another
+    /// identity on this server's addresses (the operator says it is dead).
+    pub replace: bool,
+    /// How long to keep trying to reach the coordinator at start (with
+    /// back-off) before giving up.
+    pub enlist_patience: Duration,
 }
 
 impl ServerConfig {
@@ -49,6 +57,8 @@ impl ServerConfig {
                 .unwrap_or(1),
             dir: dir.into(),
             engine: EngineConfig::default(),
+            replace: false,
+            enlist_patience: Duration::from_secs(300),
         }
     }
 }
@@ -80,6 +90,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     }
     std::fs::create_dir_all(&config.dir)
         .with_context(|| format!("cannot create data directory {}", config.dir.display()))?;
+    // Who this server is, across restarts: kept in its data directory.
+    let identity = identity::load_or_create(&config.dir)?;
     let mut engine_config = config.engine.clone();
     engine_config.memory_budget_bytes =
         (config.engine.memory_budget_bytes / config.shards).max(config.engine.segment_bytes);
@@ -119,19 +131,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         threads.push(t);
     }
 
-    let enlist = async {
-        let conn = RpcConn::connect(&config.coordinator).await?;
-        let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
-        let reply = conn.call(&Request::Enlist { shard_addrs: addrs }).await?;
-        match reply.decode()? {
-            Response::Enlisted { server_id } => Ok::<u64, anyhow::Error>(server_id),
-            other => bail!(
-                "coordinator refused enlistment: {} {:?}",
-                reply.status,
-                other
-            ),
-        }
-    };
+    let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
+    let enlist = enlist(&config, addrs, identity);
     let server_id = match enlist.await {
         Ok(id) => id,
         Err(e) => {
@@ -152,4 +153,88 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         stop: stop_tx,
         threads,
     })
+}
+
+/// Why one enlistment attempt failed.
+enum EnlistError {
+    /// The coordinator could not be reached or did not answer: try again.
+    Unreachable(anyhow::Error),
+    /// The coordinator answered with a refusal: final.
+    Refused(anyhow::Error),
+}
+
+/// Enlist with the coordinator, retrying with back-off (100 ms doubling to
+/// 5 s, each retry logged) while it cannot be reached or asks to retry, for
+/// at most `config.enlist_patience`. A refusal is final.
+async fn enlist(
+    config: &ServerConfig,
+    addrs: Vec<String>,
+    identity: String,
+) -> anyhow::Result<u64> {
+    let give_up = Instant::now() + config.enlist_patience;
+    let mut pause = Duration::from_millis(100);
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let e = match enlist_once(config, addrs.clone(), identity.clone()).await {
+            Ok(id) => return Ok(id),
+            Err(EnlistError::Refused(e)) => return Err(e),
+            Err(EnlistError::Unreachable(e)) => e,
+        };
+        if Instant::now() + pause > give_up {
+            return Err(e.context(format!(
+                "gave up after {attempts} attempts in {:?}",
+                config.enlist_patience
+            )));
+        }
+        tracing::warn!(
+            coordinator = %config.coordinator,
+            attempt = attempts,
+            retry_in_ms = pause.as_millis() as u64,
+            "cannot enlist with the coordinator yet, retrying: {e:#}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn enlist_once(
+    config: &ServerConfig,
+    shard_addrs: Vec<String>,
+    identity: String,
+) -> Result<u64, EnlistError> {
+    const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+    let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::connect(&config.coordinator))
+        .await
+        .map_err(|_| EnlistError::Unreachable(anyhow::anyhow!("connecting timed out")))?
+        .map_err(|e| EnlistError::Unreachable(e.into()))?;
+    let request = Request::Enlist {
+        shard_addrs,
+        identity,
+        replace: config.replace,
+    };
+    let reply = conn
+        .call_timeout(&request, CALL_TIMEOUT)
+        .await
+        .map_err(|e| EnlistError::Unreachable(e.into()))?;
+    if reply.status == Status::Retry {
+        return Err(EnlistError::Unreachable(anyhow::anyhow!(
+            "coordinator busy: {}",
+            reply.error_message()
+        )));
+    }
+    if !reply.status.is_ok() {
+        return Err(EnlistError::Refused(anyhow::anyhow!(
+            "coordinator refused enlistment: {}: {}",
+            reply.status,
+            reply.error_message()
+        )));
+    }
+    match reply.decode() {
+        Ok(Response::Enlisted { server_id }) => Ok(server_id),
+        Ok(other) => Err(EnlistError::Refused(anyhow::anyhow!(
+            "unexpected reply to Enlist: {other:?}"
+        ))),
+        Err(e) => Err(EnlistError::Refused(e.into())),
+    }
 }

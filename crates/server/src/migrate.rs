@@ -2,6 +2,8 @@
 //! live objects in bounded batches, and the destination installs them with
 //! their versions. The coordinator then switches the map (see ARCHITECTURE.md).
 
+use std::time::Duration;
+
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Object, Request, Status, TabletState, blob};
 
@@ -11,12 +13,28 @@ use crate::shard::ShardState;
 /// Payload bytes per MigrateBatch: well under a frame, large enough to amortise a round trip.
 const BATCH_BYTES: usize = 1024 * 1024;
 
+/// Connecting to the destination shard must succeed within this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One MigrateBatch (about 1 MiB) must be acknowledged within this; a
+/// destination that stops answering fails the migration instead of keeping
+/// the tablet frozen for ever.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Copy the tablet to `dest_addr` (which holds it `Receiving`).
+///
+/// The tablet is frozen (writes get `Retry`) for the copy. On success it is
+/// left *moved out*: it never answers again (see `TabletMeta::moved_out`),
+/// because the coordinator may activate the destination at any moment. On
+/// failure it un-freezes by itself, since the coordinator commits the new
+/// owner only after an Ok reply. Either change applies only if no abort
+/// (`TakeTablet`) or other migration took the tablet over meanwhile.
 pub async fn migrate_out(
     state: &ShardState,
     table: u64,
     start_hash: u64,
     dest_addr: &str,
 ) -> Result<(), (Status, String)> {
+    let id = state.migrations.get() + 1;
     {
         let mut tablets = state.tablets.borrow_mut();
         let Some(meta) = tablets.get_mut(&(table, start_hash)) else {
@@ -25,10 +43,65 @@ pub async fn migrate_out(
                 format!("tablet {table}/{start_hash:#x} is not on this shard"),
             ));
         };
+        if !meta.serves_writes() {
+            return Err((
+                Status::BadRequest,
+                format!(
+                    "tablet {table}/{start_hash:#x} cannot be migrated: it is not plainly active here \
+                     (receiving, moved out, or already being migrated)"
+                ),
+            ));
+        }
         meta.frozen = true;
+        meta.migration = id;
     }
+    state.migrations.set(id);
     state.recount_unusual();
+    let result = copy_out(state, table, start_hash, dest_addr).await;
+    let mut tablets = state.tablets.borrow_mut();
+    let ours = tablets
+        .get_mut(&(table, start_hash))
+        .filter(|m| m.frozen && m.migration == id);
+    let outcome = match (result, ours) {
+        (Ok(()), Some(meta)) => {
+            meta.moved_out = true;
+            Ok(())
+        }
+        (Err(e), Some(meta)) => {
+            meta.frozen = false;
+            meta.migration = 0;
+            tracing::warn!(
+                shard = state.index,
+                table,
+                start_hash,
+                dest_addr,
+                "migration failed; the tablet serves again here: {}",
+                e.1
+            );
+            Err(e)
+        }
+        (Ok(()), None) | (Err(_), None) => Err((
+            Status::Retry,
+            format!(
+                "the migration of tablet {table}/{start_hash:#x} was aborted or superseded meanwhile"
+            ),
+        )),
+    };
+    drop(tablets);
+    state.recount_unusual();
+    outcome
+}
+
+/// The copy itself: every live object with its version, then the version floor.
+async fn copy_out(
+    state: &ShardState,
+    table: u64,
+    start_hash: u64,
+    dest_addr: &str,
+) -> Result<(), (Status, String)> {
     // Writes are refused from here on, so this copy is the tablet's final content.
+    // (To switch to the engine's chunked extraction: extract one chunk per
+    // batch below instead of the whole tablet here.)
     let (objects, next_version) = {
         let engine = state.engine.borrow();
         let objects = engine
@@ -40,8 +113,14 @@ pub async fn migrate_out(
             .unwrap_or(1);
         (objects, next_version)
     };
-    let conn = RpcConn::connect(dest_addr)
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(dest_addr))
         .await
+        .map_err(|_| {
+            (
+                Status::Internal,
+                format!("cannot connect to {dest_addr}: timed out after {CONNECT_TIMEOUT:?}"),
+            )
+        })?
         .map_err(|e| (Status::Internal, e.to_string()))?;
     let mut sent = 0usize;
     let mut batches = 0usize;
@@ -66,12 +145,15 @@ pub async fn migrate_out(
             })
             .collect();
         let reply = conn
-            .call(&Request::MigrateBatch {
-                table,
-                start_hash,
-                next_version,
-                objects: batch,
-            })
+            .call_timeout(
+                &Request::MigrateBatch {
+                    table,
+                    start_hash,
+                    next_version,
+                    objects: batch,
+                },
+                BATCH_TIMEOUT,
+            )
             .await
             .map_err(|e| {
                 (

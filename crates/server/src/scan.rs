@@ -83,8 +83,8 @@ fn check_tablet(
             ),
         ));
     }
-    if !meta.serves_reads() || (write && !meta.serves_writes()) {
-        return Err((Status::Retry, "tablet is being moved".into()));
+    if let Some(status) = meta.refusal(write) {
+        return Err((status, "tablet is being moved or has moved".into()));
     }
     Ok(())
 }

@@ -21,14 +21,47 @@ pub struct TabletMeta {
     pub state: TabletState,
     /// Writes are refused with Retry while the tablet is being copied away.
     pub frozen: bool,
+    /// A migration out of this shard completed: the destination holds every
+    /// object and may accept writes as soon as the coordinator activates it,
+    /// so this copy never answers a read, write or scan again (it answers
+    /// `UnknownTablet`, which makes a client with an old map refresh it). Only
+    /// an aborted move (`TakeTablet{Active}`) makes it serve again;
+    /// `DropTablet` frees it.
+    pub moved_out: bool,
+    /// Id of the migration that froze the tablet (0: none), so a migration
+    /// that was aborted meanwhile neither marks the tablet moved out nor
+    /// un-freezes a state that an abort or a newer migration set.
+    pub migration: u64,
 }
 
 impl TabletMeta {
+    /// A plain assignment: `state`, not frozen, not moved out.
+    pub fn new(map_version: u64, state: TabletState) -> TabletMeta {
+        TabletMeta {
+            map_version,
+            state,
+            frozen: false,
+            moved_out: false,
+            migration: 0,
+        }
+    }
     pub fn serves_reads(&self) -> bool {
-        self.state == TabletState::Active
+        self.state == TabletState::Active && !self.moved_out
     }
     pub fn serves_writes(&self) -> bool {
-        self.state == TabletState::Active && !self.frozen
+        self.serves_reads() && !self.frozen
+    }
+    /// The status that refuses a read (`write` false) or a write, or `None`
+    /// to go on: `UnknownTablet` once moved out (the client refreshes its map
+    /// and finds the new owner), `Retry` while receiving or frozen.
+    pub fn refusal(&self, write: bool) -> Option<insitu_protocol::Status> {
+        if self.moved_out {
+            Some(insitu_protocol::Status::UnknownTablet)
+        } else if !self.serves_reads() || (write && !self.serves_writes()) {
+            Some(insitu_protocol::Status::Retry)
+        } else {
+            None
+        }
     }
 }
 
@@ -45,6 +78,8 @@ pub struct ShardState {
     pub connections: Cell<usize>,
     /// Enumerations in progress, so each batch costs O(batch) (enumerate.rs).
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
+    /// Last migration id handed out on this shard (see `TabletMeta::migration`).
+    pub migrations: Cell<u64>,
 }
 
 impl ShardState {
@@ -89,6 +124,7 @@ pub fn run_shard(
         unusual_tablets: Cell::new(0),
         connections: Cell::new(0),
         enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
+        migrations: Cell::new(0),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {

@@ -64,6 +64,10 @@ pub struct FakeShard {
     pub addr: String,
     /// Request kinds ("Take", "Drop", "Migrate", "Activate") this shard refuses.
     pub fail: Arc<Mutex<HashSet<&'static str>>>,
+    /// Request kinds this shard logs and never answers (a stuck or paused process).
+    pub hang: Arc<Mutex<HashSet<&'static str>>>,
+    /// Request kinds on which this shard closes the connection without a reply (a dead process).
+    pub close: Arc<Mutex<HashSet<&'static str>>>,
 }
 
 /// A fake storage shard: answers control requests with Done (or an injected
@@ -74,10 +78,13 @@ pub async fn fake_shard(log: Log) -> FakeShard {
         .expect("bind fake shard");
     let addr = listener.local_addr().expect("local addr").to_string();
     let fail: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
-    let (addr2, fail2) = (addr.clone(), fail.clone());
+    let hang: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
+    let close: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
+    let (addr2, fail2, hang2, close2) = (addr.clone(), fail.clone(), hang.clone(), close.clone());
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let (log, addr, fail) = (log.clone(), addr2.clone(), fail2.clone());
+            let (hang, close) = (hang2.clone(), close2.clone());
             tokio::spawn(async move {
                 let (read_half, mut write_half) = stream.into_split();
                 let mut frames = FramedRead::new(read_half, FrameCodec::default());
@@ -98,7 +105,9 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                             version: map_version,
                             state,
                         }),
-                        Ok(Request::DropTablet { table, start_hash }) => Some(Ctl::Drop {
+                        Ok(Request::DropTablet {
+                            table, start_hash, ..
+                        }) => Some(Ctl::Drop {
                             table,
                             start: start_hash,
                         }),
@@ -130,8 +139,15 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                             "fake shard: unexpected request",
                         ),
                         Some(ctl) => {
-                            let refuse = fail.lock().unwrap().contains(ctl.kind());
+                            let kind = ctl.kind();
+                            let refuse = fail.lock().unwrap().contains(kind);
                             log.lock().unwrap().push((addr.clone(), ctl));
+                            if hang.lock().unwrap().contains(kind) {
+                                std::future::pending::<()>().await;
+                            }
+                            if close.lock().unwrap().contains(kind) {
+                                break;
+                            }
                             if refuse {
                                 encode_error(
                                     &mut out,
@@ -151,7 +167,12 @@ pub async fn fake_shard(log: Log) -> FakeShard {
             });
         }
     });
-    FakeShard { addr, fail }
+    FakeShard {
+        addr,
+        fail,
+        hang,
+        close,
+    }
 }
 
 /// A fake server: `shards` fake shards.
@@ -238,7 +259,22 @@ pub fn expect_err(reply: &Reply, status: Status) -> String {
 }
 
 pub async fn enlist(conn: &RpcConn, shard_addrs: Vec<String>) -> u64 {
-    match expect_ok(&call(conn, Request::Enlist { shard_addrs }).await) {
+    enlist_as(conn, shard_addrs, "", false).await
+}
+
+/// Enlist with an identity (and the operator's `replace`).
+pub async fn enlist_as(
+    conn: &RpcConn,
+    shard_addrs: Vec<String>,
+    identity: &str,
+    replace: bool,
+) -> u64 {
+    let request = Request::Enlist {
+        shard_addrs,
+        identity: identity.into(),
+        replace,
+    };
+    match expect_ok(&call(conn, request).await) {
         Response::Enlisted { server_id } => server_id,
         other => panic!("expected Enlisted, got {other:?}"),
     }
@@ -299,4 +335,15 @@ pub fn assert_covers_hash_space(info: &TableInfo) {
 
 pub fn take_log(log: &Log) -> Vec<(String, Ctl)> {
     std::mem::take(&mut *log.lock().unwrap())
+}
+
+/// Wait (at most 10 s) until `log` holds an entry that `pred` accepts.
+pub async fn wait_for_log(log: &Log, what: &str, pred: impl Fn(&(String, Ctl)) -> bool) {
+    for _ in 0..1000 {
+        if log.lock().unwrap().iter().any(&pred) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never saw {what}: {:?}", log.lock().unwrap());
 }

@@ -1,0 +1,219 @@
+//! Tables: create and drop, and the shard calls they share.
+
+use futures::future::join_all;
+use insitu_keyhash::HashRange;
+use insitu_protocol::{Request, Response, Status, TabletState};
+use tracing::{info, warn};
+
+use crate::model::{MAP_VERSION, NEXT_TABLE_ID, Op, Tablet};
+use crate::service::{Coordinator, MAX_TABLETS, Reject, Reply, unknown_table, validate_name};
+use crate::shards::{CONTROL_TIMEOUT, CallError};
+
+impl Coordinator {
+    pub(crate) async fn create_table(&self, name: String, count: u32) -> Reply {
+        validate_name(&name)?;
+        if count == 0 || count > MAX_TABLETS {
+            return Err(Reject::bad(format!(
+                "a table needs 1 to {MAX_TABLETS} tablets, got {count}"
+            )));
+        }
+        let guard = self.meta_lock.lock().await;
+        let (id, version, slots) = {
+            let model = self.model();
+            if model.by_name.contains_key(&name) {
+                return Err(Reject::new(
+                    Status::TableExists,
+                    format!("table {name:?} already exists"),
+                ));
+            }
+            let slots = model.placement_slots();
+            if slots.is_empty() {
+                return Err(Reject::new(
+                    Status::NoServers,
+                    "no storage servers have enlisted: start a server first",
+                ));
+            }
+            (model.next_table_id, model.map_version + 1, slots)
+        };
+        // Reserve the id and the version first, so that even if this create
+        // fails half-way (and a shard keeps a copy we could not drop), neither
+        // is ever handed out again.
+        self.commit(
+            &guard,
+            vec![
+                Op::Counter(NEXT_TABLE_ID, id + 1),
+                Op::Counter(MAP_VERSION, version),
+            ],
+        )
+        .await?;
+
+        let tablets: Vec<Tablet> = HashRange::split_even(u64::from(count))
+            .into_iter()
+            .enumerate()
+            .map(|(i, range)| {
+                let (server_id, shard) = slots[i % slots.len()];
+                Tablet {
+                    start_hash: range.start,
+                    end_hash: range.end,
+                    server_id,
+                    shard,
+                    map_version: version,
+                }
+            })
+            .collect();
+        let addrs = self.addrs_of(&tablets)?;
+
+        let takes = tablets.iter().zip(&addrs).map(|(t, addr)| {
+            let request = Request::TakeTablet {
+                table: id,
+                start_hash: t.start_hash,
+                end_hash: t.end_hash,
+                map_version: version,
+                state: TabletState::Active,
+            };
+            async move { self.shards.call(addr, &request, CONTROL_TIMEOUT).await }
+        });
+        let results = join_all(takes).await;
+        let failures: Vec<String> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                r.as_ref().err().map(|e| {
+                    format!(
+                        "tablet {i} on server {} shard {} ({}): {e}",
+                        tablets[i].server_id, tablets[i].shard, addrs[i]
+                    )
+                })
+            })
+            .collect();
+        if !failures.is_empty() {
+            // A transport failure may still have created the tablet: drop everywhere
+            // except where the shard positively refused.
+            let undo: Vec<usize> = (0..tablets.len())
+                .filter(|&i| !matches!(results[i], Err(CallError::Rejected(..))))
+                .collect();
+            self.drop_tablets(
+                id,
+                undo.iter()
+                    .map(|&i| (tablets[i].start_hash, addrs[i].as_str())),
+            )
+            .await;
+            warn!(table = %name, failures = ?failures, "create table failed: a shard did not take its tablet");
+            return Err(Reject::internal(format!(
+                "cannot create table {name:?}: {} of {count} tablets could not be placed; first: {}",
+                failures.len(),
+                failures[0]
+            )));
+        }
+
+        let mut ops = vec![Op::PutTable {
+            id,
+            name: name.clone(),
+        }];
+        ops.extend(tablets.iter().enumerate().map(|(i, t)| Op::PutTablet {
+            table: id,
+            index: i as u32,
+            tablet: t.clone(),
+        }));
+        if let Err(e) = self.commit(&guard, ops).await {
+            self.drop_tablets(
+                id,
+                tablets
+                    .iter()
+                    .zip(&addrs)
+                    .map(|(t, a)| (t.start_hash, a.as_str())),
+            )
+            .await;
+            return Err(e);
+        }
+        let info = self
+            .model()
+            .table_info(id)
+            .ok_or_else(|| Reject::internal("table vanished after create"))?;
+        drop(guard);
+        info!(table = %name, table_id = id, tablets = count, map_version = version, "table created");
+        Ok(Response::Table(info))
+    }
+
+    pub(crate) async fn drop_table(&self, name: String) -> Reply {
+        let guard = self.meta_lock.lock().await;
+        let (id, owners, version) = {
+            let model = self.model();
+            let id = *model
+                .by_name
+                .get(&name)
+                .ok_or_else(|| unknown_table(&name))?;
+            let table = model.tables.get(&id).ok_or_else(|| unknown_table(&name))?;
+            let owners: Vec<(u64, String)> = table
+                .tablets
+                .iter()
+                // An orphaned tablet is held by no live shard.
+                .filter(|t| !t.is_orphaned())
+                .map(|t| {
+                    (
+                        t.start_hash,
+                        model
+                            .shard_addr(t.server_id, t.shard)
+                            .unwrap_or_default()
+                            .to_string(),
+                    )
+                })
+                .collect();
+            (id, owners, model.map_version + 1)
+        };
+        self.commit(
+            &guard,
+            vec![Op::DeleteTable { id }, Op::Counter(MAP_VERSION, version)],
+        )
+        .await?;
+        drop(guard);
+        info!(table = %name, table_id = id, map_version = version, "table dropped");
+        self.drop_tablets(
+            id,
+            owners.iter().map(|(start, addr)| (*start, addr.as_str())),
+        )
+        .await;
+        Ok(Response::Done)
+    }
+
+    /// Best effort: DropTablet on each (start_hash, shard address), in parallel; failures are logged.
+    pub(crate) async fn drop_tablets<'a>(
+        &self,
+        table: u64,
+        tablets: impl Iterator<Item = (u64, &'a str)>,
+    ) {
+        let calls = tablets.map(|(start_hash, addr)| async move {
+            if let Err(e) = self
+                .shards
+                .call(
+                    addr,
+                    &Request::DropTablet {
+                        table,
+                        start_hash,
+                        only_if_not_serving: false,
+                    },
+                    CONTROL_TIMEOUT,
+                )
+                .await
+            {
+                warn!(table, start_hash, addr, "DropTablet failed: {e}");
+            }
+        });
+        join_all(calls).await;
+    }
+
+    pub(crate) fn addrs_of(&self, tablets: &[Tablet]) -> Result<Vec<String>, Reject> {
+        let model = self.model();
+        tablets
+            .iter()
+            .map(|t| {
+                model
+                    .shard_addr(t.server_id, t.shard)
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        Reject::internal(format!("server {} has no shard {}", t.server_id, t.shard))
+                    })
+            })
+            .collect()
+    }
+}
