@@ -358,6 +358,9 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
     // Objects written, input lines read, batches sent: for the progress
     // bar and for saying how far a failed load got.
     let (mut loaded, mut line_no, mut batches) = (0u64, 0u64, 0u64);
+    // The input line of the current batch's first object: where a load
+    // interrupted by a bad line left off.
+    let mut batch_first_line = 1u64;
     let started = Instant::now();
     loop {
         line.clear();
@@ -368,15 +371,29 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
             line_no += 1;
             bar.inc(n as u64);
             match parse_line(&line, json) {
-                Ok(Some(kv)) => pending.push(kv),
+                Ok(Some(kv)) => {
+                    if pending.is_empty() {
+                        batch_first_line = line_no;
+                    }
+                    pending.push(kv);
+                }
                 Ok(None) => {}
                 Err(e) => {
                     bar.finish_and_clear();
+                    let written = match loaded {
+                        0 => "nothing was written".to_string(),
+                        n if batches == 1 => format!("{n} objects were written (batch 1)"),
+                        n => format!("{n} objects were written (batches 1 to {batches})"),
+                    };
                     bail!(
-                        "{} line {line_no}: {e:#}; load stopped there: {loaded} objects were \
-                         written (all before batch {}), none from this batch or later lines",
+                        "{} line {line_no}: {e:#}; load stopped there: {written}, \
+                         nothing from line {} on",
                         path.display(),
-                        batches + 1
+                        if pending.is_empty() {
+                            line_no
+                        } else {
+                            batch_first_line
+                        }
                     );
                 }
             }

@@ -78,7 +78,7 @@ enum Command {
         table: String,
         /// The input: JSON lines if it ends in .json, .jsonl or .ndjson, else CSV (no header line).
         file: PathBuf,
-        /// Objects per multiWrite batch.
+        /// Objects sent per batch (one multi-write request per batch and server).
         #[arg(long, default_value_t = 1000)]
         batch: usize,
     },

@@ -229,7 +229,13 @@ fn a_load_that_fails_part_way_says_how_far_it_got() {
         &["load", "t", path.to_str().unwrap(), "--batch", "2"],
     );
     assert!(code == 1 && err.contains("line 4"), "{err}");
-    assert!(err.contains("2 objects were written"), "{err}");
+    assert!(
+        err.contains("2 objects were written (batch 1), nothing from line 3 on"),
+        "{err}"
+    );
+    std::fs::write(&path, "bad\n").unwrap();
+    let (code, _, err) = cli(&addr, &["load", "t", path.to_str().unwrap()]);
+    assert!(code == 1 && err.contains("nothing was written"), "{err}");
 }
 
 #[test]
