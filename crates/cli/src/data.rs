@@ -1,6 +1,6 @@
 //! Client commands: tables, point operations, scan, load, status, tablet moves.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -25,34 +25,28 @@ impl std::error::Error for NotFound {}
 pub enum TableCmd {
     /// Create a table split into N tablets spread over the servers.
     Create {
+        /// The new table's name.
         name: String,
+        /// Tablets (hash ranges) to split it into, 1 to 1024; more tablets spread it over more shards.
         #[arg(long, default_value_t = 4)]
         tablets: u32,
-        #[command(flatten)]
-        cluster: ClusterArg,
     },
     /// List tables and their tablets.
-    List {
-        #[command(flatten)]
-        cluster: ClusterArg,
-    },
+    List,
     /// Drop a table and free its memory on every server.
-    Drop {
-        name: String,
-        #[command(flatten)]
-        cluster: ClusterArg,
-    },
+    Drop { name: String },
 }
 
 #[derive(Subcommand)]
 pub enum TabletCmd {
     /// Move tablet TABLET_INDEX of TABLE to server SERVER_ID (writes during the move wait, none is lost).
     Move {
+        /// The table.
         table: String,
+        /// Which of its tablets, from 0 (`insitu table list` shows how many there are).
         tablet_index: u32,
+        /// The server to move it to (`insitu status` lists the servers).
         server_id: u64,
-        #[command(flatten)]
-        cluster: ClusterArg,
     },
 }
 
@@ -63,80 +57,87 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the tokio runtime")
 }
 
-async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
-    Client::connect(&cluster.cluster).await.with_context(|| {
-        format!(
-            "cannot reach the insitu cluster at {} (is `insitu up` running?)",
-            cluster.cluster
-        )
+/// Connect to the coordinator at `--cluster`, with errors that say what to check.
+pub(crate) async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
+    let addr = cluster.cluster.as_str();
+    // A missing port would otherwise read "invalid socket address".
+    let has_port = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !has_port {
+        bail!("--cluster {addr:?} is not an address: write HOST:PORT, e.g. 127.0.0.1:7070");
+    }
+    Client::connect(addr).await.with_context(|| {
+        format!("cannot reach the insitu cluster at {addr} (is `insitu up` running there?)")
     })
 }
 
 /// Connect and look the table up: what every per-table command starts with.
-async fn open(
+pub(crate) async fn open(
     cluster: &ClusterArg,
     table: &str,
 ) -> anyhow::Result<(Client, insitu_client::TableInfo)> {
     let client = connect(cluster).await?;
-    let info = client.open_table(table).await?;
-    Ok((client, info))
+    match client.open_table(table).await {
+        Ok(info) => Ok((client, info)),
+        Err(e) if e.status() == Some(insitu_client::Status::UnknownTable) => bail!(
+            "unknown table {table:?} (`insitu table list` shows the tables, \
+             `insitu table create {table}` makes it)"
+        ),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn not_found(key: &str, table: &str) -> anyhow::Error {
     NotFound(format!("no object with key {key:?} in table {table}")).into()
 }
 
-pub fn run(command: Command) -> anyhow::Result<()> {
-    runtime()?.block_on(run_async(command))
+pub fn run(command: Command, cluster: &ClusterArg) -> anyhow::Result<()> {
+    runtime()?.block_on(run_async(command, cluster))
 }
 
-async fn run_async(command: Command) -> anyhow::Result<()> {
+async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()> {
     match command {
-        Command::Table(TableCmd::Create {
-            name,
-            tablets,
-            cluster,
-        }) => {
-            let client = connect(&cluster).await?;
+        Command::Table(TableCmd::Create { name, tablets }) => {
+            let client = connect(cluster).await?;
             let info = client.create_table(&name, tablets).await?;
-            println!(
+            crate::outln!(
                 "created table {} (id {}) with {} tablets",
                 info.name,
                 info.id,
                 info.tablets.len()
-            );
+            )?;
         }
-        Command::Table(TableCmd::List { cluster }) => {
-            let client = connect(&cluster).await?;
+        Command::Table(TableCmd::List) => {
+            let client = connect(cluster).await?;
             let tables = client.list_tables().await?;
             if tables.is_empty() {
-                println!("no tables");
+                crate::outln!("no tables")?;
             }
             for t in tables {
                 let mut servers: Vec<u64> = t.tablets.iter().map(|x| x.server_id).collect();
                 servers.sort_unstable();
                 servers.dedup();
-                println!(
+                crate::outln!(
                     "{}\tid {}\t{} tablets\tservers {:?}",
                     t.name,
                     t.id,
                     t.tablets.len(),
                     servers
-                );
+                )?;
             }
         }
-        Command::Table(TableCmd::Drop { name, cluster }) => {
-            let client = connect(&cluster).await?;
+        Command::Table(TableCmd::Drop { name }) => {
+            let client = connect(cluster).await?;
             client.drop_table(&name).await?;
-            println!("dropped table {name}");
+            crate::outln!("dropped table {name}")?;
         }
         Command::Tablet(TabletCmd::Move {
             table,
             tablet_index,
             server_id,
-            cluster,
         }) => {
-            let client = connect(&cluster).await?;
+            let client = connect(cluster).await?;
             let started = Instant::now();
             match client.move_tablet(&table, tablet_index, server_id).await {
                 Ok(()) => {}
@@ -150,27 +151,24 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
                 ),
                 Err(e) => return Err(e.into()),
             }
-            println!(
+            crate::outln!(
                 "moved tablet {tablet_index} of {table} to server {server_id} in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
-            );
+            )?;
         }
         Command::Put {
             table,
             key,
             value,
-            cluster,
+            file,
         } => {
-            let (client, t) = open(&cluster, &table).await?;
-            let version = client.write(t.id, key.as_bytes(), value.as_bytes()).await?;
-            println!("ok (version {version})");
+            let value = put_value(value, file.as_deref())?;
+            let (client, t) = open(cluster, &table).await?;
+            let version = client.write(t.id, key.as_bytes(), &value).await?;
+            crate::outln!("ok (version {version})")?;
         }
-        Command::Get {
-            table,
-            key,
-            cluster,
-        } => {
-            let (client, t) = open(&cluster, &table).await?;
+        Command::Get { table, key } => {
+            let (client, t) = open(cluster, &table).await?;
             match client.read(t.id, key.as_bytes()).await? {
                 Some((value, _version)) => {
                     let mut out = std::io::stdout().lock();
@@ -180,23 +178,15 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
                 None => return Err(not_found(&key, &table)),
             }
         }
-        Command::Del {
-            table,
-            key,
-            cluster,
-        } => {
-            let (client, t) = open(&cluster, &table).await?;
+        Command::Del { table, key } => {
+            let (client, t) = open(cluster, &table).await?;
             match client.remove(t.id, key.as_bytes()).await? {
-                Some(version) => println!("removed (version {version})"),
+                Some(version) => crate::outln!("removed (version {version})")?,
                 None => return Err(not_found(&key, &table)),
             }
         }
-        Command::Scan {
-            table,
-            limit,
-            cluster,
-        } => {
-            let (client, t) = open(&cluster, &table).await?;
+        Command::Scan { table, limit } => {
+            let (client, t) = open(cluster, &table).await?;
             let mut cursor = client.enumerate(t.id);
             let mut printed = 0u64;
             let limit = limit.unwrap_or(u64::MAX);
@@ -215,20 +205,15 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
             }
             out.flush()?;
         }
-        Command::Load {
-            table,
-            file,
-            batch,
-            cluster,
-        } => {
+        Command::Load { table, file, batch } => {
             anyhow::ensure!(
                 (1..=100_000).contains(&batch),
                 "--batch must be between 1 and 100000"
             );
-            let (client, t) = open(&cluster, &table).await?;
+            let (client, t) = open(cluster, &table).await?;
             load(&client, t.id, &file, batch).await?;
         }
-        Command::Status { cluster } => status(&cluster).await?,
+        Command::Status => status(cluster).await?,
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Server(_)
@@ -241,6 +226,40 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The largest value `put` reads from stdin or a file: one request's body
+/// limit (a server refuses larger values anyway, most with a lower limit of
+/// its own), so a mistaken `put t k - < huge` fails before reading it all.
+const MAX_PUT_VALUE_BYTES: u64 = insitu_protocol::frame::MAX_BODY_BYTES as u64;
+
+/// The value of `put`: the argument, stdin for `-`, or `--file` (clap
+/// refuses a value together with --file).
+fn put_value(value: Option<String>, file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
+    let (reader, what): (Box<dyn std::io::Read>, String) = match (value, file) {
+        (Some(v), None) if v != "-" => return Ok(v.into_bytes()),
+        (Some(_), None) => (Box::new(std::io::stdin().lock()), "standard input".into()),
+        (None, Some(path)) => (
+            Box::new(
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot open {}", path.display()))?,
+            ),
+            path.display().to_string(),
+        ),
+        (Some(_), Some(_)) => bail!("give either VALUE or --file, not both"),
+        (None, None) => bail!("give VALUE, `-` (standard input) or --file PATH"),
+    };
+    let mut out = Vec::new();
+    reader
+        .take(MAX_PUT_VALUE_BYTES + 1)
+        .read_to_end(&mut out)
+        .with_context(|| format!("cannot read the value from {what}"))?;
+    anyhow::ensure!(
+        out.len() as u64 <= MAX_PUT_VALUE_BYTES,
+        "the value in {what} is over {} MiB, more than one request may carry",
+        MAX_PUT_VALUE_BYTES >> 20
+    );
+    Ok(out)
 }
 
 /// Parse one input line into (key, value). CSV `key,value` (value may hold
@@ -282,6 +301,55 @@ fn parse_line(line: &str, json: bool) -> anyhow::Result<Option<(Vec<u8>, Vec<u8>
     Ok(Some((key, value)))
 }
 
+/// What one batch of `load` achieved.
+struct BatchOutcome {
+    /// Objects of the batch the servers stored.
+    written: u64,
+    /// Why the batch (or part of it) failed: the first failing key's error,
+    /// or the whole request's.
+    failed: Option<String>,
+}
+
+async fn write_batch(client: &Client, table: u64, batch: &[(Vec<u8>, Vec<u8>)]) -> BatchOutcome {
+    let results = match client.multi_write(table, batch).await {
+        Ok(r) => r,
+        Err(e) => {
+            return BatchOutcome {
+                written: 0,
+                failed: Some(format!("the whole batch failed: {e}")),
+            };
+        }
+    };
+    let mut outcome = BatchOutcome {
+        written: 0,
+        failed: None,
+    };
+    let mut failures = 0u64;
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(_) => outcome.written += 1,
+            Err(e) => {
+                failures += 1;
+                if outcome.failed.is_none() {
+                    outcome.failed = Some(format!(
+                        "writing key {:?}: {e}",
+                        String::from_utf8_lossy(&batch[i].0)
+                    ));
+                }
+            }
+        }
+    }
+    if failures > 1
+        && let Some(why) = &mut outcome.failed
+    {
+        why.push_str(&format!(
+            " (and {} more keys of the batch failed)",
+            failures - 1
+        ));
+    }
+    outcome
+}
+
 async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow::Result<()> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -298,7 +366,12 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
     let mut reader = std::io::BufReader::new(file);
     let mut line = String::new();
     let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(batch);
-    let (mut loaded, mut line_no) = (0u64, 0u64);
+    // Objects written, input lines read, batches sent: for the progress
+    // bar and for saying how far a failed load got.
+    let (mut loaded, mut line_no, mut batches) = (0u64, 0u64, 0u64);
+    // The input line of the current batch's first object: where a load
+    // interrupted by a bad line left off.
+    let mut batch_first_line = 1u64;
     let started = Instant::now();
     loop {
         line.clear();
@@ -308,23 +381,48 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
         if n > 0 {
             line_no += 1;
             bar.inc(n as u64);
-            if let Some(kv) = parse_line(&line, json)
-                .with_context(|| format!("{} line {line_no}", path.display()))?
-            {
-                pending.push(kv);
-            }
-        }
-        if pending.len() >= batch || (n == 0 && !pending.is_empty()) {
-            let results = client.multi_write(table, &pending).await?;
-            for (i, r) in results.into_iter().enumerate() {
-                if let Err(e) = r {
+            match parse_line(&line, json) {
+                Ok(Some(kv)) => {
+                    if pending.is_empty() {
+                        batch_first_line = line_no;
+                    }
+                    pending.push(kv);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    bar.finish_and_clear();
+                    let written = match loaded {
+                        0 => "nothing was written".to_string(),
+                        n if batches == 1 => format!("{n} objects were written (batch 1)"),
+                        n => format!("{n} objects were written (batches 1 to {batches})"),
+                    };
                     bail!(
-                        "writing key {:?}: {e}",
-                        String::from_utf8_lossy(&pending[i].0)
+                        "{} line {line_no}: {e:#}; load stopped there: {written}, \
+                         nothing from line {} on",
+                        path.display(),
+                        if pending.is_empty() {
+                            line_no
+                        } else {
+                            batch_first_line
+                        }
                     );
                 }
             }
-            loaded += pending.len() as u64;
+        }
+        if pending.len() >= batch || (n == 0 && !pending.is_empty()) {
+            batches += 1;
+            let written = write_batch(client, table, &pending).await;
+            loaded += written.written;
+            if let Some(why) = written.failed {
+                bar.finish_and_clear();
+                bail!(
+                    "load stopped at batch {batches} ({} objects, ending at {} line {line_no}): {why}; \
+                     {loaded} objects were written ({} of them from this batch), lines after {line_no} were not read",
+                    pending.len(),
+                    path.display(),
+                    written.written,
+                );
+            }
             pending.clear();
             bar.set_message(format!("{loaded} objects"));
         }
@@ -334,10 +432,10 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
-    println!(
+    crate::outln!(
         "loaded {loaded} objects in {secs:.2} s ({:.0} objects/s)",
         loaded as f64 / secs.max(1e-9)
-    );
+    )?;
     Ok(())
 }
 
@@ -345,22 +443,28 @@ async fn status(cluster: &ClusterArg) -> anyhow::Result<()> {
     let client = connect(cluster).await?;
     let servers = client.list_servers().await?;
     let tables = client.list_tables().await?;
-    println!(
+    crate::outln!(
         "coordinator {}: {} servers, {} tables",
         cluster.cluster,
         servers.len(),
         tables.len()
-    );
-    println!(
+    )?;
+    crate::outln!(
         "{:>6} {:>6} {:<22} {:>8} {:>12} {:>12} {:>12}",
-        "server", "shard", "address", "tablets", "objects", "live MiB", "used MiB"
-    );
+        "server",
+        "shard",
+        "address",
+        "tablets",
+        "objects",
+        "live MiB",
+        "used MiB"
+    )?;
     for s in servers {
         for (i, addr) in s.shard_addrs.iter().enumerate() {
             match client.shard_stats(addr).await {
                 Ok(st) => {
                     let objects: u64 = st.tablets.iter().map(|t| t.objects).sum();
-                    println!(
+                    crate::outln!(
                         "{:>6} {:>6} {:<22} {:>8} {:>12} {:>12.1} {:>12.1}",
                         s.id,
                         i,
@@ -369,9 +473,9 @@ async fn status(cluster: &ClusterArg) -> anyhow::Result<()> {
                         objects,
                         st.live_bytes as f64 / 1048576.0,
                         st.segment_bytes as f64 / 1048576.0
-                    );
+                    )?;
                 }
-                Err(e) => println!("{:>6} {:>6} {:<22} unreachable: {e}", s.id, i, addr),
+                Err(e) => crate::outln!("{:>6} {:>6} {:<22} unreachable: {e}", s.id, i, addr)?,
             }
         }
     }

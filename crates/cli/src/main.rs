@@ -14,17 +14,21 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Global, so it may come before or after the subcommand.
+    #[command(flatten)]
+    cluster: ClusterArg,
 }
 
 /// Where client commands find the cluster.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ClusterArg {
-    /// Coordinator address.
+    /// Coordinator address (HOST:PORT) the client commands connect to.
     #[arg(
         long,
         env = "INSITU_CLUSTER",
         default_value = "127.0.0.1:7070",
-        global = true
+        global = true,
+        value_name = "HOST:PORT"
     )]
     pub cluster: String,
 }
@@ -43,52 +47,43 @@ enum Command {
     /// Move tablets between servers.
     #[command(subcommand)]
     Tablet(data::TabletCmd),
-    /// Write VALUE under KEY.
+    /// Write a value under KEY: the VALUE argument, `-` for standard input, or --file.
     Put {
+        /// The table (see `insitu table list`).
         table: String,
+        /// The key (any UTF-8 text).
         key: String,
-        value: String,
-        #[command(flatten)]
-        cluster: ClusterArg,
+        /// The value; `-` reads it from standard input (bytes as they are, a final newline included).
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        value: Option<String>,
+        /// Read the value from this file (for values too large for an argument).
+        #[arg(long, value_name = "PATH")]
+        file: Option<PathBuf>,
     },
     /// Print the value under KEY (exit code 1 if there is none).
-    Get {
-        table: String,
-        key: String,
-        #[command(flatten)]
-        cluster: ClusterArg,
-    },
+    Get { table: String, key: String },
     /// Remove KEY.
-    Del {
-        table: String,
-        key: String,
-        #[command(flatten)]
-        cluster: ClusterArg,
-    },
+    Del { table: String, key: String },
     /// Print a table's objects as `key<TAB>value` lines.
     Scan {
+        /// The table (see `insitu table list`).
         table: String,
         /// Stop after this many objects.
         #[arg(long)]
         limit: Option<u64>,
-        #[command(flatten)]
-        cluster: ClusterArg,
     },
     /// Load a CSV (`key,value`) or JSON-lines (`{"key": ..., "value": ...}`) file into a table.
     Load {
+        /// The table to load into (create it first with `insitu table create`).
         table: String,
+        /// The input: JSON lines if it ends in .json, .jsonl or .ndjson, else CSV (no header line).
         file: PathBuf,
-        /// Objects per multiWrite batch.
+        /// Objects sent per batch (one multi-write request per batch and server).
         #[arg(long, default_value_t = 1000)]
         batch: usize,
-        #[command(flatten)]
-        cluster: ClusterArg,
     },
     /// Servers, tablets per server, objects and memory used.
-    Status {
-        #[command(flatten)]
-        cluster: ClusterArg,
-    },
+    Status,
     /// Benchmarks (each reports ratios against a reference measured in the same run).
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -165,8 +160,54 @@ fn init_tracing(default: &str) {
         .try_init();
 }
 
+/// `println!` that returns the write's error instead of panicking, so a
+/// closed stdout (`insitu scan t | head`) ends the command quietly (see
+/// `is_broken_pipe`). Every command's output goes through it.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// Whether `e` comes from writing to a closed pipe. Rust ignores SIGPIPE, so
+/// a write to a closed stdout fails with EPIPE; we end quietly with status 0
+/// then (the reader chose to stop, as `head` does), rather than restoring the
+/// default SIGPIPE, which would also kill the commands that run servers
+/// in-process whenever a peer's socket closes under a write.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `--cluster` is global (accepted before or after the subcommand), but the
+/// roles that run servers do not connect to a cluster: refuse it there rather
+/// than ignore it.
+fn refuse_cluster_for_roles(matches: &clap::ArgMatches, command: &Command) -> anyhow::Result<()> {
+    if matches.value_source("cluster") != Some(clap::parser::ValueSource::CommandLine) {
+        return Ok(());
+    }
+    let hint = match command {
+        Command::Up(_) => "`insitu up` runs its own coordinator: choose its port with --port",
+        Command::Coordinator(_) => "`insitu coordinator` listens on --host and --port",
+        Command::Server(_) => "`insitu server` takes the coordinator's address as --coordinator",
+        Command::Bench(_) => "the benchmarks start their own clusters",
+        _ => return Ok(()),
+    };
+    anyhow::bail!("--cluster is for the client commands; {hint}")
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = refuse_cluster_for_roles(&matches, &cli.command) {
+        return report(Err(e));
+    }
+    let cluster = &cli.cluster;
     let result = match cli.command {
         Command::Up(args) => {
             init_tracing("info");
@@ -241,27 +282,33 @@ fn main() -> std::process::ExitCode {
         }
         Command::Count(args) => {
             init_tracing("warn");
-            ops::count(args)
+            ops::count(args, cluster)
         }
         Command::Agg(args) => {
             init_tracing("warn");
-            ops::agg(args)
+            ops::agg(args, cluster)
         }
         Command::Update(args) => {
             init_tracing("warn");
-            ops::update(args)
+            ops::update(args, cluster)
         }
         Command::Train(cmd) => {
             init_tracing("warn");
-            ops::train(cmd)
+            ops::train(cmd, cluster)
         }
         other => {
             init_tracing("warn");
-            data::run(other)
+            data::run(other, cluster)
         }
     };
+    report(result)
+}
+
+/// The exit status of a command, its error (if any) printed on stderr.
+fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             if let Some(data::NotFound(msg)) = e.downcast_ref::<data::NotFound>() {
                 eprintln!("{msg}");

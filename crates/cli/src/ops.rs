@@ -25,8 +25,11 @@ use crate::ClusterArg;
 
 #[derive(clap::Args)]
 pub struct CountArgs {
+    /// The table (see `insitu table list`).
     pub table: String,
-    /// Only objects matching this expression, e.g. `i64@0 > 5 and not u8@8 = 0`.
+    /// Only objects matching this expression: fields TYPE@BYTE_OFFSET of the value (i32, i64,
+    /// f64 or u8, little-endian) compared with = != < <= > >= or `between A and B`, joined by
+    /// and, or, not and parentheses; e.g. `i64@0 > 5 and not u8@8 = 0`.
     #[arg(long = "where")]
     pub filter: Option<String>,
     /// Only keys >= this (bytewise).
@@ -35,25 +38,24 @@ pub struct CountArgs {
     /// Only keys < this (bytewise).
     #[arg(long)]
     pub to_key: Option<String>,
-    #[command(flatten)]
-    pub cluster: ClusterArg,
 }
 
 #[derive(clap::Args)]
 pub struct AggArgs {
+    /// The table (see `insitu table list`).
     pub table: String,
     /// sum, min, max, avg or count.
     pub func: String,
     /// The field, e.g. `i64@0`.
     pub field: String,
+    /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
     pub filter: Option<String>,
-    #[command(flatten)]
-    pub cluster: ClusterArg,
 }
 
 #[derive(clap::Args)]
 pub struct UpdateArgs {
+    /// The table (see `insitu table list`).
     pub table: String,
     /// The field to change, e.g. `i64@0`.
     pub field: String,
@@ -63,10 +65,9 @@ pub struct UpdateArgs {
     /// Set the field to this number.
     #[arg(long, allow_hyphen_values = true)]
     pub set: Option<String>,
+    /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
     pub filter: Option<String>,
-    #[command(flatten)]
-    pub cluster: ClusterArg,
 }
 
 #[derive(clap::Subcommand)]
@@ -75,11 +76,15 @@ pub enum TrainCmd {
     /// on the servers. Points: `--dims` little-endian f32 at byte 0, then a
     /// label byte (0 or 1) at byte 4*dims (override with --label-offset).
     Logreg {
+        /// The table of points (see `insitu table list`).
         table: String,
+        /// Features per point (f32 each).
         #[arg(long)]
         dims: u32,
+        /// Gradient-descent steps (one pass over the table each).
         #[arg(long, default_value_t = 10)]
         iterations: u32,
+        /// Learning rate (step size).
         #[arg(long, default_value_t = 0.5)]
         rate: f64,
         /// Byte offset of the vector.
@@ -88,8 +93,6 @@ pub enum TrainCmd {
         /// Byte offset of the label (default: right after the vector).
         #[arg(long)]
         label_offset: Option<u32>,
-        #[command(flatten)]
-        cluster: ClusterArg,
     },
 }
 
@@ -357,14 +360,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 async fn open(cluster: &ClusterArg, table: &str) -> anyhow::Result<(Client, u64)> {
-    let client = Client::connect(&cluster.cluster).await.with_context(|| {
-        format!(
-            "cannot reach the insitu cluster at {} (is `insitu up` running?)",
-            cluster.cluster
-        )
-    })?;
-    let id = client.open_table(table).await?.id;
-    Ok((client, id))
+    let (client, info) = crate::data::open(cluster, table).await?;
+    Ok((client, info.id))
 }
 
 fn show(n: Number) -> String {
@@ -374,7 +371,7 @@ fn show(n: Number) -> String {
     }
 }
 
-pub fn count(a: CountArgs) -> anyhow::Result<()> {
+pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let mut sel = selection(&a.filter)?;
     if a.from_key.is_some() || a.to_key.is_some() {
         sel.key_range = Some(KeyRange {
@@ -383,14 +380,14 @@ pub fn count(a: CountArgs) -> anyhow::Result<()> {
         });
     }
     runtime()?.block_on(async {
-        let (client, id) = open(&a.cluster, &a.table).await?;
+        let (client, id) = open(cluster, &a.table).await?;
         let n = client.count(id, &sel).await?;
-        println!("{n}");
+        crate::outln!("{n}")?;
         Ok(())
     })
 }
 
-pub fn agg(a: AggArgs) -> anyhow::Result<()> {
+pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let field = parse_field(&a.field)?;
     let func = a.func.to_ascii_lowercase();
     if !["sum", "min", "max", "avg", "count"].contains(&func.as_str()) {
@@ -401,7 +398,7 @@ pub fn agg(a: AggArgs) -> anyhow::Result<()> {
     }
     let sel = selection(&a.filter)?;
     runtime()?.block_on(async {
-        let (client, id) = open(&a.cluster, &a.table).await?;
+        let (client, id) = open(cluster, &a.table).await?;
         let r = client.aggregate(id, field, &sel).await?;
         let float = field.is_float();
         let out = match func.as_str() {
@@ -411,12 +408,12 @@ pub fn agg(a: AggArgs) -> anyhow::Result<()> {
             "min" => r.min.map_or("null".into(), show),
             _ => r.max.map_or("null".into(), show),
         };
-        println!("{out}");
+        crate::outln!("{out}")?;
         Ok(())
     })
 }
 
-pub fn update(a: UpdateArgs) -> anyhow::Result<()> {
+pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let field = parse_field(&a.field)?;
     let action = match (&a.add, &a.set) {
         (Some(x), None) => UpdateAction::Add(parse_number(x).with_context(|| "bad --add")?),
@@ -427,14 +424,14 @@ pub fn update(a: UpdateArgs) -> anyhow::Result<()> {
     insitu_compute::check_action(field, action).map_err(|e| anyhow::anyhow!("bad update: {e}"))?;
     let sel = selection(&a.filter)?;
     runtime()?.block_on(async {
-        let (client, id) = open(&a.cluster, &a.table).await?;
+        let (client, id) = open(cluster, &a.table).await?;
         let n = client.update(id, field, action, &sel).await?;
-        println!("updated {n} objects");
+        crate::outln!("updated {n} objects")?;
         Ok(())
     })
 }
 
-pub fn train(cmd: TrainCmd) -> anyhow::Result<()> {
+pub fn train(cmd: TrainCmd, cluster: &ClusterArg) -> anyhow::Result<()> {
     let TrainCmd::Logreg {
         table,
         dims,
@@ -442,7 +439,6 @@ pub fn train(cmd: TrainCmd) -> anyhow::Result<()> {
         rate,
         offset,
         label_offset,
-        cluster,
     } = cmd;
     anyhow::ensure!(
         (1..=insitu_protocol::plan::MAX_DIMS).contains(&dims),
@@ -455,16 +451,16 @@ pub fn train(cmd: TrainCmd) -> anyhow::Result<()> {
         label_offset: label_offset.unwrap_or(offset + 4 * dims),
     };
     runtime()?.block_on(async {
-        let (client, id) = open(&cluster, &table).await?;
+        let (client, id) = open(cluster, &table).await?;
         let started = Instant::now();
         let m = client.train_logreg(id, layout, iterations, rate).await?;
         for (i, l) in m.losses.iter().enumerate() {
-            println!("iteration {:>4}  mean log-loss {l:.6}", i + 1);
+            crate::outln!("iteration {:>4}  mean log-loss {l:.6}", i + 1)?;
         }
-        println!("trained in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
-        println!("bias {}", m.bias);
+        crate::outln!("trained in {:.1} ms", started.elapsed().as_secs_f64() * 1e3)?;
+        crate::outln!("bias {}", m.bias)?;
         let w: Vec<String> = m.weights.iter().map(|w| w.to_string()).collect();
-        println!("weights {}", w.join(" "));
+        crate::outln!("weights {}", w.join(" "))?;
         Ok(())
     })
 }

@@ -12,7 +12,7 @@ use insitu_protocol::{
 };
 
 use crate::error::ClientError;
-use crate::routing::{Backoff, Endpoint, EndpointPool, RouteCache, TableRoute};
+use crate::routing::{Endpoint, EndpointPool, Retry, RouteCache, TableRoute, call_endpoint};
 use crate::rpc::Reply;
 
 /// A value and its version, as `read` returns it (`None`: no such object).
@@ -161,50 +161,14 @@ impl Client {
 
     // ---- coordinator ---------------------------------------------------
 
-    /// One request to the coordinator. Connection failures and `Retry` are
-    /// retried with back-off until `deadline` when `idempotent`; otherwise only
-    /// a failure to connect (nothing was sent) is. The reply's status is the
-    /// caller's to check.
+    /// One request to the coordinator; see `call_endpoint`.
     pub(crate) async fn coord_call(
         &self,
         request: &Request<'_>,
         idempotent: bool,
         deadline: Instant,
     ) -> Result<Reply, ClientError> {
-        let start = Instant::now();
-        let ep = &self.inner.coordinator;
-        let mut backoff = Backoff::new();
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let err = match ep.conn(deadline).await {
-                Err(e) if e.is_connection() => e,
-                Err(e) => return Err(since(start, e)),
-                Ok(conn) => match conn
-                    .call_timeout(request, deadline.saturating_duration_since(Instant::now()))
-                    .await
-                {
-                    Ok(reply) if reply.status == Status::Retry && idempotent => {
-                        ClientError::Status(Status::Retry, reply.error_message())
-                    }
-                    Ok(reply) => return Ok(reply),
-                    Err(e) => {
-                        ep.drop_if_closed();
-                        let e = ClientError::from_rpc(&ep.addr, e);
-                        if !e.is_connection() || !idempotent {
-                            return Err(since(start, e));
-                        }
-                        e
-                    }
-                },
-            };
-            if Instant::now() < deadline {
-                backoff.wait(deadline).await;
-            }
-            if Instant::now() >= deadline {
-                return Err(gave_up(start, attempts, err));
-            }
-        }
+        call_endpoint(&self.inner.coordinator, request, idempotent, deadline).await
     }
 
     fn deadline(&self) -> Instant {
@@ -389,49 +353,15 @@ impl Client {
 
     /// Memory and tablet figures of the shard at `addr`.
     pub async fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
-        let start = Instant::now();
-        let deadline = self.deadline();
         let ep = self.inner.pool.get(addr);
-        let mut backoff = Backoff::new();
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let err = match ep.conn(deadline).await {
-                Err(e) if e.is_connection() => e,
-                Err(e) => return Err(e),
-                Ok(conn) => match conn
-                    .call_timeout(
-                        &Request::ShardStats,
-                        deadline.saturating_duration_since(Instant::now()),
-                    )
-                    .await
-                {
-                    Ok(reply) => {
-                        check_ok(&reply)?;
-                        return match decode(&reply, addr)? {
-                            Response::ShardStats(s) => Ok(s),
-                            other => Err(ClientError::unexpected(
-                                addr,
-                                format!("{other:?} to ShardStats"),
-                            )),
-                        };
-                    }
-                    Err(e) => {
-                        ep.drop_if_closed();
-                        let e = ClientError::from_rpc(addr, e);
-                        if !e.is_connection() {
-                            return Err(since(start, e));
-                        }
-                        e
-                    }
-                },
-            };
-            if Instant::now() < deadline {
-                backoff.wait(deadline).await;
-            }
-            if Instant::now() >= deadline {
-                return Err(gave_up(start, attempts, err));
-            }
+        let reply = call_endpoint(&ep, &Request::ShardStats, true, self.deadline()).await?;
+        check_ok(&reply)?;
+        match decode(&reply, addr)? {
+            Response::ShardStats(s) => Ok(s),
+            other => Err(ClientError::unexpected(
+                addr,
+                format!("{other:?} to ShardStats"),
+            )),
         }
     }
 
@@ -450,20 +380,11 @@ impl Client {
         make: impl Fn(&TabletInfo) -> Request<'r>,
         finish: impl FnOnce(Reply, &TabletInfo, &str) -> Result<T, ClientError>,
     ) -> Result<T, ClientError> {
-        let start = Instant::now();
-        let deadline = start + self.inner.config.op_timeout;
+        let deadline = self.deadline();
+        let mut retry = Retry::new(deadline);
         let mut seen_version = 0;
-        let mut attempts = 0u32;
-        let mut backoff = Backoff::new();
-        // The error of the previous attempt (or map refresh), reported if time is up.
-        let mut last: Option<ClientError> = None;
         loop {
-            if let Some(e) = last.take()
-                && Instant::now() >= deadline
-            {
-                return Err(gave_up(start, attempts, e));
-            }
-            attempts += 1;
+            let attempts = retry.attempt();
             let again = match self.inner.routes.get(table) {
                 None => None,
                 Some(route) => {
@@ -482,7 +403,7 @@ impl Client {
                                     err: e,
                                     backoff: true,
                                 }),
-                                Err(e) => return Err(since(start, e)),
+                                Err(e) => return Err(retry.fail(e)),
                                 Ok(conn) => match conn
                                     .call_timeout(
                                         &request,
@@ -518,7 +439,7 @@ impl Client {
                                         let e = ClientError::from_rpc(&ep.addr, e);
                                         ep.drop_if_closed();
                                         if !e.is_connection() || !retry_after_send {
-                                            return Err(since(start, e));
+                                            return Err(retry.fail(e));
                                         }
                                         Some(Again {
                                             err: e,
@@ -532,21 +453,17 @@ impl Client {
                 }
             };
             if let Some(again) = again {
-                if again.backoff && Instant::now() < deadline {
-                    backoff.wait(deadline).await;
-                }
-                last = Some(again.err);
-                if Instant::now() >= deadline {
-                    continue;
-                }
+                retry.again(again).await?;
             }
             match self.refresh(table, seen_version, deadline).await {
                 Ok(_) => {}
                 Err(e) if Self::refresh_error_is_transient(&e) => {
-                    last = Some(e);
-                    if Instant::now() < deadline {
-                        backoff.wait(deadline).await;
-                    }
+                    retry
+                        .again(Again {
+                            err: e,
+                            backoff: true,
+                        })
+                        .await?;
                 }
                 Err(e) => return Err(e),
             }
@@ -764,6 +681,32 @@ mod tests {
         send(c.create_table("t", 1));
         let mut cursor = c.enumerate(1);
         send(async move { cursor.next_batch().await });
+    }
+
+    #[tokio::test]
+    async fn retry_gives_up_at_the_deadline_with_the_last_error() {
+        let mut retry = Retry::new(Instant::now() + Duration::from_millis(20));
+        // Before the deadline a try without back-off may go again at once.
+        assert_eq!(retry.attempt(), 1);
+        let again = |backoff| Again {
+            err: ClientError::Closed("shard".into()),
+            backoff,
+        };
+        assert!(retry.again(again(false)).await.is_ok());
+        let given_up = loop {
+            let n = retry.attempt();
+            assert!(n < 1000, "back-off must reach the deadline");
+            if let Err(e) = retry.again(again(true)).await {
+                break (n, e);
+            }
+        };
+        match given_up {
+            (n, ClientError::GaveUp { attempts, last, .. }) => {
+                assert_eq!(attempts, n);
+                assert!(matches!(*last, ClientError::Closed(_)), "{last}");
+            }
+            (_, other) => panic!("expected a give-up, got {other}"),
+        }
     }
 
     #[test]

@@ -18,12 +18,13 @@ pub enum ClientError {
     #[error("{}", status_text(*.0, .1))]
     Status(Status, String),
 
-    /// A TCP connection could not be opened.
-    #[error("cannot connect to {addr}: {source}")]
+    /// A TCP connection could not be opened. The I/O error is part of the
+    /// message and deliberately not a `source()`: error reporters that print
+    /// the chain (`anyhow`'s `{:#}`) would otherwise show it twice.
+    #[error("cannot connect to {addr}: {error}")]
     Connect {
         addr: String,
-        #[source]
-        source: Arc<std::io::Error>,
+        error: Arc<std::io::Error>,
     },
 
     /// The connection closed before the reply arrived. For a request that may
@@ -32,12 +33,12 @@ pub enum ClientError {
     Closed(String),
 
     /// No reply within the operation's time budget.
-    #[error("no reply from {addr} within {after:?}")]
+    #[error("no reply from {addr} within {after:.1?}")]
     Timeout { addr: String, after: Duration },
 
     /// Retries (map refreshes, reconnects, back-offs) did not succeed within
     /// the operation's time budget; `last` is the last error seen.
-    #[error("gave up after {after:?} and {attempts} attempts; last error: {last}")]
+    #[error("gave up after {after:.1?} and {attempts} attempts; last error: {last}")]
     GaveUp {
         after: Duration,
         attempts: u32,
@@ -49,12 +50,12 @@ pub enum ClientError {
     #[error("request body of {len} bytes exceeds the frame limit of {max} bytes")]
     RequestTooLarge { len: usize, max: usize },
 
-    /// A reply could not be decoded.
-    #[error("protocol error with {addr}: {source}")]
+    /// A reply could not be decoded. (In the message, not a `source()`, as
+    /// for `Connect`.)
+    #[error("protocol error with {addr}: {error}")]
     Protocol {
         addr: String,
-        #[source]
-        source: Arc<ProtocolError>,
+        error: Arc<ProtocolError>,
     },
 
     /// A well-formed reply that does not answer the request that was sent.
@@ -99,7 +100,7 @@ impl ClientError {
         match e {
             RpcError::Connect { addr, source } => ClientError::Connect {
                 addr,
-                source: Arc::new(source),
+                error: Arc::new(source),
             },
             RpcError::Closed(addr) => ClientError::Closed(addr),
             RpcError::Timeout(after) => ClientError::Timeout {
@@ -111,7 +112,7 @@ impl ClientError {
             }
             RpcError::Protocol(source) => ClientError::Protocol {
                 addr: addr.to_string(),
-                source: Arc::new(source),
+                error: Arc::new(source),
             },
             RpcError::Unexpected(what) => ClientError::Unexpected {
                 addr: addr.to_string(),

@@ -1,13 +1,15 @@
-//! Where a key goes: the cached tablet maps and one connection per shard.
+//! Where a request goes and how it is retried: the cached tablet maps, one
+//! connection per address, the back-off and the retry bookkeeping.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use insitu_protocol::{TableInfo, TabletInfo};
+use insitu_protocol::{Request, Status, TableInfo, TabletInfo};
 
+use crate::client::{Again, gave_up, since};
 use crate::error::ClientError;
-use crate::rpc::RpcConn;
+use crate::rpc::{Reply, RpcConn};
 
 /// One remote address (a shard or the coordinator) and its cached connection.
 pub(crate) struct Endpoint {
@@ -215,6 +217,91 @@ impl Backoff {
         let left = deadline.saturating_duration_since(Instant::now());
         tokio::time::sleep(self.next.min(left)).await;
         self.next = (self.next * 2).min(Self::MAX);
+    }
+}
+
+/// The bookkeeping every retry loop shares: attempts, back-off, the deadline.
+/// A loop calls `attempt` before each try and `again` after each failed one.
+pub(crate) struct Retry {
+    /// When the operation began: give-ups and timeouts report time since.
+    start: Instant,
+    /// When the operation's time budget runs out.
+    deadline: Instant,
+    /// Tries so far, reported by a give-up.
+    attempts: u32,
+    /// The sleep between tries.
+    backoff: Backoff,
+}
+
+impl Retry {
+    pub(crate) fn new(deadline: Instant) -> Retry {
+        Retry {
+            start: Instant::now(),
+            deadline,
+            attempts: 0,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// Count the next try; returns its number (1 for the first).
+    pub(crate) fn attempt(&mut self) -> u32 {
+        self.attempts += 1;
+        self.attempts
+    }
+
+    /// After a failed try: sleep a back-off step if it asks for one (never
+    /// past the deadline); `Err` (a give-up carrying its error) once time is up.
+    pub(crate) async fn again(&mut self, again: Again) -> Result<(), ClientError> {
+        if again.backoff && Instant::now() < self.deadline {
+            self.backoff.wait(self.deadline).await;
+        }
+        if Instant::now() >= self.deadline {
+            return Err(gave_up(self.start, self.attempts, again.err));
+        }
+        Ok(())
+    }
+
+    /// A final error, its timeout reported as the whole operation's time.
+    pub(crate) fn fail(&self, e: ClientError) -> ClientError {
+        since(self.start, e)
+    }
+}
+
+/// One request to one endpoint (the coordinator, or a shard for requests
+/// not routed by key). Connection failures and `Retry` are retried with
+/// back-off until `deadline` when `idempotent`; otherwise only a failure to
+/// connect (nothing was sent) is. The reply's status is the caller's to check.
+pub(crate) async fn call_endpoint(
+    ep: &Endpoint,
+    request: &Request<'_>,
+    idempotent: bool,
+    deadline: Instant,
+) -> Result<Reply, ClientError> {
+    let mut retry = Retry::new(deadline);
+    loop {
+        retry.attempt();
+        let err = match ep.conn(deadline).await {
+            Err(e) if e.is_connection() => e,
+            Err(e) => return Err(retry.fail(e)),
+            Ok(conn) => match conn
+                .call_timeout(request, deadline.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Ok(reply) if reply.status == Status::Retry && idempotent => {
+                    ClientError::Status(Status::Retry, reply.error_message())
+                }
+                Ok(reply) => return Ok(reply),
+                Err(e) => {
+                    ep.drop_if_closed();
+                    let e = ClientError::from_rpc(&ep.addr, e);
+                    if !e.is_connection() || !idempotent {
+                        return Err(retry.fail(e));
+                    }
+                    e
+                }
+            },
+        };
+        retry.again(Again { err, backoff: true }).await?;
     }
 }
 
