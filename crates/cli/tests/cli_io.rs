@@ -7,14 +7,14 @@ mod common;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
-use common::{Proc, cli, free_port, insitu_bin};
+use common::{Proc, cli, free_port, insitu_bin, start};
 
 /// An `insitu up` (1 shard per server, small memory) on a free port.
 fn start_up() -> (Proc, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let data = dir.path().join("data");
-    let (up, _) = Proc::start(
+    let (up, _) = start(
         "up",
         &[
             "up",
