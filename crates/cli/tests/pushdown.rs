@@ -564,12 +564,43 @@ fn out_of_range_numbers_are_refused_and_sums_are_exact() {
             field: Field::U8(12),
             action: UpdateAction::Set(Number::I64(300)),
         }),
+        op_id: 0,
+        budget_ms: 0,
     };
     let (status, body) = raw_call(&tab.addr, &request);
     assert_eq!(status, Status::BadRequest);
     assert!(body.contains("out of range"), "{body}");
     let (got, _) = rt.block_on(client.read(t, int_key(0))).unwrap().unwrap();
     assert_eq!(got, original);
+
+    // One tablet refuses (an object at i64::MAX), the other applies: the
+    // error says which tablets applied, with counts, and which did not.
+    let mixed = rt.block_on(client.create_table("mixed", 2)).unwrap().id;
+    rt.block_on(load(&client, mixed, 40, value));
+    rt.block_on(client.write(mixed, int_key(1000), i64::MAX.to_le_bytes()))
+        .unwrap();
+    let e = rt
+        .block_on(client.update(
+            mixed,
+            Field::I64(0),
+            UpdateAction::Add(Number::I64(1)),
+            &Selection::all(),
+        ))
+        .unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(e.status(), Some(Status::BadRequest), "{msg}");
+    assert!(
+        msg.contains("failed on 1 of 2 tablets")
+            && msg.contains("objects)")
+            && msg.contains("not applied on [0x")
+            && msg.contains("out of range for i64"),
+        "{msg}"
+    );
+    let (got, _) = rt
+        .block_on(client.read(mixed, int_key(1000)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got[..], i64::MAX.to_le_bytes());
 }
 
 /// Send one request on a fresh connection; the reply's status and body (Debug).
@@ -589,4 +620,42 @@ fn raw_call(addr: &str, request: &insitu_protocol::Request<'_>) -> (Status, Stri
     s.read_exact(&mut body).unwrap();
     let reply = insitu_protocol::decode_response(&body).unwrap();
     (h.status, format!("{reply:?}"))
+}
+
+/// A resent update (same operation id, e.g. after its connection dropped)
+/// is answered with the remembered result, not applied twice; a new id applies.
+#[test]
+fn a_resent_update_is_applied_once() {
+    let cluster = Cluster::start(1, 1);
+    let rt = rt();
+    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
+    let t = rt.block_on(client.create_table("once", 1)).unwrap().id;
+    rt.block_on(load(&client, t, 10, value));
+    let info = rt.block_on(client.open_table("once")).unwrap();
+    let tab = &info.tablets[0];
+    let add = |op_id| insitu_protocol::Request::Scan {
+        table: t,
+        start_hash: tab.start_hash,
+        end_hash: tab.end_hash,
+        map_version: tab.map_version,
+        plan: ScanPlan::new(Op::Update {
+            field: Field::I64(0),
+            action: UpdateAction::Add(Number::I64(100)),
+        }),
+        op_id,
+        budget_ms: 10_000,
+    };
+    let first = raw_call(&tab.addr, &add(0xfeed));
+    let resent = raw_call(&tab.addr, &add(0xfeed));
+    assert_eq!(first.0, Status::Ok, "{}", first.1);
+    assert_eq!(resent, first, "the resend gets the remembered result");
+    let sum = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(client.aggregate(t, Field::I64(0), &Selection::all()))
+            .unwrap()
+            .sum_int
+    };
+    assert_eq!(sum(&rt), 45 + 100 * 10, "applied once");
+    let other = raw_call(&tab.addr, &add(0xbeef));
+    assert_eq!(other.0, Status::Ok, "{}", other.1);
+    assert_eq!(sum(&rt), 45 + 200 * 10, "a new operation id applies again");
 }

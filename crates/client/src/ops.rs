@@ -11,8 +11,13 @@
 //! the whole operation is redone on the new layout, so every hash range is
 //! counted exactly once: a result is exact or an error.
 //!
-//! Updates are not retried after a connection dropped with the request in
-//! flight (it may have been applied); a refusal is retried (nothing was applied).
+//! An update carries a random operation id, the same in every resend of a
+//! tablet's request: a shard that already applied it answers with the
+//! remembered result instead of applying it again, so a request lost with
+//! its connection is resent like a read. It also carries the time the
+//! client still waits; a shard whose budget passed writes nothing. If some
+//! tablets fail, the error names the tablets that applied (with counts) and
+//! those that did not.
 
 use std::time::{Duration, Instant};
 
@@ -104,18 +109,24 @@ impl Client {
                 .collect();
             let seen = route.map_version();
             drop(route);
+            let op_id = if is_update { new_op_id() } else { 0 };
             let calls = ranges
                 .iter()
-                .map(|&(s, e)| self.scan_tablet(table, s, e, plan, !is_update));
+                .map(|&(s, e)| self.scan_tablet(table, s, e, plan, op_id, deadline));
             let results = futures::future::join_all(calls).await;
             let mut layout_changed = None;
             let mut ok = Vec::with_capacity(results.len());
-            for r in results {
+            let mut failed = Vec::new();
+            for (r, &(s, _)) in results.into_iter().zip(&ranges) {
                 match r {
-                    Ok(r) => ok.push(r),
+                    Ok(r) => ok.push((s, r)),
                     Err(LayoutOr::Layout(why)) => layout_changed = Some(why),
+                    Err(LayoutOr::Error(e)) if is_update => failed.push((s, e)),
                     Err(LayoutOr::Error(e)) => return Err(e),
                 }
+            }
+            if let Some((_, first)) = failed.first() {
+                return Err(partial_update_error(first, &ok, &failed));
             }
             if let Some(why) = layout_changed {
                 // Partial results of an update on the unchanged tablets were
@@ -144,7 +155,7 @@ impl Client {
                 max_server_time: Duration::ZERO,
                 restarts: 0,
             };
-            for r in ok {
+            for (_, r) in ok {
                 out.visited += r.visited;
                 out.matched += r.matched;
                 out.restarts += r.restarts;
@@ -167,19 +178,26 @@ impl Client {
         start: u64,
         end: u64,
         plan: &ScanPlan,
-        retry_after_send: bool,
+        op_id: u64,
+        deadline: Instant,
     ) -> Result<ScanResult, LayoutOr> {
         let got = self
             .routed(
                 table,
                 start,
-                retry_after_send,
+                // Read-only, or an update the shard deduplicates by `op_id`.
+                true,
                 |t| Request::Scan {
                     table,
                     start_hash: t.start_hash,
                     end_hash: t.end_hash,
                     map_version: t.map_version,
                     plan: plan.clone(),
+                    op_id,
+                    budget_ms: deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_millis()
+                        .clamp(1, u32::MAX as u128) as u32,
                 },
                 |reply, t, addr| {
                     if (t.start_hash, t.end_hash) != (start, end) {
@@ -334,6 +352,49 @@ pub fn step(w: &mut [f32], b: &mut f32, g: &GradPartial, rate: f64) {
         *wj = (*wj as f64 - rate * gj / n) as f32;
     }
     *b = (*b as f64 - rate * g.bias / n) as f32;
+}
+
+/// A random, non-zero operation id (the std hasher's per-process random keys
+/// mixed with a counter and the clock: unique enough to name one update).
+fn new_op_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
+}
+
+/// An update that failed on some tablets: which applied (and how many
+/// objects), which did not and why. Keeps the first failure's status.
+fn partial_update_error(
+    first: &ClientError,
+    ok: &[(u64, ScanResult)],
+    failed: &[(u64, ClientError)],
+) -> ClientError {
+    let applied: Vec<String> = ok
+        .iter()
+        .map(|(s, r)| match r.partial {
+            Partial::Update { updated } => format!("{s:#018x} ({updated} objects)"),
+            _ => format!("{s:#018x}"),
+        })
+        .collect();
+    let not: Vec<String> = failed
+        .iter()
+        .map(|(s, e)| format!("{s:#018x}: {e}"))
+        .collect();
+    let msg = format!(
+        "update failed on {} of {} tablets; applied on [{}]; not applied on [{}]",
+        failed.len(),
+        failed.len() + ok.len(),
+        applied.join(", "),
+        not.join("; ")
+    );
+    ClientError::Status(first.status().unwrap_or(Status::Internal), msg)
 }
 
 enum LayoutOr {

@@ -8,7 +8,8 @@
 //! - [`kernel`]: the per-object work of each operation, monomorphised;
 //! - [`aggregate`]: count/sum/min/max partials and their merge;
 //! - [`update`]: the read-modify-write of one field;
-//! - [`gradient`]: the logistic-regression kernel (AVX2+FMA where available).
+//! - [`gradient`]: the logistic-regression kernel (AVX2+FMA where available);
+//! - [`reference`]: a whole plan over objects in memory (fuzzing, references).
 //!
 //! `insitu-protocol` stays the bytes on the wire only; this crate never
 //! encodes or decodes anything.
@@ -18,6 +19,7 @@ pub mod field;
 pub mod gradient;
 pub mod kernel;
 pub mod predicate;
+pub mod reference;
 pub mod update;
 pub mod validate;
 

@@ -251,6 +251,13 @@ pub enum Request<'a> {
         end_hash: u64,
         map_version: u64,
         plan: crate::plan::ScanPlan,
+        /// Names one update across resends, so a shard that already applied it
+        /// answers with the remembered result instead of applying it again
+        /// (0 = none: read-only plans).
+        op_id: u64,
+        /// Milliseconds the client still waits for the reply (0 = no limit):
+        /// an update whose budget has passed stops before it writes anything.
+        budget_ms: u32,
     },
 }
 

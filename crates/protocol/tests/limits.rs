@@ -106,6 +106,8 @@ fn a_frame_of_millions_of_predicate_ops_is_refused_before_it_is_built() {
                 filter: vec![PredOp::And; n],
                 ..ScanPlan::new(Op::Count)
             },
+            op_id: 0,
+            budget_ms: 0,
         })
         .unwrap()
     };

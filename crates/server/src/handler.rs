@@ -342,6 +342,8 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             end_hash,
             map_version,
             plan,
+            op_id,
+            budget_ms,
         } => {
             crate::scan::handle(
                 state,
@@ -351,6 +353,7 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 end_hash,
                 map_version,
                 plan,
+                (op_id, budget_ms),
                 out,
             )
             .await

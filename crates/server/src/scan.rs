@@ -272,6 +272,7 @@ async fn execute(
     end_hash: u64,
     map_version: u64,
     plan: &ScanPlan,
+    deadline: Option<Instant>,
 ) -> Result<ScanResult, Refusal> {
     let started = Instant::now();
     let need = validate_plan(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
@@ -328,6 +329,18 @@ async fn execute(
         }
         Op::Update { field, action } => {
             let (keys, vis, m) = run_kernel(&mut run, KeysK::default(), need).await?;
+            // The client stops waiting at its deadline: then write nothing.
+            // Past this check the apply phase runs to its end without
+            // yielding, so a tablet's update is applied fully or not at all.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err((
+                    Status::Retry,
+                    format!(
+                        "the update's time budget passed after collecting {} keys; nothing was written on this tablet",
+                        keys.0.len()
+                    ),
+                ));
+            }
             let updated = apply_updates(&run, &keys.0, *field, *action, need)?;
             (Partial::Update { updated }, vis, m)
         }
@@ -411,6 +424,67 @@ fn apply_updates(
     Ok(updated)
 }
 
+/// Updates a shard remembers by operation id, so a resend is answered, not
+/// applied again. Why 4096: a client resends within its operation timeout
+/// (seconds), and even thousands of updates a second on one shard stay
+/// within this window; a few hundred bytes each keeps it under ~1 MB.
+const REMEMBERED_UPDATES: usize = 4096;
+
+/// What a shard knows of an update operation on one tablet.
+#[derive(Clone)]
+enum UpdateState {
+    /// Running (in its chunked key-collection phase): a resend is told to retry.
+    Running,
+    /// Applied: a resend gets this result again.
+    Done(ScanResult),
+}
+
+/// (table, tablet start_hash, op id) -> state, oldest first for eviction.
+#[derive(Default)]
+struct UpdateLog {
+    states: std::collections::HashMap<(u64, u64, u64), UpdateState>,
+    order: std::collections::VecDeque<(u64, u64, u64)>,
+}
+
+thread_local! {
+    /// One shard per thread (see `shard.rs`), so this is the shard's own log.
+    static UPDATES: std::cell::RefCell<UpdateLog> = std::cell::RefCell::new(UpdateLog::default());
+}
+
+fn update_state(id: (u64, u64, u64)) -> Option<UpdateState> {
+    UPDATES.with(|u| u.borrow().states.get(&id).cloned())
+}
+
+fn set_update_state(id: (u64, u64, u64), state: Option<UpdateState>) {
+    UPDATES.with(|u| {
+        let mut u = u.borrow_mut();
+        let UpdateLog { states, order } = &mut *u;
+        match state {
+            None => {
+                states.remove(&id);
+                order.retain(|k| *k != id);
+            }
+            Some(s) => {
+                if states.insert(id, s).is_none() {
+                    order.push_back(id);
+                }
+            }
+        }
+        // Evict the oldest finished ones; a running one stays (bounded by
+        // the shard's connections) and is removed when it ends.
+        let mut tries = order.len();
+        while order.len() > REMEMBERED_UPDATES && tries > 0 {
+            tries -= 1;
+            let Some(old) = order.pop_front() else { break };
+            if let Some(UpdateState::Running) = states.get(&old) {
+                order.push_back(old);
+            } else {
+                states.remove(&old);
+            }
+        }
+    });
+}
+
 #[allow(clippy::too_many_arguments)] // the fields of Request::Scan
 pub async fn handle(
     state: &ShardState,
@@ -420,9 +494,42 @@ pub async fn handle(
     end_hash: u64,
     map_version: u64,
     plan: ScanPlan,
+    (op_id, budget_ms): (u64, u32),
     out: &mut BytesMut,
 ) {
-    match execute(state, table, start_hash, end_hash, map_version, &plan).await {
+    let deadline =
+        (budget_ms > 0).then(|| Instant::now() + Duration::from_millis(budget_ms as u64));
+    let remembered =
+        (op_id != 0 && matches!(plan.op, Op::Update { .. })).then_some((table, start_hash, op_id));
+    let result = match remembered.and_then(update_state) {
+        Some(UpdateState::Done(r)) => Ok(r),
+        Some(UpdateState::Running) => Err((
+            Status::Retry,
+            format!("update {op_id:#x} is still running on this tablet"),
+        )),
+        None => {
+            if let Some(k) = remembered {
+                set_update_state(k, Some(UpdateState::Running));
+            }
+            let r = execute(
+                state,
+                table,
+                start_hash,
+                end_hash,
+                map_version,
+                &plan,
+                deadline,
+            )
+            .await;
+            if let Some(k) = remembered {
+                // Only an applied update is remembered: a refusal wrote nothing
+                // (see apply_updates), so a resend may run it afresh.
+                set_update_state(k, r.as_ref().ok().cloned().map(UpdateState::Done));
+            }
+            r
+        }
+    };
+    match result {
         Ok(result) => {
             if let Err(e) = encode_response(out, id, Status::Ok, &Response::Scan(result)) {
                 encode_error(
