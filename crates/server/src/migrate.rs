@@ -99,19 +99,22 @@ async fn copy_out(
     start_hash: u64,
     dest_addr: &str,
 ) -> Result<(), (Status, String)> {
-    // Writes are refused from here on, so this copy is the tablet's final content.
-    // (To switch to the engine's chunked extraction: extract one chunk per
-    // batch below instead of the whole tablet here.)
-    let (objects, next_version) = {
+    // Writes are refused from here on, so this copy is the tablet's final
+    // content. It is taken one ~1 MiB chunk at a time (`extract_chunk`, in hash
+    // order), with the round trip of each batch between chunks, so the shard
+    // serves other requests meanwhile and holds at most one chunk beside the
+    // data (charged to the memory budget until the batch is acknowledged).
+    let engine_error = |e: insitu_engine::EngineError| (engine_status(&e), e.to_string());
+    let (mut cursor, next_version) = {
         let engine = state.engine.borrow();
-        let objects = engine
-            .extract(table, start_hash)
-            .map_err(|e| (engine_status(&e), e.to_string()))?;
+        let cursor = engine
+            .extract_begin(table, start_hash)
+            .map_err(engine_error)?;
         let next_version = engine
             .tablet_stats(table, start_hash)
             .map(|s| s.next_version)
             .unwrap_or(1);
-        (objects, next_version)
+        (cursor, next_version)
     };
     let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(dest_addr))
         .await
@@ -124,19 +127,15 @@ async fn copy_out(
         .map_err(|e| (Status::Internal, e.to_string()))?;
     let mut sent = 0usize;
     let mut batches = 0usize;
-    let mut start = 0usize;
     // Always send at least one batch so the destination learns next_version.
     loop {
-        let mut end = start;
-        let mut bytes = 0usize;
-        while end < objects.len()
-            && (end == start
-                || bytes + objects[end].0.len() + objects[end].1.len() + 24 <= BATCH_BYTES)
-        {
-            bytes += objects[end].0.len() + objects[end].1.len() + 24;
-            end += 1;
-        }
-        let batch: Vec<Object<'_>> = objects[start..end]
+        let chunk = state
+            .engine
+            .borrow()
+            .extract_chunk(&mut cursor, BATCH_BYTES)
+            .map_err(engine_error)?;
+        let batch: Vec<Object<'_>> = chunk
+            .objects
             .iter()
             .map(|(k, v, ver)| Object {
                 key: blob(k),
@@ -167,10 +166,9 @@ async fn copy_out(
                 format!("destination refused a batch: {}", reply.error_message()),
             ));
         }
-        sent += end - start;
+        sent += chunk.objects.len();
         batches += 1;
-        start = end;
-        if start >= objects.len() {
+        if cursor.is_done() {
             break;
         }
     }
