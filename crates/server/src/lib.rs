@@ -6,6 +6,7 @@
 
 mod conn;
 mod handler;
+mod hold;
 mod migrate;
 mod scan;
 mod shard;

@@ -21,6 +21,10 @@ pub struct TabletMeta {
     pub state: TabletState,
     /// Writes are refused with Retry while the tablet is being copied away.
     pub frozen: bool,
+    /// Scans and updates holding the tablet still (`hold.rs`): writes get Retry.
+    pub write_holds: u32,
+    /// An update holds the tablet (exclusive: other updates and moves wait).
+    pub updating: bool,
 }
 
 impl TabletMeta {
@@ -28,7 +32,17 @@ impl TabletMeta {
         self.state == TabletState::Active
     }
     pub fn serves_writes(&self) -> bool {
-        self.state == TabletState::Active && !self.frozen
+        self.state == TabletState::Active && !self.frozen && self.write_holds == 0
+    }
+    /// A fresh assignment: serving as `state`, nothing held.
+    pub fn new(map_version: u64, state: TabletState) -> TabletMeta {
+        TabletMeta {
+            map_version,
+            state,
+            frozen: false,
+            write_holds: 0,
+            updating: false,
+        }
     }
 }
 
@@ -39,10 +53,13 @@ pub struct ShardState {
     pub engine: RefCell<Engine>,
     /// (table, start_hash) -> meta.
     pub tablets: RefCell<HashMap<(u64, u64), TabletMeta>>,
-    /// Tablets not plainly serving (receiving or frozen). While zero, the
-    /// hot path skips the per-request state check.
+    /// Tablets not plainly serving (receiving, frozen or held). While zero,
+    /// the hot path skips the per-request state check.
     pub unusual_tablets: Cell<usize>,
     pub connections: Cell<usize>,
+    /// Woken whenever a hold is released (`hold.rs`): scans, updates and moves
+    /// waiting for a tablet re-check it.
+    pub holds_released: tokio::sync::Notify,
 }
 
 impl ShardState {
@@ -86,6 +103,7 @@ pub fn run_shard(
         tablets: RefCell::new(HashMap::new()),
         unusual_tablets: Cell::new(0),
         connections: Cell::new(0),
+        holds_released: tokio::sync::Notify::new(),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
