@@ -163,9 +163,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut outcome = Ok(());
     for p in 0..=OPS.len() {
         phase.store(p, Ordering::Release);
+        eprintln!("phase: {}", if p == 0 { "idle" } else { OPS[p - 1] });
         let started = Instant::now();
         if p == 0 {
-            std::thread::sleep(window);
+            // On the cluster's runtime: the coordinator must keep answering.
+            c.rt.block_on(async { tokio::time::sleep(window).await });
         } else {
             let name = OPS[p - 1];
             while runs[p] == 0 || started.elapsed() < window {
@@ -184,6 +186,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     stop.store(true, Ordering::Relaxed);
+    // Keep the coordinator (on this runtime) answering until the reader is
+    // done: its last read may need a fresh tablet map after a move.
+    c.rt.block_on(async {
+        while !reader.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
     let hists = reader
         .join()
         .map_err(|_| anyhow::anyhow!("the reader thread panicked"))??;

@@ -74,7 +74,10 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     let mut full = false;
     for _ in 0..2000 {
         let buffered = handle.buffered_frame_bytes();
-        assert!(buffered <= budget, "{buffered} bytes buffered, budget {budget}");
+        assert!(
+            buffered <= budget,
+            "{buffered} bytes buffered, budget {budget}"
+        );
         if buffered == budget {
             full = true;
             break;
@@ -94,7 +97,10 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(freed, "frame buffers were not released after the peers closed");
+    assert!(
+        freed,
+        "frame buffers were not released after the peers closed"
+    );
     handle.shutdown().await;
 }
 
@@ -146,7 +152,10 @@ async fn at_the_limit_the_longest_idle_connection_makes_room() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(idle[0].is_closed(), "the longest-idle connection is still open");
+    assert!(
+        idle[0].is_closed(),
+        "the longest-idle connection is still open"
+    );
     assert!(!idle[3].is_closed());
     handle.shutdown().await;
 }
