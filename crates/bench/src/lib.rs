@@ -4,6 +4,7 @@ pub mod aggregate;
 pub mod count;
 pub mod engine;
 pub mod gradient;
+pub mod interference;
 pub mod kv;
 pub mod kv_plot;
 pub mod loadgen;

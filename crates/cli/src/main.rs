@@ -106,6 +106,8 @@ enum BenchCmd {
     Count(insitu_bench::count::Args),
     /// Logistic-regression gradient on the servers against a flat in-memory array (and NumPy).
     Gradient(insitu_bench::gradient::Args),
+    /// Point-read p50/p99 on one shard, idle and while count, aggregate, update, enumerate and a tablet move run.
+    Interference(insitu_bench::interference::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
     Engine {
         /// Objects to load.
@@ -279,6 +281,10 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCmd::Gradient(args)) => {
             init_tracing("warn");
             insitu_bench::gradient::run(&args)
+        }
+        Command::Bench(BenchCmd::Interference(args)) => {
+            init_tracing("warn");
+            insitu_bench::interference::run(&args)
         }
         Command::Count(args) => {
             init_tracing("warn");

@@ -8,9 +8,10 @@ use insitu_protocol::plan::{MAX_DIMS, Op, PredOp, ScanPlan, Source};
 use crate::predicate::validate_predicate;
 use crate::update::check_action;
 
-/// Most integer keys one `IntKeys` plan may look up (each is a hash lookup:
-/// this bounds the work one request may ask of a shard).
-pub const MAX_INT_KEYS: u64 = 1 << 32;
+/// Most integer keys one `IntKeys` plan may look up: every key is a lookup
+/// whether or not it exists, so this bounds one request's work (~2^27 lookups,
+/// seconds of yielding work) far above any table a server's memory holds.
+pub const MAX_INT_KEYS: u64 = 1 << 27;
 
 /// Bytes a value needs for everything the plan reads; or why the plan is invalid.
 pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {

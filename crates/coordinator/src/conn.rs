@@ -1,68 +1,311 @@
 //! One client connection: read a frame, handle it, write the reply, repeat.
+//!
+//! Frames are cut by the protocol's `FrameCodec`. Bounded like a storage
+//! shard's connections (see `ConnLimits`): a frame bigger than the base
+//! buffer first takes its size from the coordinator's frame budget (waiting
+//! until the frame's stall deadline, then closing with an error) and its
+//! buffer is dropped once the frame is handled; a frame not completed within
+//! `stall_timeout` of its first byte, a reply not taken within it, and a
+//! connection silent for `idle_timeout` are closed. At the connection limit
+//! the accept loop closes the longest-idle connection (`Shared::evict_oldest_idle`).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures::StreamExt;
+use insitu_protocol::frame::{MAX_BODY_BYTES, request_id_of};
 use insitu_protocol::{
     FrameCodec, FrameKind, HEADER_BYTES, ProtocolError, Response, Status, decode_request,
-    encode_error, encode_response, frame::MAGIC,
+    encode_error, encode_response,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio_util::codec::FramedRead;
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::service::Coordinator;
 
-/// A peer that does not read its replies cannot hold a connection task forever.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a fatal framing error: how long / how much to drain before closing.
 const DRAIN_TIME: Duration = Duration::from_secs(1);
 const DRAIN_BYTES: usize = 1 << 20;
+/// Input buffer every connection has; frames up to this need no budget.
+/// Metadata requests are small, so 8 KiB covers nearly all of them.
+const BASE_BUFFER_BYTES: usize = 8 * 1024;
+/// One max-size frame, header included.
+const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES;
 
-pub async fn serve(coordinator: Arc<Coordinator>, stream: TcpStream, shutdown: CancellationToken) {
+/// Connection limits of the coordinator.
+#[derive(Clone, Debug)]
+pub struct ConnLimits {
+    /// Connections served at once; at the limit the longest-idle one is
+    /// closed to admit a new one (so idle sockets never lock out clients or
+    /// enlisting servers), and only when none is idle is the new one refused.
+    pub max_connections: usize,
+    /// Bytes of partly received big frames held at once (>= one max frame).
+    /// 16 MiB: metadata frames are small; this still lets a few big ones
+    /// (a large Enlist, say) arrive together.
+    pub frame_budget_bytes: usize,
+    /// A connection without a byte for this long is closed (300 s: clients
+    /// reconnect on demand; abandoned sockets free their slot within minutes).
+    pub idle_timeout: Duration,
+    /// A frame must complete within this of its first byte, and a reply be
+    /// taken within it (10 s: a 4 MiB frame needs only ~3.4 Mbit/s).
+    pub stall_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            max_connections: 4096,
+            frame_budget_bytes: 16 << 20,
+            idle_timeout: Duration::from_secs(300),
+            stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every connection of the coordinator shares.
+pub struct Shared {
+    pub limits: ConnLimits,
+    /// Bytes of big frames being received (permits = bytes).
+    budget: Semaphore,
+    /// Idle connections by stamp, oldest first; notifying one closes it.
+    idle: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    /// Next idle stamp (grows, so the first idle entry is the oldest).
+    next_stamp: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(limits: ConnLimits) -> anyhow::Result<Shared> {
+        anyhow::ensure!(
+            limits.max_connections > 0,
+            "the connection limit must be at least 1"
+        );
+        anyhow::ensure!(
+            (MAX_FRAME_BYTES..=u32::MAX as usize).contains(&limits.frame_budget_bytes),
+            "the frame budget must hold one max-size frame ({MAX_FRAME_BYTES} bytes), got {}",
+            limits.frame_budget_bytes
+        );
+        Ok(Shared {
+            budget: Semaphore::new(limits.frame_budget_bytes),
+            limits,
+            idle: Mutex::new(BTreeMap::new()),
+            next_stamp: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes currently held by partly received big frames.
+    pub fn buffered_frame_bytes(&self) -> usize {
+        self.limits.frame_budget_bytes - self.budget.available_permits()
+    }
+
+    /// Close the longest-idle connection; false if none is idle.
+    pub fn evict_oldest_idle(&self) -> bool {
+        let oldest = self.idle.lock().ok().and_then(|mut m| m.pop_first());
+        match oldest {
+            Some((_, evict)) => {
+                evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn idle_register(&self, evict: Arc<Notify>) -> u64 {
+        let stamp = self.next_stamp.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = self.idle.lock() {
+            m.insert(stamp, evict);
+        }
+        stamp
+    }
+
+    fn idle_unregister(&self, stamp: u64) {
+        if let Ok(mut m) = self.idle.lock() {
+            m.remove(&stamp);
+        }
+    }
+
+    async fn acquire(&self, bytes: usize, deadline: Instant) -> Option<SemaphorePermit<'_>> {
+        let n = u32::try_from(bytes).ok()?;
+        match tokio::time::timeout_at(deadline, self.budget.acquire_many(n)).await {
+            Ok(Ok(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// How reading the next frame ended, when it did not yield one.
+enum Stop {
+    Closed,
+    Shutdown,
+    Idle,
+    Evicted,
+    Stalled,
+    NoRoom(usize),
+    Bad(ProtocolError),
+    Io(std::io::Error),
+}
+
+/// The reading side of a connection: the codec, its buffer, the budget held.
+struct Reader<'s> {
+    half: OwnedReadHalf,
+    codec: FrameCodec,
+    buf: BytesMut,
+    shared: &'s Shared,
+    charge: Option<SemaphorePermit<'s>>,
+    frame_started: Option<Instant>,
+    last_active: Instant,
+    evict: Arc<Notify>,
+}
+
+impl<'s> Reader<'s> {
+    async fn next(&mut self, shutdown: &CancellationToken) -> Result<insitu_protocol::Frame, Stop> {
+        let limits = &self.shared.limits;
+        // The previous frame was handled and dropped: its budget is free.
+        self.charge = None;
+        loop {
+            // Room for the frame being received: a big one takes budget first.
+            let need = match insitu_protocol::frame::check_header(&self.buf, MAX_BODY_BYTES) {
+                Ok(Some((_, body_len))) => HEADER_BYTES + body_len,
+                _ => HEADER_BYTES,
+            };
+            if need > BASE_BUFFER_BYTES && self.charge.is_none() && self.buf.len() < need {
+                let deadline =
+                    self.frame_started.unwrap_or_else(Instant::now) + limits.stall_timeout;
+                match self.shared.acquire(need, deadline).await {
+                    Some(p) => self.charge = Some(p),
+                    None => return Err(Stop::NoRoom(need)),
+                }
+            }
+            match self.codec.decode(&mut self.buf) {
+                Ok(Some(frame)) => {
+                    // The frame holds its bytes (and the budget, until the next
+                    // call); the buffer goes back to its base size.
+                    if self.buf.capacity() > BASE_BUFFER_BYTES {
+                        let mut fresh =
+                            BytesMut::with_capacity(BASE_BUFFER_BYTES.max(self.buf.len()));
+                        fresh.extend_from_slice(&self.buf);
+                        self.buf = fresh;
+                    }
+                    self.frame_started = (!self.buf.is_empty()).then(Instant::now);
+                    return Ok(frame);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(Stop::Bad(e)),
+            }
+            let idle = self.buf.is_empty();
+            let deadline = match self.frame_started {
+                None => self.last_active + limits.idle_timeout,
+                Some(t) => t + limits.stall_timeout,
+            };
+            let stamp = idle.then(|| self.shared.idle_register(self.evict.clone()));
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => Err(Stop::Shutdown),
+                r = self.half.read_buf(&mut self.buf) => Ok(r),
+                _ = tokio::time::sleep_until(deadline) => Err(if idle { Stop::Idle } else { Stop::Stalled }),
+                _ = self.evict.notified(), if idle => Err(Stop::Evicted),
+            };
+            if let Some(stamp) = stamp {
+                self.shared.idle_unregister(stamp);
+            }
+            match read? {
+                Ok(0) => return Err(Stop::Closed),
+                Ok(_) => {
+                    self.last_active = Instant::now();
+                    if self.frame_started.is_none() {
+                        self.frame_started = Some(self.last_active);
+                    }
+                }
+                Err(e) => return Err(Stop::Io(e)),
+            }
+        }
+    }
+}
+
+pub async fn serve(
+    coordinator: Arc<Coordinator>,
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    shutdown: CancellationToken,
+) {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     stream.set_nodelay(true).ok();
     let (read_half, mut write_half) = stream.into_split();
-    let mut frames = FramedRead::new(read_half, FrameCodec::default());
+    let stall = shared.limits.stall_timeout;
+    let mut reader = Reader {
+        half: read_half,
+        codec: FrameCodec::default(),
+        buf: BytesMut::with_capacity(BASE_BUFFER_BYTES),
+        shared: &shared,
+        charge: None,
+        frame_started: None,
+        last_active: Instant::now(),
+        evict: Arc::new(Notify::new()),
+    };
     let mut out = BytesMut::new();
     loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            next = frames.next() => next,
-        };
         out.clear();
-        let frame = match next {
-            None => break,
-            Some(Ok(frame)) => frame,
-            Some(Err(ProtocolError::Io(e))) => {
+        let frame = match reader.next(&shutdown).await {
+            Ok(frame) => frame,
+            Err(Stop::Closed | Stop::Shutdown) => break,
+            Err(Stop::Io(e)) => {
                 debug!(%peer, "connection error: {e}");
                 break;
             }
-            Some(Err(e)) => {
+            Err(Stop::Idle) => {
+                debug!(%peer, "closing an idle connection");
+                break;
+            }
+            Err(Stop::Evicted) => {
+                debug!(%peer, "closing the longest-idle connection: the connection limit was reached");
+                break;
+            }
+            Err(Stop::Stalled) => {
+                debug!(%peer, "closing a connection whose frame did not complete");
+                let message = format!(
+                    "frame not completed within {} ms; closing",
+                    stall.as_millis()
+                );
+                encode_error(&mut out, 0, Status::BadRequest, message);
+                let _ = write(&mut write_half, &out, stall).await;
+                break;
+            }
+            Err(Stop::NoRoom(need)) => {
+                warn!(%peer, "no room to buffer a {need}-byte frame; closing");
+                let message = format!(
+                    "coordinator busy: no room to buffer a {need}-byte frame within {} ms; closing",
+                    stall.as_millis()
+                );
+                encode_error(&mut out, 0, Status::Retry, message);
+                let _ = write(&mut write_half, &out, stall).await;
+                break;
+            }
+            Err(Stop::Bad(e)) => {
                 // The byte stream cannot be re-synchronized after a bad header:
                 // say why, then close.
                 warn!(%peer, "closing connection after a malformed frame: {e}");
-                let request_id = peek_request_id(frames.read_buffer());
+                let request_id = request_id_of(&reader.buf).unwrap_or(0);
                 encode_error(
                     &mut out,
                     request_id,
                     Status::BadRequest,
                     format!("malformed frame: {e}"),
                 );
-                if write(&mut write_half, &out).await {
-                    let _ = tokio::time::timeout(WRITE_TIMEOUT, write_half.shutdown()).await;
+                if write(&mut write_half, &out, stall).await {
+                    let _ = tokio::time::timeout(stall, write_half.shutdown()).await;
                     // Closing with unread input would reset the connection and
                     // could destroy the reply before the peer reads it: drain a
                     // little first.
-                    drain(frames.into_inner(), &shutdown).await;
+                    drain(reader.half, &shutdown).await;
                 }
                 return;
             }
@@ -94,11 +337,16 @@ pub async fn serve(coordinator: Arc<Coordinator>, stream: TcpStream, shutdown: C
                 },
             }
         }
-        if !write(&mut write_half, &out).await {
+        drop(frame);
+        if !write(&mut write_half, &out, stall).await {
             break;
         }
+        // Replies can be big (a table map); don't keep that memory while idle.
+        if out.capacity() > BASE_BUFFER_BYTES {
+            out = BytesMut::new();
+        }
     }
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, write_half.shutdown()).await;
+    let _ = tokio::time::timeout(stall, write_half.shutdown()).await;
 }
 
 fn encode_reply(out: &mut BytesMut, request_id: u64, response: &Response<'_>) {
@@ -130,20 +378,9 @@ async fn drain(mut read_half: OwnedReadHalf, shutdown: &CancellationToken) {
     }
 }
 
-async fn write(write_half: &mut OwnedWriteHalf, bytes: &[u8]) -> bool {
+async fn write(write_half: &mut OwnedWriteHalf, bytes: &[u8], timeout: Duration) -> bool {
     matches!(
-        tokio::time::timeout(WRITE_TIMEOUT, write_half.write_all(bytes)).await,
+        tokio::time::timeout(timeout, write_half.write_all(bytes)).await,
         Ok(Ok(()))
     )
-}
-
-/// The request id of a frame whose header was rejected, when the header at
-/// least carries our magic (else 0).
-fn peek_request_id(buf: &[u8]) -> u64 {
-    if buf.len() < HEADER_BYTES || u16::from_le_bytes([buf[4], buf[5]]) != MAGIC {
-        return 0;
-    }
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&buf[8..16]);
-    u64::from_le_bytes(id)
 }

@@ -101,10 +101,8 @@ use tracing::{error, info, warn};
 use crate::service::Coordinator;
 use crate::store::Store;
 
+pub use crate::conn::ConnLimits;
 pub use crate::store::DB_FILE;
-
-/// At most this many client connections are served at once; more are refused.
-pub const MAX_CONNECTIONS: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -119,6 +117,8 @@ pub struct CoordinatorConfig {
     /// registered, so they spread over all of them (`insitu up` sets it to
     /// its number of servers). Default 0: re-home at every enlistment.
     pub rehome_after_servers: usize,
+    /// Connection limits: count, idle and stall timeouts, frame budget.
+    pub limits: ConnLimits,
 }
 
 impl CoordinatorConfig {
@@ -128,6 +128,7 @@ impl CoordinatorConfig {
             dir: dir.into(),
             forget_servers: false,
             rehome_after_servers: 0,
+            limits: ConnLimits::default(),
         }
     }
 }
@@ -135,6 +136,8 @@ impl CoordinatorConfig {
 pub struct CoordinatorHandle {
     addr: SocketAddr,
     coordinator: Arc<Coordinator>,
+    /// What the connections share (limits, frame budget), for reporting.
+    conns: Arc<conn::Shared>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
     /// Finishes or undoes interrupted tablet moves (`reconcile.rs`).
@@ -144,6 +147,12 @@ pub struct CoordinatorHandle {
 impl CoordinatorHandle {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Bytes held right now by partly received big frames (at most
+    /// `ConnLimits::frame_budget_bytes`).
+    pub fn buffered_frame_bytes(&self) -> usize {
+        self.conns.buffered_frame_bytes()
     }
 
     /// Names of the tables (by id) that have a tablet no live server holds
@@ -201,6 +210,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("coordinator listener has no local address")?;
+    let conns = Arc::new(conn::Shared::new(config.limits.clone())?);
     let dir: PathBuf = config.dir.clone();
     let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
         .await
@@ -234,22 +244,49 @@ pub async fn start(
         coordinator.clone(),
         shutdown.clone(),
     ));
-    let task = tokio::spawn(accept_loop(listener, coordinator.clone(), shutdown.clone()));
+    let task = tokio::spawn(accept_loop(
+        listener,
+        coordinator.clone(),
+        conns.clone(),
+        shutdown.clone(),
+    ));
     Ok(CoordinatorHandle {
         addr,
         coordinator,
+        conns,
         shutdown,
         task,
         reconciler,
     })
 }
 
+/// A connection slot: a free one, or the one the longest-idle connection
+/// gives up (it closes at once when told; waited for briefly, so a
+/// connection busy finishing a request does not stall accepting for long).
+async fn admit(
+    permits: &Arc<Semaphore>,
+    conns: &conn::Shared,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(p) = permits.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    if !conns.evict_oldest_idle() {
+        return None;
+    }
+    tokio::time::timeout(Duration::from_secs(1), permits.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
 async fn accept_loop(
     listener: TcpListener,
     coordinator: Arc<Coordinator>,
+    conns: Arc<conn::Shared>,
     shutdown: CancellationToken,
 ) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let max_connections = conns.limits.max_connections;
+    let permits = Arc::new(Semaphore::new(max_connections));
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -260,19 +297,20 @@ async fn accept_loop(
                 }
             }
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match permits.clone().try_acquire_owned() {
-                    Ok(permit) => {
+                Ok((stream, peer)) => match admit(&permits, &conns).await {
+                    Some(permit) => {
                         let coordinator = coordinator.clone();
                         let shutdown = shutdown.clone();
+                        let conns = conns.clone();
                         connections.spawn(async move {
-                            conn::serve(coordinator, stream, shutdown).await;
+                            conn::serve(coordinator, conns, stream, shutdown).await;
                             drop(permit);
                         });
                     }
-                    Err(_) => {
-                        warn!(%peer, "refusing a connection: {MAX_CONNECTIONS} connections are open");
+                    None => {
+                        warn!(%peer, "refusing a connection: {max_connections} connections are open and none is idle");
                         let mut out = BytesMut::new();
-                        encode_error(&mut out, 0, Status::Retry, format!("too many connections (limit {MAX_CONNECTIONS})"));
+                        encode_error(&mut out, 0, Status::Retry, format!("too many connections (limit {max_connections})"));
                         // Best effort, never blocks: the socket buffer takes a small frame.
                         let _ = stream.try_write(&out);
                         drop(stream);

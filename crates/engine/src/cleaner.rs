@@ -93,6 +93,9 @@ pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goa
     let mut candidates = Vec::new();
     for (ti, t) in tablets.iter().enumerate() {
         let Some(t) = t else { continue };
+        if t.clean_holds > 0 {
+            continue; // a scan relies on this tablet's log positions
+        }
         for &slot in &t.order {
             if t.head == Some(slot) || t.survivor == Some(slot) {
                 continue;

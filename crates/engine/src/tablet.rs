@@ -41,6 +41,9 @@ pub(crate) struct Tablet {
     /// Bumped whenever the cleaner starts on one of this tablet's segments:
     /// log positions held across it may have moved (see `scan.rs`).
     pub clean_epoch: u64,
+    /// Scans holding this tablet's log positions fixed (`Engine::hold_cleaner`):
+    /// while > 0 the cleaner leaves the tablet alone.
+    pub clean_holds: u32,
 }
 
 impl Tablet {
@@ -61,6 +64,7 @@ impl Tablet {
             index_charged_bytes: 0,
             generation: crate::scan::next_generation(),
             clean_epoch: 0,
+            clean_holds: 0,
         }
     }
 

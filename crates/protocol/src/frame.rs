@@ -97,6 +97,16 @@ pub fn check_header(
     )))
 }
 
+/// The request id of the header at the front of `src` when it at least
+/// carries our magic (so the id means something), even if `check_header`
+/// refuses it: an error reply can then name the request it refuses.
+pub fn request_id_of(src: &[u8]) -> Option<u64> {
+    if src.len() < HEADER_BYTES || u16::from_le_bytes([src[4], src[5]]) != MAGIC {
+        return None;
+    }
+    Some(u64::from_le_bytes(src[8..16].try_into().ok()?))
+}
+
 /// Append a header for a body of `body_len` bytes.
 pub fn put_header(dst: &mut BytesMut, header: &Header, body_len: usize) {
     debug_assert!(body_len <= u32::MAX as usize);

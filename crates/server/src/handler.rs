@@ -252,9 +252,18 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                     return reply_engine_error(out, id, &e);
                 }
             }
-            // Taking a tablet we hold re-activates it (and un-freezes an aborted move).
-            let meta = TabletMeta::new(map_version, tablet_state);
-            state.tablets.borrow_mut().insert((table, start_hash), meta);
+            // Taking a tablet we hold re-activates it (and un-freezes an aborted
+            // move); holds of scans still running on it stay theirs.
+            let mut tablets = state.tablets.borrow_mut();
+            let meta = tablets
+                .entry((table, start_hash))
+                .or_insert_with(|| TabletMeta::new(map_version, tablet_state));
+            meta.map_version = map_version;
+            meta.state = tablet_state;
+            meta.frozen = false;
+            meta.moved_out = false;
+            meta.migration = 0;
+            drop(tablets);
             state.recount_unusual();
             tracing::info!(
                 shard = state.index,

@@ -7,13 +7,16 @@
 mod conn;
 mod enumerate;
 mod handler;
+mod hold;
 mod identity;
+mod limits;
 mod migrate;
 mod scan;
 mod shard;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,8 @@ use insitu_client::rpc::RpcConn;
 use insitu_engine::EngineConfig;
 use insitu_protocol::{Request, Response, Status};
 use tokio::sync::watch;
+
+pub use limits::{ConnLimits, MAX_FRAME_BYTES};
 
 /// How a storage server is started.
 #[derive(Clone, Debug)]
@@ -44,6 +49,11 @@ pub struct ServerConfig {
     /// How long to keep trying to reach the coordinator at start (with
     /// back-off) before giving up.
     pub enlist_patience: Duration,
+    /// Connection limits per shard. A `frame_budget_bytes` of 0 means a quarter
+    /// of the shard's memory budget, at least two max-size frames and at most
+    /// 64 MiB: big frames are rare (bulk multi-operations), and a quarter keeps
+    /// a flood of half-sent frames well below the data's own memory.
+    pub limits: ConnLimits,
 }
 
 impl ServerConfig {
@@ -59,6 +69,7 @@ impl ServerConfig {
             engine: EngineConfig::default(),
             replace: false,
             enlist_patience: Duration::from_secs(300),
+            limits: ConnLimits::default(),
         }
     }
 }
@@ -71,9 +82,20 @@ pub struct ServerHandle {
     pub shard_addrs: Vec<SocketAddr>,
     stop: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
+    /// Each shard's frame budget, to report what is buffered.
+    frame_budgets: Vec<Arc<limits::FrameBudget>>,
 }
 
 impl ServerHandle {
+    /// Bytes each shard holds for partly received big frames right now, and
+    /// each shard's budget for them.
+    pub fn buffered_frame_bytes(&self) -> Vec<(usize, usize)> {
+        self.frame_budgets
+            .iter()
+            .map(|b| (b.buffered_bytes(), b.total()))
+            .collect()
+    }
+
     /// Stop every shard's event loop and wait for the threads to end.
     pub fn shutdown(self) {
         let _ = self.stop.send(true);
@@ -99,6 +121,21 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     insitu_engine::Engine::new(engine_config.clone())
         .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
 
+    if config.limits.max_connections == 0 {
+        bail!("the connection limit must be at least 1");
+    }
+    let frame_budget_bytes = match config.limits.frame_budget_bytes {
+        0 => (engine_config.memory_budget_bytes / 4).clamp(2 * MAX_FRAME_BYTES, 64 << 20),
+        n if n < MAX_FRAME_BYTES => {
+            bail!(
+                "the frame budget must hold one max-size frame ({MAX_FRAME_BYTES} bytes), got {n}"
+            )
+        }
+        n => n,
+    };
+    let frame_budgets: Vec<Arc<limits::FrameBudget>> = (0..config.shards)
+        .map(|_| Arc::new(limits::FrameBudget::new(frame_budget_bytes)))
+        .collect();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut listeners = Vec::with_capacity(config.shards);
     for i in 0..config.shards {
@@ -123,10 +160,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let mut threads = Vec::with_capacity(config.shards);
     for (i, listener) in listeners.into_iter().enumerate() {
         let engine_config = engine_config.clone();
+        let (limits, budget) = (config.limits.clone(), frame_budgets[i].clone());
         let stop = stop_rx.clone();
         let t = std::thread::Builder::new()
             .name(format!("insitu-shard-{i}"))
-            .spawn(move || shard::run_shard(i, listener, engine_config, stop))
+            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, stop))
             .context("cannot start shard thread")?;
         threads.push(t);
     }
@@ -152,6 +190,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         shard_addrs,
         stop: stop_tx,
         threads,
+        frame_budgets,
     })
 }
 

@@ -34,6 +34,8 @@ pub async fn migrate_out(
     start_hash: u64,
     dest_addr: &str,
 ) -> Result<(), (Status, String)> {
+    // Never copy half an update: wait for it (no await between here and the freeze).
+    crate::hold::wait_no_update(state, table, start_hash).await?;
     let id = state.migrations.get() + 1;
     {
         let mut tablets = state.tablets.borrow_mut();

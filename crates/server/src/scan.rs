@@ -9,12 +9,16 @@
 //!   shard's event loop in between, so requests on other connections of this
 //!   shard wait at most about one chunk. Between chunks the tablet may be
 //!   written or cleaned, which would make the log cursor inexact; the engine's
-//!   `ScanToken` detects that and the scan restarts. After `MAX_RESTARTS` the
-//!   scan runs to the end without yielding, so it always finishes.
-//! - an update first collects the matched keys (a read-only chunked scan, so
-//!   it never sees its own new versions), then applies every change in one
-//!   go without yielding: a tablet move (which freezes the tablet before it
-//!   copies it) can therefore never observe half an update.
+//!   `ScanToken` detects that and the scan restarts, this time holding the
+//!   tablet (`hold.rs`: writes to it get `Retry`, the cleaner skips it), so
+//!   the second attempt still yields every chunk and cannot be disturbed.
+//!   Nothing runs without yielding; a scan that still restarts more than
+//!   `MAX_RESTARTS` times (a hold lost to a drop and re-create) answers `Retry`.
+//! - an update holds its tablet from start to end: it first collects the
+//!   matched keys (a read-only chunked scan, so it never sees its own new
+//!   versions), then applies the changes in slices of about `CHUNK`, yielding
+//!   in between. Other writes to the tablet get `Retry` meanwhile, and a tablet
+//!   move waits for the update to finish, so it never observes half of it.
 
 use std::time::{Duration, Instant};
 
@@ -28,14 +32,19 @@ use insitu_protocol::plan::{self, Field, Op, Partial, ScanPlan, ScanResult, Sour
 use insitu_protocol::{Response, Status, encode_error, encode_response};
 
 use crate::handler::engine_status;
+use crate::hold::Hold;
 use crate::shard::ShardState;
 
 /// Work between two yields to the event loop.
 const CHUNK: Duration = Duration::from_millis(1);
 /// Index entries / integer keys visited between two clock checks.
 const KEYS_PER_STEP: usize = 8192;
-/// Restarts (tablet changed between chunks) before a scan runs in one go.
-const MAX_RESTARTS: u32 = 2;
+/// Restarts (tablet changed between chunks) before a scan gives up with
+/// `Retry`. The first restart takes a hold, after which the tablet cannot
+/// change, so more restarts mean the hold was lost (tablet re-created).
+const MAX_RESTARTS: u32 = 3;
+/// Updated objects between two clock checks in an update's apply phase.
+const UPDATES_PER_STEP: usize = 64;
 
 type Refusal = (Status, String);
 
@@ -83,8 +92,13 @@ fn check_tablet(
             ),
         ));
     }
-    if let Some(status) = meta.refusal(write) {
-        return Err((status, "tablet is being moved or has moved".into()));
+    if meta.moved_out {
+        return Err((Status::UnknownTablet, "tablet has moved".into()));
+    }
+    // An update holds writes itself (`write_holds` counts it), so only a move
+    // (frozen) stops it here.
+    if !meta.serves_reads() || (write && meta.frozen) {
+        return Err((Status::Retry, "tablet is being moved".into()));
     }
     Ok(())
 }
@@ -105,6 +119,9 @@ fn show_key(key: &[u8]) -> String {
 
 /// The scan proper, for one kernel: chunks, yields, checks, restarts.
 struct Run<'a> {
+    /// The tablet held still (an update's from its start; a scan's after its
+    /// first restart); released when the run ends.
+    hold: Option<Hold<'a>>,
     state: &'a ShardState,
     table: u64,
     start_hash: u64,
@@ -142,7 +159,6 @@ impl Run<'_> {
     ) -> Result<(), Refusal> {
         self.check()?;
         'attempt: loop {
-            let may_yield = self.restarts < MAX_RESTARTS;
             let token = self.token()?;
             let mut chunk_start = Instant::now();
             // Position: segment index (Log), entries visited (Index), next key (IntKeys).
@@ -151,16 +167,15 @@ impl Run<'_> {
                 _ => 0,
             };
             loop {
-                let budget = if may_yield { CHUNK } else { Duration::MAX };
-                let done = self.step(v, &mut pos, budget)?;
+                let done = self.step(v, &mut pos, CHUNK)?;
                 if done {
                     break 'attempt;
                 }
-                if may_yield && chunk_start.elapsed() >= CHUNK {
+                if chunk_start.elapsed() >= CHUNK {
                     tokio::task::yield_now().await;
                     self.check()?;
                     if self.token()? != token {
-                        self.restarts += 1;
+                        self.restart().await?;
                         self.index_snap.borrow_mut().take();
                         v.reset();
                         continue 'attempt;
@@ -169,6 +184,28 @@ impl Run<'_> {
                 }
             }
         }
+        self.check()
+    }
+
+    /// The tablet changed during a yield: hold it still for the next attempt.
+    async fn restart(&mut self) -> Result<(), Refusal> {
+        self.restarts += 1;
+        if self.restarts > MAX_RESTARTS {
+            return Err((
+                Status::Retry,
+                format!(
+                    "tablet {}/{:#x} changed during the scan {} times; retry",
+                    self.table, self.start_hash, self.restarts
+                ),
+            ));
+        }
+        if self.hold.is_none() {
+            self.hold = Some(Hold::scan(self.state, self.table, self.start_hash).await?);
+        }
+        if let Some(hold) = self.hold.as_mut() {
+            hold.hold_cleaner()?;
+        }
+        // Waiting for the hold may have taken a while: is the tablet still ours?
         self.check()
     }
 
@@ -285,7 +322,13 @@ async fn execute(
         plan,
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
+        hold: None,
     };
+    if matches!(plan.op, Op::Update { .. }) {
+        // Checked first so a moving tablet is refused at once, not waited for.
+        run.check()?;
+        run.hold = Some(Hold::update(state, table, start_hash).await?);
+    }
     let (partial, visited, matched) = match &plan.op {
         Op::Count => {
             let (k, vis, m) = run_kernel(&mut run, CountK::default(), need).await?;
@@ -330,8 +373,8 @@ async fn execute(
         Op::Update { field, action } => {
             let (keys, vis, m) = run_kernel(&mut run, KeysK::default(), need).await?;
             // The client stops waiting at its deadline: then write nothing.
-            // Past this check the apply phase runs to its end without
-            // yielding, so a tablet's update is applied fully or not at all.
+            // Past this check the apply phase runs to its end (yielding, with
+            // the tablet held), so a tablet's update is applied fully or not at all.
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err((
                     Status::Retry,
@@ -341,7 +384,11 @@ async fn execute(
                     ),
                 ));
             }
-            let updated = apply_updates(&run, &keys.0, *field, *action, need)?;
+            // The writes below may need the cleaner to make room in this tablet.
+            if let Some(hold) = run.hold.as_mut() {
+                hold.release_cleaner();
+            }
+            let updated = apply_updates(&run, &keys.0, *field, *action, need).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
@@ -354,24 +401,34 @@ async fn execute(
     })
 }
 
-/// Update, phase two: read-modify-write each collected key, without yielding.
+/// Update, phase two: read-modify-write each collected key.
 ///
-/// Two passes over the keys with no yield in between, so nothing changes
-/// between them: the first computes every new value and refuses the whole
-/// update (naming the key) if one object cannot take it (too short, or an
-/// `add` that overflows the field); only then does the second write. A
-/// refused update therefore writes nothing on this tablet.
-fn apply_updates(
+/// Two passes over the keys, each in slices of about `CHUNK` with a yield
+/// between them. The run's hold keeps other writes, other updates and tablet
+/// moves out meanwhile, so the objects cannot change between the passes and
+/// the tablet never shows half an update to anyone but reads. The first pass
+/// computes every new value and refuses the whole update (naming the key) if
+/// one object cannot take it (too short, or an `add` that overflows the
+/// field); only then does the second write. A refused update therefore
+/// writes nothing on this tablet.
+async fn apply_updates(
     run: &Run<'_>,
     keys: &[Vec<u8>],
     field: Field,
     action: UpdateAction,
     need: usize,
 ) -> Result<u64, Refusal> {
+    assert!(run.hold.is_some(), "an update runs holding its tablet");
     run.check()?;
     let plan = run.plan;
-    let mut engine = run.state.engine.borrow_mut();
-    for key in keys {
+    let mut slice_start = Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        if i % UPDATES_PER_STEP == 0 && i > 0 && slice_start.elapsed() >= CHUNK {
+            tokio::task::yield_now().await;
+            run.check()?;
+            slice_start = Instant::now();
+        }
+        let engine = run.state.engine.borrow();
         let Ok(o) = engine.read(run.table, key) else {
             continue; // removed meanwhile: nothing to update
         };
@@ -395,7 +452,14 @@ fn apply_updates(
     let mut value = Vec::new();
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
-    for key in keys {
+    let mut slice_start = Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        if i % UPDATES_PER_STEP == 0 && i > 0 && slice_start.elapsed() >= CHUNK {
+            tokio::task::yield_now().await;
+            run.check()?;
+            slice_start = Instant::now();
+        }
+        let mut engine = run.state.engine.borrow_mut();
         {
             let Ok(o) = engine.read(run.table, key) else {
                 continue;

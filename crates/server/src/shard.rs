@@ -2,16 +2,15 @@
 //! `Engine` and every connection made to its port.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use insitu_engine::{Engine, EngineConfig};
 use insitu_protocol::TabletState;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
-/// Connections one shard accepts at once; more are refused (closed) so a
-/// flood cannot exhaust file descriptors or memory.
-pub const MAX_CONNECTIONS: usize = 4096;
+use crate::limits::{ConnLimits, FrameBudget};
 
 /// What the shard knows about a tablet beyond what the engine stores.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +31,10 @@ pub struct TabletMeta {
     /// that was aborted meanwhile neither marks the tablet moved out nor
     /// un-freezes a state that an abort or a newer migration set.
     pub migration: u64,
+    /// Scans and updates holding the tablet still (`hold.rs`): writes get Retry.
+    pub write_holds: u32,
+    /// An update holds the tablet (exclusive: other updates and moves wait).
+    pub updating: bool,
 }
 
 impl TabletMeta {
@@ -43,17 +46,19 @@ impl TabletMeta {
             frozen: false,
             moved_out: false,
             migration: 0,
+            write_holds: 0,
+            updating: false,
         }
     }
     pub fn serves_reads(&self) -> bool {
         self.state == TabletState::Active && !self.moved_out
     }
     pub fn serves_writes(&self) -> bool {
-        self.serves_reads() && !self.frozen
+        self.serves_reads() && !self.frozen && self.write_holds == 0
     }
     /// The status that refuses a read (`write` false) or a write, or `None`
     /// to go on: `UnknownTablet` once moved out (the client refreshes its map
-    /// and finds the new owner), `Retry` while receiving or frozen.
+    /// and finds the new owner), `Retry` while receiving, frozen or held.
     pub fn refusal(&self, write: bool) -> Option<insitu_protocol::Status> {
         if self.moved_out {
             Some(insitu_protocol::Status::UnknownTablet)
@@ -72,17 +77,51 @@ pub struct ShardState {
     pub engine: RefCell<Engine>,
     /// (table, start_hash) -> meta.
     pub tablets: RefCell<HashMap<(u64, u64), TabletMeta>>,
-    /// Tablets not plainly serving (receiving or frozen). While zero, the
-    /// hot path skips the per-request state check.
+    /// Tablets not plainly serving (receiving, frozen or held). While zero,
+    /// the hot path skips the per-request state check.
     pub unusual_tablets: Cell<usize>,
     pub connections: Cell<usize>,
     /// Enumerations in progress, so each batch costs O(batch) (enumerate.rs).
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
     /// Last migration id handed out on this shard (see `TabletMeta::migration`).
     pub migrations: Cell<u64>,
+    /// Woken whenever a hold is released (`hold.rs`): scans, updates and moves
+    /// waiting for a tablet re-check it.
+    pub holds_released: tokio::sync::Notify,
+    pub limits: ConnLimits,
+    /// Bytes of big frames being received, shared by this shard's connections.
+    pub frame_budget: Arc<FrameBudget>,
+    /// Connections waiting idle, oldest first (by stamp): the one to close
+    /// when the connection limit is reached. Notifying it closes it.
+    idle_conns: RefCell<BTreeMap<u64, Rc<Notify>>>,
+    /// Next idle stamp; grows, so the first entry is the longest idle.
+    next_idle_stamp: Cell<u64>,
 }
 
 impl ShardState {
+    /// Record a connection as idle; returns its stamp for `idle_unregister`.
+    pub fn idle_register(&self, evict: Rc<Notify>) -> u64 {
+        let stamp = self.next_idle_stamp.get();
+        self.next_idle_stamp.set(stamp + 1);
+        self.idle_conns.borrow_mut().insert(stamp, evict);
+        stamp
+    }
+
+    pub fn idle_unregister(&self, stamp: u64) {
+        self.idle_conns.borrow_mut().remove(&stamp);
+    }
+
+    /// Close the longest-idle connection; false if none is idle.
+    fn evict_oldest_idle(&self) -> bool {
+        match self.idle_conns.borrow_mut().pop_first() {
+            Some((_, evict)) => {
+                // Stored as a permit if the connection is not polling right now.
+                evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
     pub fn recount_unusual(&self) {
         let n = self
             .tablets
@@ -98,6 +137,8 @@ pub fn run_shard(
     index: usize,
     listener: std::net::TcpListener,
     engine_config: EngineConfig,
+    limits: ConnLimits,
+    frame_budget: Arc<FrameBudget>,
     mut stop: watch::Receiver<bool>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -125,6 +166,11 @@ pub fn run_shard(
         connections: Cell::new(0),
         enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
         migrations: Cell::new(0),
+        holds_released: tokio::sync::Notify::new(),
+        limits,
+        frame_budget,
+        idle_conns: RefCell::new(BTreeMap::new()),
+        next_idle_stamp: Cell::new(0),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -148,17 +194,23 @@ pub fn run_shard(
                             continue;
                         }
                     };
-                    if state.connections.get() >= MAX_CONNECTIONS {
-                        tracing::warn!(shard = index, %peer, "connection limit reached; refusing");
-                        drop(stream);
-                        continue;
+                    if state.connections.get() >= state.limits.max_connections {
+                        if state.evict_oldest_idle() {
+                            tracing::info!(shard = index, %peer, "connection limit reached; closing the longest-idle connection");
+                        } else {
+                            tracing::warn!(shard = index, %peer, "connection limit reached and no connection is idle; refusing");
+                            drop(stream);
+                            continue;
+                        }
                     }
                     let _ = stream.set_nodelay(true);
                     let state = state.clone();
                     state.connections.set(state.connections.get() + 1);
                     tokio::task::spawn_local(async move {
-                        if let Err(e) = crate::conn::serve(stream, &state).await {
-                            tracing::debug!(shard = index, %peer, "connection closed: {e}");
+                        match crate::conn::serve(stream, &state).await {
+                            Ok(None) => {}
+                            Ok(Some(why)) => tracing::debug!(shard = index, %peer, ?why, "connection closed by the shard"),
+                            Err(e) => tracing::debug!(shard = index, %peer, "connection closed: {e}"),
                         }
                         state.connections.set(state.connections.get() - 1);
                     });

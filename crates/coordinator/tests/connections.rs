@@ -1,0 +1,161 @@
+//! Bounded connections on the coordinator: partly received big frames stay
+//! within the frame budget while a fresh client is served; stalled and idle
+//! connections are closed after their (short, test-configured) timeouts; at
+//! the connection limit the longest-idle connection makes room.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::*;
+use insitu_coordinator::{ConnLimits, CoordinatorConfig};
+use insitu_protocol::frame::{FrameKind, Header, put_header};
+use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response, Status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A safety net for awaits that must end; not a performance assertion.
+const SAFETY: Duration = Duration::from_secs(20);
+
+fn header(body_len: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    let h = Header {
+        kind: FrameKind::Request,
+        request_id: 1,
+        status: Status::Ok,
+    };
+    put_header(&mut b, &h, body_len);
+    b
+}
+
+async fn list_servers(handle: &insitu_coordinator::CoordinatorHandle) {
+    let conn = connect(handle).await;
+    let reply = call(&conn, Request::ListServers).await;
+    assert!(matches!(reply.decode().unwrap(), Response::Servers(_)));
+}
+
+async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(SAFETY, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("the connection was not closed"),
+        }
+    }
+}
+
+fn config(dir: &TempDir, limits: ConnLimits) -> CoordinatorConfig {
+    let mut c = CoordinatorConfig::new(dir.0.clone());
+    c.limits = limits;
+    c
+}
+
+#[tokio::test]
+async fn partly_sent_big_frames_stay_within_the_budget() {
+    let dir = TempDir::new("conn-budget");
+    let budget = 2 * (HEADER_BYTES + MAX_BODY_BYTES);
+    let limits = ConnLimits {
+        frame_budget_bytes: budget,
+        ..ConnLimits::default()
+    };
+    let handle = start_coordinator_with(config(&dir, limits)).await;
+    let addr = handle.addr().to_string();
+    let mut stalled = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut bytes = header(MAX_BODY_BYTES);
+        bytes.extend_from_slice(&vec![0u8; 100 * 1024]);
+        s.write_all(&bytes).await.unwrap();
+        stalled.push(s);
+    }
+    let mut full = false;
+    for _ in 0..2000 {
+        let buffered = handle.buffered_frame_bytes();
+        assert!(
+            buffered <= budget,
+            "{buffered} bytes buffered, budget {budget}"
+        );
+        if buffered == budget {
+            full = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(full, "the stalled frames never filled the budget");
+    tokio::time::timeout(SAFETY, list_servers(&handle))
+        .await
+        .expect("a fresh client is served");
+    drop(stalled);
+    let mut freed = false;
+    for _ in 0..2000 {
+        if handle.buffered_frame_bytes() == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        freed,
+        "frame buffers were not released after the peers closed"
+    );
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn stalled_and_idle_connections_are_closed() {
+    let dir = TempDir::new("conn-stall");
+    let limits = ConnLimits {
+        stall_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_millis(300),
+        ..ConnLimits::default()
+    };
+    let handle = start_coordinator_with(config(&dir, limits)).await;
+    let addr = handle.addr().to_string();
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut bytes = header(100);
+    bytes.extend_from_slice(&[0u8; 10]);
+    s.write_all(&bytes).await.unwrap();
+    let got = until_closed(&mut s).await;
+    assert!(
+        String::from_utf8_lossy(&got).contains("not completed within 300 ms"),
+        "{got:?}"
+    );
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    assert!(until_closed(&mut idle).await.is_empty());
+    list_servers(&handle).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn at_the_limit_the_longest_idle_connection_makes_room() {
+    let dir = TempDir::new("conn-evict");
+    let limits = ConnLimits {
+        max_connections: 4,
+        ..ConnLimits::default()
+    };
+    let handle = start_coordinator_with(config(&dir, limits)).await;
+    // Four clients, each answered once, so all four are open and idle, in order.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let conn = connect(&handle).await;
+        call(&conn, Request::Ping).await;
+        idle.push(conn);
+    }
+    list_servers(&handle).await;
+    // The oldest was closed to let the new client in.
+    for _ in 0..2000 {
+        if idle[0].is_closed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        idle[0].is_closed(),
+        "the longest-idle connection is still open"
+    );
+    assert!(!idle[3].is_closed());
+    handle.shutdown().await;
+}

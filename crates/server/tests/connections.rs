@@ -1,0 +1,207 @@
+//! Bounded connections: partly received frames stay within the shard's frame
+//! budget and a fresh client is still served; stalled and idle connections are
+//! closed after their (short, test-configured) timeouts; at the connection
+//! limit the longest-idle connection makes room for a new one.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use insitu_client::RpcConn;
+use insitu_coordinator::CoordinatorConfig;
+use insitu_protocol::frame::{FrameKind, HEADER_BYTES, Header, check_header, put_header};
+use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
+use insitu_server::{ConnLimits, MAX_FRAME_BYTES, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A safety net for awaits that must end; not a performance assertion.
+const SAFETY: Duration = Duration::from_secs(20);
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    coordinator: insitu_coordinator::CoordinatorHandle,
+    server: insitu_server::ServerHandle,
+    shard: String,
+}
+
+async fn cluster(limits: ConnLimits) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let coordinator =
+        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
+            .await
+            .unwrap();
+    let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
+    config.shards = 1;
+    config.limits = limits;
+    let server = insitu_server::start(config).await.unwrap();
+    let shard = server.shard_addrs[0].to_string();
+    Cluster {
+        _dir: dir,
+        coordinator,
+        server,
+        shard,
+    }
+}
+
+impl Cluster {
+    async fn stop(self) {
+        self.server.shutdown();
+        self.coordinator.shutdown().await;
+    }
+}
+
+/// The header of a request frame announcing a `body_len`-byte body.
+fn header(body_len: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    let h = Header {
+        kind: FrameKind::Request,
+        request_id: 1,
+        status: Status::Ok,
+    };
+    put_header(&mut b, &h, body_len);
+    b
+}
+
+async fn ping(addr: &str) {
+    let conn = tokio::time::timeout(SAFETY, RpcConn::connect(addr))
+        .await
+        .unwrap()
+        .unwrap();
+    let reply = tokio::time::timeout(SAFETY, conn.call(&Request::Ping))
+        .await
+        .expect("a fresh client is served")
+        .unwrap();
+    assert!(matches!(reply.decode().unwrap(), Response::Pong));
+}
+
+/// A Ping on a raw socket, waiting for its whole reply.
+async fn raw_ping(s: &mut TcpStream) {
+    let mut out = BytesMut::new();
+    encode_request(&mut out, 7, &Request::Ping).unwrap();
+    s.write_all(&out).await.unwrap();
+    let mut head = [0u8; HEADER_BYTES];
+    s.read_exact(&mut head).await.unwrap();
+    let (h, body_len) = check_header(&head, MAX_BODY_BYTES).unwrap().unwrap();
+    assert_eq!(
+        (h.kind, h.request_id, h.status),
+        (FrameKind::Response, 7, Status::Ok)
+    );
+    let mut body = vec![0u8; body_len];
+    s.read_exact(&mut body).await.unwrap();
+}
+
+/// Read until the peer closes; returns what was read.
+async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(SAFETY, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("the connection was not closed"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn partly_sent_big_frames_stay_within_the_budget() {
+    let budget = 2 * MAX_FRAME_BYTES;
+    let c = cluster(ConnLimits {
+        max_connections: 1000,
+        frame_budget_bytes: budget,
+        ..ConnLimits::default()
+    })
+    .await;
+    // 300 connections each announce a max-size frame and send 100 KiB of it.
+    let mut stalled = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(&c.shard).await.unwrap();
+        let mut bytes = header(MAX_BODY_BYTES);
+        bytes.extend_from_slice(&vec![0u8; 100 * 1024]);
+        s.write_all(&bytes).await.unwrap();
+        stalled.push(s);
+    }
+    // The shard takes what the budget allows (two frames) and no more.
+    let mut full = false;
+    for _ in 0..2000 {
+        let (buffered, total) = c.server.buffered_frame_bytes()[0];
+        assert_eq!(total, budget);
+        assert!(
+            buffered <= budget,
+            "{buffered} bytes buffered, budget {budget}"
+        );
+        if buffered == budget {
+            full = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(full, "the stalled frames never filled the budget");
+    // A fresh client is still served.
+    ping(&c.shard).await;
+    assert!(c.server.buffered_frame_bytes()[0].0 <= budget);
+    // Closing them gives everything back.
+    drop(stalled);
+    let mut freed = false;
+    for _ in 0..2000 {
+        if c.server.buffered_frame_bytes()[0].0 == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        freed,
+        "frame buffers were not released after the peers closed"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn stalled_and_idle_connections_are_closed() {
+    let c = cluster(ConnLimits {
+        stall_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_millis(300),
+        ..ConnLimits::default()
+    })
+    .await;
+    // A frame that never completes: an error reply, then the close.
+    let mut s = TcpStream::connect(&c.shard).await.unwrap();
+    let mut bytes = header(100);
+    bytes.extend_from_slice(&[0u8; 10]);
+    s.write_all(&bytes).await.unwrap();
+    let got = until_closed(&mut s).await;
+    assert!(
+        String::from_utf8_lossy(&got).contains("not completed within 300 ms"),
+        "{got:?}"
+    );
+    // A connection that never sends a byte is closed too.
+    let mut idle = TcpStream::connect(&c.shard).await.unwrap();
+    assert!(until_closed(&mut idle).await.is_empty());
+    // Meanwhile others are served.
+    ping(&c.shard).await;
+    // The budget was never touched by the small frames.
+    assert_eq!(c.server.buffered_frame_bytes()[0].0, 0);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn at_the_limit_the_longest_idle_connection_makes_room() {
+    let c = cluster(ConnLimits {
+        max_connections: 4,
+        ..ConnLimits::default()
+    })
+    .await;
+    // Four connections, each answered once (so accepted and idle, in order).
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&c.shard).await.unwrap();
+        raw_ping(&mut s).await;
+        idle.push(s);
+    }
+    ping(&c.shard).await;
+    // The oldest was closed to let the new client in.
+    assert!(until_closed(&mut idle[0]).await.is_empty());
+    c.stop().await;
+}
