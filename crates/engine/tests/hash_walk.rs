@@ -148,7 +148,7 @@ fn sorted_hashes_are_charged_and_walks_cost_one_probe_per_hash() {
         put(&mut e, T, i, 10, 1);
     }
     let from = u64::MAX / 2;
-    let list = e.sorted_hashes(T, 0, from).expect("list");
+    let mut list = e.sorted_hashes(T, 0, from).expect("list");
     assert!(list.hashes().windows(2).all(|w| w[0] < w[1]));
     assert!(list.hashes().iter().all(|&h| h >= from));
     let expected = (0..2_000u64)

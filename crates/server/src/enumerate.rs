@@ -94,9 +94,8 @@ impl EnumerateCache {
         let mut group = Vec::new();
         let mut used = 0usize;
         let mut next = None;
-        let hashes = walk.list.hashes();
-        let mut pos = walk.pos;
-        while let Some(&h) = hashes.get(pos) {
+        let mut slot = walk.list.next_from(walk.pos);
+        while let Some((pos, h)) = slot {
             group.clear();
             engine.objects_with_hash(table, tablet_start, h, |o| group.push(o))?;
             let size: usize = group
@@ -105,14 +104,14 @@ impl EnumerateCache {
                 .sum();
             if !objects.is_empty() && used + size > max_bytes {
                 next = Some(h);
+                walk.pos = pos;
                 break;
             }
             used += size;
             objects.append(&mut group);
-            pos += 1;
+            slot = walk.list.next_from(pos + 1);
         }
         if let Some(h) = next {
-            walk.pos = pos;
             walk.next_hash = h;
             walk.last_used = self.clock;
             if self.walks.len() >= MAX_CACHED_WALKS
