@@ -81,14 +81,6 @@ struct Model {
     durable_closed: bool,
 }
 
-fn xorshift(seed: &mut u64) -> u64 {
-    // The crash's own choices; proptest supplies the seed so it shrinks.
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
-}
-
 fn run(ops: Vec<Op>, sync: SyncMode) {
     let budget = 64 * 1024;
     let (mut store, _) = BackupStore::open(config(sync, budget), SimIo::default()).unwrap();
@@ -156,8 +148,9 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
             },
             Op::Crash { seed } => {
                 let mut io = store.into_io();
-                let mut s = seed | 1;
-                io.crash(|n| xorshift(&mut s) % n);
+                // The crash's own choices; proptest supplies the seed so it shrinks.
+                let mut rng = insitu_testkit::rng(seed);
+                io.crash(|n| rng.u64(0..n));
                 io.free_bytes = None;
                 let (reopened, _report) = BackupStore::open(config(sync, budget), io).unwrap();
                 store = reopened;
