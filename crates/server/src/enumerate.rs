@@ -3,14 +3,14 @@
 //!
 //! The protocol stays stateless: the cursor is a key hash, and objects come
 //! back in hash order. A batch walks the tablet's sorted hash list
-//! (`Engine::sorted_hashes`, O(n log n) to take, 8 bytes per object charged
+//! (`Engine::sorted_hashes`, two O(n) passes to take, 8 bytes per object charged
 //! to the memory budget) and looks every hash up in the index
 //! (`Engine::objects_with_hash`), so a batch costs O(batch). The shard keeps
 //! the lists of up to `MAX_CACHED_WALKS` enumerations in progress, keyed by
 //! (table, tablet start, the cursor the client will send next) and valid
 //! only for the same tablet instance and range; a request that matches one
 //! continues from it, any other request takes a new list from its cursor.
-//! Correctness never depends on the cache: a miss costs one O(n log n) list.
+//! Correctness never depends on the cache: a miss costs one new list (two O(n) passes).
 //!
 //! Guarantee: an object present and unchanged for the whole enumeration is
 //! returned exactly once (hashes only grow from batch to batch, the objects
