@@ -17,18 +17,20 @@
 //! against Redis and insitu back to back (alternating which goes first), so
 //! machine noise hits both alike. Each case runs for a fixed time and stops.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::kv_procs::{
+    allowed_cpus, cpu_ns, pin_self, redis_info_field, rss_bytes, start_insitu, start_redis,
+    tracing_note,
+};
+use crate::kv_report::{Row, case_name, find, median_rows, print_table, ratio, round};
 use crate::loadgen::{self, CaseResult, CaseSpec, InsituWire, Mix, RedisWire};
-use crate::resp;
-use insitu_testkit::{Proc, on_path};
+use insitu_testkit::on_path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versus {
@@ -76,205 +78,6 @@ impl Default for KvBenchArgs {
 /// Percentiles stored per case (and drawn in the plot).
 const CURVE: [f64; 9] = [50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99];
 
-// ---- child processes ---------------------------------------------------------
-
-fn tracing_note(msg: &str) {
-    eprintln!("bench kv: {msg}");
-}
-
-/// `program args`, prefixed by `taskset -c CPU` when pinning.
-fn command(cpu: Option<usize>, program: &Path, args: &[String]) -> Command {
-    match cpu {
-        Some(cpu) => {
-            let mut c = Command::new("taskset");
-            c.arg("-c").arg(cpu.to_string()).arg(program).args(args);
-            c
-        }
-        None => {
-            let mut c = Command::new(program);
-            c.args(args);
-            c
-        }
-    }
-}
-
-/// Start an insitu role and wait for the stdout line that starts with `ready`.
-fn start_insitu(
-    name: &'static str,
-    cpu: Option<usize>,
-    args: &[String],
-    ready: &str,
-) -> anyhow::Result<(Proc, String)> {
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let mut cmd = command(cpu, &exe, args);
-    cmd.env("INSITU_LOG", "warn");
-    let ready = ready.to_string();
-    Proc::spawn(cmd, &format!("insitu {name}"), move |l| {
-        l.starts_with(&ready)
-    })
-}
-
-/// CPUs this process may run on (from /proc/self/status).
-fn allowed_cpus() -> Vec<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let Some(list) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-    else {
-        return Vec::new();
-    };
-    let mut cpus = Vec::new();
-    for part in list.trim().split(',') {
-        let mut ends = part.split('-').map(|x| x.trim().parse::<usize>());
-        match (ends.next(), ends.next()) {
-            (Some(Ok(a)), None) => cpus.push(a),
-            (Some(Ok(a)), Some(Ok(b))) => cpus.extend(a..=b),
-            _ => {}
-        }
-    }
-    cpus
-}
-
-/// Pin every thread of this process to `cpu`.
-fn pin_self(cpu: usize) -> anyhow::Result<()> {
-    let status = Command::new("taskset")
-        .args([
-            "-a",
-            "-p",
-            "-c",
-            &cpu.to_string(),
-            &std::process::id().to_string(),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .context("cannot run taskset")?;
-    anyhow::ensure!(status.success(), "taskset failed: {status}");
-    Ok(())
-}
-
-/// Nanoseconds of CPU every thread of `pid` has used (from schedstat).
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Resident set size of `pid`, bytes.
-fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
-    Ok(kb * 1024)
-}
-
-// ---- Redis --------------------------------------------------------------------
-
-fn ensure_redis_installed() -> anyhow::Result<()> {
-    if on_path("redis-server") {
-        return Ok(());
-    }
-    tracing_note("redis-server not found; installing it with apt-get");
-    let ok = Command::new("sh")
-        .args([
-            "-c",
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok || !on_path("redis-server") {
-        bail!("redis-server is not installed and apt-get could not install it");
-    }
-    Ok(())
-}
-
-/// One blocking RESP call (set-up and INFO only, never in a timed case).
-fn redis_call(addr: SocketAddr, args: &[&[u8]]) -> anyhow::Result<Vec<u8>> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut out: Vec<u8> = Vec::new();
-    resp::command(&mut out, args);
-    s.write_all(&out)?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        if let Some((reply, _)) = resp::parse(&buf)? {
-            return Ok(match reply {
-                resp::Reply::Bulk(b) | resp::Reply::Simple(b) => b.to_vec(),
-                other => format!("{other:?}").into_bytes(),
-            });
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("redis closed the connection");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-fn redis_info_field(addr: SocketAddr, section: &str, field: &str) -> anyhow::Result<String> {
-    let info = redis_call(addr, &[b"INFO", section.as_bytes()])?;
-    let info = String::from_utf8_lossy(&info);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|v| v.trim().to_string())
-        .ok_or_else(|| anyhow!("redis INFO {section} has no {field}"))
-}
-
-fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
-    ensure_redis_installed()?;
-    let port = insitu_testkit::free_port()?;
-    let args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "yes",
-        "--dir",
-        &dir.display().to_string(),
-        "--logfile",
-        "redis.log",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let child = command(cpu, Path::new("redis-server"), &args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start redis-server")?;
-    let proc = Proc {
-        child,
-        name: "redis-server".to_string(),
-    };
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match redis_call(addr, &[b"PING"]) {
-            Ok(r) if r == b"PONG" => return Ok((proc, addr)),
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => bail!("redis-server did not answer PING: {other:?}"),
-        }
-    }
-}
-
 // ---- the run --------------------------------------------------------------------
 
 struct Store {
@@ -282,74 +85,6 @@ struct Store {
     pid: u32,
     addr: SocketAddr,
     table: u64,
-}
-
-#[derive(Clone, Debug)]
-struct Row {
-    case: String,
-    store: &'static str,
-    mix: Mix,
-    conns: usize,
-    depth: usize,
-    ops_per_sec: f64,
-    objects_per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    server_cpu_util: f64,
-    server_cpu_us_per_op: f64,
-    /// CPU the load generator (this process) used, as a fraction of one core.
-    client_cpu_util: f64,
-    curve: Vec<(f64, f64)>,
-    /// Per-round ops/s and p99 (us) behind the medians.
-    ops_rounds: Vec<f64>,
-    p99_rounds: Vec<f64>,
-}
-
-impl Row {
-    fn json(&self) -> Value {
-        json!({
-            "case": self.case,
-            "store": self.store,
-            "op": mix_name(self.mix),
-            "conns": self.conns,
-            "depth": self.depth,
-            "keys_per_op": self.mix.objects_per_op(),
-            "ops_per_sec": round(self.ops_per_sec, 1),
-            "objects_per_sec": round(self.objects_per_sec, 1),
-            "p50_us": round(self.p50_us, 2),
-            "p99_us": round(self.p99_us, 2),
-            "p999_us": round(self.p999_us, 2),
-            "server_cpu_util": round(self.server_cpu_util, 3),
-            "server_cpu_us_per_op": round(self.server_cpu_us_per_op, 3),
-            "client_cpu_util": round(self.client_cpu_util, 3),
-            "latency_percentiles_us": self.curve.iter().map(|(q, us)| json!([q, round(*us, 2)])).collect::<Vec<_>>(),
-            "ops_per_sec_rounds": self.ops_rounds.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
-            "p99_us_rounds": self.p99_rounds.iter().map(|x| round(*x, 1)).collect::<Vec<_>>(),
-        })
-    }
-}
-
-fn round(x: f64, digits: i32) -> f64 {
-    let p = 10f64.powi(digits);
-    (x * p).round() / p
-}
-
-fn mix_name(mix: Mix) -> String {
-    match mix {
-        Mix::Read => "read".into(),
-        Mix::Write => "write".into(),
-        Mix::Mixed { write_pct } => format!("mix{}/{}", 100 - write_pct, write_pct),
-        Mix::MultiRead(n) => format!("multiread{n}"),
-    }
-}
-
-fn case_name(mix: Mix, conns: usize, depth: usize, store: &str) -> String {
-    let op = match (mix, store) {
-        (Mix::MultiRead(n), "redis") => format!("mget{n}"),
-        (m, _) => mix_name(m),
-    };
-    format!("{op} c{conns} d{depth}")
 }
 
 async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
@@ -390,67 +125,6 @@ async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
         ops_rounds: vec![ops],
         p99_rounds: vec![r.latency_us(99.0)],
     })
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
-/// One row per (store, case): every figure the median over its rounds.
-fn median_rows(raw: &[Row]) -> Vec<Row> {
-    let mut out: Vec<Row> = Vec::new();
-    for r in raw {
-        if out.iter().any(|o| o.store == r.store && o.case == r.case) {
-            continue;
-        }
-        let same: Vec<&Row> = raw
-            .iter()
-            .filter(|o| o.store == r.store && o.case == r.case)
-            .collect();
-        let m = |f: fn(&Row) -> f64| median(same.iter().map(|x| f(x)).collect());
-        out.push(Row {
-            ops_per_sec: m(|x| x.ops_per_sec),
-            objects_per_sec: m(|x| x.objects_per_sec),
-            p50_us: m(|x| x.p50_us),
-            p99_us: m(|x| x.p99_us),
-            p999_us: m(|x| x.p999_us),
-            server_cpu_util: m(|x| x.server_cpu_util),
-            server_cpu_us_per_op: m(|x| x.server_cpu_us_per_op),
-            client_cpu_util: m(|x| x.client_cpu_util),
-            curve: (0..r.curve.len())
-                .map(|i| {
-                    (
-                        r.curve[i].0,
-                        median(same.iter().map(|x| x.curve[i].1).collect()),
-                    )
-                })
-                .collect(),
-            ops_rounds: same.iter().map(|x| x.ops_per_sec).collect(),
-            p99_rounds: same.iter().map(|x| x.p99_us).collect(),
-            ..r.clone()
-        });
-    }
-    out
-}
-
-fn find<'a>(rows: &'a [Row], store: &str, mix: Mix, conns: usize, depth: usize) -> Option<&'a Row> {
-    rows.iter()
-        .find(|r| r.store == store && r.mix == mix && r.conns == conns && r.depth == depth)
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => json!(round(a / b, 3)),
-        _ => Value::Null,
-    }
 }
 
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
@@ -778,73 +452,4 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(report)
-}
-
-fn print_table(
-    rows: &[Row],
-    memory: &serde_json::Map<String, Value>,
-    load: &serde_json::Map<String, Value>,
-    pinned: bool,
-    keys: u64,
-    measure: Duration,
-) {
-    println!(
-        "\ninsitu vs Redis, point operations: {keys} keys of {} B / values of {} B, {:.1} s per case{}",
-        loadgen::KEY_BYTES,
-        loadgen::VALUE_BYTES,
-        measure.as_secs_f64(),
-        if pinned {
-            ", stores pinned to one CPU, load generator to another"
-        } else {
-            ""
-        }
-    );
-    println!(
-        "{:<20} {:<7} {:>11} {:>11} {:>8} {:>8} {:>9} {:>7} {:>9} {:>7}",
-        "case",
-        "store",
-        "ops/s",
-        "objects/s",
-        "p50 us",
-        "p99 us",
-        "p99.9 us",
-        "cpu %",
-        "cpu us/op",
-        "gen %"
-    );
-    for (i, r) in rows.iter().enumerate() {
-        let vs = (r.store == "insitu")
-            .then(|| find(rows, "redis", r.mix, r.conns, r.depth))
-            .flatten()
-            .map(|redis| {
-                format!(
-                    "  x{:.2} ops, x{:.2} p99",
-                    r.objects_per_sec / redis.objects_per_sec,
-                    r.p99_us / redis.p99_us
-                )
-            })
-            .unwrap_or_default();
-        println!(
-            "{:<20} {:<7} {:>11.0} {:>11.0} {:>8.1} {:>8.1} {:>9.1} {:>7.0} {:>9.2} {:>7.0}{}",
-            r.case,
-            r.store,
-            r.ops_per_sec,
-            r.objects_per_sec,
-            r.p50_us,
-            r.p99_us,
-            r.p999_us,
-            r.server_cpu_util * 100.0,
-            r.server_cpu_us_per_op,
-            r.client_cpu_util * 100.0,
-            vs
-        );
-        if i + 1 < rows.len() && rows[i + 1].mix != r.mix {
-            println!();
-        }
-    }
-    println!(
-        "(cpu %: the store's CPU use, all its threads; cpu us/op: that per operation; gen %: the load generator's)"
-    );
-    println!("\nload (batches of 1000): {}", Value::Object(load.clone()));
-    println!("memory per object: {}", Value::Object(memory.clone()));
 }

@@ -7,6 +7,8 @@ pub mod gradient;
 pub mod interference;
 pub mod kv;
 pub mod kv_plot;
+mod kv_procs;
+mod kv_report;
 pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod resp;

@@ -7,6 +7,7 @@
 //! Multi-operations are grouped per shard, split to fit a frame (see
 //! [`multi`]) and sent in parallel.
 
+mod admin;
 pub mod blocking;
 pub mod client;
 pub mod cursor;

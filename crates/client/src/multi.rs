@@ -183,17 +183,12 @@ impl Client {
             keys: keys.iter().map(|k| k.as_ref()).collect(),
             values: Vec::new(),
         };
-        let items = self.run_multi(&batch).await?;
-        Ok(items
-            .into_iter()
-            .map(|r| {
-                r.and_then(|item| match item.status {
-                    Status::Ok => Ok(Some((item.value, item.version))),
-                    Status::ObjectDoesntExist => Ok(None),
-                    s => Err(ClientError::Status(s, String::new())),
-                })
-            })
-            .collect())
+        self.run_multi_each(&batch, |item| match item.status {
+            Status::Ok => Ok(Some((item.value, item.version))),
+            Status::ObjectDoesntExist => Ok(None),
+            s => Err(ClientError::Status(s, String::new())),
+        })
+        .await
     }
 
     /// Write many objects of `table` at once; one new version (or error) per
@@ -210,16 +205,11 @@ impl Client {
             keys: items.iter().map(|(k, _)| k.as_ref()).collect(),
             values: items.iter().map(|(_, v)| v.as_ref()).collect(),
         };
-        let items = self.run_multi(&batch).await?;
-        Ok(items
-            .into_iter()
-            .map(|r| {
-                r.and_then(|item| match item.status {
-                    Status::Ok => Ok(item.version),
-                    s => Err(ClientError::Status(s, String::new())),
-                })
-            })
-            .collect())
+        self.run_multi_each(&batch, |item| match item.status {
+            Status::Ok => Ok(item.version),
+            s => Err(ClientError::Status(s, String::new())),
+        })
+        .await
     }
 
     /// Remove many keys of `table` at once: per key the removed version, or
@@ -235,22 +225,28 @@ impl Client {
             keys: keys.iter().map(|k| k.as_ref()).collect(),
             values: Vec::new(),
         };
-        let items = self.run_multi(&batch).await?;
-        Ok(items
-            .into_iter()
-            .map(|r| {
-                r.and_then(|item| match item.status {
-                    Status::Ok => Ok((item.version != 0).then_some(item.version)),
-                    Status::ObjectDoesntExist => Ok(None),
-                    s => Err(ClientError::Status(s, String::new())),
-                })
-            })
-            .collect())
+        self.run_multi_each(&batch, |item| match item.status {
+            Status::Ok => Ok((item.version != 0).then_some(item.version)),
+            Status::ObjectDoesntExist => Ok(None),
+            s => Err(ClientError::Status(s, String::new())),
+        })
+        .await
     }
 
     /// The engine of the multi-operations: rounds of (group by shard, split,
     /// send everything in parallel, sort outcomes) until every position has
     /// a final outcome or the time budget is spent.
+    /// Run `batch` and turn each item's reply into `T` with `convert`: the
+    /// multi-operations differ only in what an item's status and version mean.
+    async fn run_multi_each<T>(
+        &self,
+        batch: &Batch<'_>,
+        convert: impl Fn(Item) -> Result<T, ClientError>,
+    ) -> Result<PerItem<T>, ClientError> {
+        let items = self.run_multi(batch).await?;
+        Ok(items.into_iter().map(|r| r.and_then(&convert)).collect())
+    }
+
     async fn run_multi(
         &self,
         batch: &Batch<'_>,

@@ -60,9 +60,11 @@ pub fn compare(a: Number, op: CmpOp, b: Number) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A value of an i64 at 0, an f64 at 8 and an i32 at 16: the layout the
+    /// predicate and update tests of this crate read and write too.
     pub(crate) fn value(a: i64, b: f64, c: i32) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&a.to_le_bytes());

@@ -95,15 +95,8 @@ pub fn eval(program: &[PredOp], value: &[u8]) -> Result<bool, Field> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::field::tests::value;
     use insitu_protocol::Number;
-
-    fn value(a: i64, b: f64, c: i32) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&a.to_le_bytes());
-        v.extend_from_slice(&b.to_le_bytes());
-        v.extend_from_slice(&c.to_le_bytes());
-        v
-    }
 
     #[test]
     fn predicate_programs_evaluate() {

@@ -148,14 +148,7 @@ pub fn apply_update(field: Field, action: UpdateAction, value: &mut [u8]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn value(a: i64, b: f64, c: i32) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&a.to_le_bytes());
-        v.extend_from_slice(&b.to_le_bytes());
-        v.extend_from_slice(&c.to_le_bytes());
-        v
-    }
+    use crate::field::tests::value;
 
     #[test]
     fn updates_write_the_field() {

@@ -35,6 +35,38 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// A new connection to `addr`, bounded by `CONNECT_TIMEOUT`: shared by the
+/// cached and the one-off connections so both report a failed connect alike.
+async fn connect(addr: &str) -> Result<RpcConn, CallError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+        .await
+        .map_err(|_| {
+            CallError::Transport(format!(
+                "cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| CallError::Transport(e.to_string()))
+}
+
+/// Send `request` on `conn` and map the reply to `Ok(())` or the error kind:
+/// one place decides what counts as Transport (no reply) vs Rejected.
+async fn call_ok(
+    conn: &RpcConn,
+    addr: &str,
+    request: &Request<'_>,
+    timeout: Duration,
+) -> Result<(), CallError> {
+    let reply = conn
+        .call_timeout(request, timeout)
+        .await
+        .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
+    if reply.status.is_ok() {
+        Ok(())
+    } else {
+        Err(CallError::Rejected(reply.status, reply.error_message()))
+    }
+}
+
 #[derive(Default)]
 pub struct ShardPool {
     conns: Mutex<HashMap<String, RpcConn>>,
@@ -50,14 +82,7 @@ impl ShardPool {
                 return Ok(conn.clone());
             }
         }
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
-            .await
-            .map_err(|_| {
-                CallError::Transport(format!(
-                    "cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"
-                ))
-            })?
-            .map_err(|e| CallError::Transport(e.to_string()))?;
+        let conn = connect(addr).await?;
         self.conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -73,15 +98,7 @@ impl ShardPool {
         timeout: Duration,
     ) -> Result<(), CallError> {
         let conn = self.conn(addr).await?;
-        let reply = conn
-            .call_timeout(request, timeout)
-            .await
-            .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
-        if reply.status.is_ok() {
-            Ok(())
-        } else {
-            Err(CallError::Rejected(reply.status, reply.error_message()))
-        }
+        call_ok(&conn, addr, request, timeout).await
     }
 
     /// Like `call`, on a connection of its own that is closed afterwards: for
@@ -94,23 +111,8 @@ impl ShardPool {
         request: &Request<'_>,
         timeout: Duration,
     ) -> Result<(), CallError> {
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
-            .await
-            .map_err(|_| {
-                CallError::Transport(format!(
-                    "cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"
-                ))
-            })?
-            .map_err(|e| CallError::Transport(e.to_string()))?;
-        let reply = conn
-            .call_timeout(request, timeout)
-            .await
-            .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
-        if reply.status.is_ok() {
-            Ok(())
-        } else {
-            Err(CallError::Rejected(reply.status, reply.error_message()))
-        }
+        let conn = connect(addr).await?;
+        call_ok(&conn, addr, request, timeout).await
     }
 
     /// Forget the cached connection to `addr`, if any: the process behind that

@@ -51,12 +51,7 @@ impl Engine {
         self.tablet(slot).check_version_left()?;
         let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
         let cleaned = self.make_room(slot, len, Purpose::Tombstone)?;
-        let Engine {
-            tablets, budget, ..
-        } = self;
-        let t = tablets[slot]
-            .as_mut()
-            .expect("a routed slot holds a tablet");
+        let (t, budget) = self.tablet_and_budget(slot);
         let old = if cleaned {
             t.find(hash, key).expect("cleaning keeps live objects")
         } else {
@@ -145,12 +140,7 @@ impl Engine {
             return Ok(());
         }
         self.make_room(slot, entry::HEADER_BYTES, Purpose::Object)?;
-        let Engine {
-            tablets, budget, ..
-        } = self;
-        let t = tablets[slot]
-            .as_mut()
-            .expect("a routed slot holds a tablet");
+        let (t, budget) = self.tablet_and_budget(slot);
         t.raise_version(next_version);
         t.append_mark(budget);
         Ok(())
@@ -179,12 +169,7 @@ impl Engine {
             entry::entry_bytes(key.len(), value.len()),
             Purpose::Object,
         )?;
-        let Engine {
-            tablets, budget, ..
-        } = self;
-        let t = tablets[slot]
-            .as_mut()
-            .expect("a routed slot holds a tablet");
+        let (t, budget) = self.tablet_and_budget(slot);
         let old = if cleaned { t.find(hash, key) } else { old };
         let version = match version {
             Some(v) => {

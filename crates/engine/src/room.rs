@@ -84,12 +84,7 @@ impl Engine {
     fn compact_tablet_into_head(&mut self, slot: usize, len: usize, min_reclaimable: u64) -> bool {
         let mut stats = CleanStats::default();
         let allocated_before = self.budget.allocated_bytes;
-        let Engine {
-            tablets, budget, ..
-        } = self;
-        let t = tablets[slot]
-            .as_mut()
-            .expect("a routed slot holds a tablet");
+        let (t, budget) = self.tablet_and_budget(slot);
         let done = cleaner::compact_into_head(t, budget, len, min_reclaimable, &mut stats);
         stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
         let totals = &mut self.cleaner_totals;
@@ -135,12 +130,7 @@ impl Engine {
                 return Ok(true);
             }
         }
-        let Engine {
-            tablets, budget, ..
-        } = self;
-        let t = tablets[slot]
-            .as_mut()
-            .expect("a routed slot holds a tablet");
+        let (t, budget) = self.tablet_and_budget(slot);
         t.open_head(budget, purpose)?;
         debug_assert!(t.head_room(budget.segment_bytes) >= len);
         Ok(cleaned)

@@ -5,7 +5,7 @@ use crate::cleaner::Goal;
 use crate::error::oom;
 use crate::segment::Purpose;
 use crate::tablet::Tablet;
-use crate::{Engine, EngineError, HashRange, TableId, TabletStats, key_hash};
+use crate::{Budget, Engine, EngineError, HashRange, TableId, TabletStats, key_hash};
 
 /// One routing entry: which tablet slot serves `start..=end` of a table.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +42,20 @@ impl Engine {
         self.tablets[slot]
             .as_mut()
             .expect("a routed slot holds a tablet")
+    }
+
+    /// The tablet in `slot` and the memory budget, borrowed together: an
+    /// append charges the budget while it holds the tablet, which two
+    /// `&mut self` accessors could not express.
+    #[inline]
+    pub(crate) fn tablet_and_budget(&mut self, slot: usize) -> (&mut Tablet, &mut Budget) {
+        let Engine {
+            tablets, budget, ..
+        } = self;
+        let t = tablets[slot]
+            .as_mut()
+            .expect("a routed slot holds a tablet");
+        (t, budget)
     }
 
     pub(crate) fn tablet_at(
@@ -224,12 +238,7 @@ impl Engine {
             .map_err(oom)?;
 
         let attempt = |engine: &mut Engine| {
-            let Engine {
-                tablets, budget, ..
-            } = engine;
-            let t = tablets[slot]
-                .as_mut()
-                .expect("a routed slot holds a tablet");
+            let (t, budget) = engine.tablet_and_budget(slot);
             let mut new = t.split_off(budget, moving, movers)?;
             // The moved half always gets a head: its version mark keeps the
             // counter even if it holds no object (a key removed before the

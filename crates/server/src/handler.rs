@@ -76,6 +76,15 @@ fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
     }
 }
 
+/// Reply with the response of a single-key engine call, or its error as a
+/// status: the tail every single-key branch shares, so all map errors alike.
+fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, EngineError>) {
+    match result {
+        Ok(response) => reply(out, id, &response),
+        Err(e) => reply_engine_error(out, id, &e),
+    }
+}
+
 pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) {
     let request = match decode_request(body) {
         Ok(r) => r,
@@ -120,10 +129,7 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 .engine
                 .borrow_mut()
                 .write(table, key, value, &rules(&r));
-            match result {
-                Ok(version) => reply(out, id, &Response::Written { version }),
-                Err(e) => reply_engine_error(out, id, &e),
-            }
+            reply_result(out, id, result.map(|version| Response::Written { version }));
         }
         Request::Remove {
             table,
@@ -134,10 +140,7 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 return encode_error(out, id, s, s.to_string());
             }
             let result = state.engine.borrow_mut().remove(table, key, &rules(&r));
-            match result {
-                Ok(version) => reply(out, id, &Response::Removed { version }),
-                Err(e) => reply_engine_error(out, id, &e),
-            }
+            reply_result(out, id, result.map(|version| Response::Removed { version }));
         }
         Request::Increment {
             table,
@@ -157,10 +160,8 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                     .increment_f64(table, key, d, &rules(&r))
                     .map(|(v, ver)| (Number::F64(v), ver)),
             };
-            match result {
-                Ok((value, version)) => reply(out, id, &Response::Incremented { value, version }),
-                Err(e) => reply_engine_error(out, id, &e),
-            }
+            let result = result.map(|(value, version)| Response::Incremented { value, version });
+            reply_result(out, id, result);
         }
         Request::MultiRead { table, keys } => multi_read(state, id, table, &keys, out),
         Request::MultiWrite { table, items } => {

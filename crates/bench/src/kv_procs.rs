@@ -1,0 +1,217 @@
+//! Child processes for `bench kv`: starting insitu roles and Redis, CPU
+//! pinning, and reading CPU time / RSS from /proc. Separate from the run so the
+//! orchestration in `kv` reads as the sequence of cases, not process plumbing.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+
+use crate::resp;
+use insitu_testkit::{Proc, on_path};
+
+// ---- child processes ---------------------------------------------------------
+
+pub(crate) fn tracing_note(msg: &str) {
+    eprintln!("bench kv: {msg}");
+}
+
+/// `program args`, prefixed by `taskset -c CPU` when pinning.
+pub(crate) fn command(cpu: Option<usize>, program: &Path, args: &[String]) -> Command {
+    match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(program).args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
+    }
+}
+
+/// Start an insitu role and wait for the stdout line that starts with `ready`.
+pub(crate) fn start_insitu(
+    name: &'static str,
+    cpu: Option<usize>,
+    args: &[String],
+    ready: &str,
+) -> anyhow::Result<(Proc, String)> {
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let mut cmd = command(cpu, &exe, args);
+    cmd.env("INSITU_LOG", "warn");
+    let ready = ready.to_string();
+    Proc::spawn(cmd, &format!("insitu {name}"), move |l| {
+        l.starts_with(&ready)
+    })
+}
+
+/// CPUs this process may run on (from /proc/self/status).
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let Some(list) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+    else {
+        return Vec::new();
+    };
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let mut ends = part.split('-').map(|x| x.trim().parse::<usize>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), None) => cpus.push(a),
+            (Some(Ok(a)), Some(Ok(b))) => cpus.extend(a..=b),
+            _ => {}
+        }
+    }
+    cpus
+}
+
+/// Pin every thread of this process to `cpu`.
+pub(crate) fn pin_self(cpu: usize) -> anyhow::Result<()> {
+    let status = Command::new("taskset")
+        .args([
+            "-a",
+            "-p",
+            "-c",
+            &cpu.to_string(),
+            &std::process::id().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .context("cannot run taskset")?;
+    anyhow::ensure!(status.success(), "taskset failed: {status}");
+    Ok(())
+}
+
+/// Nanoseconds of CPU every thread of `pid` has used (from schedstat).
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Resident set size of `pid`, bytes.
+pub(crate) fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
+    Ok(kb * 1024)
+}
+
+// ---- Redis --------------------------------------------------------------------
+
+pub(crate) fn ensure_redis_installed() -> anyhow::Result<()> {
+    if on_path("redis-server") {
+        return Ok(());
+    }
+    tracing_note("redis-server not found; installing it with apt-get");
+    let ok = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok || !on_path("redis-server") {
+        bail!("redis-server is not installed and apt-get could not install it");
+    }
+    Ok(())
+}
+
+/// One blocking RESP call (set-up and INFO only, never in a timed case).
+pub(crate) fn redis_call(addr: SocketAddr, args: &[&[u8]]) -> anyhow::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut out: Vec<u8> = Vec::new();
+    resp::command(&mut out, args);
+    s.write_all(&out)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some((reply, _)) = resp::parse(&buf)? {
+            return Ok(match reply {
+                resp::Reply::Bulk(b) | resp::Reply::Simple(b) => b.to_vec(),
+                other => format!("{other:?}").into_bytes(),
+            });
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("redis closed the connection");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+pub(crate) fn redis_info_field(
+    addr: SocketAddr,
+    section: &str,
+    field: &str,
+) -> anyhow::Result<String> {
+    let info = redis_call(addr, &[b"INFO", section.as_bytes()])?;
+    let info = String::from_utf8_lossy(&info);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+        .ok_or_else(|| anyhow!("redis INFO {section} has no {field}"))
+}
+
+pub(crate) fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
+    ensure_redis_installed()?;
+    let port = insitu_testkit::free_port()?;
+    let args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--dir",
+        &dir.display().to_string(),
+        "--logfile",
+        "redis.log",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let child = command(cpu, Path::new("redis-server"), &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start redis-server")?;
+    let proc = Proc {
+        child,
+        name: "redis-server".to_string(),
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match redis_call(addr, &[b"PING"]) {
+            Ok(r) if r == b"PONG" => return Ok((proc, addr)),
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => bail!("redis-server did not answer PING: {other:?}"),
+        }
+    }
+}

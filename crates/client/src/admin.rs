@@ -1,0 +1,154 @@
+//! Table and cluster administration on `Client` (create/drop/open/list
+//! tables, list servers, move a tablet, shard stats): coordinator calls that
+//! are not routed by key, kept apart from the point operations in `client`.
+
+use insitu_protocol::{Request, Response, ServerInfo, ShardStats, Status, TableInfo};
+
+use crate::client::{Client, check_ok, decode};
+use crate::error::ClientError;
+use crate::routing::call_endpoint;
+use crate::rpc::Reply;
+
+impl Client {
+    fn expect_table(&self, reply: &Reply) -> Result<TableInfo, ClientError> {
+        check_ok(reply)?;
+        match decode(reply, &self.inner.coordinator.addr)? {
+            Response::Table(info) => {
+                self.inner.routes.install(info.clone(), &self.inner.pool);
+                Ok(info)
+            }
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} where a table was expected"),
+            )),
+        }
+    }
+
+    fn expect_done(&self, reply: &Reply) -> Result<(), ClientError> {
+        check_ok(reply)?;
+        match decode(reply, &self.inner.coordinator.addr)? {
+            // A move replies with the new map; either way the request succeeded.
+            Response::Done | Response::Table(_) => Ok(()),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} where Done was expected"),
+            )),
+        }
+    }
+
+    /// Create table `name` split into `tablets` tablets. Not retried after a
+    /// dropped connection (a retry could report `TableExists` for our own create).
+    pub async fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
+        let request = Request::CreateTable {
+            name: name.to_string(),
+            tablets,
+        };
+        let reply = self.coord_call(&request, false, self.deadline()).await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Done => self.open_table(name).await,
+            _ => self.expect_table(&reply),
+        }
+    }
+
+    pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
+        let reply = self
+            .coord_call(
+                &Request::DropTable {
+                    name: name.to_string(),
+                },
+                false,
+                self.deadline(),
+            )
+            .await?;
+        self.inner.routes.evict_name(name);
+        self.expect_done(&reply)
+    }
+
+    pub async fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
+        let reply = self
+            .coord_call(&Request::ListTables, true, self.deadline())
+            .await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Tables(tables) => Ok(tables),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} to ListTables"),
+            )),
+        }
+    }
+
+    /// Look up table `name` at the coordinator and cache its map.
+    pub async fn open_table(&self, name: &str) -> Result<TableInfo, ClientError> {
+        let reply = self
+            .coord_call(
+                &Request::OpenTable {
+                    name: name.to_string(),
+                },
+                true,
+                self.deadline(),
+            )
+            .await?;
+        if reply.status == Status::UnknownTable {
+            self.inner.routes.evict_name(name);
+        }
+        self.expect_table(&reply)
+    }
+
+    /// The id of table `name`: from the cache, else via `open_table`.
+    pub async fn table_id(&self, name: &str) -> Result<u64, ClientError> {
+        match self.inner.routes.id_of(name) {
+            Some(id) => Ok(id),
+            None => Ok(self.open_table(name).await?.id),
+        }
+    }
+
+    pub async fn list_servers(&self) -> Result<Vec<ServerInfo>, ClientError> {
+        let reply = self
+            .coord_call(&Request::ListServers, true, self.deadline())
+            .await?;
+        check_ok(&reply)?;
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::Servers(servers) => Ok(servers),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} to ListServers"),
+            )),
+        }
+    }
+
+    /// Ask the coordinator to move tablet `tablet_index` of `table_name` to
+    /// server `server_id`. The cached map of the table is dropped.
+    pub async fn move_tablet(
+        &self,
+        table_name: &str,
+        tablet_index: u32,
+        server_id: u64,
+    ) -> Result<(), ClientError> {
+        let request = Request::MoveTablet {
+            table: table_name.to_string(),
+            tablet_index,
+            server_id,
+        };
+        let reply = self.coord_call(&request, false, self.deadline()).await?;
+        if let Some(id) = self.inner.routes.id_of(table_name) {
+            self.inner.routes.evict_id(id);
+        }
+        self.expect_done(&reply)
+    }
+
+    /// Memory and tablet figures of the shard at `addr`.
+    pub async fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
+        let ep = self.inner.pool.get(addr);
+        let reply = call_endpoint(&ep, &Request::ShardStats, true, self.deadline()).await?;
+        check_ok(&reply)?;
+        match decode(&reply, addr)? {
+            Response::ShardStats(s) => Ok(s),
+            other => Err(ClientError::unexpected(
+                addr,
+                format!("{other:?} to ShardStats"),
+            )),
+        }
+    }
+}
