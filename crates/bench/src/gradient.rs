@@ -36,13 +36,8 @@ pub struct Args {
 
 /// Deterministic points: x uniform in [-1, 1), label from a fixed hyperplane plus noise.
 pub fn make_points(n: usize, dims: usize) -> (Vec<f32>, Vec<u8>) {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rng = insitu_testkit::rng(0x9E37_79B9_7F4A_7C15);
+    let mut rnd = move || rng.f32() * 2.0 - 1.0;
     let truth: Vec<f32> = (0..dims)
         .map(|j| if j % 2 == 0 { 1.0 } else { -0.5 })
         .collect();

@@ -60,12 +60,9 @@ fn reader(
         .collect::<Result<Vec<_>, _>>()?;
     rt.block_on(async {
         let client = Client::connect(&addr).await?;
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = insitu_testkit::rng(0x9E37_79B9_7F4A_7C15);
         while !stop.load(Ordering::Relaxed) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let key = int_key(rng % n);
+            let key = int_key(rng.u64(0..n));
             let before = phase.load(Ordering::Acquire);
             let t = Instant::now();
             let found = client.read(table, key).await?;

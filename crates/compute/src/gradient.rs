@@ -251,13 +251,8 @@ mod tests {
     fn gradient_matches_a_direct_formula() {
         let dims = 37; // not a multiple of the lanes
         let n = 200;
-        let mut s = 1u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 2000) as f32 / 1000.0 - 1.0
-        };
+        let mut rng = insitu_testkit::rng(1);
+        let mut rnd = || rng.f32() * 2.0 - 1.0;
         let pts: Vec<f32> = (0..n * dims).map(|_| rnd()).collect();
         let labels: Vec<u8> = (0..n).map(|i| (i % 3 == 0) as u8).collect();
         let w: Vec<f32> = (0..dims).map(|_| rnd() * 0.1).collect();
