@@ -69,10 +69,7 @@ async fn a_second_server_on_a_live_servers_address_is_refused() {
     expect_err(&reply, Status::BadRequest);
 
     // Identities are durable.
-    drop(c);
-    coord.shutdown().await;
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     let reply = call(
         &c,
         Request::Enlist {
