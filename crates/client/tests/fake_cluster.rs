@@ -48,6 +48,31 @@ fn short(timeout_ms: u64) -> ClientConfig {
     }
 }
 
+/// Rules that refuse a change when the object exists.
+fn if_exists() -> RejectRules {
+    RejectRules {
+        exists: true,
+        ..Default::default()
+    }
+}
+
+/// Rules that refuse a change when the object does not exist.
+fn if_missing() -> RejectRules {
+    RejectRules {
+        doesnt_exist: true,
+        ..Default::default()
+    }
+}
+
+/// Rules that refuse a change unless the object is at `version`.
+fn unless_version(version: u64) -> RejectRules {
+    RejectRules {
+        version_ne_given: true,
+        given_version: version,
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn each_key_lands_on_the_shard_owning_its_hash() {
     let (cluster, client, t) = setup().await;
@@ -94,15 +119,7 @@ async fn point_ops_statuses_and_messages() {
     let v1 = client.write(t, b"k", b"one").await.unwrap();
 
     let e = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                exists: true,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", if_exists())
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectExists), "{e}");
@@ -112,16 +129,7 @@ async fn point_ops_statuses_and_messages() {
     );
 
     let e = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                version_ne_given: true,
-                given_version: v1 + 100,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", unless_version(v1 + 100))
         .await
         .unwrap_err();
     assert!(
@@ -129,16 +137,7 @@ async fn point_ops_statuses_and_messages() {
         "{e}"
     );
     let v2 = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                version_ne_given: true,
-                given_version: v1,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", unless_version(v1))
         .await
         .unwrap();
     assert!(v2 > v1);
@@ -149,17 +148,7 @@ async fn point_ops_statuses_and_messages() {
 
     assert_eq!(client.remove(t, b"k").await.unwrap(), Some(v2));
     assert_eq!(client.remove(t, b"k").await.unwrap(), None);
-    let e = client
-        .remove_with(
-            t,
-            b"k",
-            RejectRules {
-                doesnt_exist: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = client.remove_with(t, b"k", if_missing()).await.unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectDoesntExist));
 
     assert_eq!(client.increment_i64(t, b"n", 5).await.unwrap().0, 5);
@@ -491,11 +480,7 @@ async fn dropped_connection_reconnects_for_plain_ops_only() {
     // A conditional write is not repeated: its outcome is reported unknown.
     let (_, v) = client.read(t, b"k").await.unwrap().unwrap();
     cluster.shards[shard].st().drop_after_apply_next = 1;
-    let rules = RejectRules {
-        version_ne_given: true,
-        given_version: v,
-        ..Default::default()
-    };
+    let rules = unless_version(v);
     let e = client.write_with(t, b"k", b"v3", rules).await.unwrap_err();
     assert!(matches!(e, ClientError::Closed(_)), "{e}");
     assert_eq!(cluster.shards[shard].st().count("Write"), 4, "sent once");
