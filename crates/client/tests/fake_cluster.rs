@@ -18,6 +18,11 @@ fn key(i: usize) -> Vec<u8> {
     format!("key-{i:05}").into_bytes()
 }
 
+/// The number `key` was made from.
+fn key_index(k: &[u8]) -> usize {
+    std::str::from_utf8(&k[4..]).unwrap().parse().unwrap()
+}
+
 fn value(i: usize) -> Vec<u8> {
     format!("value of {i}").into_bytes()
 }
@@ -174,20 +179,13 @@ async fn multi_read_keeps_order_and_missing_keys_are_none() {
         r.unwrap();
     }
     // One MultiWrite per shard.
-    assert_eq!(
-        cluster
-            .shards
-            .iter()
-            .map(|s| s.st().count("MultiWrite"))
-            .collect::<Vec<_>>(),
-        vec![1, 1]
-    );
+    assert_eq!(cluster.counts("MultiWrite"), vec![1, 1]);
 
     let keys: Vec<Vec<u8>> = (0..300).rev().map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
     assert_eq!(got.len(), 300);
     for (k, r) in keys.iter().zip(&got) {
-        let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+        let i = key_index(k);
         let r = r.as_ref().unwrap();
         if i.is_multiple_of(3) {
             assert!(r.is_none(), "key {i} was never written");
@@ -199,18 +197,11 @@ async fn multi_read_keeps_order_and_missing_keys_are_none() {
             );
         }
     }
-    assert_eq!(
-        cluster
-            .shards
-            .iter()
-            .map(|s| s.st().count("MultiRead"))
-            .collect::<Vec<_>>(),
-        vec![1, 1]
-    );
+    assert_eq!(cluster.counts("MultiRead"), vec![1, 1]);
 
     let removed = client.multi_remove(t, &keys[..30]).await.unwrap();
     for (k, r) in keys[..30].iter().zip(removed) {
-        let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+        let i = key_index(k);
         assert_eq!(r.unwrap().is_some(), !i.is_multiple_of(3), "key {i}");
     }
     assert!(
@@ -260,11 +251,7 @@ async fn multi_write_larger_than_a_frame_is_split() {
 
     // Many small items: split at the item limit.
     let items: Vec<(Vec<u8>, Vec<u8>)> = (0..25_000).map(|i| (key(i), b"x".to_vec())).collect();
-    let before: Vec<usize> = cluster
-        .shards
-        .iter()
-        .map(|s| s.st().count("MultiWrite"))
-        .collect();
+    let before: Vec<usize> = cluster.counts("MultiWrite");
     let results = client.multi_write(t, &items).await.unwrap();
     assert!(results.iter().all(|r| r.is_ok()));
     let mut sent = 0;
@@ -352,10 +339,7 @@ async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
         .await
         .unwrap()
         .expect("found on the new owner");
-    assert_eq!(
-        &v[..],
-        &value(std::str::from_utf8(&k[4..]).unwrap().parse().unwrap())[..]
-    );
+    assert_eq!(&v[..], &value(key_index(&k))[..]);
     assert_eq!(cluster.co().count("TableMap"), refreshes + 1, "one refresh");
     assert_eq!(
         cluster.shards[1].st().log.last().unwrap().status,
@@ -562,7 +546,7 @@ async fn enumerate_walks_every_tablet_in_batches() {
             let h = key_hash(t, &k);
             assert!(last_hash < Some(h), "hash order");
             last_hash = Some(h);
-            let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+            let i = key_index(&k);
             assert_eq!(&v[..], &value(i)[..]);
             assert!(version > 0);
             assert!(seen.insert(k), "no duplicates");

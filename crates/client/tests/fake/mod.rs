@@ -795,6 +795,11 @@ impl FakeCluster {
     }
 
     /// The shard that stores `key` of `table`, by looking at the data.
+    /// How many `op` requests each shard has received, by shard index.
+    pub fn counts(&self, op: &str) -> Vec<usize> {
+        self.shards.iter().map(|s| s.st().count(op)).collect()
+    }
+
     pub fn holder(&self, table: u64, key: &[u8]) -> Option<usize> {
         self.shards
             .iter()
