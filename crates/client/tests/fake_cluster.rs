@@ -28,6 +28,23 @@ fn value(i: usize) -> Vec<u8> {
 }
 
 /// A 2-shard cluster with one 2-tablet table, and a client that has opened it.
+/// Write keys 0..n with their `value`s in one multi-write.
+async fn write_numbered(client: &Client, table: u64, n: usize) {
+    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..n).map(|i| (key(i), value(i))).collect();
+    client.multi_write(table, &items).await.unwrap();
+}
+
+/// Multi-read results of keys 0..: each found, with its `value`.
+fn assert_numbered<E: std::fmt::Debug, V: AsRef<[u8]>, X>(got: &[Result<Option<(V, X)>, E>]) {
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(
+            r.as_ref().unwrap().as_ref().unwrap().0.as_ref(),
+            &value(i)[..],
+            "key {i}"
+        );
+    }
+}
+
 async fn setup() -> (FakeCluster, Client, u64) {
     setup_with(ClientConfig::default()).await
 }
@@ -285,20 +302,13 @@ async fn multi_write_larger_than_a_frame_is_split() {
 #[tokio::test]
 async fn truncated_keys_are_asked_again() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..200).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 200).await;
     for s in &cluster.shards {
         s.st().truncate_half = true;
     }
     let keys: Vec<Vec<u8>> = (0..200).map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
-    for (i, r) in got.iter().enumerate() {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&got);
     for s in &cluster.shards {
         let st = s.st();
         let asked: Vec<usize> = st
@@ -322,8 +332,7 @@ async fn truncated_keys_are_asked_again() {
 #[tokio::test]
 async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..100).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 100).await;
     // A key of tablet 1, which lives on shard 1 (server 2).
     let k = (0..100)
         .map(key)
@@ -351,13 +360,7 @@ async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
     cluster.move_tablet(t, 1, 2);
     let keys: Vec<Vec<u8>> = (0..100).map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
-    for (i, r) in got.iter().enumerate() {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&got);
     assert_eq!(cluster.co().count("TableMap"), refreshes + 2);
     let st = cluster.shards[1].st();
     let last = st.log.last().unwrap();
@@ -495,25 +498,12 @@ async fn dropped_connection_reconnects_for_plain_ops_only() {
 #[tokio::test]
 async fn dead_shard_whose_tablet_moved_is_routed_around() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..50).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 50).await;
     // Shard 1 dies; its tablet is recovered on shard 0 (server 1).
     cluster.shards[1].kill();
     cluster.move_tablet(t, 1, 1);
     let keys: Vec<Vec<u8>> = (0..50).map(key).collect();
-    for (i, r) in client
-        .multi_read(t, &keys)
-        .await
-        .unwrap()
-        .iter()
-        .enumerate()
-    {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&client.multi_read(t, &keys).await.unwrap());
     for i in 0..50 {
         assert!(client.read(t, key(i)).await.unwrap().is_some());
     }
@@ -526,8 +516,7 @@ async fn enumerate_walks_every_tablet_in_batches() {
         ..ClientConfig::default()
     };
     let (cluster, client, t) = setup_with(config).await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..500).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 500).await;
     for s in &cluster.shards {
         s.st().enumerate_max_objects = 37;
     }
