@@ -10,7 +10,6 @@ use std::time::Duration;
 use bytes::BytesMut;
 use common::*;
 use futures::StreamExt;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::{
     FrameCodec, Request, Response, Status, TableInfo, TabletState, decode_request, encode_response,
 };
@@ -147,10 +146,7 @@ async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
 
 #[tokio::test]
 async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
-    let dir = TempDir::new("failtake");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
+    let (_dir, coord, c, log) = coordinator_and_log("failtake").await;
     let s1 = fake_server(&log, 1).await;
     enlist(&c, addrs(&s1)).await;
     let t = create(&c, "t", 2).await;
@@ -207,9 +203,7 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     take_log(&log);
 
     // Restart "as insitu up does": every stored server is forgotten.
-    let mut config = CoordinatorConfig::new(dir.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&dir).await;
     assert_eq!(coord.orphaned_table_names(), ["a", "b", "gone"]);
     let c = connect(&coord).await;
     assert!(list_servers(&c).await.is_empty());
@@ -298,9 +292,7 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     drop(c);
     coord.shutdown().await;
     let empty = TempDir::new("forget-empty");
-    let mut config = CoordinatorConfig::new(empty.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&empty).await;
     assert!(coord.orphaned_table_names().is_empty());
     coord.shutdown().await;
     let _ = gone;
@@ -320,9 +312,7 @@ async fn a_client_fails_clearly_on_an_orphaned_table() {
     let t = create(&c, "t", 2).await;
     drop(c);
     coord.shutdown().await;
-    let mut config = CoordinatorConfig::new(dir.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&dir).await;
 
     let client = insitu_client::Client::connect_with(
         &coord.addr().to_string(),
@@ -392,10 +382,7 @@ async fn slow_migrate_shard(arrived: Arc<Notify>, release: Arc<Notify>) -> Strin
 
 #[tokio::test]
 async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
-    let dir = TempDir::new("moveretire");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
+    let (dir, coord, c, log) = coordinator_and_log("moveretire").await;
     let (arrived, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let src = slow_migrate_shard(arrived.clone(), release.clone()).await;
     let src_id = enlist(&c, vec![src.clone()]).await;

@@ -446,3 +446,19 @@ pub async fn two_servers(name: &str, shards1: usize, shards2: usize) -> TwoServe
     let id2 = enlist(&c, addrs(&s2)).await;
     (dir, coord, c, log, s1, s2, id1, id2)
 }
+
+/// A coordinator on a new directory named after `name`, a connection to it,
+/// and an empty control log for the fake shards a test starts.
+pub async fn coordinator_and_log(name: &str) -> (TempDir, CoordinatorHandle, RpcConn, Log) {
+    let dir = TempDir::new(name);
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    (dir, coord, c, Log::default())
+}
+
+/// Start a coordinator on `dir` that forgets every stored server (as `insitu up` does).
+pub async fn start_forgetting(dir: &TempDir) -> CoordinatorHandle {
+    let mut config = CoordinatorConfig::new(dir.0.clone());
+    config.forget_servers = true;
+    start_coordinator_with(config).await
+}
