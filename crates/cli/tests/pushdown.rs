@@ -46,17 +46,29 @@ async fn load(client: &Client, table: u64, n: u64, make: impl Fn(u64) -> Vec<u8>
     }
 }
 
+/// A cluster of `servers` servers of `shards` shards, a runtime, a client
+/// and the id of a new table `name` of `tablets` tablets.
+fn with_table(
+    servers: usize,
+    shards: usize,
+    name: &str,
+    tablets: u32,
+) -> (Cluster, tokio::runtime::Runtime, Client, u64) {
+    let cluster = Cluster::start(servers, shards);
+    let rt = rt();
+    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
+    let t = rt.block_on(client.create_table(name, tablets)).unwrap().id;
+    (cluster, rt, client, t)
+}
+
 fn cmp(field: Field, op: CmpOp, value: Number) -> PredOp {
     PredOp::Cmp { field, op, value }
 }
 
 #[test]
 fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
-    let cluster = Cluster::start(3, 2);
-    let rt = rt();
     let n = 3000u64;
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let t = rt.block_on(client.create_table("nums", 6)).unwrap().id;
+    let (cluster, rt, client, t) = with_table(3, 2, "nums", 6);
     rt.block_on(load(&client, t, n, value));
 
     rt.block_on(async {
@@ -270,11 +282,8 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
 
 #[test]
 fn counts_and_sums_are_exact_while_tablets_move() {
-    let cluster = Cluster::start(2, 1);
-    let rt = rt();
     let n = 20_000u64;
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let t = rt.block_on(client.create_table("moving", 4)).unwrap().id;
+    let (cluster, rt, client, t) = with_table(2, 1, "moving", 4);
     rt.block_on(load(&client, t, n, value));
     let servers: Vec<u64> = rt
         .block_on(client.list_servers())
@@ -343,11 +352,8 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
     // loop, and the scan yields between chunks. The writer rewrites objects
     // with their own value, so the true count and sum never change, but the
     // log does (new versions, dead entries, cleaning).
-    let cluster = Cluster::start(1, 1);
-    let rt = rt();
     let n = 100_000u64;
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let t = rt.block_on(client.create_table("churn", 1)).unwrap().id;
+    let (cluster, rt, client, t) = with_table(1, 1, "churn", 1);
     rt.block_on(load(&client, t, n, value));
     let want_sum: i128 = (0..n as i128).sum();
     let stop = Arc::new(AtomicBool::new(false));
@@ -506,10 +512,7 @@ fn pushdown_training_reaches_the_in_memory_weights() {
 /// written) or exact.
 #[test]
 fn out_of_range_numbers_are_refused_and_sums_are_exact() {
-    let cluster = Cluster::start(1, 2);
-    let rt = rt();
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let t = rt.block_on(client.create_table("edge", 4)).unwrap().id;
+    let (cluster, rt, client, t) = with_table(1, 2, "edge", 4);
     // i64@0 = i64::MAX, i32@8 = 7, u8@12 = 9, f64@16 = 1.5
     let mut v = Vec::new();
     v.extend_from_slice(&i64::MAX.to_le_bytes());
@@ -626,10 +629,7 @@ fn raw_call(addr: &str, request: &insitu_protocol::Request<'_>) -> (Status, Stri
 /// is answered with the remembered result, not applied twice; a new id applies.
 #[test]
 fn a_resent_update_is_applied_once() {
-    let cluster = Cluster::start(1, 1);
-    let rt = rt();
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let t = rt.block_on(client.create_table("once", 1)).unwrap().id;
+    let (_cluster, rt, client, t) = with_table(1, 1, "once", 1);
     rt.block_on(load(&client, t, 10, value));
     let info = rt.block_on(client.open_table("once")).unwrap();
     let tab = &info.tablets[0];

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cli, free_port, insitu_bin};
+use common::{cli, free_port, insitu_bin, stop_cleanly};
 
 /// A running `insitu up` and every line it printed on stdout so far.
 struct Up {
@@ -32,16 +32,7 @@ impl Up {
 
     /// SIGTERM, and expect a clean exit.
     fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "insitu up exited with {status}");
+        stop_cleanly(&mut self.child);
     }
 }
 

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{cli, free_port, start};
+use common::{cli, free_port, start, stop_cleanly};
 
 #[test]
 fn up_serves_the_cli_and_stops_on_sigterm() {
@@ -36,16 +36,7 @@ fn up_serves_the_cli_and_stops_on_sigterm() {
     assert!(code == 0 && out.contains("2 servers"), "{out}");
 
     // SIGTERM: a clean exit with status 0.
-    let pid = up.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = up.child.wait().unwrap();
-    assert!(status.success(), "insitu up exited with {status}");
+    stop_cleanly(&mut up.child);
     assert!(
         data.join("coordinator").exists(),
         "metadata directory created"

@@ -18,11 +18,33 @@ fn key(i: usize) -> Vec<u8> {
     format!("key-{i:05}").into_bytes()
 }
 
+/// The number `key` was made from.
+fn key_index(k: &[u8]) -> usize {
+    std::str::from_utf8(&k[4..]).unwrap().parse().unwrap()
+}
+
 fn value(i: usize) -> Vec<u8> {
     format!("value of {i}").into_bytes()
 }
 
 /// A 2-shard cluster with one 2-tablet table, and a client that has opened it.
+/// Write keys 0..n with their `value`s in one multi-write.
+async fn write_numbered(client: &Client, table: u64, n: usize) {
+    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..n).map(|i| (key(i), value(i))).collect();
+    client.multi_write(table, &items).await.unwrap();
+}
+
+/// Multi-read results of keys 0..: each found, with its `value`.
+fn assert_numbered<E: std::fmt::Debug, V: AsRef<[u8]>, X>(got: &[Result<Option<(V, X)>, E>]) {
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(
+            r.as_ref().unwrap().as_ref().unwrap().0.as_ref(),
+            &value(i)[..],
+            "key {i}"
+        );
+    }
+}
+
 async fn setup() -> (FakeCluster, Client, u64) {
     setup_with(ClientConfig::default()).await
 }
@@ -45,6 +67,31 @@ fn short(timeout_ms: u64) -> ClientConfig {
     ClientConfig {
         op_timeout: Duration::from_millis(timeout_ms),
         ..ClientConfig::default()
+    }
+}
+
+/// Rules that refuse a change when the object exists.
+fn if_exists() -> RejectRules {
+    RejectRules {
+        exists: true,
+        ..Default::default()
+    }
+}
+
+/// Rules that refuse a change when the object does not exist.
+fn if_missing() -> RejectRules {
+    RejectRules {
+        doesnt_exist: true,
+        ..Default::default()
+    }
+}
+
+/// Rules that refuse a change unless the object is at `version`.
+fn unless_version(version: u64) -> RejectRules {
+    RejectRules {
+        version_ne_given: true,
+        given_version: version,
+        ..Default::default()
     }
 }
 
@@ -94,15 +141,7 @@ async fn point_ops_statuses_and_messages() {
     let v1 = client.write(t, b"k", b"one").await.unwrap();
 
     let e = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                exists: true,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", if_exists())
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectExists), "{e}");
@@ -112,16 +151,7 @@ async fn point_ops_statuses_and_messages() {
     );
 
     let e = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                version_ne_given: true,
-                given_version: v1 + 100,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", unless_version(v1 + 100))
         .await
         .unwrap_err();
     assert!(
@@ -129,16 +159,7 @@ async fn point_ops_statuses_and_messages() {
         "{e}"
     );
     let v2 = client
-        .write_with(
-            t,
-            b"k",
-            b"two",
-            RejectRules {
-                version_ne_given: true,
-                given_version: v1,
-                ..Default::default()
-            },
-        )
+        .write_with(t, b"k", b"two", unless_version(v1))
         .await
         .unwrap();
     assert!(v2 > v1);
@@ -149,17 +170,7 @@ async fn point_ops_statuses_and_messages() {
 
     assert_eq!(client.remove(t, b"k").await.unwrap(), Some(v2));
     assert_eq!(client.remove(t, b"k").await.unwrap(), None);
-    let e = client
-        .remove_with(
-            t,
-            b"k",
-            RejectRules {
-                doesnt_exist: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let e = client.remove_with(t, b"k", if_missing()).await.unwrap_err();
     assert_eq!(e.status(), Some(Status::ObjectDoesntExist));
 
     assert_eq!(client.increment_i64(t, b"n", 5).await.unwrap().0, 5);
@@ -185,20 +196,13 @@ async fn multi_read_keeps_order_and_missing_keys_are_none() {
         r.unwrap();
     }
     // One MultiWrite per shard.
-    assert_eq!(
-        cluster
-            .shards
-            .iter()
-            .map(|s| s.st().count("MultiWrite"))
-            .collect::<Vec<_>>(),
-        vec![1, 1]
-    );
+    assert_eq!(cluster.counts("MultiWrite"), vec![1, 1]);
 
     let keys: Vec<Vec<u8>> = (0..300).rev().map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
     assert_eq!(got.len(), 300);
     for (k, r) in keys.iter().zip(&got) {
-        let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+        let i = key_index(k);
         let r = r.as_ref().unwrap();
         if i.is_multiple_of(3) {
             assert!(r.is_none(), "key {i} was never written");
@@ -210,18 +214,11 @@ async fn multi_read_keeps_order_and_missing_keys_are_none() {
             );
         }
     }
-    assert_eq!(
-        cluster
-            .shards
-            .iter()
-            .map(|s| s.st().count("MultiRead"))
-            .collect::<Vec<_>>(),
-        vec![1, 1]
-    );
+    assert_eq!(cluster.counts("MultiRead"), vec![1, 1]);
 
     let removed = client.multi_remove(t, &keys[..30]).await.unwrap();
     for (k, r) in keys[..30].iter().zip(removed) {
-        let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+        let i = key_index(k);
         assert_eq!(r.unwrap().is_some(), !i.is_multiple_of(3), "key {i}");
     }
     assert!(
@@ -271,11 +268,7 @@ async fn multi_write_larger_than_a_frame_is_split() {
 
     // Many small items: split at the item limit.
     let items: Vec<(Vec<u8>, Vec<u8>)> = (0..25_000).map(|i| (key(i), b"x".to_vec())).collect();
-    let before: Vec<usize> = cluster
-        .shards
-        .iter()
-        .map(|s| s.st().count("MultiWrite"))
-        .collect();
+    let before: Vec<usize> = cluster.counts("MultiWrite");
     let results = client.multi_write(t, &items).await.unwrap();
     assert!(results.iter().all(|r| r.is_ok()));
     let mut sent = 0;
@@ -309,20 +302,13 @@ async fn multi_write_larger_than_a_frame_is_split() {
 #[tokio::test]
 async fn truncated_keys_are_asked_again() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..200).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 200).await;
     for s in &cluster.shards {
         s.st().truncate_half = true;
     }
     let keys: Vec<Vec<u8>> = (0..200).map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
-    for (i, r) in got.iter().enumerate() {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&got);
     for s in &cluster.shards {
         let st = s.st();
         let asked: Vec<usize> = st
@@ -346,8 +332,7 @@ async fn truncated_keys_are_asked_again() {
 #[tokio::test]
 async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..100).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 100).await;
     // A key of tablet 1, which lives on shard 1 (server 2).
     let k = (0..100)
         .map(key)
@@ -363,10 +348,7 @@ async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
         .await
         .unwrap()
         .expect("found on the new owner");
-    assert_eq!(
-        &v[..],
-        &value(std::str::from_utf8(&k[4..]).unwrap().parse().unwrap())[..]
-    );
+    assert_eq!(&v[..], &value(key_index(&k))[..]);
     assert_eq!(cluster.co().count("TableMap"), refreshes + 1, "one refresh");
     assert_eq!(
         cluster.shards[1].st().log.last().unwrap().status,
@@ -378,13 +360,7 @@ async fn stale_map_unknown_tablet_refreshes_and_reroutes() {
     cluster.move_tablet(t, 1, 2);
     let keys: Vec<Vec<u8>> = (0..100).map(key).collect();
     let got = client.multi_read(t, &keys).await.unwrap();
-    for (i, r) in got.iter().enumerate() {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&got);
     assert_eq!(cluster.co().count("TableMap"), refreshes + 2);
     let st = cluster.shards[1].st();
     let last = st.log.last().unwrap();
@@ -491,11 +467,7 @@ async fn dropped_connection_reconnects_for_plain_ops_only() {
     // A conditional write is not repeated: its outcome is reported unknown.
     let (_, v) = client.read(t, b"k").await.unwrap().unwrap();
     cluster.shards[shard].st().drop_after_apply_next = 1;
-    let rules = RejectRules {
-        version_ne_given: true,
-        given_version: v,
-        ..Default::default()
-    };
+    let rules = unless_version(v);
     let e = client.write_with(t, b"k", b"v3", rules).await.unwrap_err();
     assert!(matches!(e, ClientError::Closed(_)), "{e}");
     assert_eq!(cluster.shards[shard].st().count("Write"), 4, "sent once");
@@ -526,25 +498,12 @@ async fn dropped_connection_reconnects_for_plain_ops_only() {
 #[tokio::test]
 async fn dead_shard_whose_tablet_moved_is_routed_around() {
     let (cluster, client, t) = setup().await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..50).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 50).await;
     // Shard 1 dies; its tablet is recovered on shard 0 (server 1).
     cluster.shards[1].kill();
     cluster.move_tablet(t, 1, 1);
     let keys: Vec<Vec<u8>> = (0..50).map(key).collect();
-    for (i, r) in client
-        .multi_read(t, &keys)
-        .await
-        .unwrap()
-        .iter()
-        .enumerate()
-    {
-        assert_eq!(
-            &r.as_ref().unwrap().as_ref().unwrap().0[..],
-            &value(i)[..],
-            "key {i}"
-        );
-    }
+    assert_numbered(&client.multi_read(t, &keys).await.unwrap());
     for i in 0..50 {
         assert!(client.read(t, key(i)).await.unwrap().is_some());
     }
@@ -557,8 +516,7 @@ async fn enumerate_walks_every_tablet_in_batches() {
         ..ClientConfig::default()
     };
     let (cluster, client, t) = setup_with(config).await;
-    let items: Vec<(Vec<u8>, Vec<u8>)> = (0..500).map(|i| (key(i), value(i))).collect();
-    client.multi_write(t, &items).await.unwrap();
+    write_numbered(&client, t, 500).await;
     for s in &cluster.shards {
         s.st().enumerate_max_objects = 37;
     }
@@ -577,7 +535,7 @@ async fn enumerate_walks_every_tablet_in_batches() {
             let h = key_hash(t, &k);
             assert!(last_hash < Some(h), "hash order");
             last_hash = Some(h);
-            let i: usize = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+            let i = key_index(&k);
             assert_eq!(&v[..], &value(i)[..]);
             assert!(version > 0);
             assert!(seen.insert(k), "no duplicates");

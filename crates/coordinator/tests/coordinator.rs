@@ -17,14 +17,7 @@ use tokio_util::codec::Decoder;
 
 #[tokio::test]
 async fn create_open_list_drop() {
-    let dir = TempDir::new("basic");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 2).await;
-    let s2 = fake_server(&log, 2).await;
-    let id1 = enlist(&c, addrs(&s1)).await;
-    let id2 = enlist(&c, addrs(&s2)).await;
+    let (_dir, coord, c, log, s1, s2, id1, id2) = two_servers("basic", 2, 2).await;
     assert_ne!(id1, id2);
 
     let servers = list_servers(&c).await;
@@ -68,18 +61,9 @@ async fn create_open_list_drop() {
         Ctl::Take { start, .. } => *start,
         _ => panic!("only TakeTablet expected, got {ctl:?}"),
     });
-    for (tablet, (addr, ctl)) in t.tablets.iter().zip(&got) {
-        assert_eq!(addr, &tablet.addr);
-        assert_eq!(
-            ctl,
-            &Ctl::Take {
-                table: t.id,
-                start: tablet.start_hash,
-                end: tablet.end_hash,
-                version: t.map_version,
-                state: TabletState::Active
-            }
-        );
+    for (i, (addr, ctl)) in got.iter().enumerate() {
+        assert_eq!(addr, &t.tablets[i].addr);
+        assert_eq!(ctl, &take_of(&t, i, t.map_version, TabletState::Active));
     }
 
     assert_eq!(open(&c, "t").await, t);
@@ -90,74 +74,18 @@ async fn create_open_list_drop() {
     assert_eq!(list_tables(&c).await, vec![t.clone()]);
 
     // Refusals, none of which reaches a shard.
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "t".into(),
-                tablets: 4,
-            },
-        )
-        .await,
-        Status::TableExists,
-    );
+    let msg = expect_err(&try_create(&c, "t", 4).await, Status::TableExists);
     assert!(msg.contains("\"t\""), "{msg}");
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "z".into(),
-                tablets: 0,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
+    let msg = expect_err(&try_create(&c, "z", 0).await, Status::BadRequest);
     assert!(msg.contains("tablets"), "{msg}");
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "z".into(),
-                tablets: 1025,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: String::new(),
-                tablets: 1,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "x".repeat(257),
-                tablets: 1,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "a\nb".into(),
-                tablets: 1,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
+    for (name, tablets) in [
+        ("z".to_string(), 1025),
+        (String::new(), 1),
+        ("x".repeat(257), 1),
+        ("a\nb".to_string(), 1),
+    ] {
+        expect_err(&try_create(&c, name, tablets).await, Status::BadRequest);
+    }
     expect_err(
         &call(
             &c,
@@ -236,53 +164,15 @@ async fn no_servers_and_bad_enlist() {
     let dir = TempDir::new("noservers");
     let coord = start_coordinator(&dir).await;
     let c = connect(&coord).await;
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "t".into(),
-                tablets: 4,
-            },
-        )
-        .await,
-        Status::NoServers,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::Enlist {
-                shard_addrs: vec![],
-                identity: String::new(),
-                replace: false,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::Enlist {
-                shard_addrs: vec!["no-port".into()],
-                identity: String::new(),
-                replace: false,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
-    expect_err(
-        &call(
-            &c,
-            Request::Enlist {
-                shard_addrs: vec!["h:0".into()],
-                identity: String::new(),
-                replace: false,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
+    expect_err(&try_create(&c, "t", 4).await, Status::NoServers);
+    for shard_addrs in [vec![], vec!["no-port".to_string()], vec!["h:0".to_string()]] {
+        let request = Request::Enlist {
+            shard_addrs,
+            identity: String::new(),
+            replace: false,
+        };
+        expect_err(&call(&c, request).await, Status::BadRequest);
+    }
     assert!(list_servers(&c).await.is_empty());
     assert!(matches!(
         expect_ok(&call(&c, Request::Ping).await),
@@ -316,28 +206,15 @@ async fn metadata_survives_restart() {
         )
         .await,
     );
-    let moved = table_of(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "a".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-    );
+    let moved = move_tablet(&c, "a", 0, id2).await;
     assert_eq!(moved.tablets[0].server_id, id2);
     assert!(moved.map_version > a.map_version);
     let tables = list_tables(&c).await;
     let servers = list_servers(&c).await;
     let version = tables[0].map_version;
-    drop(c);
-    coord.shutdown().await;
 
     // Same directory, new listener (new port).
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(list_servers(&c).await, servers);
     let tables2 = list_tables(&c).await;
     assert_eq!(
@@ -361,12 +238,9 @@ async fn metadata_survives_restart() {
         "map version continues after restart"
     );
     assert!(tables.iter().all(|t| d.id > t.id));
-    drop(c);
-    coord.shutdown().await;
 
     // And once more, after the changes made by the second incarnation.
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(open(&c, "d").await, d);
     assert_eq!(list_servers(&c).await.len(), 3);
     coord.shutdown().await;
@@ -374,30 +248,13 @@ async fn metadata_survives_restart() {
 
 #[tokio::test]
 async fn move_tablet_runs_the_protocol_in_order() {
-    let dir = TempDir::new("move");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 2).await;
-    let s2 = fake_server(&log, 2).await;
-    let id1 = enlist(&c, addrs(&s1)).await;
-    let id2 = enlist(&c, addrs(&s2)).await;
+    let (_dir, coord, c, log, s1, s2, id1, id2) = two_servers("move", 2, 2).await;
     // Slots: (1,0) (2,0) (1,1): server 2's shard 1 is empty, so it receives.
     let t = create(&c, "m", 3).await;
     assert_eq!((t.tablets[0].server_id, t.tablets[0].shard), (id1, 0));
     take_log(&log);
 
-    let moved = table_of(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "m".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-    );
+    let moved = move_tablet(&c, "m", 0, id2).await;
     let tab = &t.tablets[0];
     let (src, dest) = (s1[0].addr.clone(), s2[1].addr.clone());
     let new_version = t.map_version + 1;
@@ -421,109 +278,33 @@ async fn move_tablet_runs_the_protocol_in_order() {
         "other tablets untouched"
     );
     let (table, start) = (t.id, tab.start_hash);
-    assert_eq!(
-        take_log(&log),
-        vec![
-            (
-                dest.clone(),
-                Ctl::Take {
-                    table,
-                    start,
-                    end: tab.end_hash,
-                    version: t.map_version,
-                    state: TabletState::Receiving
-                }
-            ),
-            (
-                src.clone(),
-                Ctl::Migrate {
-                    table,
-                    start,
-                    dest: dest.clone()
-                }
-            ),
-            (
-                dest.clone(),
-                Ctl::Activate {
-                    table,
-                    start,
-                    version: new_version
-                }
-            ),
-            (src.clone(), Ctl::Drop { table, start }),
-        ]
-    );
+    let mut expected = move_start_log(&t, 0, &src, &dest);
+    let activate = Ctl::Activate {
+        table,
+        start,
+        version: new_version,
+    };
+    expected.push((dest.clone(), activate));
+    expected.push((src.clone(), Ctl::Drop { table, start }));
+    assert_eq!(take_log(&log), expected);
     assert_eq!(open(&c, "m").await, moved);
 
     // Moving to the current owner: success, nothing sent, nothing bumped.
-    let same = table_of(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "m".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-    );
+    let same = move_tablet(&c, "m", 0, id2).await;
     assert_eq!(same, moved);
     assert!(take_log(&log).is_empty());
 
     // Bad requests.
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "m".into(),
-                tablet_index: 3,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::BadRequest,
-    );
+    let msg = expect_err(&try_move(&c, "m", 3, id2).await, Status::BadRequest);
     assert!(msg.contains("3 tablets"), "{msg}");
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "m".into(),
-                tablet_index: 1,
-                server_id: 42,
-            },
-        )
-        .await,
-        Status::UnknownServer,
-    );
+    let msg = expect_err(&try_move(&c, "m", 1, 42).await, Status::UnknownServer);
     assert!(msg.contains("42"), "{msg}");
-    expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "nope".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::UnknownTable,
-    );
+    expect_err(&try_move(&c, "nope", 0, id2).await, Status::UnknownTable);
     assert!(take_log(&log).is_empty());
     assert_eq!(open(&c, "m").await.map_version, new_version);
 
     // The next move picks server 1's emptiest shard: shard 0 (now empty) over shard 1.
-    let back = table_of(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "m".into(),
-                tablet_index: 1,
-                server_id: id1,
-            },
-        )
-        .await,
-    );
+    let back = move_tablet(&c, "m", 1, id1).await;
     assert_eq!((back.tablets[1].server_id, back.tablets[1].shard), (id1, 0));
     assert_eq!(back.map_version, new_version + 1);
     coord.shutdown().await;
@@ -531,87 +312,29 @@ async fn move_tablet_runs_the_protocol_in_order() {
 
 #[tokio::test]
 async fn failed_migration_is_undone() {
-    let dir = TempDir::new("movefail");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 1).await;
-    let s2 = fake_server(&log, 1).await;
-    enlist(&c, addrs(&s1)).await;
-    let id2 = enlist(&c, addrs(&s2)).await;
+    let (_dir, coord, c, log, s1, s2, _, id2) = two_servers("movefail", 1, 1).await;
     let t = create(&c, "f", 2).await;
     take_log(&log);
     s1[0].fail.lock().unwrap().insert("Migrate");
 
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "f".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::Internal,
-    );
+    let msg = expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
     assert!(msg.contains("injected failure"), "{msg}");
     let tab = &t.tablets[0];
     let (table, start) = (t.id, tab.start_hash);
     let (src, dest) = (s1[0].addr.clone(), s2[0].addr.clone());
-    assert_eq!(
-        take_log(&log),
-        vec![
-            (
-                dest.clone(),
-                Ctl::Take {
-                    table,
-                    start,
-                    end: tab.end_hash,
-                    version: t.map_version,
-                    state: TabletState::Receiving
-                }
-            ),
-            (
-                src.clone(),
-                Ctl::Migrate {
-                    table,
-                    start,
-                    dest: dest.clone()
-                }
-            ),
-            // Un-freeze the source under its old version (first: serving
-            // again matters most), then drop the destination's copy.
-            (
-                src.clone(),
-                Ctl::Take {
-                    table,
-                    start,
-                    end: tab.end_hash,
-                    version: t.map_version,
-                    state: TabletState::Active
-                }
-            ),
-            (dest.clone(), Ctl::Drop { table, start }),
-        ]
-    );
+    let mut expected = move_start_log(&t, 0, &src, &dest);
+    // Un-freeze the source under its old version (first: serving
+    // again matters most), then drop the destination's copy.
+    let unfreeze = take_of(&t, 0, t.map_version, TabletState::Active);
+    expected.push((src.clone(), unfreeze));
+    expected.push((dest.clone(), Ctl::Drop { table, start }));
+    assert_eq!(take_log(&log), expected);
     assert_eq!(open(&c, "f").await, t, "map and version unchanged");
 
     // Destination refuses to receive: nothing reaches the source.
     s1[0].fail.lock().unwrap().clear();
     s2[0].fail.lock().unwrap().insert("Take");
-    expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "f".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::Internal,
-    );
+    expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
     // The source is at most told to serve on (idempotent): never to
     // migrate or drop.
     let got = take_log(&log);
@@ -625,18 +348,7 @@ async fn failed_migration_is_undone() {
     // Destination refuses to activate: the tablet goes back to the source under a new version.
     s2[0].fail.lock().unwrap().clear();
     s2[0].fail.lock().unwrap().insert("Activate");
-    expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "f".into(),
-                tablet_index: 0,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::Internal,
-    );
+    expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
     let after = open(&c, "f").await;
     assert_eq!(after.tablets[0].server_id, t.tablets[0].server_id);
     assert!(after.map_version > t.map_version);
@@ -649,13 +361,7 @@ async fn failed_migration_is_undone() {
     assert!(
         last_two.contains(&&(
             src.clone(),
-            Ctl::Take {
-                table,
-                start,
-                end: tab.end_hash,
-                version: after.tablets[0].map_version,
-                state: TabletState::Active
-            }
+            take_of(&t, 0, after.tablets[0].map_version, TabletState::Active)
         )),
         "{got:?}"
     );
@@ -669,27 +375,10 @@ async fn failed_migration_is_undone() {
 
 #[tokio::test]
 async fn failed_create_is_rolled_back() {
-    let dir = TempDir::new("createfail");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 2).await;
-    let s2 = fake_server(&log, 2).await;
-    enlist(&c, addrs(&s1)).await;
-    enlist(&c, addrs(&s2)).await;
+    let (_dir, coord, c, log, _, s2, _, _) = two_servers("createfail", 2, 2).await;
     s2[0].fail.lock().unwrap().insert("Take");
 
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "r".into(),
-                tablets: 4,
-            },
-        )
-        .await,
-        Status::Internal,
-    );
+    let msg = expect_err(&try_create(&c, "r", 4).await, Status::Internal);
     assert!(msg.contains("injected failure"), "{msg}");
     let got = take_log(&log);
     let takes: Vec<_> = got
@@ -731,15 +420,7 @@ async fn concurrent_creates_of_one_name() {
     for _ in 0..8 {
         let c = connect(&coord).await;
         tasks.push(tokio::spawn(async move {
-            call(
-                &c,
-                Request::CreateTable {
-                    name: "same".into(),
-                    tablets: 2,
-                },
-            )
-            .await
-            .status
+            try_create(&c, "same", 2).await.status
         }));
     }
     let mut statuses = Vec::new();

@@ -11,10 +11,7 @@ use insitu_server::ServerConfig;
 
 #[tokio::test]
 async fn a_second_server_on_a_live_servers_address_is_refused() {
-    let dir = TempDir::new("identity");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
+    let (dir, coord, c, log) = coordinator_and_log("identity").await;
     let s1 = fake_server(&log, 2).await;
     let id1 = enlist_as(&c, addrs(&s1), "aaaa", false).await;
     let t = create(&c, "t", 4).await;
@@ -69,10 +66,7 @@ async fn a_second_server_on_a_live_servers_address_is_refused() {
     expect_err(&reply, Status::BadRequest);
 
     // Identities are durable.
-    drop(c);
-    coord.shutdown().await;
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     let reply = call(
         &c,
         Request::Enlist {

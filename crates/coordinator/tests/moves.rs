@@ -25,14 +25,7 @@ const STEPS: [(&str, bool); 4] = [
 #[tokio::test]
 async fn a_coordinator_crash_at_each_step_of_a_move_is_reconciled_on_restart() {
     for (step, committed) in STEPS {
-        let dir = TempDir::new("movecrash");
-        let coord = start_coordinator(&dir).await;
-        let c = connect(&coord).await;
-        let log = Log::default();
-        let src = fake_server(&log, 1).await;
-        let dest = fake_server(&log, 1).await;
-        let src_id = enlist(&c, addrs(&src)).await;
-        let dest_id = enlist(&c, addrs(&dest)).await;
+        let (dir, coord, c, log, src, dest, src_id, dest_id) = two_servers("movecrash", 1, 1).await;
         let t = create(&c, "t", 1).await;
         assert_eq!(t.tablets[0].server_id, src_id);
         let tab = t.tablets[0].clone();
@@ -126,17 +119,7 @@ async fn a_coordinator_crash_at_each_step_of_a_move_is_reconciled_on_restart() {
         }
         // The record is gone: the tablet can be moved again (back and forth).
         let target = if committed { src_id } else { dest_id };
-        let moved = table_of(
-            &call(
-                &c,
-                Request::MoveTablet {
-                    table: "t".into(),
-                    tablet_index: 0,
-                    server_id: target,
-                },
-            )
-            .await,
-        );
+        let moved = move_tablet(&c, "t", 0, target).await;
         assert_eq!(moved.tablets[0].server_id, target, "step {step}");
         drop(c);
         coord.shutdown().await;
@@ -145,29 +128,14 @@ async fn a_coordinator_crash_at_each_step_of_a_move_is_reconciled_on_restart() {
 
 #[tokio::test]
 async fn a_destination_that_dies_at_activation_leaves_one_owner() {
-    let dir = TempDir::new("destdies");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let src = fake_server(&log, 1).await;
-    let dest = fake_server(&log, 1).await;
-    let src_id = enlist(&c, addrs(&src)).await;
-    let dest_id = enlist(&c, addrs(&dest)).await;
+    let (_dir, coord, c, log, src, dest, src_id, dest_id) = two_servers("destdies", 1, 1).await;
     let t = create(&c, "t", 1).await;
     assert_eq!(t.tablets[0].server_id, src_id);
     take_log(&log);
 
     // The destination dies when asked to activate: no reply, ever.
     dest[0].close.lock().unwrap().insert("Activate");
-    let reply = call(
-        &c,
-        Request::MoveTablet {
-            table: "t".into(),
-            tablet_index: 0,
-            server_id: dest_id,
-        },
-    )
-    .await;
+    let reply = try_move(&c, "t", 0, dest_id).await;
     // The truth: committed, activation unconfirmed; never "failed".
     let msg = expect_err(&reply, Status::Internal);
     assert!(msg.contains("the move is committed"), "{msg}");
@@ -179,15 +147,7 @@ async fn a_destination_that_dies_at_activation_leaves_one_owner() {
         "nothing is dropped while the destination may serve: {got:?}"
     );
     // Another move of this tablet waits for the first to be resolved.
-    let busy = call(
-        &c,
-        Request::MoveTablet {
-            table: "t".into(),
-            tablet_index: 0,
-            server_id: src_id,
-        },
-    )
-    .await;
+    let busy = try_move(&c, "t", 0, src_id).await;
     expect_err(&busy, Status::Retry);
 
     // Its replacement enlists on the same addresses: the old destination is

@@ -10,7 +10,6 @@ use std::time::Duration;
 use bytes::BytesMut;
 use common::*;
 use futures::StreamExt;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::{
     FrameCodec, Request, Response, Status, TableInfo, TabletState, decode_request, encode_response,
 };
@@ -59,14 +58,7 @@ async fn expect_no_live_server(c: &insitu_client::rpc::RpcConn, table: &TableInf
 
 #[tokio::test]
 async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
-    let dir = TempDir::new("reenlist");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 2).await;
-    let s2 = fake_server(&log, 1).await;
-    let id1 = enlist(&c, addrs(&s1)).await;
-    let id2 = enlist(&c, addrs(&s2)).await;
+    let (dir, coord, c, log, s1, s2, id1, id2) = two_servers("reenlist", 2, 1).await;
     let a = create(&c, "a", 6).await;
     let b = create(&c, "b", 3).await;
     take_log(&log);
@@ -147,20 +139,14 @@ async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
 
     // The new state is durable.
     let tables = list_tables(&c).await;
-    drop(c);
-    coord.shutdown().await;
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(list_tables(&c).await, tables);
     coord.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
-    let dir = TempDir::new("failtake");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
+    let (_dir, coord, c, log) = coordinator_and_log("failtake").await;
     let s1 = fake_server(&log, 1).await;
     enlist(&c, addrs(&s1)).await;
     let t = create(&c, "t", 2).await;
@@ -180,18 +166,7 @@ async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
             .all(|x| x.server_id == 0 && x.addr.is_empty()),
         "{listed:?}"
     );
-    let msg = expect_err(
-        &call(
-            &c,
-            Request::MoveTablet {
-                table: "t".into(),
-                tablet_index: 1,
-                server_id: id2,
-            },
-        )
-        .await,
-        Status::Retry,
-    );
+    let msg = expect_err(&try_move(&c, "t", 1, id2).await, Status::Retry);
     assert!(msg.contains("tablet 1 of table \"t\""), "{msg}");
 
     // The next server to enlist gets them.
@@ -228,9 +203,7 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     take_log(&log);
 
     // Restart "as insitu up does": every stored server is forgotten.
-    let mut config = CoordinatorConfig::new(dir.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&dir).await;
     assert_eq!(coord.orphaned_table_names(), ["a", "b", "gone"]);
     let c = connect(&coord).await;
     assert!(list_servers(&c).await.is_empty());
@@ -247,17 +220,7 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
         );
         expect_no_live_server(&c, t).await;
     }
-    expect_err(
-        &call(
-            &c,
-            Request::CreateTable {
-                name: "new".into(),
-                tablets: 1,
-            },
-        )
-        .await,
-        Status::NoServers,
-    );
+    expect_err(&try_create(&c, "new", 1).await, Status::NoServers);
     // Dropping an orphaned table needs no shard.
     expect_ok(
         &call(
@@ -270,12 +233,9 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     );
     assert!(take_log(&log).is_empty(), "no shard was called");
     assert_eq!(coord.orphaned_table_names(), ["a", "b"]);
-    drop(c);
-    coord.shutdown().await;
 
     // Stopped before any server enlisted: still orphaned after a plain restart.
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(coord.orphaned_table_names(), ["a", "b"]);
     expect_no_live_server(&c, &a).await;
 
@@ -324,20 +284,15 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     enlist(&c, addrs(&n2)).await;
     assert!(take_log(&log).is_empty());
     assert_eq!(open(&c, "a").await, a2);
-    drop(c);
-    coord.shutdown().await;
 
     // Durable; and `forget_servers` with no stored tables or servers is harmless.
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(open(&c, "b").await, b2);
     assert_eq!(list_servers(&c).await.len(), 2);
     drop(c);
     coord.shutdown().await;
     let empty = TempDir::new("forget-empty");
-    let mut config = CoordinatorConfig::new(empty.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&empty).await;
     assert!(coord.orphaned_table_names().is_empty());
     coord.shutdown().await;
     let _ = gone;
@@ -357,9 +312,7 @@ async fn a_client_fails_clearly_on_an_orphaned_table() {
     let t = create(&c, "t", 2).await;
     drop(c);
     coord.shutdown().await;
-    let mut config = CoordinatorConfig::new(dir.0.clone());
-    config.forget_servers = true;
-    let coord = start_coordinator_with(config).await;
+    let coord = start_forgetting(&dir).await;
 
     let client = insitu_client::Client::connect_with(
         &coord.addr().to_string(),
@@ -429,10 +382,7 @@ async fn slow_migrate_shard(arrived: Arc<Notify>, release: Arc<Notify>) -> Strin
 
 #[tokio::test]
 async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
-    let dir = TempDir::new("moveretire");
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let log = Log::default();
+    let (dir, coord, c, log) = coordinator_and_log("moveretire").await;
     let (arrived, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let src = slow_migrate_shard(arrived.clone(), release.clone()).await;
     let src_id = enlist(&c, vec![src.clone()]).await;
@@ -443,17 +393,7 @@ async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
 
     // (a) The destination is replaced while the source copies: the tablet stays put.
     let mover = connect(&coord).await;
-    let move_reply = tokio::spawn(async move {
-        call(
-            &mover,
-            Request::MoveTablet {
-                table: "t".into(),
-                tablet_index: 0,
-                server_id: dest_id,
-            },
-        )
-        .await
-    });
+    let move_reply = tokio::spawn(async move { try_move(&mover, "t", 0, dest_id).await });
     // The source is copying (MigrateTablet arrived, not answered yet).
     tokio::time::timeout(Duration::from_secs(10), arrived.notified())
         .await
@@ -474,17 +414,7 @@ async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
     // (b) The source is replaced while it copies: the move is abandoned and
     // the tablet is re-homed (empty) on the source's successor.
     let mover = connect(&coord).await;
-    let move_reply = tokio::spawn(async move {
-        call(
-            &mover,
-            Request::MoveTablet {
-                table: "t".into(),
-                tablet_index: 0,
-                server_id: new_dest,
-            },
-        )
-        .await
-    });
+    let move_reply = tokio::spawn(async move { try_move(&mover, "t", 0, new_dest).await });
     // The source is copying (MigrateTablet arrived, not answered yet).
     tokio::time::timeout(Duration::from_secs(10), arrived.notified())
         .await
@@ -502,10 +432,7 @@ async fn a_move_whose_server_is_retired_meanwhile_is_abandoned() {
     let ids: Vec<u64> = list_servers(&c).await.iter().map(|s| s.id).collect();
     assert_eq!(ids, vec![new_dest, new_src]);
     // The metadata is coherent on reload.
-    drop(c);
-    coord.shutdown().await;
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
+    let (coord, c) = restart(&dir, coord, c).await;
     assert_eq!(open(&c, "t").await, t3);
     coord.shutdown().await;
 }

@@ -31,6 +31,15 @@ pub fn start(name: &str, args: &[&str], ready: &str) -> (Proc, String) {
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Send SIGTERM to `child` and expect a clean exit (status 0).
+pub fn stop_cleanly(child: &mut std::process::Child) {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(sent.unwrap().success(), "kill -TERM {pid}");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "insitu up exited with {status}");
+}
+
 /// A coordinator plus storage servers, each its own process.
 pub struct Cluster {
     pub dir: tempfile::TempDir,

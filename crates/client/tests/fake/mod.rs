@@ -122,6 +122,28 @@ impl ShardState {
         self.log.iter().filter(|l| l.op == op).count()
     }
 
+    /// Store `value` under a new version; returns the version.
+    fn store(&mut self, table: u64, key: &[u8], value: Vec<u8>) -> u64 {
+        let version = self.next_version();
+        self.data
+            .insert((table, key.to_vec()), Stored { value, version });
+        version
+    }
+
+    /// Whether a single-object change may go ahead: this shard owns the key
+    /// and `rules` let it through; else the error status and message.
+    fn may_change(
+        &self,
+        table: u64,
+        key: &[u8],
+        rules: &RejectRules,
+    ) -> Result<(), (Status, String)> {
+        if !self.owns(table, key) {
+            return Err((Status::UnknownTablet, "not my tablet".into()));
+        }
+        self.check_rules(table, key, rules)
+    }
+
     fn check_rules(
         &self,
         table: u64,
@@ -168,6 +190,10 @@ fn is_data(r: &Request<'_>) -> bool {
             | Request::MultiRemove { .. }
             | Request::Enumerate { .. }
     )
+}
+
+fn write_result(status: Status, version: u64) -> WriteResult {
+    WriteResult { status, version }
 }
 
 fn ok(out: &mut BytesMut, id: u64, r: &Response<'_>) -> Status {
@@ -222,26 +248,15 @@ fn shard_handle(
             value,
             rules,
         } => {
-            if !st.owns(*table, key) {
-                err(out, id, Status::UnknownTablet, "not my tablet")
-            } else if let Err((s, m)) = st.check_rules(*table, key, rules) {
+            if let Err((s, m)) = st.may_change(*table, key, rules) {
                 err(out, id, s, &m)
             } else {
-                let version = st.next_version();
-                st.data.insert(
-                    (*table, key.to_vec()),
-                    Stored {
-                        value: value.to_vec(),
-                        version,
-                    },
-                );
+                let version = st.store(*table, key, value.to_vec());
                 ok(out, id, &Response::Written { version })
             }
         }
         Request::Remove { table, key, rules } => {
-            if !st.owns(*table, key) {
-                err(out, id, Status::UnknownTablet, "not my tablet")
-            } else if let Err((s, m)) = st.check_rules(*table, key, rules) {
+            if let Err((s, m)) = st.may_change(*table, key, rules) {
                 err(out, id, s, &m)
             } else if let Some(o) = st.data.remove(&(*table, key.to_vec())) {
                 ok(out, id, &Response::Removed { version: o.version })
@@ -255,9 +270,7 @@ fn shard_handle(
             delta,
             rules,
         } => {
-            if !st.owns(*table, key) {
-                err(out, id, Status::UnknownTablet, "not my tablet")
-            } else if let Err((s, m)) = st.check_rules(*table, key, rules) {
+            if let Err((s, m)) = st.may_change(*table, key, rules) {
                 err(out, id, s, &m)
             } else {
                 let cur = st
@@ -278,14 +291,7 @@ fn shard_handle(
                                 (v.to_le_bytes(), Number::F64(v))
                             }
                         };
-                        let version = st.next_version();
-                        st.data.insert(
-                            (*table, key.to_vec()),
-                            Stored {
-                                value: new.to_vec(),
-                                version,
-                            },
-                        );
+                        let version = st.store(*table, key, new.to_vec());
                         ok(out, id, &Response::Incremented { value, version })
                     }
                 }
@@ -326,47 +332,24 @@ fn shard_handle(
         Request::MultiWrite { table, items } => {
             let mut results = Vec::new();
             for (key, value) in items {
-                if !st.owns(*table, key) {
-                    results.push(WriteResult {
-                        status: Status::UnknownTablet,
-                        version: 0,
-                    });
+                results.push(if !st.owns(*table, key) {
+                    write_result(Status::UnknownTablet, 0)
                 } else {
-                    let version = st.next_version();
-                    st.data.insert(
-                        (*table, key.to_vec()),
-                        Stored {
-                            value: value.to_vec(),
-                            version,
-                        },
-                    );
-                    results.push(WriteResult {
-                        status: Status::Ok,
-                        version,
-                    });
-                }
+                    write_result(Status::Ok, st.store(*table, key, value.to_vec()))
+                });
             }
             ok(out, id, &Response::MultiWrite { results })
         }
         Request::MultiRemove { table, keys } => {
             let mut results = Vec::new();
             for key in keys {
-                if !st.owns(*table, key) {
-                    results.push(WriteResult {
-                        status: Status::UnknownTablet,
-                        version: 0,
-                    });
+                results.push(if !st.owns(*table, key) {
+                    write_result(Status::UnknownTablet, 0)
                 } else if let Some(o) = st.data.remove(&(*table, key.to_vec())) {
-                    results.push(WriteResult {
-                        status: Status::Ok,
-                        version: o.version,
-                    });
+                    write_result(Status::Ok, o.version)
                 } else {
-                    results.push(WriteResult {
-                        status: Status::ObjectDoesntExist,
-                        version: 0,
-                    });
-                }
+                    write_result(Status::ObjectDoesntExist, 0)
+                });
             }
             ok(out, id, &Response::MultiRemove { results })
         }
@@ -812,6 +795,11 @@ impl FakeCluster {
     }
 
     /// The shard that stores `key` of `table`, by looking at the data.
+    /// How many `op` requests each shard has received, by shard index.
+    pub fn counts(&self, op: &str) -> Vec<usize> {
+        self.shards.iter().map(|s| s.st().count(op)).collect()
+    }
+
     pub fn holder(&self, table: u64, key: &[u8]) -> Option<usize> {
         self.shards
             .iter()

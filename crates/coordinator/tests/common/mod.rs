@@ -347,3 +347,118 @@ pub async fn wait_for_log(log: &Log, what: &str, pred: impl Fn(&(String, Ctl)) -
     }
     panic!("never saw {what}: {:?}", log.lock().unwrap());
 }
+
+/// Send CreateTable and return the raw reply (for tests that expect a refusal).
+pub async fn try_create(conn: &RpcConn, name: impl Into<String>, tablets: u32) -> Reply {
+    let request = Request::CreateTable {
+        name: name.into(),
+        tablets,
+    };
+    call(conn, request).await
+}
+
+/// Send MoveTablet and return the raw reply.
+pub async fn try_move(conn: &RpcConn, table: &str, tablet_index: u32, server_id: u64) -> Reply {
+    let request = Request::MoveTablet {
+        table: table.into(),
+        tablet_index,
+        server_id,
+    };
+    call(conn, request).await
+}
+
+/// Move a tablet and expect the new map.
+pub async fn move_tablet(
+    conn: &RpcConn,
+    table: &str,
+    tablet_index: u32,
+    server_id: u64,
+) -> TableInfo {
+    table_of(&try_move(conn, table, tablet_index, server_id).await)
+}
+
+/// The TakeTablet a shard gets for tablet `index` of `table`, at `version` in `state`.
+pub fn take_of(table: &TableInfo, index: usize, version: u64, state: TabletState) -> Ctl {
+    let tablet = &table.tablets[index];
+    Ctl::Take {
+        table: table.id,
+        start: tablet.start_hash,
+        end: tablet.end_hash,
+        version,
+        state,
+    }
+}
+
+/// The first two steps of moving tablet `index` of `table` from `src` to
+/// `dest`: TakeTablet Receiving on the destination, then MigrateTablet on the source.
+pub fn move_start_log(
+    table: &TableInfo,
+    index: usize,
+    src: &str,
+    dest: &str,
+) -> Vec<(String, Ctl)> {
+    let take = take_of(table, index, table.map_version, TabletState::Receiving);
+    let migrate = Ctl::Migrate {
+        table: table.id,
+        start: table.tablets[index].start_hash,
+        dest: dest.to_string(),
+    };
+    vec![(dest.to_string(), take), (src.to_string(), migrate)]
+}
+
+/// Stop the coordinator and start it again on the same directory; returns the new handle and connection.
+pub async fn restart(
+    dir: &TempDir,
+    coord: CoordinatorHandle,
+    conn: RpcConn,
+) -> (CoordinatorHandle, RpcConn) {
+    drop(conn);
+    coord.shutdown().await;
+    let coord = start_coordinator(dir).await;
+    let conn = connect(&coord).await;
+    (coord, conn)
+}
+
+/// A coordinator with two fake servers enlisted in order: (metadata
+/// directory, coordinator, a connection to it, the shards' control log,
+/// server 1's shards, server 2's shards, server 1's id, server 2's id).
+pub type TwoServers = (
+    TempDir,
+    CoordinatorHandle,
+    RpcConn,
+    Log,
+    Vec<FakeShard>,
+    Vec<FakeShard>,
+    u64,
+    u64,
+);
+
+/// Start a coordinator on a new directory named after `name` and enlist two
+/// fake servers of `shards1` and `shards2` shards.
+pub async fn two_servers(name: &str, shards1: usize, shards2: usize) -> TwoServers {
+    let dir = TempDir::new(name);
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, shards1).await;
+    let s2 = fake_server(&log, shards2).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let id2 = enlist(&c, addrs(&s2)).await;
+    (dir, coord, c, log, s1, s2, id1, id2)
+}
+
+/// A coordinator on a new directory named after `name`, a connection to it,
+/// and an empty control log for the fake shards a test starts.
+pub async fn coordinator_and_log(name: &str) -> (TempDir, CoordinatorHandle, RpcConn, Log) {
+    let dir = TempDir::new(name);
+    let coord = start_coordinator(&dir).await;
+    let c = connect(&coord).await;
+    (dir, coord, c, Log::default())
+}
+
+/// Start a coordinator on `dir` that forgets every stored server (as `insitu up` does).
+pub async fn start_forgetting(dir: &TempDir) -> CoordinatorHandle {
+    let mut config = CoordinatorConfig::new(dir.0.clone());
+    config.forget_servers = true;
+    start_coordinator_with(config).await
+}
