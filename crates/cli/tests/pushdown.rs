@@ -416,13 +416,8 @@ fn pushdown_training_reaches_the_in_memory_weights() {
     let cluster = Cluster::start(2, 2);
     let rt = rt();
     let (n, dims) = (3000usize, 8usize);
-    let mut s = 42u64;
-    let mut rnd = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rng = common::rng(42);
+    let mut rnd = move || rng.f32() * 2.0 - 1.0;
     let x: Vec<f32> = (0..n * dims).map(|_| rnd()).collect();
     let y: Vec<u8> = (0..n)
         .map(|i| {

@@ -202,12 +202,9 @@ fn overwrite_workload_keeps_utilisation_high() {
     for i in 0..objects {
         e.write(T, &i.to_le_bytes(), &[0; 100], &ANY).expect("load");
     }
-    let mut x = 88172645463325252u64;
+    let mut rng = insitu_testkit::rng(88172645463325252);
     for _ in 0..3 * objects {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        e.write(T, &(x % objects).to_le_bytes(), &[1; 100], &ANY)
+        e.write(T, &rng.u64(0..objects).to_le_bytes(), &[1; 100], &ANY)
             .expect("overwrite under a tight budget");
     }
     let m = e.memory();
