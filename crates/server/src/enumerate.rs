@@ -29,6 +29,12 @@ pub const MAX_CACHED_WALKS: usize = 8;
 /// Reply bytes counted per object beyond its key and value (version and
 /// length prefixes), as the wire reply's size estimate.
 const OBJECT_OVERHEAD_BYTES: usize = 24;
+/// Work one batch may do before it ends early (the client just asks again
+/// from the returned cursor): a 1 MiB batch of small objects is ~20k index
+/// probes plus their encoding, ~25 ms, which held every other connection of
+/// the shard that long. Checked every `HASHES_PER_CLOCK_CHECK` hashes.
+const BATCH_WORK: std::time::Duration = std::time::Duration::from_millis(1);
+const HASHES_PER_CLOCK_CHECK: usize = 256;
 
 /// One enumeration in progress.
 struct Walk {
@@ -94,8 +100,19 @@ impl EnumerateCache {
         let mut group = Vec::new();
         let mut used = 0usize;
         let mut next = None;
+        let started = std::time::Instant::now();
+        let mut visited = 0usize;
         let mut slot = walk.list.next_from(walk.pos);
         while let Some((pos, h)) = slot {
+            visited += 1;
+            if visited % HASHES_PER_CLOCK_CHECK == 0
+                && !objects.is_empty()
+                && started.elapsed() >= BATCH_WORK
+            {
+                next = Some(h);
+                walk.pos = pos;
+                break;
+            }
             group.clear();
             engine.objects_with_hash(table, tablet_start, h, |o| group.push(o))?;
             let size: usize = group
