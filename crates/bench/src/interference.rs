@@ -252,18 +252,14 @@ mod tests {
 
     #[test]
     fn smoke_tiny_sizes() {
-        let path = std::env::temp_dir().join(format!(
-            "insitu-interference-smoke-{}.json",
-            std::process::id()
-        ));
-        run(&Args {
-            objects: 2000,
-            seconds_per_op: 0.1,
-            json: Some(path.clone()),
+        let v = crate::pushdown_cluster::smoke_json("interference", |path| {
+            run(&Args {
+                objects: 2000,
+                seconds_per_op: 0.1,
+                json: Some(path),
+            })
         })
         .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(v["read_p99_us_idle"].as_u64().is_some());
         for op in OPS {
             assert!(
@@ -272,6 +268,5 @@ mod tests {
             );
             assert!(v[format!("op_runs_{op}")].as_u64().unwrap() >= 1, "{op}");
         }
-        let _ = std::fs::remove_file(path);
     }
 }

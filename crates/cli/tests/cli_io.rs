@@ -7,29 +7,12 @@ mod common;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
-use common::{Proc, cli, free_port, insitu_bin, start};
+use common::{Proc, cli, free_port, insitu_bin};
 
-/// An `insitu up` (1 shard per server, small memory) on a free port.
+/// An `insitu up` (default server count, small memory) on a free port.
 fn start_up() -> (Proc, String, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let data = dir.path().join("data");
-    let (up, _) = start(
-        "up",
-        &[
-            "up",
-            "--shards",
-            "1",
-            "--port",
-            &port.to_string(),
-            "--dir",
-            data.to_str().unwrap(),
-            "--memory-mb",
-            "128",
-        ],
-        "insitu is up",
-    );
-    (up, format!("127.0.0.1:{port}"), dir)
+    let (up, _, addr, dir) = common::start_up(2, 128);
+    (up, addr, dir)
 }
 
 /// Run `insitu ARGS` with no INSITU_CLUSTER (only what the arguments say).

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::rt;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -12,14 +14,6 @@ use std::time::Duration;
 use common::{Cluster, rng};
 use insitu_client::{Client, ClientError};
 use insitu_protocol::{MAX_BODY_BYTES, RejectRules, Status};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 #[test]
 fn crud_conditional_ops_and_cli() {

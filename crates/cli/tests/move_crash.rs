@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::rt;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -13,14 +15,6 @@ use insitu_protocol::{Request, Status, blob};
 
 /// Objects in the moved tablet: enough that the copy takes a while.
 const OBJECTS: usize = 20_000;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn key(i: usize) -> Vec<u8> {
     format!("key-{i}").into_bytes()

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::rt;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,14 +18,6 @@ use insitu_protocol::plan::{
     CmpOp, Field, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan, Source, UpdateAction,
     int_key,
 };
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Object i: i64@0 = i, f64@8 = i / 2, i32@16 = i % 7.
 fn value(i: u64) -> Vec<u8> {

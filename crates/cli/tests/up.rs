@@ -2,31 +2,12 @@
 
 mod common;
 
-use common::{cli, free_port, start, stop_cleanly};
+use common::{cli, stop_cleanly};
 
 #[test]
 fn up_serves_the_cli_and_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let (mut up, line, addr, dir) = common::start_up(2, 256);
     let data = dir.path().join("data");
-    let (mut up, line) = start(
-        "up",
-        &[
-            "up",
-            "--servers",
-            "2",
-            "--shards",
-            "1",
-            "--port",
-            &port.to_string(),
-            "--dir",
-            data.to_str().unwrap(),
-            "--memory-mb",
-            "256",
-        ],
-        "insitu is up",
-    );
-    let addr = format!("127.0.0.1:{port}");
     assert!(line.contains(&addr), "{line}");
     let (code, out, err) = cli(&addr, &["table", "create", "t", "--tablets", "4"]);
     assert_eq!(code, 0, "{out}{err}");

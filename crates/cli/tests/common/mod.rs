@@ -129,3 +129,39 @@ pub fn cli(cluster: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The runtime the tests drive their clients on.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A running `insitu up` of `servers` servers (1 shard each, `memory_mb` each)
+/// on a free port: the process, its "insitu is up" line, the address clients
+/// use, and the temp dir holding its data (dropped last).
+pub fn start_up(servers: usize, memory_mb: usize) -> (Proc, String, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let data = dir.path().join("data");
+    let (up, line) = start(
+        "up",
+        &[
+            "up",
+            "--servers",
+            &servers.to_string(),
+            "--shards",
+            "1",
+            "--port",
+            &port.to_string(),
+            "--dir",
+            data.to_str().expect("utf-8 path"),
+            "--memory-mb",
+            &memory_mb.to_string(),
+        ],
+        "insitu is up",
+    );
+    (up, line, format!("127.0.0.1:{port}"), dir)
+}
