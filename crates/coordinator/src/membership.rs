@@ -154,7 +154,11 @@ impl Coordinator {
                 .await;
         }
         drop(guard);
-        Ok(Response::Enlisted { server_id: id })
+        Ok(Response::Enlisted {
+            server_id: id,
+            cluster_id: 0,
+            replicas: 0,
+        })
     }
 
     /// Give the orphaned tablets `orphans` (table id, index, tablet), empty,

@@ -309,6 +309,8 @@ impl Model {
             .map(|(id, addrs)| ServerInfo {
                 id: *id,
                 shard_addrs: addrs.clone(),
+                backup_addr: String::new(),
+                state: insitu_protocol::ServerState::Up,
             })
             .collect()
     }

@@ -124,6 +124,7 @@ impl Coordinator {
                 shard_addrs,
                 identity,
                 replace,
+                backup_addr: _,
             } => self.enlist(shard_addrs, identity, replace).await,
             Request::CreateTable { name, tablets } => self.create_table(name, tablets).await,
             Request::DropTable { name } => self.drop_table(name).await,
@@ -270,5 +271,12 @@ fn request_name(request: &Request<'_>) -> &'static str {
         Request::ListServers => "ListServers",
         Request::MoveTablet { .. } => "MoveTablet",
         Request::Scan { .. } => "Scan",
+        Request::RemoveServer { .. } => "RemoveServer",
+        Request::RecoverTablet { .. } => "RecoverTablet",
+        Request::ServerDown { .. } => "ServerDown",
+        Request::BackupWrite { .. } => "BackupWrite",
+        Request::BackupList { .. } => "BackupList",
+        Request::BackupRead { .. } => "BackupRead",
+        Request::BackupForget { .. } => "BackupForget",
     }
 }

@@ -170,6 +170,7 @@ async fn no_servers_and_bad_enlist() {
             shard_addrs,
             identity: String::new(),
             replace: false,
+            backup_addr: String::new(),
         };
         expect_err(&call(&c, request).await, Status::BadRequest);
     }

@@ -27,6 +27,7 @@ async fn a_second_server_on_a_live_servers_address_is_refused() {
             shard_addrs: vec![other.addr.clone(), s1[1].addr.clone()],
             identity: "bbbb".into(),
             replace: false,
+            backup_addr: String::new(),
         },
     )
     .await;
@@ -60,6 +61,7 @@ async fn a_second_server_on_a_live_servers_address_is_refused() {
             shard_addrs: addrs(&s1),
             identity: "has space".into(),
             replace: false,
+            backup_addr: String::new(),
         },
     )
     .await;
@@ -73,6 +75,7 @@ async fn a_second_server_on_a_live_servers_address_is_refused() {
             shard_addrs: addrs(&moved),
             identity: "dddd".into(),
             replace: false,
+            backup_addr: String::new(),
         },
     )
     .await;
@@ -125,6 +128,7 @@ async fn a_real_server_keeps_its_identity_and_waits_for_the_coordinator() {
             shard_addrs: vec![s1.shard_addrs[0].to_string()],
             identity: "0123456789abcdef0123456789abcdef".into(),
             replace: false,
+            backup_addr: String::new(),
         },
     )
     .await;

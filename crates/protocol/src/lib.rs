@@ -13,7 +13,7 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 pub use frame::{Frame, FrameCodec, FrameKind, HEADER_BYTES, Header, MAX_BODY_BYTES};
-pub use limits::{MAX_MULTI_ITEMS, MAX_SHARD_ADDRS};
+pub use limits::{MAX_BACKUP_OPS, MAX_MULTI_ITEMS, MAX_REPLICA_INFOS, MAX_SHARD_ADDRS};
 pub use message::*;
 
 /// Outcome of a request (frame header) or of one object in a multi-operation.
@@ -44,12 +44,19 @@ pub enum Status {
     UnknownServer = 17,
     /// The request's map version does not match the tablet's.
     StaleMap = 18,
+    /// A backup refuses a master that the coordinator declared dead.
+    Fenced = 19,
+    /// A backup has no room for the replica (disk budget or disk full).
+    NoSpace = 20,
+    /// The tablet's objects were lost (its server died with no replicas,
+    /// R = 0) and an operator has not acknowledged it yet.
+    DataLost = 21,
 }
 
 impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
-        const ALL: [Status; 19] = [
+        const ALL: [Status; 22] = [
             Ok,
             UnknownTablet,
             ObjectDoesntExist,
@@ -69,6 +76,9 @@ impl Status {
             EmptyKey,
             UnknownServer,
             StaleMap,
+            Fenced,
+            NoSpace,
+            DataLost,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -100,6 +110,9 @@ impl std::fmt::Display for Status {
             Status::EmptyKey => "empty key",
             Status::UnknownServer => "unknown server",
             Status::StaleMap => "stale tablet map",
+            Status::Fenced => "this master was declared dead; its writes are refused",
+            Status::NoSpace => "the backup has no room for the replica",
+            Status::DataLost => "the tablet's objects were lost with its server (no replicas)",
         };
         f.write_str(s)
     }

@@ -30,6 +30,15 @@ pub const MAX_MULTI_ITEMS: usize = 100_000;
 /// Most shard addresses one server may enlist (the coordinator's own limit).
 pub const MAX_SHARD_ADDRS: usize = 1024;
 
+/// Most operations one `BackupWrite` may carry. Why: an op decodes to ~64
+/// bytes; 65 536 of them keep a decoded request under ~4 MB, far more than a
+/// master batches (one op per segment touched since its last round).
+pub const MAX_BACKUP_OPS: usize = 65_536;
+
+/// Most replicas one `BackupReplicas` answer may list (2 MiB segments: 2 TiB
+/// of one master's data on one backup).
+pub const MAX_REPLICA_INFOS: usize = 1 << 20;
+
 thread_local! {
     /// Why the last decode on this thread was refused by a limit.
     static VIOLATION: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -132,4 +141,22 @@ where
     T: serde::Deserialize<'de>,
 {
     bounded(d, MAX_SHARD_ADDRS, "shard addresses")
+}
+
+/// Operations of a replication request.
+pub(crate) fn backup_ops<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_BACKUP_OPS, "backup operations")
+}
+
+/// Replicas listed by a backup.
+pub(crate) fn replica_infos<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_REPLICA_INFOS, "replicas")
 }

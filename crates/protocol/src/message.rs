@@ -61,6 +61,60 @@ pub struct ServerInfo {
     pub id: u64,
     /// One address per shard; a tablet names its shard by index.
     pub shard_addrs: Vec<String>,
+    /// Address of the server's backup service ("" for a server enlisted
+    /// without one): where masters send replicas and recoveries read them.
+    pub backup_addr: String,
+    /// Whether the coordinator believes the server alive.
+    pub state: ServerState,
+}
+
+/// What the coordinator believes of a server.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerState {
+    /// Answering the coordinator's pings.
+    Up,
+    /// Declared dead (silent past the failure timeout, or replaced); its
+    /// tablets are being recovered from backups, its replicas re-made.
+    Dead,
+}
+
+/// One replication operation from a master shard to a backup. Segments are
+/// named by (master server id, log, segment id): `log` is one tablet
+/// instance's log on its master, `segment` the engine's per-tablet segment id.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum BackupOp<'a> {
+    /// `bytes` belong at `offset` of the segment (offset = bytes the backup
+    /// already holds; a resend of held bytes is accepted). `close`: the
+    /// segment is complete (the master sealed it). The first append of a
+    /// segment opens its replica; `table`/`start_hash` name the tablet whose
+    /// log it is, so a recovery finds a tablet's segments without reading them.
+    Append {
+        log: u64,
+        table: u64,
+        start_hash: u64,
+        segment: u64,
+        offset: u64,
+        #[serde(borrow)]
+        bytes: Blob<'a>,
+        close: bool,
+    },
+    /// The master freed the segment (cleaned): its replica may be deleted.
+    Free { log: u64, segment: u64 },
+    /// The master dropped the whole log (tablet dropped or moved away).
+    FreeLog { log: u64 },
+}
+
+/// A replica a backup holds (answer to `BackupList`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub log: u64,
+    pub table: u64,
+    pub start_hash: u64,
+    pub segment: u64,
+    /// Bytes of the segment held (verified when the store opened or accepted them).
+    pub bytes: u64,
+    /// The master closed the segment: `bytes` is its whole length.
+    pub closed: bool,
 }
 
 /// Whether a shard serves a tablet yet.
@@ -205,6 +259,60 @@ pub enum Request<'a> {
         start_hash: u64,
         map_version: u64,
     },
+    /// Recover a dead master's tablet into this shard: read the replicas of
+    /// the tablet's log from `backups`, replay them, hold the tablet
+    /// `Receiving` at `map_version` (the coordinator activates it after it
+    /// commits the new owner). Answered `Recovered`.
+    RecoverTablet {
+        table: u64,
+        start_hash: u64,
+        end_hash: u64,
+        map_version: u64,
+        /// Server id of the dead master.
+        master: u64,
+        /// Backup service addresses of every live server.
+        #[serde(deserialize_with = "crate::limits::shard_addrs")]
+        backups: Vec<String>,
+    },
+    /// A server was declared dead: re-replicate every segment that had a
+    /// replica on it, and stop sending to it.
+    ServerDown {
+        server_id: u64,
+    },
+
+    // ---- replication: master shard -> backup; recovery -> backup ----
+    /// Apply `ops` in order to the replicas of `master`. Answered `Done` once
+    /// every op is held as the backup's sync mode promises (memory + bounded
+    /// interval, or fsynced); `Fenced` if `master` was declared dead.
+    BackupWrite {
+        /// The cluster the master belongs to (a backup refuses another's).
+        cluster: u64,
+        master: u64,
+        #[serde(borrow, deserialize_with = "crate::limits::backup_ops")]
+        ops: Vec<BackupOp<'a>>,
+    },
+    /// The replicas held for `master`. `fence`: refuse every later
+    /// `BackupWrite` from it (a recovery has started: a master that was
+    /// declared dead but still runs can no longer make a write durable).
+    BackupList {
+        cluster: u64,
+        master: u64,
+        fence: bool,
+    },
+    /// Up to `max_bytes` of one replica from `offset`, verified first.
+    BackupRead {
+        cluster: u64,
+        master: u64,
+        log: u64,
+        segment: u64,
+        offset: u64,
+        max_bytes: u32,
+    },
+    /// Delete every replica of `master` (its recovery is committed).
+    BackupForget {
+        cluster: u64,
+        master: u64,
+    },
 
     // ---- metadata: anyone -> coordinator ----
     Enlist {
@@ -218,6 +326,14 @@ pub enum Request<'a> {
         /// of these addresses (the operator says it is dead). Without it such
         /// an enlistment is refused.
         replace: bool,
+        /// Address of this server's backup service ("" = none: the server
+        /// keeps no replicas for others).
+        backup_addr: String,
+    },
+    /// The operator says a server is gone for good (`insitu server remove`):
+    /// declare it dead now, recover its tablets, forget it.
+    RemoveServer {
+        server_id: u64,
     },
     CreateTable {
         name: String,
@@ -307,6 +423,27 @@ pub enum Response<'a> {
 
     Enlisted {
         server_id: u64,
+        /// The cluster's id (random, kept by the coordinator): backups label
+        /// their replica files with it and refuse another cluster's.
+        cluster_id: u64,
+        /// Replicas per segment (R): 0 = in-memory only (cache mode).
+        replicas: u32,
+    },
+    BackupReplicas {
+        #[serde(deserialize_with = "crate::limits::replica_infos")]
+        replicas: Vec<ReplicaInfo>,
+    },
+    /// Bytes of a replica from the requested offset; `end`: no more follow.
+    BackupBytes {
+        #[serde(borrow)]
+        bytes: Blob<'a>,
+        end: bool,
+    },
+    /// A tablet recovered from replicas (`RecoverTablet`).
+    Recovered {
+        objects: u64,
+        segments: u64,
+        bytes: u64,
     },
     Table(TableInfo),
     Tables(Vec<TableInfo>),

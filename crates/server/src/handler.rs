@@ -375,11 +375,27 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
         | Request::TableMap { .. }
         | Request::ListTables
         | Request::ListServers
+        | Request::RemoveServer { .. }
         | Request::MoveTablet { .. } => encode_error(
             out,
             id,
             Status::BadRequest,
             "this is a storage server; send metadata requests to the coordinator",
+        ),
+        Request::BackupWrite { .. }
+        | Request::BackupList { .. }
+        | Request::BackupRead { .. }
+        | Request::BackupForget { .. } => encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            "this is a shard port; send backup requests to the server's backup address",
+        ),
+        Request::RecoverTablet { .. } | Request::ServerDown { .. } => encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            "recovery is not built into this server yet",
         ),
     }
 }

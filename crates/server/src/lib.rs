@@ -251,6 +251,7 @@ async fn enlist_once(
         shard_addrs,
         identity,
         replace: config.replace,
+        backup_addr: String::new(),
     };
     let reply = conn
         .call_timeout(&request, CALL_TIMEOUT)
@@ -270,7 +271,7 @@ async fn enlist_once(
         )));
     }
     match reply.decode() {
-        Ok(Response::Enlisted { server_id }) => Ok(server_id),
+        Ok(Response::Enlisted { server_id, .. }) => Ok(server_id),
         Ok(other) => Err(EnlistError::Refused(anyhow::anyhow!(
             "unexpected reply to Enlist: {other:?}"
         ))),

@@ -713,6 +713,8 @@ fn coord_handle(
                 .map(|(id, addr, _)| ServerInfo {
                     id: *id,
                     shard_addrs: vec![addr.clone()],
+                    backup_addr: String::new(),
+                    state: insitu_protocol::ServerState::Up,
                 })
                 .collect();
             ok(out, id, &Response::Servers(servers))

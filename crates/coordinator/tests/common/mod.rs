@@ -273,9 +273,10 @@ pub async fn enlist_as(
         shard_addrs,
         identity: identity.into(),
         replace,
+        backup_addr: String::new(),
     };
     match expect_ok(&call(conn, request).await) {
-        Response::Enlisted { server_id } => server_id,
+        Response::Enlisted { server_id, .. } => server_id,
         other => panic!("expected Enlisted, got {other:?}"),
     }
 }
