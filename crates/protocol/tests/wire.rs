@@ -130,7 +130,8 @@ fn status_codes_round_trip() {
         }
     }
     assert_eq!(Status::from_u16(18), Some(Status::StaleMap));
-    assert_eq!(Status::from_u16(19), None);
+    assert_eq!(Status::from_u16(21), Some(Status::DataLost));
+    assert_eq!(Status::from_u16(22), None);
 }
 
 proptest! {
