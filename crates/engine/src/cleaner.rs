@@ -210,6 +210,7 @@ fn copy_kept(
                 };
                 let survivor = &mut t.segs[sv as usize];
                 let new_at = survivor.append_raw(&src.buf[at..at + len]);
+                budget.changes += 1;
                 survivor.live_bytes += len as u64;
                 survivor.stamp = survivor.stamp.max(src.stamp);
                 let hash = crate::key_hash(t.table, entry::key_at(&src.buf, at));
@@ -239,6 +240,7 @@ fn copy_kept(
                     };
                     let survivor = &mut t.segs[sv as usize];
                     survivor.append_raw(&src.buf[at..at + len]);
+                    budget.changes += 1;
                     survivor.tombstone_bytes += len as u64;
                     survivor.max_tombstone_segment = survivor.max_tombstone_segment.max(recorded);
                     survivor.stamp = survivor.stamp.max(src.stamp);

@@ -98,6 +98,10 @@ pub(crate) struct Budget {
     remove_reserve_bytes: u64,
     /// Bytes appended engine-wide so far: a logical clock for segment ages.
     pub clock: u64,
+    /// Segments allocated, freed or appended to by the cleaner so far: with
+    /// `clock` it tells a replicator whether any segment changed since it
+    /// last looked (`Engine::log_changes`), so an idle shard costs nothing.
+    pub changes: u64,
 }
 
 /// Bytes of a transient copy counted against an engine's memory budget
@@ -147,6 +151,7 @@ impl Budget {
             cleaner_reserve_bytes,
             remove_reserve_bytes,
             clock: 0,
+            changes: 0,
         }
     }
 
@@ -195,6 +200,7 @@ impl Budget {
         buf.try_reserve_exact(self.segment_bytes)
             .map_err(|_| EngineError::OutOfMemory)?;
         self.allocated_bytes += self.segment_bytes as u64;
+        self.changes += 1;
         Ok(Segment {
             id,
             buf,
@@ -208,6 +214,7 @@ impl Budget {
         debug_assert!(segment.id != 0, "freeing an empty slot");
         debug_assert!(self.allocated_bytes >= self.segment_bytes as u64);
         self.allocated_bytes -= self.segment_bytes as u64;
+        self.changes += 1;
         drop(segment);
     }
 }
