@@ -11,4 +11,5 @@ mod kv_procs;
 mod kv_report;
 pub mod loadgen;
 pub mod pushdown_cluster;
+pub mod recovery;
 pub mod resp;

@@ -108,6 +108,8 @@ enum BenchCmd {
     Gradient(insitu_bench::gradient::Args),
     /// Point-read p50/p99 on one shard, idle and while count, aggregate, update, enumerate and a tablet move run.
     Interference(insitu_bench::interference::Args),
+    /// Crash recovery: load N MB into one server of S, kill it (-9), time detection and recovery.
+    Recovery(insitu_bench::recovery::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
     Engine {
         /// Objects to load.
@@ -304,6 +306,10 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCmd::Interference(args)) => {
             init_tracing("warn");
             insitu_bench::interference::run(&args)
+        }
+        Command::Bench(BenchCmd::Recovery(args)) => {
+            init_tracing("warn");
+            insitu_bench::recovery::run(&args)
         }
         Command::Count(args) => {
             init_tracing("warn");

@@ -71,6 +71,13 @@ impl Cluster {
 
     pub fn add_server(&mut self, shards: usize) {
         let i = self.servers.len();
+        let p = self.start_server(i, shards);
+        self.servers.push(p);
+    }
+
+    /// Start server `i` on its own data directory (`server-i`): a restart of
+    /// a killed server `i` finds its replicas there again.
+    pub fn start_server(&self, i: usize, shards: usize) -> Proc {
         let sdir: PathBuf = self.dir.path().join(format!("server-{i}"));
         let shards = shards.to_string();
         let (p, _) = start(
@@ -88,7 +95,7 @@ impl Cluster {
             ],
             "up, shards at",
         );
-        self.servers.push(p);
+        p
     }
 
     pub fn restart_coordinator(&mut self) {

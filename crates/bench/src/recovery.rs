@@ -1,0 +1,232 @@
+//! `insitu bench recovery`: how long a dead server's data takes to come back.
+//!
+//! Loads N MB into one server of S (the table is created while that server is
+//! the only one, so every tablet lands there; the others join afterwards and
+//! hold its replicas), kills it with SIGKILL, and measures the time from the
+//! kill to (a) the coordinator declaring it dead (`detect_ms`) and (b) every
+//! object being readable again from the recovery masters (`recover_ms`,
+//! counted from the detection). Every object is then read back and compared:
+//! `objects_lost` must be 0.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use insitu_client::{Client, ClientConfig};
+use insitu_protocol::ServerState;
+use serde_json::json;
+
+use crate::kv_procs::start_insitu;
+use crate::pushdown_cluster::write_json;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Megabytes of objects to load into the server that is killed.
+    #[arg(long, default_value_t = 256)]
+    pub mb: usize,
+    /// Storage servers in all (the killed one included); at least 2.
+    #[arg(long, default_value_t = 3)]
+    pub servers: usize,
+    /// Tablets of the table (all on the killed server): the recovery
+    /// partitions, spread over the surviving servers.
+    #[arg(long, default_value_t = 8)]
+    pub tablets: u32,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 1000)]
+    pub value_bytes: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn key(i: u64) -> [u8; 8] {
+    i.to_le_bytes()
+}
+
+/// A value that names its key, so a read-back proves which object it is.
+fn value(i: u64, bytes: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bytes);
+    v.extend_from_slice(&i.to_le_bytes());
+    v.resize(bytes.max(8), (i % 251) as u8);
+    v
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.servers < 2 {
+        bail!("--servers must be at least 2: one to kill and one to recover it");
+    }
+    if args.value_bytes < 8 {
+        bail!("--value-bytes must be at least 8");
+    }
+    let objects = ((args.mb as u64) << 20) / args.value_bytes as u64;
+    let dir = tempdir()?;
+    let port = insitu_testkit::free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let coord_dir = dir.join("coordinator");
+    let (_coordinator, _) = start_insitu(
+        "coordinator",
+        None,
+        &[
+            "coordinator".into(),
+            "--port".into(),
+            port.to_string(),
+            "--dir".into(),
+            path_str(&coord_dir)?,
+        ],
+        "insitu coordinator at",
+    )?;
+    // Room for the data, its replicas of others and the recovered tablets.
+    let memory_mb = (args.mb * 3 + 256).to_string();
+    let server = |i: usize| {
+        start_insitu(
+            "server",
+            None,
+            &[
+                "server".into(),
+                "--coordinator".into(),
+                addr.clone(),
+                "--dir".into(),
+                path_str(&dir.join(format!("server-{i}")))?,
+                "--shards".into(),
+                "1".into(),
+                "--memory-mb".into(),
+                memory_mb.clone(),
+            ],
+            "insitu server",
+        )
+    };
+    let (mut victim, _) = server(0)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(120),
+        ..ClientConfig::default()
+    };
+    let client = rt.block_on(Client::connect_with(&addr, config))?;
+    let table = rt
+        .block_on(client.create_table("recovery", args.tablets))?
+        .id;
+    let mut others = Vec::new();
+    for i in 1..args.servers {
+        others.push(server(i)?.0);
+    }
+
+    eprintln!(
+        "loading {objects} objects of {} bytes ({} MB) into server 0 ...",
+        args.value_bytes, args.mb
+    );
+    let bar = indicatif::ProgressBar::new(objects);
+    const BATCH: u64 = 1000;
+    rt.block_on(async {
+        let mut i = 0;
+        while i < objects {
+            let end = (i + BATCH).min(objects);
+            let items: Vec<([u8; 8], Vec<u8>)> = (i..end)
+                .map(|k| (key(k), value(k, args.value_bytes)))
+                .collect();
+            for r in client.multi_write(table, &items).await? {
+                if let Err(e) = r {
+                    bail!("loading failed: {e}");
+                }
+            }
+            bar.inc(end - i);
+            i = end;
+        }
+        anyhow::Ok(())
+    })?;
+    bar.finish_and_clear();
+
+    let victim_id = rt.block_on(async {
+        let servers = client.list_servers().await?;
+        servers
+            .iter()
+            .map(|s| s.id)
+            .min()
+            .context("no servers listed")
+    })?;
+    eprintln!("killing server {victim_id} (SIGKILL) ...");
+    let killed = Instant::now();
+    victim.kill();
+    let detected = rt.block_on(async {
+        loop {
+            let servers = client.list_servers().await?;
+            let alive = servers
+                .iter()
+                .any(|s| s.id == victim_id && s.state == ServerState::Up);
+            if !alive {
+                return anyhow::Ok(Instant::now());
+            }
+            if killed.elapsed() > Duration::from_secs(120) {
+                bail!("server {victim_id} was not declared dead within 120 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })?;
+    // Readable again: every key read back, in multi-read batches, retried
+    // while tablets are still being recovered (the client does that).
+    let (lost, wrong) = rt.block_on(async {
+        let (mut lost, mut wrong) = (0u64, 0u64);
+        let mut i = 0;
+        while i < objects {
+            let end = (i + BATCH).min(objects);
+            let keys: Vec<[u8; 8]> = (i..end).map(key).collect();
+            let results = client.multi_read(table, &keys).await?;
+            for (k, r) in (i..end).zip(results) {
+                match r {
+                    Ok(Some((v, _))) if v[..] == value(k, args.value_bytes)[..] => {}
+                    Ok(Some(_)) => wrong += 1,
+                    Ok(None) => lost += 1,
+                    Err(e) => bail!("reading key {k} back failed: {e}"),
+                }
+            }
+            i = end;
+        }
+        anyhow::Ok((lost, wrong))
+    })?;
+    let readable = Instant::now();
+    let detect_ms = (detected - killed).as_secs_f64() * 1e3;
+    let recover_ms = (readable - detected).as_secs_f64() * 1e3;
+    let gb = args.mb as f64 / 1024.0;
+    let per_gb = (detect_ms + recover_ms) / 1e3 / gb;
+    println!(
+        "{} MB ({objects} objects) on 1 of {} servers: detected in {detect_ms:.0} ms, \
+         readable {recover_ms:.0} ms later ({per_gb:.2} s per GB); lost {lost}, wrong {wrong}",
+        args.mb, args.servers
+    );
+    println!(
+        "(target: 1 GB in at most 2 s with 3 servers; RAMCloud ~0.6 GB/s per recovery master)"
+    );
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &json!({
+                "mb": args.mb, "servers": args.servers, "tablets": args.tablets,
+                "objects": objects, "value_bytes": args.value_bytes,
+                "detect_ms": detect_ms, "recover_ms": recover_ms,
+                "recovery_seconds_per_gb": per_gb,
+                "objects_lost": lost, "objects_wrong": wrong,
+            }),
+        )?;
+        println!("wrote {}", path.display());
+    }
+    drop(others);
+    let _ = std::fs::remove_dir_all(&dir);
+    if lost + wrong > 0 {
+        bail!("{lost} objects lost and {wrong} wrong after recovery");
+    }
+    Ok(())
+}
+
+fn tempdir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("insitu-bench-recovery-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn path_str(p: &std::path::Path) -> anyhow::Result<String> {
+    p.to_str()
+        .map(str::to_string)
+        .with_context(|| format!("{} is not UTF-8", p.display()))
+}
