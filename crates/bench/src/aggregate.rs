@@ -448,7 +448,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     "read_latency_during_scan": lat_json,
                     "client_cap": args.client_cap}),
         )?;
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -112,7 +112,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             path,
             &json!({"rows": rows, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)}),
         )?;
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

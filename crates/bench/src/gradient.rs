@@ -211,7 +211,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 "numpy_ns_per_point": numpy,
             }),
         )?;
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -241,7 +241,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     if let Some(path) = &args.json {
         write_json(path, &serde_json::Value::Object(out))?;
-        println!("wrote {}", path.display());
     }
     Ok(())
 }

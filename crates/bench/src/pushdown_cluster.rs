@@ -205,10 +205,12 @@ pub fn python(module: &str, script: &str, args: &[String]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Write `value` as pretty JSON to `path`.
+/// Write `value` as pretty JSON to `path`, and say so on stdout.
 pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 /// For smoke tests: run a benchmark that writes its JSON report to the path

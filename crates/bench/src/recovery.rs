@@ -208,7 +208,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 "objects_lost": lost, "objects_wrong": wrong,
             }),
         )?;
-        println!("wrote {}", path.display());
     }
     drop(others);
     let _ = std::fs::remove_dir_all(&dir);
