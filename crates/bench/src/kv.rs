@@ -35,6 +35,9 @@ use insitu_testkit::on_path;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versus {
     Redis,
+    /// Writes with durability on against Redis with `appendonly yes`
+    /// (`kv_durable.rs`).
+    RedisAof,
     /// insitu alone (used when Redis is unavailable, e.g. the CI smoke test).
     Nothing,
 }
@@ -80,15 +83,106 @@ const CURVE: [f64; 9] = [50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99]
 
 // ---- the run --------------------------------------------------------------------
 
-struct Store {
+pub(crate) struct Store {
+    pub name: &'static str,
+    /// The store's process, for its CPU time.
+    pub pid: u32,
+    /// Where requests go (the one shard, or Redis).
+    pub addr: SocketAddr,
+    /// insitu's table id (0 for Redis).
+    pub table: u64,
+}
+
+/// CPU plan: stores on one CPU, this load generator (pinned here) on another,
+/// when there are two and `pin` is set. Returns the stores' CPU and a description.
+pub(crate) fn cpu_plan(pin: bool) -> (Option<usize>, String) {
+    let cpus = allowed_cpus();
+    let (mut store_cpu, mut client_cpu) = if pin && cpus.len() >= 2 && on_path("taskset") {
+        (Some(cpus[0]), Some(cpus[1]))
+    } else {
+        (None, None)
+    };
+    if let Some(cpu) = client_cpu
+        && let Err(e) = pin_self(cpu)
+    {
+        tracing_note(&format!(
+            "cannot pin the load generator ({e:#}); running unpinned"
+        ));
+        (store_cpu, client_cpu) = (None, None);
+    }
+    let pinning = match (store_cpu, client_cpu) {
+        (Some(s), Some(c)) => {
+            format!("stores on CPU {s} (taskset -c {s}), load generator on CPU {c}")
+        }
+        _ => "not pinned".to_string(),
+    };
+    (store_cpu, pinning)
+}
+
+/// Start an insitu coordinator and one server with one shard (pinned to
+/// `cpu`), with extra flags for each; returns both and the coordinator's address.
+pub(crate) fn start_insitu_pair(
+    cpu: Option<usize>,
+    dir: &std::path::Path,
+    memory_mb: u64,
+    coordinator_flags: &[String],
+    server_flags: &[String],
+) -> anyhow::Result<(insitu_testkit::Proc, insitu_testkit::Proc, String)> {
+    let mut args: Vec<String> = vec![
+        "coordinator".into(),
+        "--port".into(),
+        "0".into(),
+        "--dir".into(),
+        dir.join("coordinator").display().to_string(),
+    ];
+    args.extend_from_slice(coordinator_flags);
+    let (coordinator, line) = start_insitu("coordinator", cpu, &args, "insitu coordinator at ")?;
+    let coord_addr = line
+        .trim_start_matches("insitu coordinator at ")
+        .split([',', ' '])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let mut args: Vec<String> = vec![
+        "server".into(),
+        "--coordinator".into(),
+        coord_addr.clone(),
+        "--port".into(),
+        "0".into(),
+        "--dir".into(),
+        dir.join("server").display().to_string(),
+        "--shards".into(),
+        "1".into(),
+        "--memory-mb".into(),
+        memory_mb.to_string(),
+    ];
+    args.extend_from_slice(server_flags);
+    let (server, _) = start_insitu("server", cpu, &args, "insitu server ")?;
+    Ok((coordinator, server, coord_addr))
+}
+
+/// Create the benchmark's table (one tablet, on the one shard) and name the store.
+pub(crate) async fn insitu_store(
     name: &'static str,
+    coord_addr: &str,
     pid: u32,
-    addr: SocketAddr,
-    table: u64,
+) -> anyhow::Result<Store> {
+    let client = insitu_client::Client::connect(coord_addr).await?;
+    let info = client.create_table("kv", 1).await?;
+    let shard_addr: SocketAddr = info.tablets[0]
+        .addr
+        .parse()
+        .with_context(|| format!("bad shard address {}", info.tablets[0].addr))?;
+    Ok(Store {
+        name,
+        pid,
+        addr: shard_addr,
+        table: info.id,
+    })
 }
 
 async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
-    if store.name == "redis" {
+    if store.name.starts_with("redis") {
         loadgen::run_case(store.addr, RedisWire::default, spec).await
     } else {
         let table = store.table;
@@ -96,7 +190,7 @@ async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
     }
 }
 
-async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
+pub(crate) async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
     let cpu0 = cpu_ns(store.pid);
     let client0 = cpu_ns(std::process::id());
     let t0 = Instant::now();
@@ -128,6 +222,9 @@ async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
 }
 
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
+    if args.versus == Versus::RedisAof {
+        return crate::kv_durable::run(args);
+    }
     let keys = args
         .keys
         .unwrap_or(if args.quick { 10_000 } else { 1_000_000 });
@@ -140,27 +237,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         Duration::from_millis(500)
     };
 
-    // CPU plan: stores on one CPU, this load generator on another.
-    let cpus = allowed_cpus();
-    let (mut store_cpu, mut client_cpu) = if args.pin && cpus.len() >= 2 && on_path("taskset") {
-        (Some(cpus[0]), Some(cpus[1]))
-    } else {
-        (None, None)
-    };
-    if let Some(cpu) = client_cpu
-        && let Err(e) = pin_self(cpu)
-    {
-        tracing_note(&format!(
-            "cannot pin the load generator ({e:#}); running unpinned"
-        ));
-        (store_cpu, client_cpu) = (None, None);
-    }
-    let pinning = match (store_cpu, client_cpu) {
-        (Some(s), Some(c)) => {
-            format!("stores on CPU {s} (taskset -c {s}), load generator on CPU {c}")
-        }
-        _ => "not pinned".to_string(),
-    };
+    let (store_cpu, pinning) = cpu_plan(args.pin);
 
     let dir = std::env::temp_dir().join(format!(
         "insitu-bench-kv-{}-{}",
@@ -180,52 +257,18 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let _cleanup = RemoveDir(dir.clone());
 
     // The insitu cluster: coordinator + one server with one shard.
-    let (coordinator, line) = start_insitu(
-        "coordinator",
-        store_cpu,
-        &[
-            "coordinator".into(),
-            "--port".into(),
-            "0".into(),
-            "--dir".into(),
-            dir.join("coordinator").display().to_string(),
-        ],
-        "insitu coordinator at ",
-    )?;
-    let coord_addr = line
-        .trim_start_matches("insitu coordinator at ")
-        .split([',', ' '])
-        .next()
-        .unwrap_or_default()
-        .to_string();
     // Room for the objects several times over (writes append; the cleaner reclaims).
     let memory_mb = ((keys * 1000) >> 20).max(256);
-    let (server, _) = start_insitu(
-        "server",
-        store_cpu,
-        &[
-            "server".into(),
-            "--coordinator".into(),
-            coord_addr.clone(),
-            "--port".into(),
-            "0".into(),
-            "--dir".into(),
-            dir.join("server").display().to_string(),
-            "--shards".into(),
-            "1".into(),
-            "--memory-mb".into(),
-            memory_mb.to_string(),
-        ],
-        "insitu server ",
-    )?;
+    let (coordinator, server, coord_addr) =
+        start_insitu_pair(store_cpu, &dir, memory_mb, &[], &[])?;
 
     let redis = match args.versus {
         Versus::Redis => {
             let redis_dir = dir.join("redis");
             std::fs::create_dir_all(&redis_dir)?;
-            Some(start_redis(store_cpu, &redis_dir)?)
+            Some(start_redis(store_cpu, &redis_dir, None)?)
         }
-        Versus::Nothing => None,
+        Versus::Nothing | Versus::RedisAof => None,
     };
 
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -233,20 +276,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         .build()?;
     let local = tokio::task::LocalSet::new();
     let report = local.block_on(&runtime, async {
-        // The table: one tablet, on the one shard.
-        let client = insitu_client::Client::connect(&coord_addr).await?;
-        let info = client.create_table("kv", 1).await?;
-        drop(client);
-        let shard_addr: SocketAddr = info.tablets[0]
-            .addr
-            .parse()
-            .with_context(|| format!("bad shard address {}", info.tablets[0].addr))?;
-        let insitu = Store {
-            name: "insitu",
-            pid: server.pid(),
-            addr: shard_addr,
-            table: info.id,
-        };
+        let insitu = insitu_store("insitu", &coord_addr, server.pid()).await?;
         let redis_store = redis.as_ref().map(|(p, addr)| Store {
             name: "redis",
             pid: p.pid(),
@@ -427,7 +457,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 "figures": "per case, the median over the rounds; ratios are of those medians",
                 "warmup_seconds": warmup.as_secs_f64(),
                 "quick": args.quick,
-                "versus": match args.versus { Versus::Redis => "redis", Versus::Nothing => "none" },
+                "versus": match args.versus { Versus::Redis => "redis", Versus::RedisAof => "redis-aof", Versus::Nothing => "none" },
                 "redis_version": redis_version,
                 "pinning": pinning,
                 "insitu": "1 server, 1 shard, 1 tablet",

@@ -171,10 +171,16 @@ pub(crate) fn redis_info_field(
         .ok_or_else(|| anyhow!("redis INFO {section} has no {field}"))
 }
 
-pub(crate) fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Proc, SocketAddr)> {
+/// Start Redis on `dir`: in memory only (`appendfsync` None: no RDB, no
+/// AOF), or with `appendonly yes` and the given `appendfsync` policy.
+pub(crate) fn start_redis(
+    cpu: Option<usize>,
+    dir: &Path,
+    appendfsync: Option<&str>,
+) -> anyhow::Result<(Proc, SocketAddr)> {
     ensure_redis_installed()?;
     let port = insitu_testkit::free_port()?;
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
         "--bind",
@@ -195,6 +201,10 @@ pub(crate) fn start_redis(cpu: Option<usize>, dir: &Path) -> anyhow::Result<(Pro
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if let Some(policy) = appendfsync {
+        // Later flags win: turn the AOF on with the given fsync policy.
+        args.extend(["--appendonly", "yes", "--appendfsync", policy].map(String::from));
+    }
     let child = command(cpu, Path::new("redis-server"), &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod gradient;
 pub mod interference;
 pub mod kv;
+mod kv_durable;
 pub mod kv_plot;
 mod kv_procs;
 mod kv_report;

@@ -125,7 +125,9 @@ enum BenchCmd {
     },
     /// Point operations side by side with Redis (latency, throughput, batching, memory).
     Kv {
-        /// The peer to compare with: `redis` (started, and installed if missing) or `none`.
+        /// The peer to compare with: `redis` (started, and installed if missing), `redis-aof`
+        /// (writes with durability on against Redis with appendonly yes: --sync interval vs
+        /// appendfsync everysec, --sync always vs appendfsync always) or `none`.
         #[arg(long, default_value = "redis")]
         vs: String,
         /// Write the figures as JSON here.
@@ -273,8 +275,11 @@ fn main() -> std::process::ExitCode {
             init_tracing("warn");
             let versus = match vs.as_str() {
                 "redis" => Ok(insitu_bench::kv::Versus::Redis),
+                "redis-aof" => Ok(insitu_bench::kv::Versus::RedisAof),
                 "none" => Ok(insitu_bench::kv::Versus::Nothing),
-                other => Err(anyhow::anyhow!("--vs must be redis or none, not {other:?}")),
+                other => Err(anyhow::anyhow!(
+                    "--vs must be redis, redis-aof or none, not {other:?}"
+                )),
             };
             versus.and_then(|versus| {
                 insitu_bench::kv::run(&insitu_bench::kv::KvBenchArgs {

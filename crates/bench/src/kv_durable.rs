@@ -1,0 +1,213 @@
+//! `insitu bench kv --vs redis-aof`: writes with durability on, against Redis
+//! with its append-only file, one store per core as in `bench kv`.
+//!
+//! Two pairings, each a fresh insitu (coordinator `--replicas 1`: the one
+//! server's backup keeps the replica on its own disk) and a fresh Redis
+//! (`appendonly yes`):
+//! - insitu's default `--sync interval` (acknowledged in the backup's memory,
+//!   on disk within 1 s) against `appendfsync everysec` (in the AOF buffer,
+//!   fsynced about every second): the same promise;
+//! - `--sync always` (the backup fsyncs before the acknowledgement, one fsync
+//!   per round of writes) against `appendfsync always`.
+//!
+//! And insitu with `--replicas 0` (in memory only), for the cost of
+//! durability against insitu itself.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use crate::kv::{KvBenchArgs, Store, cpu_plan, insitu_store, measure_case, start_insitu_pair};
+use crate::kv_procs::start_redis;
+use crate::kv_report::{Row, case_name, find, median_rows, ratio, round};
+use crate::loadgen::{self, CaseSpec, InsituWire, Mix, RedisWire};
+
+/// The write cases: 16 and 64 connections one request at a time, and 16
+/// connections pipelining 16 (where group commit matters most).
+const CASES: [(usize, usize); 3] = [(16, 1), (64, 1), (16, 16)];
+
+/// (insitu `--sync`, Redis `appendfsync`, label).
+const PAIRS: [(&str, &str, &str); 2] = [
+    ("interval", "everysec", "interval"),
+    ("always", "always", "always"),
+];
+
+pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
+    let keys = args
+        .keys
+        .unwrap_or(if args.quick { 5_000 } else { 200_000 });
+    anyhow::ensure!(keys >= 100, "--keys must be at least 100");
+    let measure =
+        Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick { 0.3 } else { 2.0 }));
+    let warmup = Duration::from_millis(if args.quick { 100 } else { 500 });
+    let (store_cpu, pinning) = cpu_plan(args.pin);
+    let root = std::env::temp_dir().join(format!("insitu-bench-kv-aof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    let memory_mb = ((keys * 1000) >> 20).max(256);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let spec = |i: usize, conns: usize, depth: usize| CaseSpec {
+        mix: Mix::Write,
+        conns,
+        depth,
+        warmup,
+        measure,
+        keys,
+        seed: 0xA0F ^ i as u64,
+    };
+
+    let mut raw: Vec<Row> = Vec::new();
+    for round_i in 0..args.rounds.max(1) {
+        for (pair_i, (sync, appendfsync, label)) in PAIRS.iter().enumerate() {
+            let dir = root.join(format!("{label}-{round_i}"));
+            std::fs::create_dir_all(&dir)?;
+            let (coordinator, server, coord_addr) = start_insitu_pair(
+                store_cpu,
+                &dir,
+                memory_mb,
+                &["--replicas".into(), "1".into()],
+                &["--sync".into(), sync.to_string()],
+            )?;
+            let redis_dir = dir.join("redis");
+            std::fs::create_dir_all(&redis_dir)?;
+            let (redis, redis_addr) = start_redis(store_cpu, &redis_dir, Some(appendfsync))?;
+            let insitu_name: &'static str = if *label == "interval" {
+                "insitu-interval"
+            } else {
+                "insitu-always"
+            };
+            let redis_name: &'static str = if *label == "interval" {
+                "redis-everysec"
+            } else {
+                "redis-always"
+            };
+            runtime.block_on(async {
+                let insitu = insitu_store(insitu_name, &coord_addr, server.pid()).await?;
+                let redis_store = Store {
+                    name: redis_name,
+                    pid: redis.pid(),
+                    addr: redis_addr,
+                    table: 0,
+                };
+                let table = insitu.table;
+                loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;
+                loadgen::load(redis_store.addr, RedisWire::default, keys, 1000, 4).await?;
+                for (i, &(conns, depth)) in CASES.iter().enumerate() {
+                    let mut order = [&insitu, &redis_store];
+                    if (i + pair_i + round_i) % 2 == 1 {
+                        order.reverse();
+                    }
+                    for store in order {
+                        let row = measure_case(store, &spec(i, conns, depth)).await?;
+                        eprintln!(
+                            "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
+                            row.store, row.case, row.ops_per_sec, row.p99_us
+                        );
+                        raw.push(row);
+                    }
+                }
+                anyhow::Ok(())
+            })?;
+            drop((redis, server, coordinator));
+        }
+        // insitu in memory only: what durability costs insitu itself.
+        let dir = root.join(format!("r0-{round_i}"));
+        std::fs::create_dir_all(&dir)?;
+        let (coordinator, server, coord_addr) = start_insitu_pair(
+            store_cpu,
+            &dir,
+            memory_mb,
+            &["--replicas".into(), "0".into()],
+            &[],
+        )?;
+        runtime.block_on(async {
+            let insitu = insitu_store("insitu-r0", &coord_addr, server.pid()).await?;
+            let table = insitu.table;
+            loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;
+            for (i, &(conns, depth)) in CASES.iter().enumerate() {
+                let row = measure_case(&insitu, &spec(i, conns, depth)).await?;
+                eprintln!(
+                    "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
+                    row.store, row.case, row.ops_per_sec, row.p99_us
+                );
+                raw.push(row);
+            }
+            anyhow::Ok(())
+        })?;
+        drop((server, coordinator));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let rows = median_rows(&raw);
+
+    let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
+        find(&rows, store, Mix::Write, conns, depth).map(f)
+    };
+    let ops = |r: &Row| r.ops_per_sec;
+    let p99 = |r: &Row| r.p99_us;
+    let mut ratios = serde_json::Map::new();
+    for (_, _, label) in PAIRS {
+        let (ours, theirs) = match label {
+            "interval" => ("insitu-interval", "redis-everysec"),
+            _ => ("insitu-always", "redis-always"),
+        };
+        for &(conns, depth) in &CASES {
+            let suffix = match (conns, depth) {
+                (16, 1) => String::new(),
+                (c, 1) => format!("_c{c}"),
+                (c, d) => format!("_c{c}_d{d}"),
+            };
+            ratios.insert(
+                format!("durable_write_throughput_vs_redis_aof_{label}{suffix}"),
+                ratio(get(ours, conns, depth, ops), get(theirs, conns, depth, ops)),
+            );
+            ratios.insert(
+                format!("durable_write_p99_vs_redis_aof_{label}{suffix}"),
+                ratio(get(ours, conns, depth, p99), get(theirs, conns, depth, p99)),
+            );
+            ratios.insert(
+                format!("durable_write_throughput_vs_insitu_r0_{label}{suffix}"),
+                ratio(
+                    get(ours, conns, depth, ops),
+                    get("insitu-r0", conns, depth, ops),
+                ),
+            );
+        }
+    }
+    println!(
+        "\nwrites, durable (median of {} rounds):",
+        args.rounds.max(1)
+    );
+    for r in &rows {
+        println!(
+            "  {:<36} {:>10.0} ops/s  p50 {:>7.1} us  p99 {:>8.1} us",
+            case_name(r.mix, r.conns, r.depth, r.store),
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us
+        );
+    }
+    println!("\nratios:");
+    for (k, v) in &ratios {
+        println!("  {k:<56} {v}");
+    }
+    let report = json!({
+        "bench": "kv-durable",
+        "config": {
+            "keys": keys,
+            "measure_seconds": round(measure.as_secs_f64(), 3),
+            "rounds": args.rounds.max(1),
+            "pinning": pinning,
+            "insitu": "1 server, 1 shard, 1 tablet, --replicas 1 (its own backup, on its disk)",
+            "pairs": "insitu --sync interval vs appendfsync everysec; --sync always vs appendfsync always",
+        },
+        "cases": rows.iter().map(Row::json).collect::<Vec<_>>(),
+        "ratios": ratios,
+    });
+    if let Some(path) = &args.json {
+        crate::pushdown_cluster::write_json(path, &report)?;
+    }
+    Ok(report)
+}
