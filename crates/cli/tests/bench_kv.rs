@@ -86,3 +86,64 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
     let svg = std::fs::read_to_string(&plot_path).expect("plot written");
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
 }
+
+#[test]
+fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
+    if !on_path("redis-server") {
+        eprintln!(
+            "SKIPPED: `insitu bench kv --vs redis-aof` needs redis-server, which is not installed"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("kv-aof.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args([
+            "bench",
+            "kv",
+            "--vs",
+            "redis-aof",
+            "--quick",
+            "--keys",
+            "1000",
+            "--seconds",
+            "0.1",
+        ])
+        .arg("--json")
+        .arg(&json_path)
+        .output()
+        .expect("run insitu bench kv --vs redis-aof");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench kv --vs redis-aof failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    let cases = report["cases"].as_array().expect("cases");
+    for store in [
+        "insitu-interval",
+        "redis-everysec",
+        "insitu-always",
+        "redis-always",
+        "insitu-r0",
+    ] {
+        let n = cases.iter().filter(|c| c["store"] == store).count();
+        assert_eq!(n, 3, "{store}: {cases:#?}");
+    }
+    for mode in ["interval", "always"] {
+        for k in [
+            format!("durable_write_throughput_vs_redis_aof_{mode}"),
+            format!("durable_write_p99_vs_redis_aof_{mode}"),
+            format!("durable_write_throughput_vs_insitu_r0_{mode}"),
+        ] {
+            assert!(
+                report["ratios"][&k].as_f64().is_some_and(|r| r > 0.0),
+                "{k}: {}",
+                report["ratios"]
+            );
+        }
+    }
+}
