@@ -23,6 +23,15 @@ pub use store::{BackupConfig, BackupStore, OpenReport, ReplicaInfo, SyncMode};
 
 use std::path::{Path, PathBuf};
 
+/// The tablet whose log a replica copies a segment of: the table and the
+/// start of the tablet's hash range (how recovery finds a tablet's replicas
+/// without reading them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tablet {
+    pub table: u64,
+    pub start_hash: u64,
+}
+
 /// Which segment a replica copies: segment `segment` of log `log` (one log
 /// per tablet) of server `master`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -46,6 +55,12 @@ pub enum BackupError {
     Closed(ReplicaId),
     #[error("{bytes} bytes exceed the limit of {max}")]
     TooLarge { bytes: u64, max: u64 },
+    #[error("replica {id:?} belongs to tablet {held:?}, an append named {sent:?}")]
+    WrongTablet {
+        id: ReplicaId,
+        held: Tablet,
+        sent: Tablet,
+    },
     #[error("no replica {0:?} here")]
     Unknown(ReplicaId),
     #[error("replica {id:?} is corrupt: {why}")]
