@@ -132,6 +132,8 @@ pub mod sim {
         pub free_bytes: Option<u64>,
         /// Fail every sync (a dying disk).
         pub fail_sync: bool,
+        /// Successful syncs so far (tests count fsyncs to check group commit).
+        pub syncs: u64,
     }
 
     impl SimIo {
@@ -251,6 +253,7 @@ pub mod sim {
                 .ok_or_else(|| Self::missing(path))?;
             f.durable = f.now.clone();
             f.durable_entry = true;
+            self.syncs += 1;
             Ok(())
         }
 

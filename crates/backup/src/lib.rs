@@ -12,13 +12,17 @@
 //!
 //! - `replica_file`: the file's byte layout and a reader that trusts nothing;
 //! - `io`: the file operations, with a simulated disk for fault injection;
-//! - `store`: the replicas of one backup: append, flush, read, list, free.
+//! - `store`: the replicas of one backup: append, flush, read, list, free;
+//! - `service`: the backup requests answered over a store, with group commit
+//!   and fencing (the server puts it behind its backup port).
 
 pub mod io;
 pub mod replica_file;
+pub mod service;
 pub mod store;
 
 pub use io::{FsIo, Io};
+pub use service::{BackupService, Outcome};
 pub use store::{BackupConfig, BackupStore, OpenReport, ReplicaInfo, SyncMode};
 
 use std::path::{Path, PathBuf};

@@ -522,6 +522,29 @@ impl<I: Io> BackupStore<I> {
         self.pending_bytes
     }
 
+    /// The cluster whose replicas this store holds.
+    pub fn cluster(&self) -> u64 {
+        self.config.cluster
+    }
+
+    pub fn sync_mode(&self) -> SyncMode {
+        self.config.sync
+    }
+
+    /// Forget every replica of one log of `master` (the tablet was dropped
+    /// or moved away).
+    pub fn free_log(&mut self, master: u64, log: u64) {
+        let ids: Vec<ReplicaId> = self
+            .list(Some(master))
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| id.log == log)
+            .collect();
+        for id in ids {
+            self.drop_replica(id);
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.config.dir
     }
