@@ -144,7 +144,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                 let id = rid(replica);
                 let Some(m) = model.get(&id) else { continue };
                 let from = m.data.len().saturating_sub(back);
-                let r = store.append(id, tablet(id), from as u64, &m.data[from..].to_vec(), false);
+                let r = store.append(id, tablet(id), from as u64, &m.data[from..], false);
                 match r {
                     Ok(()) => {
                         if sync == SyncMode::Always {
