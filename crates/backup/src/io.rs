@@ -89,10 +89,10 @@ impl Io for FsIo {
 
     fn sync(&mut self, path: &Path) -> io::Result<()> {
         self.handle(path)?.sync_data()?;
-        if self.unsynced_dirents.remove(path) {
-            if let Some(dir) = path.parent() {
-                File::open(dir)?.sync_all()?;
-            }
+        if self.unsynced_dirents.remove(path)
+            && let Some(dir) = path.parent()
+        {
+            File::open(dir)?.sync_all()?;
         }
         Ok(())
     }

@@ -61,14 +61,16 @@ pub struct ServerArgs {
     /// coordinator refuses a server whose address another server already has.
     #[arg(long)]
     replace: bool,
-    /// When a replica this server holds for another server counts as durable.
-    /// `interval`: acknowledged once in this server's memory, written and
-    /// fsynced every --sync-interval-ms; a crash of one process loses nothing
-    /// (the segment's other replicas hold it), but a power loss of every
-    /// machine holding a segment's replicas loses up to the last interval of
-    /// acknowledged writes. `always`: fsynced before it is acknowledged (one
-    /// fsync per group of concurrent writes); a power loss loses no
-    /// acknowledged write, at the cost of an fsync in every write's latency.
+    /// When a replica this server holds (for itself or another server) counts
+    /// as durable. `interval`: acknowledged once in this server's memory,
+    /// written and fsynced every --sync-interval-ms; a crash or power loss of
+    /// this server loses the replica data of the last interval, which costs
+    /// acknowledged writes only if the segment's master and its other
+    /// replicas are lost too (a power loss of every machine holding them, or
+    /// a one-server cluster killed). `always`: written and fsynced before it
+    /// is acknowledged (one fsync per group of concurrent writes): a crash or
+    /// power loss loses no acknowledged write, at the cost of an fsync in
+    /// every write's latency.
     #[arg(long, value_enum, default_value_t = SyncArg::Interval)]
     sync: SyncArg,
     /// With --sync interval: how often buffered replicas are written and
