@@ -5,7 +5,8 @@
 //! - `SyncMode::Always`: `append` returns after the record is written and
 //!   fsynced. The backup service uses `append_buffered` instead for every op
 //!   of a group of requests and then ONE `flush` before answering any of
-//!   them (group commit: one fsync per file touched, not per op).
+//!   them (group commit: one fsync per file touched, not per op, and the
+//!   files' fsyncs run concurrently so the journal commits them together).
 //! - `SyncMode::Interval`: `append` returns once the record is in this
 //!   process's memory; `flush` (called by the server on a timer, 1 s by
 //!   default) writes and fsyncs it. A crash of this process alone loses what
@@ -350,12 +351,37 @@ impl<I: Io> BackupStore<I> {
     /// was dropped: its state on disk is unknown). The rest are durable.
     pub fn flush_each(&mut self) -> Vec<(ReplicaId, BackupError)> {
         let mut failed = Vec::new();
+        // Write everything out first, then sync all the files together.
+        let mut to_sync: Vec<(ReplicaId, PathBuf)> = Vec::new();
         for id in std::mem::take(&mut self.dirty) {
-            if let Err(e) = self.write_out(id, true) {
-                failed.push((id, e));
+            match self.write_out(id, false) {
+                Err(e) => failed.push((id, e)),
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get(&id).filter(|r| r.unsynced) {
+                        to_sync.push((id, r.path.clone()));
+                    }
+                }
             }
         }
-        debug_assert!(failed.iter().all(|(id, _)| !self.dirty.contains(id)));
+        let paths: Vec<PathBuf> = to_sync.iter().map(|(_, p)| p.clone()).collect();
+        let results = self.io.sync_many(&paths);
+        debug_assert_eq!(results.len(), to_sync.len());
+        for ((id, path), result) in to_sync.into_iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        r.unsynced = false;
+                    }
+                    self.dirty.remove(&id);
+                }
+                Err(e) => {
+                    // Its state on disk is unknown: drop it (as `write_out` does).
+                    self.drop_replica(id);
+                    failed.push((id, BackupError::io("sync", &path, e)));
+                }
+            }
+        }
+        debug_assert!(self.dirty.is_empty());
         failed
     }
 

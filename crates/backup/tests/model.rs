@@ -380,3 +380,28 @@ fn an_append_naming_another_tablet_is_refused() {
         r => panic!("{r:?}"),
     }
 }
+
+#[test]
+fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = BackupConfig {
+        dir: dir.path().join("backup"),
+        ..config(SyncMode::Always, 1 << 20)
+    };
+    let (mut store, _) = BackupStore::open(cfg.clone(), insitu_backup::FsIo::default()).unwrap();
+    for i in 0..5u8 {
+        let id = rid(i);
+        store
+            .append_buffered(id, tablet(id), 0, &[i; 10], false)
+            .unwrap();
+    }
+    assert!(store.needs_flush());
+    assert!(store.flush_each().is_empty());
+    assert!(!store.needs_flush());
+    drop(store);
+    let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
+    assert_eq!(report.replicas, 5);
+    for i in 0..5u8 {
+        assert_eq!(store.read(rid(i)).unwrap().0, vec![i; 10]);
+    }
+}
