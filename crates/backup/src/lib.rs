@@ -12,16 +12,29 @@
 //!
 //! - `replica_file`: the file's byte layout and a reader that trusts nothing;
 //! - `io`: the file operations, with a simulated disk for fault injection;
-//! - `store`: the replicas of one backup: append, flush, read, list, free.
+//! - `store`: the replicas of one backup: append, flush, read, list, free;
+//! - `service`: the backup requests answered over a store, with group commit
+//!   and fencing (the server puts it behind its backup port).
 
 pub mod io;
 pub mod replica_file;
+pub mod service;
 pub mod store;
 
 pub use io::{FsIo, Io};
+pub use service::{BackupService, Outcome};
 pub use store::{BackupConfig, BackupStore, OpenReport, ReplicaInfo, SyncMode};
 
 use std::path::{Path, PathBuf};
+
+/// The tablet whose log a replica copies a segment of: the table and the
+/// start of the tablet's hash range (how recovery finds a tablet's replicas
+/// without reading them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tablet {
+    pub table: u64,
+    pub start_hash: u64,
+}
 
 /// Which segment a replica copies: segment `segment` of log `log` (one log
 /// per tablet) of server `master`.
@@ -46,6 +59,12 @@ pub enum BackupError {
     Closed(ReplicaId),
     #[error("{bytes} bytes exceed the limit of {max}")]
     TooLarge { bytes: u64, max: u64 },
+    #[error("replica {id:?} belongs to tablet {held:?}, an append named {sent:?}")]
+    WrongTablet {
+        id: ReplicaId,
+        held: Tablet,
+        sent: Tablet,
+    },
     #[error("no replica {0:?} here")]
     Unknown(ReplicaId),
     #[error("replica {id:?} is corrupt: {why}")]

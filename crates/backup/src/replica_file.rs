@@ -14,7 +14,8 @@
 //! 24  8  master id    the server whose log this is
 //! 32  8  log id       which log of that master (one per tablet)
 //! 40  8  segment id   position of the segment in that log
-//! 48 16  reserved, 0
+//! 48  8  table id     the tablet whose log this is (table, start of its
+//! 56  8  start hash   hash range): recovery finds a tablet's replicas by it
 //!
 //! record, 24-byte head then payload:
 //!  0  4  payload_len u32  <= MAX_RECORD_PAYLOAD_BYTES, checked before use
@@ -36,7 +37,7 @@
 //! (after a bad record no length can be trusted, so nothing after it is read).
 //! A file shorter than its header, or with a bad header, yields nothing.
 
-use crate::ReplicaId;
+use crate::{ReplicaId, Tablet};
 
 pub const MAGIC: [u8; 8] = *b"INSITUBK";
 pub const FORMAT: u32 = 1;
@@ -52,8 +53,9 @@ pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
 pub const KIND_DATA: u8 = 1;
 pub const KIND_CLOSED: u8 = 2;
 
-/// The 64-byte header of a replica of `id` in cluster `cluster`.
-pub fn encode_header(cluster: u64, id: ReplicaId) -> [u8; HEADER_BYTES] {
+/// The 64-byte header of a replica of `id` (a segment of `tablet`'s log) in
+/// cluster `cluster`.
+pub fn encode_header(cluster: u64, id: ReplicaId, tablet: Tablet) -> [u8; HEADER_BYTES] {
     let mut h = [0u8; HEADER_BYTES];
     h[0..8].copy_from_slice(&MAGIC);
     h[8..12].copy_from_slice(&FORMAT.to_le_bytes());
@@ -61,6 +63,8 @@ pub fn encode_header(cluster: u64, id: ReplicaId) -> [u8; HEADER_BYTES] {
     h[24..32].copy_from_slice(&id.master.to_le_bytes());
     h[32..40].copy_from_slice(&id.log.to_le_bytes());
     h[40..48].copy_from_slice(&id.segment.to_le_bytes());
+    h[48..56].copy_from_slice(&tablet.table.to_le_bytes());
+    h[56..64].copy_from_slice(&tablet.start_hash.to_le_bytes());
     let crc = header_crc(&h);
     h[12..16].copy_from_slice(&crc.to_le_bytes());
     h
@@ -90,6 +94,8 @@ pub fn encode_record(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[u8]) {
 pub struct ParsedReplica {
     pub id: ReplicaId,
     pub cluster: u64,
+    /// The tablet whose log the segment belongs to (from the header).
+    pub tablet: Tablet,
     /// The segment's bytes from offset 0, concatenated from every valid record.
     pub data: Vec<u8>,
     /// A `closed` record was read: the master finished this segment.
@@ -151,6 +157,10 @@ pub fn parse(file: &[u8]) -> Result<ParsedReplica, HeaderError> {
     let mut out = ParsedReplica {
         id,
         cluster: u64_at(h, 16),
+        tablet: Tablet {
+            table: u64_at(h, 48),
+            start_hash: u64_at(h, 56),
+        },
         data: Vec::new(),
         closed: false,
         valid_file_bytes: HEADER_BYTES as u64,
@@ -239,8 +249,13 @@ mod tests {
         segment: 27,
     };
 
+    const TABLET: Tablet = Tablet {
+        table: 5,
+        start_hash: 1 << 63,
+    };
+
     fn file(records: &[(&[u8], bool)]) -> Vec<u8> {
-        let mut f = encode_header(77, ID).to_vec();
+        let mut f = encode_header(77, ID, TABLET).to_vec();
         let mut off = 0u64;
         for (payload, close) in records {
             encode_record(&mut f, KIND_DATA, off, payload);
@@ -258,6 +273,7 @@ mod tests {
         let p = parse(&f).unwrap();
         assert_eq!(p.id, ID);
         assert_eq!(p.cluster, 77);
+        assert_eq!(p.tablet, TABLET);
         assert_eq!(p.data, b"hello world");
         assert!(p.closed);
         assert_eq!(p.valid_file_bytes, f.len() as u64);
@@ -286,9 +302,9 @@ mod tests {
                 match parse(&g) {
                     Err(_) => assert!(byte < HEADER_BYTES),
                     Ok(p) => {
-                        // Reserved header bytes are covered by the header crc,
-                        // so a flip there is an error too; so only record
-                        // bytes get here, and they must cut the file.
+                        // Every header byte is covered by the header crc, so
+                        // a flip there is an error too; so only record bytes
+                        // get here, and they must cut the file.
                         assert!(p.cut.is_some(), "flip at {byte}.{bit} not caught");
                         assert!(b"abcdefgh".starts_with(&p.data));
                     }
@@ -313,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_huge_length_is_refused_before_use() {
-        let mut f = encode_header(1, ID).to_vec();
+        let mut f = encode_header(1, ID, TABLET).to_vec();
         let mut head = [0u8; RECORD_HEAD_BYTES];
         head[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
         head[4] = KIND_DATA;
@@ -325,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_gap_is_refused() {
-        let mut f = encode_header(1, ID).to_vec();
+        let mut f = encode_header(1, ID, TABLET).to_vec();
         encode_record(&mut f, KIND_DATA, 0, b"ab");
         encode_record(&mut f, KIND_DATA, 5, b"cd");
         let p = parse(&f).unwrap();

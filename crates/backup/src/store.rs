@@ -3,14 +3,21 @@
 //!
 //! When an append is durable (what the master may acknowledge after):
 //! - `SyncMode::Always`: `append` returns after the record is written and
-//!   fsynced (one fsync per call; the caller batches many writes per call).
+//!   fsynced. The backup service uses `append_buffered` instead for every op
+//!   of a group of requests and then ONE `flush` before answering any of
+//!   them (group commit: one fsync per file touched, not per op, and the
+//!   files' fsyncs run concurrently so the journal commits them together).
 //! - `SyncMode::Interval`: `append` returns once the record is in this
 //!   process's memory; `flush` (called by the server on a timer, 1 s by
 //!   default) writes and fsyncs it. A crash of this process alone loses what
 //!   was not flushed, which is why a master keeps R replicas on different
 //!   servers; a power loss of every machine loses at most one interval.
+//!
+//! Fences: `fence(master)` records, in a small file `m<master>.fence` made
+//! durable before it returns, that `master` was declared dead; the service
+//! refuses its later writes. Fence files are reloaded by `open`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::io::Io;
@@ -18,7 +25,7 @@ use crate::replica_file::{
     self, HEADER_BYTES, KIND_CLOSED, KIND_DATA, MAX_RECORD_PAYLOAD_BYTES, MAX_SEGMENT_BYTES,
     RECORD_HEAD_BYTES,
 };
-use crate::{BackupError, ReplicaId};
+use crate::{BackupError, ReplicaId, Tablet};
 
 /// When an append counts as durable; see the module comment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +54,8 @@ pub struct BackupConfig {
 #[derive(Clone, Debug, Default)]
 pub struct OpenReport {
     pub replicas: usize,
+    /// Masters found fenced (their fence files).
+    pub fenced: usize,
     /// One line per file that was cut (torn tail) or skipped (not a replica).
     pub problems: Vec<String>,
 }
@@ -55,6 +64,8 @@ pub struct OpenReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplicaInfo {
     pub id: ReplicaId,
+    /// The tablet whose log this segment is part of.
+    pub tablet: Tablet,
     /// Segment bytes accepted (written or still buffered).
     pub data_bytes: u64,
     pub closed: bool,
@@ -62,6 +73,8 @@ pub struct ReplicaInfo {
 
 struct Replica {
     path: PathBuf,
+    /// Named by the first append, kept in the file header.
+    tablet: Tablet,
     /// Segment bytes accepted so far: the offset the next append must start at.
     data_bytes: u64,
     closed: bool,
@@ -81,9 +94,31 @@ pub struct BackupStore<I: Io> {
     pending_bytes: usize,
     /// Sum of file bytes plus pending bytes: checked against the disk budget.
     disk_bytes: u64,
+    /// Replicas with pending records or unsynced writes, so a flush costs
+    /// one step per replica touched, not per replica held.
+    dirty: BTreeSet<ReplicaId>,
+    /// Masters declared dead (each has a durable fence file).
+    fenced: BTreeSet<u64>,
 }
 
 const SUFFIX: &str = "replica";
+const FENCE_SUFFIX: &str = "fence";
+
+fn fence_file_name(master: u64) -> String {
+    format!("m{master:016x}.{FENCE_SUFFIX}")
+}
+
+/// The master a fence file names, if `path` is one.
+fn fenced_master(path: &Path) -> Option<u64> {
+    if path.extension().and_then(|e| e.to_str()) != Some(FENCE_SUFFIX) {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?.strip_prefix('m')?;
+    if stem.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(stem, 16).ok()
+}
 
 fn file_name(id: ReplicaId) -> String {
     format!(
@@ -102,10 +137,15 @@ impl<I: Io> BackupStore<I> {
         let mut report = OpenReport::default();
         let mut replicas = BTreeMap::new();
         let mut disk_bytes = 0u64;
+        let mut fenced = BTreeSet::new();
         let files = io
             .list(&dir)
             .map_err(|e| BackupError::io("list", &dir, e))?;
         for path in files {
+            if let Some(master) = fenced_master(&path) {
+                fenced.insert(master);
+                continue;
+            }
             if path.extension().and_then(|e| e.to_str()) != Some(SUFFIX) {
                 continue;
             }
@@ -149,6 +189,7 @@ impl<I: Io> BackupStore<I> {
                 parsed.id,
                 Replica {
                     path,
+                    tablet: parsed.tablet,
                     data_bytes: parsed.data.len() as u64,
                     closed: parsed.closed,
                     pending: Vec::new(),
@@ -158,24 +199,47 @@ impl<I: Io> BackupStore<I> {
             );
         }
         report.replicas = replicas.len();
+        report.fenced = fenced.len();
         let store = BackupStore {
             config,
             io,
             replicas,
             pending_bytes: 0,
             disk_bytes,
+            dirty: BTreeSet::new(),
+            fenced,
         };
         Ok((store, report))
     }
 
     /// Accept `bytes` at segment `offset` of replica `id` (created by its first
-    /// append, which must be at offset 0), and mark the segment complete when
-    /// `close`. A resend of bytes already held is accepted again (a master
-    /// retrying after a lost reply). Durable on return under
-    /// `SyncMode::Always`; see the module comment.
+    /// append, which must be at offset 0, of a segment of `tablet`'s log), and
+    /// mark the segment complete when `close`. A resend of bytes already held
+    /// is accepted again (a master retrying after a lost reply). Durable on
+    /// return under `SyncMode::Always`; see the module comment.
     pub fn append(
         &mut self,
         id: ReplicaId,
+        tablet: Tablet,
+        offset: u64,
+        bytes: &[u8],
+        close: bool,
+    ) -> Result<(), BackupError> {
+        self.append_buffered(id, tablet, offset, bytes, close)?;
+        match self.config.sync {
+            SyncMode::Always => self.write_out(id, true),
+            SyncMode::Interval => Ok(()),
+        }
+    }
+
+    /// `append` without its sync: under either mode the bytes are durable
+    /// only after the next `flush` (they are written early, unsynced, when
+    /// the buffer budget is exceeded). For group commit: buffer every op of
+    /// several requests, `flush` once, then answer them all.
+    pub fn append_buffered(
+        &mut self,
+        id: ReplicaId,
+        tablet: Tablet,
         offset: u64,
         bytes: &[u8],
         close: bool,
@@ -199,6 +263,13 @@ impl<I: Io> BackupStore<I> {
             });
         }
         let (have, closed) = match self.replicas.get(&id) {
+            Some(r) if r.tablet != tablet => {
+                return Err(BackupError::WrongTablet {
+                    id,
+                    held: r.tablet,
+                    sent: tablet,
+                });
+            }
             Some(r) => (r.data_bytes, r.closed),
             None => (0, false),
         };
@@ -241,9 +312,10 @@ impl<I: Io> BackupStore<I> {
         let dir = self.config.dir.clone();
         let r = self.replicas.entry(id).or_insert_with(|| Replica {
             path: dir.join(file_name(id)),
+            tablet,
             data_bytes: 0,
             closed: false,
-            pending: replica_file::encode_header(cluster, id).to_vec(),
+            pending: replica_file::encode_header(cluster, id, tablet).to_vec(),
             file_bytes: 0,
             unsynced: false,
         });
@@ -257,31 +329,65 @@ impl<I: Io> BackupStore<I> {
         }
         self.pending_bytes += growth;
         self.disk_bytes += growth as u64;
-        match self.config.sync {
-            SyncMode::Always => self.write_out(id, true),
-            SyncMode::Interval if self.pending_bytes > self.config.buffer_budget_bytes => {
-                self.write_out(id, false)
-            }
-            SyncMode::Interval => Ok(()),
+        if growth > 0 {
+            self.dirty.insert(id);
         }
+        if self.pending_bytes > self.config.buffer_budget_bytes {
+            self.write_out(id, false)?;
+        }
+        Ok(())
     }
 
     /// Write out every buffered record and fsync every file written since the
     /// last sync. The server calls this on its flush timer.
     pub fn flush(&mut self) -> Result<(), BackupError> {
-        let ids: Vec<ReplicaId> = self
-            .replicas
-            .iter()
-            .filter(|(_, r)| !r.pending.is_empty() || r.unsynced)
-            .map(|(id, _)| *id)
-            .collect();
-        let mut first_error = None;
-        for id in ids {
-            if let Err(e) = self.write_out(id, true) {
-                first_error.get_or_insert(e);
+        self.flush_each()
+            .into_iter()
+            .next()
+            .map_or(Ok(()), |(_, e)| Err(e))
+    }
+
+    /// `flush`, reporting every replica that could not be made durable (each
+    /// was dropped: its state on disk is unknown). The rest are durable.
+    pub fn flush_each(&mut self) -> Vec<(ReplicaId, BackupError)> {
+        let mut failed = Vec::new();
+        // Write everything out first, then sync all the files together.
+        let mut to_sync: Vec<(ReplicaId, PathBuf)> = Vec::new();
+        for id in std::mem::take(&mut self.dirty) {
+            match self.write_out(id, false) {
+                Err(e) => failed.push((id, e)),
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get(&id).filter(|r| r.unsynced) {
+                        to_sync.push((id, r.path.clone()));
+                    }
+                }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        let paths: Vec<PathBuf> = to_sync.iter().map(|(_, p)| p.clone()).collect();
+        let results = self.io.sync_many(&paths);
+        debug_assert_eq!(results.len(), to_sync.len());
+        for ((id, path), result) in to_sync.into_iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        r.unsynced = false;
+                    }
+                    self.dirty.remove(&id);
+                }
+                Err(e) => {
+                    // Its state on disk is unknown: drop it (as `write_out` does).
+                    self.drop_replica(id);
+                    failed.push((id, BackupError::io("sync", &path, e)));
+                }
+            }
+        }
+        debug_assert!(self.dirty.is_empty());
+        failed
+    }
+
+    /// Whether anything awaits a flush.
+    pub fn needs_flush(&self) -> bool {
+        !self.dirty.is_empty()
     }
 
     /// Write `id`'s buffered records; fsync when `sync`. On an I/O error the
@@ -292,6 +398,7 @@ impl<I: Io> BackupStore<I> {
             io,
             replicas,
             pending_bytes,
+            dirty,
             ..
         } = self;
         let Some(r) = replicas.get_mut(&id) else {
@@ -313,6 +420,13 @@ impl<I: Io> BackupStore<I> {
                 r.unsynced = false;
             }
         }
+        if result.is_ok() {
+            if r.pending.is_empty() && !r.unsynced {
+                dirty.remove(&id);
+            } else {
+                dirty.insert(id);
+            }
+        }
         let path = r.path.clone();
         result.map_err(|e| {
             self.drop_replica(id);
@@ -321,6 +435,7 @@ impl<I: Io> BackupStore<I> {
     }
 
     fn drop_replica(&mut self, id: ReplicaId) {
+        self.dirty.remove(&id);
         if let Some(r) = self.replicas.remove(&id) {
             self.pending_bytes -= r.pending.len();
             self.disk_bytes -= r.file_bytes + r.pending.len() as u64;
@@ -368,6 +483,7 @@ impl<I: Io> BackupStore<I> {
             .filter(|(id, _)| master.is_none_or(|m| id.master == m))
             .map(|(id, r)| ReplicaInfo {
                 id: *id,
+                tablet: r.tablet,
                 data_bytes: r.data_bytes,
                 closed: r.closed,
             })
@@ -388,6 +504,41 @@ impl<I: Io> BackupStore<I> {
         }
     }
 
+    /// Refuse `master` from now on, durably: its fence file is written and
+    /// synced before this returns (a recovery may rely on it at once).
+    pub fn fence(&mut self, master: u64) -> Result<(), BackupError> {
+        if self.fenced.contains(&master) {
+            return Ok(());
+        }
+        let path = self.config.dir.join(fence_file_name(master));
+        self.io
+            .append(&path, format!("master {master} is fenced\n").as_bytes())
+            .and_then(|()| self.io.sync(&path))
+            .map_err(|e| BackupError::io("write fence", &path, e))?;
+        self.fenced.insert(master);
+        Ok(())
+    }
+
+    /// Whether `master` was fenced (by this process or one before it).
+    pub fn is_fenced(&self, master: u64) -> bool {
+        self.fenced.contains(&master)
+    }
+
+    /// Forget `master` entirely: its replicas and its fence file. It stays
+    /// fenced in memory for this process's life (a master whose recovery
+    /// finished must never write again; server ids are never reused, so
+    /// dropping the file after a restart cannot let it back in by mistake).
+    pub fn forget_master(&mut self, master: u64) -> Result<(), BackupError> {
+        self.free_master(master);
+        if self.fenced.contains(&master) {
+            let path = self.config.dir.join(fence_file_name(master));
+            self.io
+                .remove(&path)
+                .map_err(|e| BackupError::io("remove fence", &path, e))?;
+        }
+        Ok(())
+    }
+
     /// Bytes on disk plus buffered, against the disk budget.
     pub fn disk_bytes(&self) -> u64 {
         self.disk_bytes
@@ -395,6 +546,29 @@ impl<I: Io> BackupStore<I> {
 
     pub fn pending_bytes(&self) -> usize {
         self.pending_bytes
+    }
+
+    /// The cluster whose replicas this store holds.
+    pub fn cluster(&self) -> u64 {
+        self.config.cluster
+    }
+
+    pub fn sync_mode(&self) -> SyncMode {
+        self.config.sync
+    }
+
+    /// Forget every replica of one log of `master` (the tablet was dropped
+    /// or moved away).
+    pub fn free_log(&mut self, master: u64, log: u64) {
+        let ids: Vec<ReplicaId> = self
+            .list(Some(master))
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| id.log == log)
+            .collect();
+        for id in ids {
+            self.drop_replica(id);
+        }
     }
 
     pub fn dir(&self) -> &Path {

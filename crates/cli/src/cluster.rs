@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use insitu_coordinator::CoordinatorConfig;
-use insitu_server::ServerConfig;
+use insitu_server::{ServerConfig, SyncMode};
 
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -61,6 +61,34 @@ pub struct ServerArgs {
     /// coordinator refuses a server whose address another server already has.
     #[arg(long)]
     replace: bool,
+    /// When a replica this server holds (for itself or another server) counts
+    /// as durable. `interval`: acknowledged once in this server's memory,
+    /// written and fsynced every --sync-interval-ms; a crash or power loss of
+    /// this server loses the replica data of the last interval, which costs
+    /// acknowledged writes only if the segment's master and its other
+    /// replicas are lost too (a power loss of every machine holding them, or
+    /// a one-server cluster killed). `always`: written and fsynced before it
+    /// is acknowledged (one fsync per group of concurrent writes): a crash or
+    /// power loss loses no acknowledged write, at the cost of an fsync in
+    /// every write's latency.
+    #[arg(long, value_enum, default_value_t = SyncArg::Interval)]
+    sync: SyncArg,
+    /// With --sync interval: how often buffered replicas are written and
+    /// fsynced, in milliseconds (the window a power loss can cost).
+    #[arg(long, default_value_t = 1000)]
+    sync_interval_ms: u64,
+    /// Port of the backup service (replicas for other servers; the
+    /// coordinator pings it). Default: the port after the last shard's
+    /// (PORT + shards) when --port is given, else any free port.
+    #[arg(long)]
+    backup_port: Option<u16>,
+}
+
+/// `--sync`: see `ServerArgs::sync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SyncArg {
+    Interval,
+    Always,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -86,7 +114,35 @@ fn server_config(
         c.shards = s;
     }
     c.engine.memory_budget_bytes = memory_mb.saturating_mul(1 << 20);
+    // Replicas: `insitu up` and a server without flags use the defaults
+    // (interval mode, 1 s); `insitu server` overrides them from its flags.
+    c.sync = SyncMode::Interval;
+    c.sync_interval = std::time::Duration::from_secs(1);
     c
+}
+
+/// Apply `insitu server`'s replica flags to `c` (after its shard count is known).
+fn apply_backup_flags(c: &mut ServerConfig, args: &ServerArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.sync_interval_ms > 0,
+        "--sync-interval-ms must be at least 1"
+    );
+    c.sync = match args.sync {
+        SyncArg::Interval => SyncMode::Interval,
+        SyncArg::Always => SyncMode::Always,
+    };
+    c.sync_interval = std::time::Duration::from_millis(args.sync_interval_ms);
+    c.backup_port = match (args.backup_port, args.port) {
+        (Some(p), _) => p,
+        (None, 0) => 0,
+        (None, p) => u16::try_from(c.shards)
+            .ok()
+            .and_then(|n| p.checked_add(n))
+            .with_context(|| {
+                format!("--port {p} with {} shards leaves no port for the backup service; give --backup-port", c.shards)
+            })?,
+    };
+    Ok(())
 }
 
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -153,20 +209,22 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
 pub fn server(args: ServerArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let mut config = server_config(
-            args.coordinator,
-            args.host,
+            args.coordinator.clone(),
+            args.host.clone(),
             args.port,
-            args.dir,
+            args.dir.clone(),
             args.shards,
             args.memory_mb,
         );
         config.replace = args.replace;
+        apply_backup_flags(&mut config, &args)?;
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();
         println!(
-            "insitu server {} up, shards at {}",
+            "insitu server {} up, shards at {}, backup at {}",
             handle.server_id,
-            addrs.join(" ")
+            addrs.join(" "),
+            handle.backup_addr
         );
         wait_for_stop().await?;
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;

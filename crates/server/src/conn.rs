@@ -179,7 +179,7 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
 }
 
 /// A fresh buffer of `capacity` holding `buf`'s bytes (which must fit).
-fn rebuffer(buf: &BytesMut, capacity: usize) -> BytesMut {
+pub(crate) fn rebuffer(buf: &BytesMut, capacity: usize) -> BytesMut {
     assert!(buf.len() <= capacity, "rebuffer would drop bytes");
     let mut fresh = BytesMut::with_capacity(capacity);
     fresh.extend_from_slice(buf);
@@ -187,7 +187,11 @@ fn rebuffer(buf: &BytesMut, capacity: usize) -> BytesMut {
 }
 
 /// Write all of `bytes`, or fail if the peer does not take them in `timeout`.
-async fn write(stream: &mut TcpStream, bytes: &[u8], timeout: Duration) -> std::io::Result<()> {
+pub(crate) async fn write(
+    stream: &mut TcpStream,
+    bytes: &[u8],
+    timeout: Duration,
+) -> std::io::Result<()> {
     match tokio::time::timeout(timeout, stream.write_all(bytes)).await {
         Ok(r) => r,
         Err(_) => Err(std::io::Error::new(

@@ -4,6 +4,7 @@
 //! listens on its own port, so a request never crosses threads and the data
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
+mod backup_service;
 mod conn;
 mod enumerate;
 mod handler;
@@ -26,6 +27,8 @@ use insitu_engine::EngineConfig;
 use insitu_protocol::{Request, Response, Status};
 use tokio::sync::watch;
 
+pub use backup_service::REPLICA_DIR;
+pub use insitu_backup::SyncMode;
 pub use limits::{ConnLimits, MAX_FRAME_BYTES};
 
 /// How a storage server is started.
@@ -54,6 +57,20 @@ pub struct ServerConfig {
     /// 64 MiB: big frames are rare (bulk multi-operations), and a quarter keeps
     /// a flood of half-sent frames well below the data's own memory.
     pub limits: ConnLimits,
+    /// Port of the backup service (replicas of other servers' segments,
+    /// and the coordinator's pings). 0 = any free port; the CLI defaults it
+    /// to the port after the last shard's when `--port` is given.
+    pub backup_port: u16,
+    /// When a replica write counts as durable: `Interval` (default) answers
+    /// once it is in the backup's memory and fsyncs within `sync_interval`;
+    /// `Always` fsyncs (once per group of requests) before answering.
+    pub sync: SyncMode,
+    /// Interval mode: how often buffered replica data is written and fsynced
+    /// (default 1 s: what a power loss of every replica's machine may cost).
+    pub sync_interval: Duration,
+    /// Disk bytes the replica files may take; past it backups answer
+    /// `NoSpace` and masters choose another. Default: only the disk limits.
+    pub backup_disk_budget_bytes: u64,
 }
 
 impl ServerConfig {
@@ -70,6 +87,10 @@ impl ServerConfig {
             replace: false,
             enlist_patience: Duration::from_secs(300),
             limits: ConnLimits::default(),
+            backup_port: 0,
+            sync: SyncMode::Interval,
+            sync_interval: Duration::from_secs(1),
+            backup_disk_budget_bytes: u64::MAX,
         }
     }
 }
@@ -80,6 +101,10 @@ pub struct ServerHandle {
     pub server_id: u64,
     /// One address per shard, in shard order (what the coordinator publishes).
     pub shard_addrs: Vec<SocketAddr>,
+    /// Address of the backup service (sent in `Enlist`).
+    pub backup_addr: SocketAddr,
+    /// The cluster id the coordinator answered at enlistment (labels replicas).
+    pub cluster_id: u64,
     stop: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
     /// Each shard's frame budget, to report what is buffered.
@@ -96,7 +121,8 @@ impl ServerHandle {
             .collect()
     }
 
-    /// Stop every shard's event loop and wait for the threads to end.
+    /// Stop every shard's event loop and the backup service (which flushes
+    /// its buffered replicas first) and wait for the threads to end.
     pub fn shutdown(self) {
         let _ = self.stop.send(true);
         for t in self.threads {
@@ -169,29 +195,84 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         threads.push(t);
     }
 
+    // The backup port is bound before enlisting, so `Enlist` carries it.
+    let backup_settings = backup_service::BackupSettings {
+        sync: config.sync,
+        sync_interval: config.sync_interval,
+        disk_budget_bytes: config.backup_disk_budget_bytes,
+        limits: config.limits.clone(),
+    };
+    let started = backup_service::start(
+        &config.host,
+        config.backup_port,
+        backup_settings.clone(),
+        stop_rx.clone(),
+    );
+    let (backup_addr, installer) = match started {
+        Ok((addr, installer, thread)) => {
+            threads.push(thread);
+            (addr, installer)
+        }
+        Err(e) => return Err(stop_all(&stop_tx, threads, e)),
+    };
+
     let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
-    let enlist = enlist(&config, addrs, identity);
-    let server_id = match enlist.await {
-        Ok(id) => id,
+    let enlist = enlist(&config, addrs, backup_addr.to_string(), identity);
+    let enlisted = match enlist.await {
+        Ok(e) => e,
         Err(e) => {
-            let _ = stop_tx.send(true);
-            for t in threads {
-                let _ = t.join();
-            }
-            return Err(e.context(format!(
+            let e = e.context(format!(
                 "cannot enlist with the coordinator at {}",
                 config.coordinator
-            )));
+            ));
+            return Err(stop_all(&stop_tx, threads, e));
         }
     };
-    tracing::info!(server_id, ?shard_addrs, "storage server enlisted");
+    let server_id = enlisted.server_id;
+    // Replicas are labelled with the cluster id, so the store opens only now.
+    let replica_dir = config.dir.join(REPLICA_DIR);
+    let cluster_id = enlisted.cluster_id;
+    let opened = tokio::task::spawn_blocking(move || {
+        backup_service::open_store(&replica_dir, cluster_id, &backup_settings)
+    })
+    .await
+    .map_err(anyhow::Error::from)
+    .and_then(|r| r)
+    .and_then(|service| installer.install(service));
+    if let Err(e) = opened {
+        return Err(stop_all(&stop_tx, threads, e));
+    }
+    tracing::info!(server_id, cluster_id, ?shard_addrs, %backup_addr, "storage server enlisted");
     Ok(ServerHandle {
         server_id,
         shard_addrs,
+        backup_addr,
+        cluster_id,
         stop: stop_tx,
         threads,
         frame_budgets,
     })
+}
+
+/// Stop the threads started so far and pass `e` on (a failed start).
+fn stop_all(
+    stop: &watch::Sender<bool>,
+    threads: Vec<JoinHandle<()>>,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    let _ = stop.send(true);
+    for t in threads {
+        let _ = t.join();
+    }
+    e
+}
+
+/// What the coordinator answered at enlistment.
+#[derive(Clone, Copy, Debug)]
+struct Enlisted {
+    server_id: u64,
+    /// Labels this server's replica store (see `insitu_backup`).
+    cluster_id: u64,
 }
 
 /// Why one enlistment attempt failed.
@@ -208,14 +289,16 @@ enum EnlistError {
 async fn enlist(
     config: &ServerConfig,
     addrs: Vec<String>,
+    backup_addr: String,
     identity: String,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Enlisted> {
     let give_up = Instant::now() + config.enlist_patience;
     let mut pause = Duration::from_millis(100);
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        let e = match enlist_once(config, addrs.clone(), identity.clone()).await {
+        let attempt = enlist_once(config, addrs.clone(), backup_addr.clone(), identity.clone());
+        let e = match attempt.await {
             Ok(id) => return Ok(id),
             Err(EnlistError::Refused(e)) => return Err(e),
             Err(EnlistError::Unreachable(e)) => e,
@@ -240,8 +323,9 @@ async fn enlist(
 async fn enlist_once(
     config: &ServerConfig,
     shard_addrs: Vec<String>,
+    backup_addr: String,
     identity: String,
-) -> Result<u64, EnlistError> {
+) -> Result<Enlisted, EnlistError> {
     const CALL_TIMEOUT: Duration = Duration::from_secs(30);
     let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::connect(&config.coordinator))
         .await
@@ -251,7 +335,7 @@ async fn enlist_once(
         shard_addrs,
         identity,
         replace: config.replace,
-        backup_addr: String::new(),
+        backup_addr,
     };
     let reply = conn
         .call_timeout(&request, CALL_TIMEOUT)
@@ -271,7 +355,14 @@ async fn enlist_once(
         )));
     }
     match reply.decode() {
-        Ok(Response::Enlisted { server_id, .. }) => Ok(server_id),
+        Ok(Response::Enlisted {
+            server_id,
+            cluster_id,
+            ..
+        }) => Ok(Enlisted {
+            server_id,
+            cluster_id,
+        }),
         Ok(other) => Err(EnlistError::Refused(anyhow::anyhow!(
             "unexpected reply to Enlist: {other:?}"
         ))),

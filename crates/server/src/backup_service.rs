@@ -1,0 +1,545 @@
+//! The backup service every storage server runs: its own port, its own
+//! thread (a current-thread tokio runtime), and a `BackupService` over the
+//! replica files under `DIR/replicas/`.
+//!
+//! The port is bound before the server enlists (so `Enlist` carries its
+//! address) and answers `Ping` at once (the coordinator's failure detector
+//! pings it). The store is opened only once the cluster id is known (after
+//! `Enlisted`); until then backup requests get `Retry`.
+//!
+//! Group commit: connections hand their complete backup requests to one
+//! committer task; it takes every request waiting, applies them all, and
+//! (under `--sync always`) makes them durable with one flush before any is
+//! answered. The store work runs on the blocking pool, so pings and reads of
+//! the next requests go on during an fsync, and whatever arrives meanwhile
+//! forms the next group. Under `--sync interval` a timer flushes every
+//! `sync_interval`. Shutdown flushes before the thread ends.
+//!
+//! Bounded like a shard's connections (`ConnLimits`): the frame header is
+//! checked before a body byte is buffered, a frame bigger than the base
+//! buffer first takes its size from a frame budget, a frame must complete
+//! within `stall_timeout`, a silent connection closes after `idle_timeout`,
+//! and at the connection limit the longest-idle one is closed.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::rc::Rc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::{Buf, BytesMut};
+use insitu_backup::service::{Outcome, answer_without_store};
+use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncMode};
+use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
+use insitu_protocol::{FrameKind, Status, decode_request, encode_error};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::limits::{Closed, ConnLimits, FrameBudget, MAX_FRAME_BYTES};
+
+/// Bytes of partly received big frames the backup port holds at once:
+/// sixteen max-size replication batches; further ones wait for room (until
+/// their stall deadline), so a flood of masters cannot exhaust memory.
+const FRAME_BUDGET_BYTES: usize = 16 * MAX_FRAME_BYTES;
+/// Bytes of accepted records kept in memory (interval mode) before they are
+/// written out (unsynced) early: bounds a burst between two timer flushes.
+const BUFFER_BUDGET_BYTES: usize = 64 << 20;
+/// Per-connection base buffer: replication batches are often small.
+const BASE_BUFFER_BYTES: usize = 64 * 1024;
+/// Most jobs (connections' batches) in one group: bounds one group's work
+/// so that its replies are not held back behind an unbounded drain.
+const MAX_GROUP_JOBS: usize = 1024;
+/// Name of the replica directory inside the server's data directory.
+pub const REPLICA_DIR: &str = "replicas";
+
+/// How the backup service keeps replicas.
+#[derive(Clone, Debug)]
+pub struct BackupSettings {
+    pub sync: SyncMode,
+    /// Interval mode: acknowledged data is on disk within this.
+    pub sync_interval: Duration,
+    /// Disk bytes the replica files may take (u64::MAX: only the disk limits).
+    pub disk_budget_bytes: u64,
+    pub limits: ConnLimits,
+}
+
+type Service = BackupService<FsIo>;
+
+/// One connection's complete backup requests (request id, body), and where
+/// their encoded replies go.
+struct Job {
+    frames: Vec<(u64, BytesMut)>,
+    reply: oneshot::Sender<BytesMut>,
+}
+
+/// Hands the opened store to the running service (once).
+pub struct Installer(oneshot::Sender<Service>);
+
+impl Installer {
+    pub fn install(self, service: Service) -> anyhow::Result<()> {
+        self.0
+            .send(service)
+            .map_err(|_| anyhow::anyhow!("the backup service thread has stopped"))
+    }
+}
+
+/// Bind the backup port on `host:port` (0: any free port) and start the
+/// service thread; it runs until `stop` turns true.
+pub fn start(
+    host: &str,
+    port: u16,
+    settings: BackupSettings,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, Installer, JoinHandle<()>)> {
+    anyhow::ensure!(
+        !settings.sync_interval.is_zero(),
+        "the sync interval must be positive"
+    );
+    let addr = format!("{host}:{port}");
+    let listener = std::net::TcpListener::bind(&addr)
+        .with_context(|| format!("backup service: cannot listen on {addr}"))?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let (install_tx, install_rx) = oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("insitu-backup".into())
+        .spawn(move || run(listener, settings, install_rx, stop))
+        .context("cannot start the backup service thread")?;
+    Ok((local, Installer(install_tx), thread))
+}
+
+/// Open the replica store of cluster `cluster` under `dir`, logging what it
+/// found; replicas of another cluster are an error (use another --dir).
+pub fn open_store(dir: &Path, cluster: u64, settings: &BackupSettings) -> anyhow::Result<Service> {
+    let config = BackupConfig {
+        dir: dir.to_path_buf(),
+        cluster,
+        disk_budget_bytes: settings.disk_budget_bytes,
+        buffer_budget_bytes: BUFFER_BUDGET_BYTES,
+        sync: settings.sync,
+    };
+    let (store, report) = BackupStore::open(config, FsIo::default())
+        .with_context(|| format!("cannot open the replica store in {}", dir.display()))?;
+    for problem in &report.problems {
+        tracing::warn!(dir = %dir.display(), "replica store: {problem}");
+    }
+    tracing::info!(
+        dir = %dir.display(),
+        replicas = report.replicas,
+        fenced_masters = report.fenced,
+        problems = report.problems.len(),
+        disk_bytes = store.disk_bytes(),
+        "replica store opened"
+    );
+    Ok(BackupService::new(store))
+}
+
+/// What the connections of the backup port share (all on its thread).
+struct Shared {
+    limits: ConnLimits,
+    budget: FrameBudget,
+    jobs: mpsc::UnboundedSender<Job>,
+    connections: Cell<usize>,
+    /// Idle connections by stamp, oldest first; notifying one closes it.
+    idle: RefCell<BTreeMap<u64, Rc<Notify>>>,
+    /// Next idle stamp (grows, so the first entry is the longest idle).
+    next_stamp: Cell<u64>,
+}
+
+fn run(
+    listener: std::net::TcpListener,
+    settings: BackupSettings,
+    install: oneshot::Receiver<Service>,
+    stop: watch::Receiver<bool>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("backup service: cannot build runtime: {e}");
+            return;
+        }
+    };
+    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+    let shared = Rc::new(Shared {
+        limits: settings.limits.clone(),
+        budget: FrameBudget::new(FRAME_BUDGET_BYTES),
+        jobs: jobs_tx,
+        connections: Cell::new(0),
+        idle: RefCell::new(BTreeMap::new()),
+        next_stamp: Cell::new(0),
+    });
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let committer = tokio::task::spawn_local(commit_loop(
+            jobs_rx,
+            install,
+            settings.clone(),
+            stop.clone(),
+        ));
+        accept_loop(listener, shared, stop).await;
+        // The committer stops on the same signal, after a last flush.
+        let _ = committer.await;
+    });
+}
+
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    shared: Rc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("backup service: cannot register listener: {e}");
+            return;
+        }
+    };
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("backup service: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        if shared.connections.get() >= shared.limits.max_connections {
+            let oldest = shared.idle.borrow_mut().pop_first();
+            match oldest {
+                Some((_, evict)) => evict.notify_one(),
+                None => {
+                    tracing::warn!(%peer, "backup service: connection limit reached and none is idle; refusing");
+                    continue;
+                }
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        shared.connections.set(shared.connections.get() + 1);
+        tokio::task::spawn_local(async move {
+            match serve(stream, &shared).await {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    tracing::debug!(%peer, ?why, "backup connection closed by the server")
+                }
+                Err(e) => tracing::debug!(%peer, "backup connection closed: {e}"),
+            }
+            shared.connections.set(shared.connections.get() - 1);
+        });
+    }
+}
+
+/// Take groups of jobs and answer them; flush on the timer (interval mode);
+/// flush once more when stopped.
+async fn commit_loop(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    mut install: oneshot::Receiver<Service>,
+    settings: BackupSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut service: Option<Service> = None;
+    // The install channel has delivered (or was dropped): do not poll it again.
+    let mut install_done = false;
+    let mut ticker = tokio::time::interval(settings.sync_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timer_flushes = settings.sync == SyncMode::Interval;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            s = &mut install, if !install_done => {
+                install_done = true;
+                service = s.ok();
+            }
+            job = jobs.recv() => {
+                let Some(job) = job else { break };
+                let mut group = vec![job];
+                while group.len() < MAX_GROUP_JOBS {
+                    match jobs.try_recv() {
+                        Ok(j) => group.push(j),
+                        Err(_) => break,
+                    }
+                }
+                service = run_group(service, group).await;
+            }
+            _ = ticker.tick(), if timer_flushes && service.is_some() => {
+                service = on_blocking_pool(service, |svc| log_flush(svc, "timer")).await.0;
+            }
+        }
+    }
+    if let Some(mut svc) = service {
+        log_flush(&mut svc, "shutdown");
+    }
+}
+
+/// Run `f` on the service on the blocking pool (disk work must not stall
+/// this thread's sockets), and get the service back.
+async fn on_blocking_pool<T: Send + 'static>(
+    service: Option<Service>,
+    f: impl FnOnce(&mut Service) -> T + Send + 'static,
+) -> (Option<Service>, Option<T>) {
+    let Some(mut svc) = service else {
+        return (None, None);
+    };
+    match tokio::task::spawn_blocking(move || {
+        let out = f(&mut svc);
+        (svc, out)
+    })
+    .await
+    {
+        Ok((svc, out)) => (Some(svc), Some(out)),
+        Err(e) => {
+            // A panic there aborts a server process; in tests, stop serving.
+            tracing::error!("backup service: store task failed: {e}");
+            (None, None)
+        }
+    }
+}
+
+fn log_flush(svc: &mut Service, why: &'static str) {
+    for (id, e) in svc.flush() {
+        tracing::error!(
+            ?id,
+            why,
+            "backup flush failed; replica dropped (its master will re-replicate): {e}"
+        );
+    }
+}
+
+/// Answer one group: apply everything, one flush (always mode), replies.
+async fn run_group(service: Option<Service>, group: Vec<Job>) -> Option<Service> {
+    let (frames, replies): (Vec<_>, Vec<_>) =
+        group.into_iter().map(|j| (j.frames, j.reply)).unzip();
+    if service.is_none() {
+        for (frames, reply) in frames.iter().zip(replies) {
+            let mut out = BytesMut::new();
+            for (id, _) in frames {
+                encode_error(
+                    &mut out,
+                    *id,
+                    Status::Retry,
+                    "the backup service opens its replica store once this server has enlisted; retry shortly",
+                );
+            }
+            let _ = reply.send(out);
+        }
+        return None;
+    }
+    let (service, outs) = on_blocking_pool(service, move |svc| answer_group(svc, &frames)).await;
+    for (out, reply) in outs.unwrap_or_default().into_iter().zip(replies) {
+        let _ = reply.send(out);
+    }
+    service
+}
+
+/// Decode every frame, handle them as one group, encode each job's replies.
+fn answer_group(svc: &mut Service, jobs: &[Vec<(u64, BytesMut)>]) -> Vec<BytesMut> {
+    let mut requests = Vec::new();
+    // Per frame: Ok(index into requests) or the refusal of an undecodable one.
+    let mut slots: Vec<Vec<(u64, Result<usize, Outcome>)>> = Vec::with_capacity(jobs.len());
+    for frames in jobs {
+        let mut job_slots = Vec::with_capacity(frames.len());
+        for (id, body) in frames {
+            let slot = match decode_request(body) {
+                Ok(r) => {
+                    requests.push(r);
+                    Ok(requests.len() - 1)
+                }
+                Err(e) => Err(Outcome::Refused {
+                    status: Status::BadRequest,
+                    message: format!("malformed request: {e}"),
+                }),
+            };
+            job_slots.push((*id, slot));
+        }
+        slots.push(job_slots);
+    }
+    let outcomes = svc.handle_group(&requests);
+    slots
+        .iter()
+        .map(|job_slots| {
+            let mut out = BytesMut::new();
+            for (id, slot) in job_slots {
+                match slot {
+                    Ok(i) => outcomes[*i].encode(*id, &mut out),
+                    Err(refused) => refused.encode(*id, &mut out),
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// One connection: answer `Ping` and refusals here, hand backup requests to
+/// the committer and wait for their replies, then read on.
+async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<Option<Closed>> {
+    let limits = &shared.limits;
+    let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+    let mut wbuf = BytesMut::new();
+    // Budget held for the big frame being received, if any.
+    let mut charge = None;
+    let mut frame_started: Option<Instant> = None;
+    let mut last_active = Instant::now();
+    let evict = Rc::new(Notify::new());
+    loop {
+        let mut job = Vec::new();
+        let mut need = HEADER_BYTES;
+        loop {
+            let (header, body_len) = match check_header(&rbuf, MAX_BODY_BYTES) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    // The stream cannot be re-synchronised: say why, then close.
+                    encode_error(
+                        &mut wbuf,
+                        0,
+                        Status::BadRequest,
+                        format!("malformed frame: {e}"),
+                    );
+                    crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
+                    return Ok(None);
+                }
+            };
+            if rbuf.len() < HEADER_BYTES + body_len {
+                need = HEADER_BYTES + body_len;
+                break;
+            }
+            let mut body = rbuf.split_to(HEADER_BYTES + body_len);
+            body.advance(HEADER_BYTES);
+            frame_started = None;
+            let local = if header.kind != FrameKind::Request {
+                Some(Outcome::Refused {
+                    status: Status::BadRequest,
+                    message: "expected a request frame".into(),
+                })
+            } else {
+                match decode_request(&body) {
+                    Ok(r) => answer_without_store(&r),
+                    Err(e) => Some(Outcome::Refused {
+                        status: Status::BadRequest,
+                        message: format!("malformed request: {e}"),
+                    }),
+                }
+            };
+            match local {
+                Some(outcome) => outcome.encode(header.request_id, &mut wbuf),
+                None => job.push((header.request_id, body)),
+            }
+        }
+        if !job.is_empty() {
+            let (tx, rx) = oneshot::channel();
+            if shared
+                .jobs
+                .send(Job {
+                    frames: job,
+                    reply: tx,
+                })
+                .is_err()
+            {
+                return Ok(None); // shutting down
+            }
+            match rx.await {
+                Ok(out) => wbuf.extend_from_slice(&out),
+                Err(_) => return Ok(None),
+            }
+        }
+        if !wbuf.is_empty() {
+            crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
+            wbuf = BytesMut::new();
+        }
+        if !rbuf.is_empty() && frame_started.is_none() {
+            frame_started = Some(Instant::now());
+        }
+        // Room for the next frame: base buffer, or its exact size from the budget.
+        if need <= BASE_BUFFER_BYTES {
+            charge = None;
+            // Too big (a big frame's buffer), too small for the next frame
+            // (the tail of a split buffer), or full: a fresh base buffer.
+            if rbuf.capacity() > BASE_BUFFER_BYTES
+                || rbuf.capacity() < need
+                || rbuf.capacity() == rbuf.len()
+            {
+                rbuf = crate::conn::rebuffer(&rbuf, BASE_BUFFER_BYTES);
+            }
+        } else if rbuf.capacity() < need {
+            // Give back the last big frame's share before waiting for this one's.
+            drop(charge.take());
+            let deadline = frame_started.unwrap_or_else(Instant::now) + limits.stall_timeout;
+            match shared.budget.acquire(need, deadline).await {
+                Some(permit) => charge = Some(permit),
+                None => {
+                    encode_error(
+                        &mut wbuf,
+                        0,
+                        Status::Retry,
+                        format!(
+                            "backup busy: no room to buffer a {need}-byte frame within {} ms; closing",
+                            limits.stall_timeout.as_millis()
+                        ),
+                    );
+                    crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
+                    return Ok(Some(Closed::NoRoom));
+                }
+            }
+            rbuf = crate::conn::rebuffer(&rbuf, need);
+        }
+        debug_assert!(rbuf.capacity() > rbuf.len());
+        debug_assert!(need <= BASE_BUFFER_BYTES || charge.is_some());
+
+        let idle = rbuf.is_empty();
+        let deadline = match frame_started {
+            None => last_active + limits.idle_timeout,
+            Some(t) => t + limits.stall_timeout,
+        };
+        let stamp = idle.then(|| {
+            let s = shared.next_stamp.get();
+            shared.next_stamp.set(s + 1);
+            shared.idle.borrow_mut().insert(s, evict.clone());
+            s
+        });
+        let read = tokio::select! {
+            r = tokio::io::AsyncReadExt::read_buf(&mut stream, &mut rbuf) => Some(r),
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = evict.notified(), if idle => return Ok(Some(Closed::Evicted)),
+        };
+        if let Some(s) = stamp {
+            shared.idle.borrow_mut().remove(&s);
+        }
+        match read {
+            None if idle => return Ok(Some(Closed::Idle)),
+            None => {
+                encode_error(
+                    &mut wbuf,
+                    0,
+                    Status::BadRequest,
+                    format!(
+                        "frame not completed within {} ms; closing",
+                        limits.stall_timeout.as_millis()
+                    ),
+                );
+                let _ = crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await;
+                return Ok(Some(Closed::Stalled));
+            }
+            Some(Ok(0)) => return Ok(None),
+            Some(Ok(_)) => {
+                last_active = Instant::now();
+                frame_started.get_or_insert(last_active);
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "backup_service_tests.rs"]
+mod tests;
