@@ -75,10 +75,13 @@
 //! tablets still orphaned, to be re-homed at the next enlist.
 
 mod conn;
+mod death;
+mod failure;
 mod membership;
 mod model;
 mod moves;
 mod reconcile;
+mod recovery;
 mod service;
 mod shards;
 mod store;
@@ -119,7 +122,20 @@ pub struct CoordinatorConfig {
     pub rehome_after_servers: usize,
     /// Connection limits: count, idle and stall timeouts, frame budget.
     pub limits: ConnLimits,
+    /// Replicas per log segment (R) the servers keep on other servers'
+    /// backups; 0 = in-memory only (a server crash loses its objects).
+    /// Persisted; the configured value wins at every start. Default 2.
+    pub replicas: u32,
+    /// How often every live server is pinged (`failure.rs`). Default 100 ms.
+    pub ping_interval: Duration,
+    /// A live server that has answered no ping for this long (and missed at
+    /// least two) is declared dead. Default 500 ms.
+    pub failure_timeout: Duration,
 }
+
+/// Most replicas per segment a coordinator accepts: more would multiply
+/// every write for no practical gain, and a typo (`--replicas 20`) should fail.
+pub const MAX_REPLICAS: u32 = 8;
 
 impl CoordinatorConfig {
     /// Metadata in `dir`, every other setting at its default.
@@ -129,7 +145,30 @@ impl CoordinatorConfig {
             forget_servers: false,
             rehome_after_servers: 0,
             limits: ConnLimits::default(),
+            replicas: 2,
+            ping_interval: Duration::from_millis(100),
+            failure_timeout: Duration::from_millis(500),
         }
+    }
+
+    /// Refuse settings that cannot work, naming the setting.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.replicas <= MAX_REPLICAS,
+            "replicas must be 0 to {MAX_REPLICAS}, got {}",
+            self.replicas
+        );
+        anyhow::ensure!(
+            !self.ping_interval.is_zero(),
+            "the ping interval must be positive"
+        );
+        anyhow::ensure!(
+            self.failure_timeout > self.ping_interval,
+            "the failure timeout ({:?}) must be longer than the ping interval ({:?})",
+            self.failure_timeout,
+            self.ping_interval
+        );
+        Ok(())
     }
 }
 
@@ -142,6 +181,10 @@ pub struct CoordinatorHandle {
     task: JoinHandle<()>,
     /// Finishes or undoes interrupted tablet moves (`reconcile.rs`).
     reconciler: JoinHandle<()>,
+    /// Pings every live server, declares the silent ones dead (`failure.rs`).
+    detector: JoinHandle<()>,
+    /// Recovers the tablets of dead servers (`death.rs`).
+    recoverer: JoinHandle<()>,
 }
 
 impl CoordinatorHandle {
@@ -162,15 +205,34 @@ impl CoordinatorHandle {
         self.coordinator.orphaned_table_names()
     }
 
+    /// Names of the tables (by id) that have a tablet waiting for recovery:
+    /// owned by a dead server, or orphaned.
+    pub fn awaiting_recovery_table_names(&self) -> Vec<String> {
+        self.coordinator.model().awaiting_recovery_table_names()
+    }
+
+    /// The cluster's id (random, created with the metadata).
+    pub fn cluster_id(&self) -> u64 {
+        self.coordinator.model().cluster_id
+    }
+
+    /// Replicas per segment (R) the servers are told to keep.
+    pub fn replicas(&self) -> u32 {
+        self.coordinator.model().replicas
+    }
+
     /// Stop accepting, close connections, flush metadata; resolves when done.
     ///
     /// A request being handled is finished first (its reply is sent), so a
     /// move in progress completes or is undone before this returns.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        // Every step of reconciliation is safe to stop and repeat.
-        self.reconciler.abort();
-        let _ = self.reconciler.await;
+        // Every step of reconciliation, detection and recovery is safe to
+        // stop and repeat.
+        for task in [self.reconciler, self.detector, self.recoverer] {
+            task.abort();
+            let _ = task.await;
+        }
         if let Err(e) = self.task.await {
             error!("coordinator task failed: {e}");
         }
@@ -183,10 +245,10 @@ impl CoordinatorHandle {
     /// released, so a new coordinator can open the same directory.
     #[doc(hidden)]
     pub async fn crash(self) {
-        self.reconciler.abort();
-        self.task.abort();
-        let _ = self.reconciler.await;
-        let _ = self.task.await;
+        for task in [self.reconciler, self.detector, self.recoverer, self.task] {
+            task.abort();
+            let _ = task.await;
+        }
         // Connection tasks are aborted with the accept loop's task set; they
         // release their reference when the runtime drops them.
         for _ in 0..500 {
@@ -210,30 +272,49 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("coordinator listener has no local address")?;
+    config.check()?;
     let conns = Arc::new(conn::Shared::new(config.limits.clone())?);
     let dir: PathBuf = config.dir.clone();
-    let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
-        .await
-        .context("opening the metadata database")??;
+    let replicas = config.replicas;
+    let (store, model, opened) =
+        tokio::task::spawn_blocking(move || Store::open(&dir, replicas))
+            .await
+            .context("opening the metadata database")??;
     info!(
         %addr,
         tables = model.tables.len(),
         servers = model.servers.len(),
+        dead_servers = model.dead.len(),
         map_version = model.map_version,
+        cluster_id = format_args!("{:016x}", model.cluster_id),
+        new_cluster = opened.new_cluster,
+        replicas = model.replicas,
         "coordinator started"
     );
+    if model.replicas == 0 {
+        warn!("replicas = 0: objects are in memory only; a server crash loses its objects");
+    }
+    if let Some(previous) = opened.previous_replicas.filter(|p| *p != model.replicas) {
+        warn!(
+            previous,
+            now = model.replicas,
+            "replicas per segment changed by configuration; segments replicated from now on get the new count"
+        );
+    }
     let coordinator = Arc::new(Coordinator::new(store, model, config.rehome_after_servers));
     if config.forget_servers {
         // Committed before the first request is served.
-        let retired = coordinator.retire_all().await.map_err(|e| {
-            anyhow::anyhow!("retiring the servers of the previous run: {}", e.message)
+        let dead = coordinator.declare_all_dead().await.map_err(|e| {
+            anyhow::anyhow!(
+                "declaring the servers of the previous run dead: {}",
+                e.message
+            )
         })?;
-        let orphaned = coordinator.orphaned_table_names();
-        if retired > 0 || !orphaned.is_empty() {
+        if dead > 0 {
             warn!(
-                servers = retired,
-                tables = ?orphaned,
-                "forgot the storage servers of the previous run: these tables' objects were held in memory only and are gone; their tablets are re-created empty as servers enlist"
+                servers = dead,
+                tables = ?coordinator.model().awaiting_recovery_table_names(),
+                "the storage servers of the previous run are gone: their tablets are recovered from replicas once the servers enlist"
             );
         }
     }
@@ -241,6 +322,20 @@ pub async fn start(
     // Moves interrupted by a previous stop are finished or undone in the
     // background (a round starts at once); new moves wait for it.
     let reconciler = tokio::spawn(reconcile::run_reconciler(
+        coordinator.clone(),
+        shutdown.clone(),
+    ));
+    let detector = tokio::spawn(failure::run_detector(
+        coordinator.clone(),
+        failure::Timing {
+            ping_interval: config.ping_interval,
+            failure_timeout: config.failure_timeout,
+        },
+        shutdown.clone(),
+    ));
+    // Dead servers on record (from a previous run or `forget_servers`) are
+    // recovered as soon as enough servers are live.
+    let recoverer = tokio::spawn(death::run_recoverer(
         coordinator.clone(),
         shutdown.clone(),
     ));
@@ -257,6 +352,8 @@ pub async fn start(
         shutdown,
         task,
         reconciler,
+        detector,
+        recoverer,
     })
 }
 
