@@ -36,7 +36,10 @@ impl Coordinator {
         let guard = self.meta_lock.lock().await;
         let newly: Vec<u64> = {
             let model = self.model();
-            ids.iter().copied().filter(|id| model.is_live(*id)).collect()
+            ids.iter()
+                .copied()
+                .filter(|id| model.is_live(*id))
+                .collect()
         };
         if newly.is_empty() {
             return Ok(newly);
@@ -45,7 +48,10 @@ impl Coordinator {
         self.commit(&guard, ops).await?;
         drop(guard);
         for id in &newly {
-            warn!(server_id = id, "server declared dead ({why}); its tablets are recovered");
+            warn!(
+                server_id = id,
+                "server declared dead ({why}); its tablets are recovered"
+            );
         }
         self.after_death(&newly).await;
         Ok(newly)
@@ -94,10 +100,7 @@ impl Coordinator {
         let calls = dead.iter().flat_map(|&server_id| {
             live_addrs.iter().map(move |addr| async move {
                 let request = Request::ServerDown { server_id };
-                let result = self
-                    .shards
-                    .call(addr, &request, SERVER_DOWN_TIMEOUT)
-                    .await;
+                let result = self.shards.call(addr, &request, SERVER_DOWN_TIMEOUT).await;
                 (server_id, addr, result)
             })
         });
@@ -123,8 +126,7 @@ impl Coordinator {
                 format!("no server with id {id} is on record (`insitu status` lists the servers)"),
             ));
         }
-        self.declare_dead(&[id], "removed by the operator")
-            .await?;
+        self.declare_dead(&[id], "removed by the operator").await?;
         Ok(Response::Done)
     }
 

@@ -2,9 +2,9 @@
 //!
 //! Start it with [`start`] on a bound listener; it serves the metadata
 //! requests of `insitu_protocol` (Enlist, CreateTable, DropTable, OpenTable,
-//! TableMap, ListTables, ListServers, MoveTablet, Ping) and drives storage
-//! shards with the control requests (TakeTablet, DropTablet, MigrateTablet,
-//! ActivateTablet).
+//! TableMap, ListTables, ListServers, MoveTablet, RemoveServer, Ping) and
+//! drives storage shards with the control requests (TakeTablet, DropTablet,
+//! MigrateTablet, ActivateTablet, ServerDown).
 //!
 //! Metadata is durable in `DIR/coordinator.redb`; the layout is documented in
 //! the `store` module. Every change is one redb write transaction, committed
@@ -45,34 +45,32 @@
 //! background (`reconcile.rs`). The reply to a move is the table's new map
 //! (`Response::Table`).
 //!
-//! # Dead servers: retirement and orphaned tablets
-//! Storage servers hold objects in memory only (no replicas yet), so when a
-//! server's process is gone its tablets' objects are gone too. A server known
-//! to be gone is *retired*: removed from the server list, its tablets
-//! *orphaned* (owner id 0, empty address) under a new map version. This
-//! happens
-//! - on `Enlist`, to a known server with the enlisting one's identity (the
-//!   same server restarted), or sharing a shard address with it if that
-//!   server has no identity on record or the new one says `replace`;
+//! # Dead servers, failure detection and recovery
+//! A server is *dead* once the coordinator says so, durably (`dead_servers`
+//! in redb): then nothing is routed to it, its tablets answer `Retry` in
+//! `OpenTable`/`TableMap` (clients back off), every live shard gets
+//! `ServerDown{id}`, and the recovery driver (`death.rs`) calls
+//! `recovery::recover_server`, retrying with back-off, once at least one
+//! server (and `rehome_after_servers`) is live. Recovery gives each tablet
+//! to a live shard and forgets the server. A server is declared dead
+//! - by the failure detector (`failure.rs`): no reply to pings of its backup
+//!   address (shard 0's if it has none) for `failure_timeout`;
+//! - by `RemoveServer` (`insitu server remove ID`);
+//! - on `Enlist` (*retirement*), when a live server has the enlisting one's
+//!   identity (the same server restarted), or shares a shard address with it
+//!   and has no identity on record or the new one says `replace`;
 //! - at start with [`CoordinatorConfig::forget_servers`] (`insitu up`, whose
-//!   servers lived in the previous coordinator process), to every server.
+//!   servers lived in the previous coordinator process), every server.
 //!
-//! A server is identified by the identity it keeps in its data directory: a
-//! known server with another identity on the same address is not retired but
-//! the enlistment refused (unless the new server says `replace`).
+//! A dead server never comes back: a process that answers again must enlist,
+//! and gets a new id. A known live server with another identity on the same
+//! address is not retired: the enlistment is refused (unless `replace`).
 //!
-//! Every `Enlist` then re-homes all orphaned tablets, EMPTY, round-robin over
-//! the shards of every live server (once `rehome_after_servers` are in):
-//! `TakeTablet{Active, v}` to each shard, then the new owners under the new global map version `v`, committed before the
-//! reply, with a warning naming the tables whose objects were lost. A tablet
-//! whose TakeTablet fails stays orphaned until the next enlist.
-//!
-//! While a table has an orphaned tablet, `OpenTable` and `TableMap` answer
-//! `Status::Retry` "tablet N of table T has no live server yet": clients back
-//! off and retry within their timeout, then fail with that message.
-//! `ListTables` still lists it. Retirement and re-homing are each one redb
-//! transaction, so a coordinator stopped mid-way restarts with its orphaned
-//! tablets still orphaned, to be re-homed at the next enlist.
+//! *Orphaned* tablets (owner id 0) are left only by an older coordinator
+//! version, the interim recovery (which re-creates tablets empty) or a failed
+//! re-homing; every `Enlist` re-homes them, EMPTY, round-robin over the live
+//! shards. Every step is one redb transaction, so a coordinator stopped
+//! mid-way restarts with its dead servers still dead and recovers them then.
 
 mod conn;
 mod death;
@@ -276,10 +274,9 @@ pub async fn start(
     let conns = Arc::new(conn::Shared::new(config.limits.clone())?);
     let dir: PathBuf = config.dir.clone();
     let replicas = config.replicas;
-    let (store, model, opened) =
-        tokio::task::spawn_blocking(move || Store::open(&dir, replicas))
-            .await
-            .context("opening the metadata database")??;
+    let (store, model, opened) = tokio::task::spawn_blocking(move || Store::open(&dir, replicas))
+        .await
+        .context("opening the metadata database")??;
     info!(
         %addr,
         tables = model.tables.len(),
@@ -335,10 +332,7 @@ pub async fn start(
     ));
     // Dead servers on record (from a previous run or `forget_servers`) are
     // recovered as soon as enough servers are live.
-    let recoverer = tokio::spawn(death::run_recoverer(
-        coordinator.clone(),
-        shutdown.clone(),
-    ));
+    let recoverer = tokio::spawn(death::run_recoverer(coordinator.clone(), shutdown.clone()));
     let task = tokio::spawn(accept_loop(
         listener,
         coordinator.clone(),

@@ -407,7 +407,11 @@ impl Model {
     /// shard 0 of every server (by id), then shard 1 of every server that has
     /// one, and so on, so that consecutive tablets land on different servers first.
     pub fn placement_slots(&self) -> Vec<(u64, u32)> {
-        let live = || self.servers.iter().filter(|(id, _)| !self.dead.contains(id));
+        let live = || {
+            self.servers
+                .iter()
+                .filter(|(id, _)| !self.dead.contains(id))
+        };
         let max_shards = live().map(|(_, a)| a.len()).max().unwrap_or(0);
         let mut slots = Vec::new();
         for shard in 0..max_shards {
@@ -518,112 +522,5 @@ impl Model {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn model_with_servers(shards: &[usize]) -> Model {
-        let mut m = Model::empty();
-        for (i, n) in shards.iter().enumerate() {
-            let id = i as u64 + 1;
-            m.apply(&[
-                Op::PutServer {
-                    id,
-                    shard_addrs: (0..*n)
-                        .map(|s| format!("127.0.0.1:{}", 1000 + 10 * id + s as u64))
-                        .collect(),
-                    identity: String::new(),
-                    backup_addr: String::new(),
-                },
-                Op::Counter(NEXT_SERVER_ID, id + 1),
-            ]);
-        }
-        m
-    }
-
-    #[test]
-    fn placement_alternates_servers_first() {
-        let m = model_with_servers(&[2, 1, 3]);
-        assert_eq!(
-            m.placement_slots(),
-            vec![(1, 0), (2, 0), (3, 0), (1, 1), (3, 1), (3, 2)]
-        );
-        assert!(Model::empty().placement_slots().is_empty());
-    }
-
-    #[test]
-    fn validate_rejects_gaps_and_unknown_owners() {
-        let mut m = model_with_servers(&[1]);
-        let tablet = |start, end| Tablet {
-            start_hash: start,
-            end_hash: end,
-            server_id: 1,
-            shard: 0,
-            map_version: 1,
-        };
-        m.apply(&[
-            Op::Counter(MAP_VERSION, 1),
-            Op::Counter(NEXT_TABLE_ID, 2),
-            Op::PutTable {
-                id: 1,
-                name: "t".into(),
-            },
-            Op::PutTablet {
-                table: 1,
-                index: 0,
-                tablet: tablet(0, 99),
-            },
-            Op::PutTablet {
-                table: 1,
-                index: 1,
-                tablet: tablet(100, u64::MAX),
-            },
-        ]);
-        assert_eq!(m.validate(), Ok(()));
-        assert_eq!(m.shard_loads(1), vec![2]);
-
-        let mut gap = m.clone();
-        gap.apply(&[Op::PutTablet {
-            table: 1,
-            index: 1,
-            tablet: tablet(101, u64::MAX),
-        }]);
-        assert!(gap.validate().unwrap_err().contains("gap"));
-
-        let mut orphan = m.clone();
-        orphan.apply(&[Op::PutTablet {
-            table: 1,
-            index: 0,
-            tablet: Tablet {
-                shard: 5,
-                ..tablet(0, 99)
-            },
-        }]);
-        assert!(orphan.validate().unwrap_err().contains("unknown"));
-
-        let mut dropped = m.clone();
-        dropped.apply(&[Op::DeleteTable { id: 1 }]);
-        assert!(dropped.tables.is_empty() && dropped.by_name.is_empty());
-
-        // Retiring the owner orphans both tablets; that is coherent.
-        let mut retired = m.clone();
-        let mut ops = m.retire_ops(&[1], 2);
-        ops.push(Op::Counter(MAP_VERSION, 2));
-        retired.apply(&ops);
-        assert_eq!(retired.validate(), Ok(()));
-        assert!(retired.servers.is_empty());
-        assert_eq!(retired.orphaned_tablets().len(), 2);
-        assert_eq!(retired.orphaned_table_names(), vec!["t".to_string()]);
-        assert_eq!(retired.first_orphan(1), Some(0));
-        let info = retired.table_info(1).unwrap();
-        assert!(
-            info.tablets
-                .iter()
-                .all(|t| t.addr.is_empty() && t.server_id == ORPHANED && t.map_version == 2)
-        );
-        assert_eq!(m.first_orphan(1), None);
-        // But an orphan's version may not run ahead of the global one.
-        let mut ahead = m.clone();
-        ahead.apply(&m.retire_ops(&[1], 7));
-        assert!(ahead.validate().unwrap_err().contains("ahead"));
-    }
-}
+#[path = "model_tests.rs"]
+mod tests;

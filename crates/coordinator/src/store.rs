@@ -392,3 +392,32 @@ fn random_cluster_id() -> u64 {
     h.write_u32(std::process::id());
     h.finish().max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_id_is_kept_and_replicas_follow_the_configuration() {
+        let dir = std::env::temp_dir().join(format!("insitu-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (store, model, opened) = Store::open(&dir, 3).unwrap();
+        assert!(opened.new_cluster);
+        assert_eq!(opened.previous_replicas, None);
+        assert_ne!(model.cluster_id, 0);
+        assert_eq!(model.replicas, 3);
+        let cluster = model.cluster_id;
+        store.close().unwrap();
+
+        let (store, model, opened) = Store::open(&dir, 1).unwrap();
+        assert!(!opened.new_cluster);
+        assert_eq!(opened.previous_replicas, Some(3), "R was persisted");
+        assert_eq!((model.cluster_id, model.replicas), (cluster, 1));
+        store.close().unwrap();
+        let (_store, model, opened) = Store::open(&dir, 1).unwrap();
+        assert_eq!(opened.previous_replicas, Some(1));
+        assert_eq!(model.cluster_id, cluster);
+        drop(_store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -147,7 +147,10 @@ async fn a_real_server_keeps_its_identity_and_waits_for_the_coordinator() {
         .unwrap();
     let s1 = insitu_server::start(config("s1")).await.unwrap();
     // The old entry is dead at once and forgotten after its recovery.
-    servers_when(&c, "only the new entry", |s| server_ids(s) == vec![s1.server_id]).await;
+    servers_when(&c, "only the new entry", |s| {
+        server_ids(s) == vec![s1.server_id]
+    })
+    .await;
     assert_ne!(s1.server_id, first_id);
     drop(c);
     tokio::task::spawn_blocking(move || s1.shutdown())

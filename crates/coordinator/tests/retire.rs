@@ -219,7 +219,10 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     let c = connect(&coord).await;
     let servers = list_servers(&c).await;
     assert_eq!(servers.len(), 2);
-    assert!(servers.iter().all(|s| s.state == ServerState::Dead), "{servers:?}");
+    assert!(
+        servers.iter().all(|s| s.state == ServerState::Dead),
+        "{servers:?}"
+    );
     // Tables waiting for recovery: listed (owners dead, no address), but no
     // map is handed out.
     let listed = list_tables(&c).await;
@@ -227,7 +230,11 @@ async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
     for t in &listed {
         assert_covers_hash_space(t);
         assert!(t.map_version >= b.map_version);
-        assert!(t.tablets.iter().all(|x| x.server_id != 0 && x.addr.is_empty()));
+        assert!(
+            t.tablets
+                .iter()
+                .all(|x| x.server_id != 0 && x.addr.is_empty())
+        );
         expect_no_live_server(&c, t).await;
     }
     expect_err(&try_create(&c, "new", 1).await, Status::NoServers);
