@@ -355,6 +355,8 @@ async fn a_client_fails_clearly_on_an_orphaned_table() {
     let c = connect(&coord).await;
     let s2 = fake_server(&log, 1).await;
     let id = enlist(&c, addrs(&s2)).await;
+    // Recovery runs after the enlistment's reply.
+    open_when_ready(&c, "t").await;
     let info = client.open_table("t").await.expect("a map now");
     assert!(info.tablets.iter().all(|x| x.server_id == id));
     coord.shutdown().await;
