@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::model::Op;
 use crate::recovery;
 use crate::service::{Coordinator, Reject, Reply};
+use crate::shards::CallError;
 
 /// `ServerDown` is a notice: a shard that does not take it within this long
 /// is itself slow or gone (and the failure detector deals with it).
@@ -100,7 +101,15 @@ impl Coordinator {
         let calls = dead.iter().flat_map(|&server_id| {
             live_addrs.iter().map(move |addr| async move {
                 let request = Request::ServerDown { server_id };
-                let result = self.shards.call(addr, &request, SERVER_DOWN_TIMEOUT).await;
+                // The bound covers connecting too (the pool's connect timeout is longer).
+                let call = self.shards.call(addr, &request, SERVER_DOWN_TIMEOUT);
+                let result = tokio::time::timeout(SERVER_DOWN_TIMEOUT, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(CallError::Transport(format!(
+                            "no reply within {SERVER_DOWN_TIMEOUT:?}"
+                        )))
+                    });
                 (server_id, addr, result)
             })
         });
