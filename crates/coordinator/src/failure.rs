@@ -59,6 +59,14 @@ struct Watch {
     in_flight: bool,
 }
 
+impl Watch {
+    /// Silent for `failure_timeout` AND at least `MIN_FAILED_PINGS` pings
+    /// failed since its last reply (see the module comment for why both).
+    fn is_dead(&self, now: Instant, failure_timeout: Duration) -> bool {
+        self.failed >= MIN_FAILED_PINGS && now.duration_since(self.last_ok) >= failure_timeout
+    }
+}
+
 /// The detector's connections, one per pinged address.
 type Conns = Arc<Mutex<HashMap<String, RpcConn>>>;
 
@@ -140,12 +148,18 @@ pub(crate) async fn run_detector(
                 let dead = round(&coordinator, &timing, &conns, &mut watched, &mut pings);
                 if !dead.is_empty() {
                     let why = format!("no reply to pings for {:?}", timing.failure_timeout);
-                    if let Err(e) = coordinator.declare_dead(&dead, &why).await {
-                        // Not committed: still live on record, tried again next tick.
-                        warn!(servers = ?dead, "cannot declare silent servers dead: {}", e.message);
-                    }
-                    for id in &dead {
-                        watched.remove(id);
+                    match coordinator.declare_dead(&dead, &why).await {
+                        Ok(_) => {
+                            for id in &dead {
+                                watched.remove(id);
+                            }
+                        }
+                        // Not committed: still live on record, and still past
+                        // the timeout in `watched`, so tried again next tick.
+                        Err(e) => warn!(
+                            servers = ?dead,
+                            "cannot declare silent servers dead: {}", e.message
+                        ),
                     }
                 }
             }
@@ -190,7 +204,7 @@ fn round(
             failed: 0,
             in_flight: false,
         });
-        if w.failed >= MIN_FAILED_PINGS && now.duration_since(w.last_ok) >= timing.failure_timeout {
+        if w.is_dead(now, timing.failure_timeout) {
             dead.push(id);
             continue;
         }
@@ -204,4 +218,35 @@ fn round(
         }
     }
     dead
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_needs_both_the_timeout_and_failed_pings() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(500);
+        let watch = |failed| Watch {
+            addr: "127.0.0.1:1".into(),
+            last_ok: start,
+            failed,
+            in_flight: false,
+        };
+        let later = start + Duration::from_secs(5);
+        // A coordinator stalled for 5 s sent no pings: nobody is blamed.
+        assert!(!watch(0).is_dead(later, timeout));
+        // One slow reply is not a death.
+        assert!(!watch(1).is_dead(later, timeout));
+        assert!(watch(2).is_dead(later, timeout));
+        // Failed pings within the timeout are not yet a death.
+        assert!(!watch(5).is_dead(start + Duration::from_millis(499), timeout));
+        assert!(watch(5).is_dead(start + timeout, timeout));
+        let timing = Timing {
+            ping_interval: Duration::from_millis(100),
+            failure_timeout: timeout,
+        };
+        assert_eq!(timing.ping_timeout(), Duration::from_millis(250));
+    }
 }
