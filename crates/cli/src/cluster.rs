@@ -23,6 +23,11 @@ pub struct UpArgs {
     /// Memory budget per server, in MiB.
     #[arg(long, default_value_t = 4096)]
     memory_mb: usize,
+    /// Replicas of every log segment on other servers' disks (R); 0 = in
+    /// memory only. Default: min(2, servers - 1), at least 1 (one server
+    /// keeps its replicas on its own disk).
+    #[arg(long)]
+    replicas: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -35,10 +40,22 @@ pub struct CoordinatorArgs {
     /// Directory for the durable metadata.
     #[arg(long, default_value = "./insitu-data/coordinator")]
     dir: PathBuf,
+    /// Replicas of every log segment on other servers' disks (R); 0 = in
+    /// memory only (a server crash loses its objects).
+    #[arg(long, default_value_t = 2)]
+    replicas: u32,
+    /// A server that answers no ping for this long is declared dead and its
+    /// tablets recovered.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    failure_timeout_ms: u64,
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ServerArgs {
+    /// Without a subcommand: run a storage server.
+    #[command(subcommand)]
+    pub action: Option<ServerAction>,
     /// Coordinator address.
     #[arg(long, env = "INSITU_CLUSTER", default_value = "127.0.0.1:7070")]
     coordinator: String,
@@ -57,7 +74,7 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 4096)]
     memory_mb: usize,
     /// Take over the addresses of a registered server with another identity
-    /// (one that is dead; its tablets are re-created empty). Without it, the
+    /// (one that is dead: it is declared dead and its tablets recovered). Without it, the
     /// coordinator refuses a server whose address another server already has.
     #[arg(long)]
     replace: bool,
@@ -89,6 +106,33 @@ pub struct ServerArgs {
 enum SyncArg {
     Interval,
     Always,
+}
+
+/// What `insitu server SUBCOMMAND` does instead of running a server.
+#[derive(clap::Subcommand)]
+pub enum ServerAction {
+    /// Declare server ID dead now (it is gone for good): its tablets are
+    /// recovered onto the live servers. `insitu status` lists the ids.
+    Remove {
+        /// The server's id.
+        id: u64,
+    },
+}
+
+/// "R = 2 replicas per segment", or the warning that goes with R = 0.
+fn replicas_note(replicas: u32) -> String {
+    match replicas {
+        0 => "R = 0: in-memory only: a server crash loses its objects".to_string(),
+        1 => "R = 1 replica per segment".to_string(),
+        r => format!("R = {r} replicas per segment"),
+    }
+}
+
+/// `insitu up`'s default R: min(2, servers - 1), at least 1.
+fn default_up_replicas(servers: usize) -> u32 {
+    u32::try_from(servers.saturating_sub(1))
+        .unwrap_or(2)
+        .clamp(1, 2)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -162,8 +206,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         // Re-create the previous run's tablets once all servers are in, so
         // they spread over all of them.
         config.rehome_after_servers = args.servers;
+        config.replicas = args.replicas.unwrap_or(default_up_replicas(args.servers));
         let coordinator = insitu_coordinator::start(config, listener).await?;
-        let kept = coordinator.orphaned_table_names();
+        let kept = coordinator.awaiting_recovery_table_names();
+        let replicas = coordinator.replicas();
         let addr = coordinator.addr().to_string();
         let mut servers = Vec::new();
         for i in 0..args.servers {
@@ -171,9 +217,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
-        println!("insitu is up: coordinator at {addr}, {} servers, {shards} shards, data under {}", servers.len(), args.dir.display());
+        println!("insitu is up: coordinator at {addr}, {} servers, {shards} shards, {}, data under {}", servers.len(), replicas_note(replicas), args.dir.display());
         if !kept.is_empty() {
-            println!("warning: {}", kept_tables_warning(&kept));
+            println!("warning: {}", kept_tables_warning(&kept, replicas));
         }
         println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
         println!("  Ctrl-C to stop.");
@@ -191,14 +237,17 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-        // Standalone servers may outlive the coordinator: keep them (a server
-        // restarted on the same addresses retires its old entry when it enlists).
-        let handle =
-            insitu_coordinator::start(CoordinatorConfig::new(args.dir.clone()), listener).await?;
+        // Standalone servers may outlive the coordinator: keep them (those
+        // that do not answer pings are declared dead and recovered).
+        let mut config = CoordinatorConfig::new(args.dir.clone());
+        config.replicas = args.replicas;
+        config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
+        let handle = insitu_coordinator::start(config, listener).await?;
         println!(
-            "insitu coordinator at {}, metadata in {}",
+            "insitu coordinator at {}, metadata in {}, {}",
             handle.addr(),
-            args.dir.display()
+            args.dir.display(),
+            replicas_note(handle.replicas())
         );
         wait_for_stop().await?;
         handle.shutdown().await;
@@ -233,8 +282,9 @@ pub fn server(args: ServerArgs) -> anyhow::Result<()> {
 }
 
 /// "N tables from a previous run kept (a, b, ...), their objects were held
-/// in memory only and are gone".
-fn kept_tables_warning(names: &[String]) -> String {
+/// in memory only and are gone" (R = 0), or that they are recovered from the
+/// replicas the servers kept.
+fn kept_tables_warning(names: &[String], replicas: u32) -> String {
     const SHOWN: usize = 5;
     let mut list: Vec<String> = names.iter().take(SHOWN).map(|n| format!("{n:?}")).collect();
     if names.len() > SHOWN {
@@ -245,8 +295,15 @@ fn kept_tables_warning(names: &[String]) -> String {
     } else {
         ("tables", "their")
     };
+    if replicas == 0 {
+        return format!(
+            "{} {tables} from a previous run kept ({}), {their} objects were held in memory only and are gone",
+            names.len(),
+            list.join(", ")
+        );
+    }
     format!(
-        "{} {tables} from a previous run kept ({}), {their} objects were held in memory only and are gone",
+        "{} {tables} from a previous run kept ({}): {their} objects are recovered from the replicas the servers kept in their --dir; objects without a replica are gone",
         names.len(),
         list.join(", ")
     )
@@ -260,4 +317,24 @@ async fn wait_for_stop() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_replicas_default_and_banner_notes() {
+        // min(2, servers - 1), at least 1: one server keeps replicas on its own disk.
+        let got: Vec<u32> = [1, 2, 3, 8]
+            .iter()
+            .map(|n| default_up_replicas(*n))
+            .collect();
+        assert_eq!(got, vec![1, 1, 2, 2]);
+        assert!(replicas_note(0).contains("in-memory only: a server crash loses its objects"));
+        assert_eq!(replicas_note(2), "R = 2 replicas per segment");
+        let kept = vec!["t".to_string()];
+        assert!(kept_tables_warning(&kept, 0).contains("held in memory only and are gone"));
+        assert!(kept_tables_warning(&kept, 1).contains("recovered from the replicas"));
+    }
 }

@@ -50,7 +50,7 @@ pub enum TabletCmd {
     },
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -213,7 +213,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
             let (client, t) = open(cluster, &table).await?;
             load(&client, t.id, &file, batch).await?;
         }
-        Command::Status => status(cluster).await?,
+        Command::Status => crate::status::status(cluster).await?,
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Server(_)
@@ -436,49 +436,6 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
         "loaded {loaded} objects in {secs:.2} s ({:.0} objects/s)",
         loaded as f64 / secs.max(1e-9)
     )?;
-    Ok(())
-}
-
-async fn status(cluster: &ClusterArg) -> anyhow::Result<()> {
-    let client = connect(cluster).await?;
-    let servers = client.list_servers().await?;
-    let tables = client.list_tables().await?;
-    crate::outln!(
-        "coordinator {}: {} servers, {} tables",
-        cluster.cluster,
-        servers.len(),
-        tables.len()
-    )?;
-    crate::outln!(
-        "{:>6} {:>6} {:<22} {:>8} {:>12} {:>12} {:>12}",
-        "server",
-        "shard",
-        "address",
-        "tablets",
-        "objects",
-        "live MiB",
-        "used MiB"
-    )?;
-    for s in servers {
-        for (i, addr) in s.shard_addrs.iter().enumerate() {
-            match client.shard_stats(addr).await {
-                Ok(st) => {
-                    let objects: u64 = st.tablets.iter().map(|t| t.objects).sum();
-                    crate::outln!(
-                        "{:>6} {:>6} {:<22} {:>8} {:>12} {:>12.1} {:>12.1}",
-                        s.id,
-                        i,
-                        addr,
-                        st.tablets.len(),
-                        objects,
-                        st.live_bytes as f64 / 1048576.0,
-                        st.segment_bytes as f64 / 1048576.0
-                    )?;
-                }
-                Err(e) => crate::outln!("{:>6} {:>6} {:<22} unreachable: {e}", s.id, i, addr)?,
-            }
-        }
-    }
     Ok(())
 }
 

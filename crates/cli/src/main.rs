@@ -4,6 +4,7 @@
 mod cluster;
 mod data;
 mod ops;
+mod status;
 
 use std::path::PathBuf;
 
@@ -39,7 +40,7 @@ enum Command {
     Up(cluster::UpArgs),
     /// Run the coordinator: tables, tablet map, server membership (metadata kept durably in --dir).
     Coordinator(cluster::CoordinatorArgs),
-    /// Run a storage server that enlists with a coordinator.
+    /// Run a storage server that enlists with a coordinator (or `server remove ID`: declare one dead).
     Server(cluster::ServerArgs),
     /// Create, list or drop tables.
     #[command(subcommand)]
@@ -199,6 +200,8 @@ fn refuse_cluster_for_roles(matches: &clap::ArgMatches, command: &Command) -> an
     let hint = match command {
         Command::Up(_) => "`insitu up` runs its own coordinator: choose its port with --port",
         Command::Coordinator(_) => "`insitu coordinator` listens on --host and --port",
+        // `insitu server remove ID` is a client command.
+        Command::Server(args) if args.action.is_some() => return Ok(()),
         Command::Server(_) => "`insitu server` takes the coordinator's address as --coordinator",
         Command::Bench(_) => "the benchmarks start their own clusters",
         _ => return Ok(()),
@@ -240,6 +243,13 @@ fn main() -> std::process::ExitCode {
             init_tracing("info");
             abort_on_panic();
             cluster::coordinator(args)
+        }
+        Command::Server(cluster::ServerArgs {
+            action: Some(cluster::ServerAction::Remove { id }),
+            ..
+        }) => {
+            init_tracing("warn");
+            status::remove_server(id, cluster)
         }
         Command::Server(args) => {
             init_tracing("info");

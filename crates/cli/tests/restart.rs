@@ -118,7 +118,7 @@ fn up_restarted_on_its_dir_serves_the_old_tables_again() {
     assert!(
         warning.contains("1 table")
             && warning.contains("\"t\"")
-            && warning.contains("held in memory only and are gone"),
+            && warning.contains("recovered from the replicas"),
         "{warning}"
     );
 

@@ -138,6 +138,16 @@ impl Client {
         self.expect_done(&reply)
     }
 
+    /// Declare server `server_id` dead now (`insitu server remove`): the
+    /// coordinator recovers its tablets onto the live servers. Not an error
+    /// for a server already dead; `Status::UnknownServer` for an unknown id.
+    pub async fn remove_server(&self, server_id: u64) -> Result<(), ClientError> {
+        let reply = self
+            .coord_call(&Request::RemoveServer { server_id }, true, self.deadline())
+            .await?;
+        self.expect_done(&reply)
+    }
+
     /// Memory and tablet figures of the shard at `addr`.
     pub async fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
         let ep = self.inner.pool.get(addr);

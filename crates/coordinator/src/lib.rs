@@ -2,9 +2,9 @@
 //!
 //! Start it with [`start`] on a bound listener; it serves the metadata
 //! requests of `insitu_protocol` (Enlist, CreateTable, DropTable, OpenTable,
-//! TableMap, ListTables, ListServers, MoveTablet, Ping) and drives storage
-//! shards with the control requests (TakeTablet, DropTablet, MigrateTablet,
-//! ActivateTablet).
+//! TableMap, ListTables, ListServers, MoveTablet, RemoveServer, Ping) and
+//! drives storage shards with the control requests (TakeTablet, DropTablet,
+//! MigrateTablet, ActivateTablet, ServerDown).
 //!
 //! Metadata is durable in `DIR/coordinator.redb`; the layout is documented in
 //! the `store` module. Every change is one redb write transaction, committed
@@ -45,40 +45,41 @@
 //! background (`reconcile.rs`). The reply to a move is the table's new map
 //! (`Response::Table`).
 //!
-//! # Dead servers: retirement and orphaned tablets
-//! Storage servers hold objects in memory only (no replicas yet), so when a
-//! server's process is gone its tablets' objects are gone too. A server known
-//! to be gone is *retired*: removed from the server list, its tablets
-//! *orphaned* (owner id 0, empty address) under a new map version. This
-//! happens
-//! - on `Enlist`, to a known server with the enlisting one's identity (the
-//!   same server restarted), or sharing a shard address with it if that
-//!   server has no identity on record or the new one says `replace`;
+//! # Dead servers, failure detection and recovery
+//! A server is *dead* once the coordinator says so, durably (`dead_servers`
+//! in redb): then nothing is routed to it, its tablets answer `Retry` in
+//! `OpenTable`/`TableMap` (clients back off), every live shard gets
+//! `ServerDown{id}`, and the recovery driver (`death.rs`) calls
+//! `recovery::recover_server`, retrying with back-off, once at least one
+//! server (and `rehome_after_servers`) is live. Recovery gives each tablet
+//! to a live shard and forgets the server. A server is declared dead
+//! - by the failure detector (`failure.rs`): no reply to pings of its backup
+//!   address (shard 0's if it has none) for `failure_timeout`;
+//! - by `RemoveServer` (`insitu server remove ID`);
+//! - on `Enlist` (*retirement*), when a live server has the enlisting one's
+//!   identity (the same server restarted), or shares a shard address with it
+//!   and has no identity on record or the new one says `replace`;
 //! - at start with [`CoordinatorConfig::forget_servers`] (`insitu up`, whose
-//!   servers lived in the previous coordinator process), to every server.
+//!   servers lived in the previous coordinator process), every server.
 //!
-//! A server is identified by the identity it keeps in its data directory: a
-//! known server with another identity on the same address is not retired but
-//! the enlistment refused (unless the new server says `replace`).
+//! A dead server never comes back: a process that answers again must enlist,
+//! and gets a new id. A known live server with another identity on the same
+//! address is not retired: the enlistment is refused (unless `replace`).
 //!
-//! Every `Enlist` then re-homes all orphaned tablets, EMPTY, round-robin over
-//! the shards of every live server (once `rehome_after_servers` are in):
-//! `TakeTablet{Active, v}` to each shard, then the new owners under the new global map version `v`, committed before the
-//! reply, with a warning naming the tables whose objects were lost. A tablet
-//! whose TakeTablet fails stays orphaned until the next enlist.
-//!
-//! While a table has an orphaned tablet, `OpenTable` and `TableMap` answer
-//! `Status::Retry` "tablet N of table T has no live server yet": clients back
-//! off and retry within their timeout, then fail with that message.
-//! `ListTables` still lists it. Retirement and re-homing are each one redb
-//! transaction, so a coordinator stopped mid-way restarts with its orphaned
-//! tablets still orphaned, to be re-homed at the next enlist.
+//! *Orphaned* tablets (owner id 0) are left only by an older coordinator
+//! version, the interim recovery (which re-creates tablets empty) or a failed
+//! re-homing; every `Enlist` re-homes them, EMPTY, round-robin over the live
+//! shards. Every step is one redb transaction, so a coordinator stopped
+//! mid-way restarts with its dead servers still dead and recovers them then.
 
 mod conn;
+mod death;
+mod failure;
 mod membership;
 mod model;
 mod moves;
 mod reconcile;
+mod recovery;
 mod service;
 mod shards;
 mod store;
@@ -119,7 +120,20 @@ pub struct CoordinatorConfig {
     pub rehome_after_servers: usize,
     /// Connection limits: count, idle and stall timeouts, frame budget.
     pub limits: ConnLimits,
+    /// Replicas per log segment (R) the servers keep on other servers'
+    /// backups; 0 = in-memory only (a server crash loses its objects).
+    /// Persisted; the configured value wins at every start. Default 2.
+    pub replicas: u32,
+    /// How often every live server is pinged (`failure.rs`). Default 100 ms.
+    pub ping_interval: Duration,
+    /// A live server that has answered no ping for this long (and missed at
+    /// least two) is declared dead. Default 500 ms.
+    pub failure_timeout: Duration,
 }
+
+/// Most replicas per segment a coordinator accepts: more would multiply
+/// every write for no practical gain, and a typo (`--replicas 20`) should fail.
+pub const MAX_REPLICAS: u32 = 8;
 
 impl CoordinatorConfig {
     /// Metadata in `dir`, every other setting at its default.
@@ -129,7 +143,30 @@ impl CoordinatorConfig {
             forget_servers: false,
             rehome_after_servers: 0,
             limits: ConnLimits::default(),
+            replicas: 2,
+            ping_interval: Duration::from_millis(100),
+            failure_timeout: Duration::from_millis(500),
         }
+    }
+
+    /// Refuse settings that cannot work, naming the setting.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.replicas <= MAX_REPLICAS,
+            "replicas must be 0 to {MAX_REPLICAS}, got {}",
+            self.replicas
+        );
+        anyhow::ensure!(
+            !self.ping_interval.is_zero(),
+            "the ping interval must be positive"
+        );
+        anyhow::ensure!(
+            self.failure_timeout > self.ping_interval,
+            "the failure timeout ({:?}) must be longer than the ping interval ({:?})",
+            self.failure_timeout,
+            self.ping_interval
+        );
+        Ok(())
     }
 }
 
@@ -142,6 +179,10 @@ pub struct CoordinatorHandle {
     task: JoinHandle<()>,
     /// Finishes or undoes interrupted tablet moves (`reconcile.rs`).
     reconciler: JoinHandle<()>,
+    /// Pings every live server, declares the silent ones dead (`failure.rs`).
+    detector: JoinHandle<()>,
+    /// Recovers the tablets of dead servers (`death.rs`).
+    recoverer: JoinHandle<()>,
 }
 
 impl CoordinatorHandle {
@@ -162,15 +203,34 @@ impl CoordinatorHandle {
         self.coordinator.orphaned_table_names()
     }
 
+    /// Names of the tables (by id) that have a tablet waiting for recovery:
+    /// owned by a dead server, or orphaned.
+    pub fn awaiting_recovery_table_names(&self) -> Vec<String> {
+        self.coordinator.model().awaiting_recovery_table_names()
+    }
+
+    /// The cluster's id (random, created with the metadata).
+    pub fn cluster_id(&self) -> u64 {
+        self.coordinator.model().cluster_id
+    }
+
+    /// Replicas per segment (R) the servers are told to keep.
+    pub fn replicas(&self) -> u32 {
+        self.coordinator.model().replicas
+    }
+
     /// Stop accepting, close connections, flush metadata; resolves when done.
     ///
     /// A request being handled is finished first (its reply is sent), so a
     /// move in progress completes or is undone before this returns.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        // Every step of reconciliation is safe to stop and repeat.
-        self.reconciler.abort();
-        let _ = self.reconciler.await;
+        // Every step of reconciliation, detection and recovery is safe to
+        // stop and repeat.
+        for task in [self.reconciler, self.detector, self.recoverer] {
+            task.abort();
+            let _ = task.await;
+        }
         if let Err(e) = self.task.await {
             error!("coordinator task failed: {e}");
         }
@@ -183,10 +243,10 @@ impl CoordinatorHandle {
     /// released, so a new coordinator can open the same directory.
     #[doc(hidden)]
     pub async fn crash(self) {
-        self.reconciler.abort();
-        self.task.abort();
-        let _ = self.reconciler.await;
-        let _ = self.task.await;
+        for task in [self.reconciler, self.detector, self.recoverer, self.task] {
+            task.abort();
+            let _ = task.await;
+        }
         // Connection tasks are aborted with the accept loop's task set; they
         // release their reference when the runtime drops them.
         for _ in 0..500 {
@@ -210,30 +270,48 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("coordinator listener has no local address")?;
+    config.check()?;
     let conns = Arc::new(conn::Shared::new(config.limits.clone())?);
     let dir: PathBuf = config.dir.clone();
-    let (store, model) = tokio::task::spawn_blocking(move || Store::open(&dir))
+    let replicas = config.replicas;
+    let (store, model, opened) = tokio::task::spawn_blocking(move || Store::open(&dir, replicas))
         .await
         .context("opening the metadata database")??;
     info!(
         %addr,
         tables = model.tables.len(),
         servers = model.servers.len(),
+        dead_servers = model.dead.len(),
         map_version = model.map_version,
+        cluster_id = format_args!("{:016x}", model.cluster_id),
+        new_cluster = opened.new_cluster,
+        replicas = model.replicas,
         "coordinator started"
     );
+    if model.replicas == 0 {
+        warn!("replicas = 0: objects are in memory only; a server crash loses its objects");
+    }
+    if let Some(previous) = opened.previous_replicas.filter(|p| *p != model.replicas) {
+        warn!(
+            previous,
+            now = model.replicas,
+            "replicas per segment changed by configuration; segments replicated from now on get the new count"
+        );
+    }
     let coordinator = Arc::new(Coordinator::new(store, model, config.rehome_after_servers));
     if config.forget_servers {
         // Committed before the first request is served.
-        let retired = coordinator.retire_all().await.map_err(|e| {
-            anyhow::anyhow!("retiring the servers of the previous run: {}", e.message)
+        let dead = coordinator.declare_all_dead().await.map_err(|e| {
+            anyhow::anyhow!(
+                "declaring the servers of the previous run dead: {}",
+                e.message
+            )
         })?;
-        let orphaned = coordinator.orphaned_table_names();
-        if retired > 0 || !orphaned.is_empty() {
+        if dead > 0 {
             warn!(
-                servers = retired,
-                tables = ?orphaned,
-                "forgot the storage servers of the previous run: these tables' objects were held in memory only and are gone; their tablets are re-created empty as servers enlist"
+                servers = dead,
+                tables = ?coordinator.model().awaiting_recovery_table_names(),
+                "the storage servers of the previous run are gone: their tablets are recovered from replicas once the servers enlist"
             );
         }
     }
@@ -244,6 +322,17 @@ pub async fn start(
         coordinator.clone(),
         shutdown.clone(),
     ));
+    let detector = tokio::spawn(failure::run_detector(
+        coordinator.clone(),
+        failure::Timing {
+            ping_interval: config.ping_interval,
+            failure_timeout: config.failure_timeout,
+        },
+        shutdown.clone(),
+    ));
+    // Dead servers on record (from a previous run or `forget_servers`) are
+    // recovered as soon as enough servers are live.
+    let recoverer = tokio::spawn(death::run_recoverer(coordinator.clone(), shutdown.clone()));
     let task = tokio::spawn(accept_loop(
         listener,
         coordinator.clone(),
@@ -257,6 +346,8 @@ pub async fn start(
         shutdown,
         task,
         reconciler,
+        detector,
+        recoverer,
     })
 }
 

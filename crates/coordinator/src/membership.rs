@@ -1,5 +1,5 @@
-//! Membership: servers enlisting, retirement of dead servers, and re-homing
-//! their orphaned tablets.
+//! Membership: servers enlisting, retirement (a server replaced by a new
+//! process is declared dead), and re-homing orphaned tablets.
 
 use futures::future::join_all;
 use insitu_protocol::{Request, Response, TabletState};
@@ -15,8 +15,9 @@ impl Coordinator {
     /// Register a server under a new id.
     ///
     /// A server names itself by `identity`, a random value it keeps in its
-    /// data directory. A known server is retired (forgotten; its tablets
-    /// become orphaned) when
+    /// data directory. A known live server is retired (declared dead, in the
+    /// same transaction that registers the new one; its tablets are then
+    /// recovered, see `death.rs`) when
     /// - it has the same identity: the same server restarted, so its previous
     ///   process, and that process's in-memory objects, are gone;
     /// - it shares a shard address with the new server and either has no
@@ -30,16 +31,20 @@ impl Coordinator {
     /// An empty `identity` (a server that keeps none) falls back to matching by
     /// address alone.
     ///
-    /// Then every orphaned tablet (of this retirement, of an earlier one, or
-    /// of `CoordinatorConfig::forget_servers`) is re-homed, EMPTY, round-robin
-    /// over the shards of every live server (see `rehome`), once at least
-    /// `CoordinatorConfig::rehome_after_servers` servers are registered. All
-    /// of it is committed before the reply.
+    /// Dead servers are ignored here: their addresses and identities are
+    /// free for new servers.
+    ///
+    /// Then every orphaned tablet (left by an older coordinator, or by a
+    /// failed re-homing) is re-homed, EMPTY, round-robin over the shards of
+    /// every live server (see `rehome`), once at least
+    /// `CoordinatorConfig::rehome_after_servers` servers are live. All of it
+    /// is committed before the reply. The reply carries the cluster id and R.
     pub(crate) async fn enlist(
         &self,
         shard_addrs: Vec<String>,
         identity: String,
         replace: bool,
+        backup_addr: String,
     ) -> Reply {
         if shard_addrs.is_empty() || shard_addrs.len() > MAX_SHARDS_PER_SERVER {
             return Err(Reject::bad(format!(
@@ -60,15 +65,22 @@ impl Coordinator {
                 "a server identity must be at most {MAX_IDENTITY_BYTES} printable bytes without spaces, got {identity:?}"
             )));
         }
+        if !backup_addr.is_empty() {
+            validate_addr(&backup_addr)
+                .map_err(|e| Reject::bad(format!("backup address {backup_addr:?}: {e}")))?;
+        }
         let guard = self.meta_lock.lock().await;
         let shards = shard_addrs.len();
-        // (1) Retire the servers that are gone, register the new one, and
-        // reserve the map version of the re-homing, in one transaction.
-        let (id, retired, orphans, ops, rehome_version, slots) = {
+        // (1) Declare the servers that are gone dead, register the new one,
+        // and reserve the map version of the re-homing, in one transaction.
+        let (id, retired, orphans, ops, rehome_version, slots, cluster) = {
             let model = self.model();
             let id = model.next_server_id;
             let mut retired: Vec<(u64, Vec<String>)> = Vec::new();
             for (old_id, addrs) in &model.servers {
+                if model.dead.contains(old_id) {
+                    continue;
+                }
                 let old_identity = model.identities.get(old_id).map(String::as_str);
                 let same = !identity.is_empty() && old_identity == Some(identity.as_str());
                 let shared = addrs.iter().find(|a| shard_addrs.contains(a));
@@ -82,7 +94,8 @@ impl Coordinator {
                                  (identity {old}); this server has identity {identity}. Two servers \
                                  cannot advertise the same address: give each its own --host/--port. \
                                  If server {old_id} is dead and this one replaces it, start this one \
-                                 with --replace (its tablets are then re-created empty)"
+                                 with --replace (server {old_id} is then declared dead and its \
+                                 tablets recovered), or remove it first with `insitu server remove {old_id}`"
                             )));
                         }
                         _ => true,
@@ -92,17 +105,16 @@ impl Coordinator {
                     retired.push((*old_id, addrs.clone()));
                 }
             }
-            let retired_ids: Vec<u64> = retired.iter().map(|(id, _)| *id).collect();
             let mut version = model.map_version;
-            let mut ops = Vec::new();
-            if !retired_ids.is_empty() {
-                version += 1;
-                ops = model.retire_ops(&retired_ids, version);
-            }
+            let mut ops: Vec<Op> = retired
+                .iter()
+                .map(|(id, _)| Op::MarkDead { id: *id })
+                .collect();
             ops.push(Op::PutServer {
                 id,
                 shard_addrs: shard_addrs.clone(),
                 identity: identity.clone(),
+                backup_addr: backup_addr.clone(),
             });
             ops.push(Op::Counter(NEXT_SERVER_ID, id + 1));
             // The tablets orphaned now and those orphaned before.
@@ -110,7 +122,7 @@ impl Coordinator {
             drop(model);
             after.apply(&ops);
             let mut orphans = after.orphaned_tablets();
-            if after.servers.len() < self.rehome_after_servers {
+            if after.live_servers().len() < self.rehome_after_servers {
                 // Wait for the rest of the expected servers, so the tablets
                 // spread over all of them instead of landing on the first.
                 orphans.clear();
@@ -129,7 +141,8 @@ impl Coordinator {
                     Some((server, shard, addr))
                 })
                 .collect();
-            (id, retired, orphans, ops, version, slots)
+            let cluster = (after.cluster_id, after.replicas);
+            (id, retired, orphans, ops, version, slots, cluster)
         };
         self.commit(&guard, ops).await?;
         for (old_id, old_addrs) in &retired {
@@ -137,27 +150,31 @@ impl Coordinator {
                 server_id = old_id,
                 addrs = ?old_addrs,
                 new_server_id = id,
-                "server retired: it re-enlisted (restart), or a new server enlisted on one of its addresses, so its process is gone"
+                "server declared dead: it re-enlisted (restart), or a new server enlisted on one of its addresses, so its process is gone; its tablets are recovered"
             );
         }
-        // A cached connection to one of these addresses led to a dead process.
-        for addr in retired.iter().flat_map(|(_, a)| a).chain(&shard_addrs) {
+        // A cached connection to one of these addresses led to an old process.
+        for addr in &shard_addrs {
             self.shards.forget(addr);
         }
-        info!(server_id = id, shards, addrs = ?shard_addrs, "server enlisted");
-        if !retired.is_empty() {
-            // A recorded move may involve a retired server: re-check it now.
-            self.reconcile_wake.notify_one();
-        }
+        info!(server_id = id, shards, addrs = ?shard_addrs, backup_addr, "server enlisted");
         if !orphans.is_empty() {
             self.rehome(&guard, id, &slots, orphans, rehome_version)
                 .await;
         }
         drop(guard);
+        let retired_ids: Vec<u64> = retired.iter().map(|(id, _)| *id).collect();
+        if !retired_ids.is_empty() {
+            // ServerDown to the live shards, then recovery (woken there).
+            self.after_death(&retired_ids).await;
+        }
+        // Recovery may have been waiting for live servers.
+        self.recovery_wake.notify_one();
+        let (cluster_id, replicas) = cluster;
         Ok(Response::Enlisted {
             server_id: id,
-            cluster_id: 0,
-            replicas: 0,
+            cluster_id,
+            replicas,
         })
     }
 
@@ -280,28 +297,8 @@ impl Coordinator {
             map_version = version,
             tablets = rehomed.len(),
             tables = %names.join(", "),
-            "orphaned tablets re-homed EMPTY: their objects were held in memory only by a server that is gone (no replicas yet) and are lost"
+            "orphaned tablets re-homed EMPTY: their objects were held in memory only by a server that is gone and are lost"
         );
-    }
-
-    /// Retire every known server (`CoordinatorConfig::forget_servers`): their
-    /// tablets become orphaned, and are re-homed as servers enlist.
-    /// Returns how many servers were retired.
-    pub async fn retire_all(&self) -> Result<usize, Reject> {
-        let guard = self.meta_lock.lock().await;
-        let (ops, count) = {
-            let model = self.model();
-            let ids: Vec<u64> = model.servers.keys().copied().collect();
-            if ids.is_empty() {
-                return Ok(0);
-            }
-            let version = model.map_version + 1;
-            let mut ops = model.retire_ops(&ids, version);
-            ops.push(Op::Counter(MAP_VERSION, version));
-            (ops, ids.len())
-        };
-        self.commit(&guard, ops).await?;
-        Ok(count)
     }
 
     /// Names of the tables that have tablets no live server holds yet.

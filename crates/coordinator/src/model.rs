@@ -12,10 +12,18 @@
 //! and its `shard` is 0. Its objects were held in memory by the dead process
 //! and are lost. It keeps its hash range, so the table still covers the whole
 //! hash space, and it is re-homed, empty, onto the next server that enlists.
+//!
+//! # Dead servers
+//! A server declared dead (failure detection, `RemoveServer`, or retirement
+//! when its identity enlists again) stays on record, marked in `dead`, until
+//! its tablets are recovered: they keep naming it as their owner (so recovery
+//! knows whose replicas to read) but no request is routed to it
+//! ([`Model::shard_addr`] answers only for live servers) and `OpenTable` /
+//! `TableMap` answer `Retry` for them. Recovery then forgets the server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use insitu_protocol::{ServerInfo, TableInfo, TabletInfo};
+use insitu_protocol::{ServerInfo, ServerState, TableInfo, TabletInfo};
 
 /// `Tablet::server_id` of an orphaned tablet: no live server owns it.
 pub const ORPHANED: u64 = 0;
@@ -65,6 +73,10 @@ pub struct Table {
 pub const NEXT_TABLE_ID: &str = "next_table_id";
 pub const NEXT_SERVER_ID: &str = "next_server_id";
 pub const MAP_VERSION: &str = "map_version";
+/// The cluster's random id, created when the database is (never 0).
+pub const CLUSTER_ID: &str = "cluster_id";
+/// Replicas per segment (R), as last configured.
+pub const REPLICAS: &str = "replicas";
 
 /// One durable change. A request's changes are committed together.
 #[derive(Clone, Debug)]
@@ -76,7 +88,12 @@ pub enum Op {
         shard_addrs: Vec<String>,
         /// The identity the server keeps in its data directory ("" if it sent none).
         identity: String,
+        /// Its backup service's address ("" if it runs none).
+        backup_addr: String,
     },
+    /// The server is declared dead: no request is routed to it any more; its
+    /// tablets wait for recovery (see "Dead servers" above).
+    MarkDead { id: u64 },
     /// Forget a (retired) server. Its tablets are orphaned by `PutTablet`s in
     /// the same change (see [`Model::retire_ops`]).
     DeleteServer { id: u64 },
@@ -108,11 +125,19 @@ pub struct Model {
     pub servers: BTreeMap<u64, Vec<String>>,
     /// Server id -> the identity it keeps in its `--dir` (absent: none sent).
     pub identities: BTreeMap<u64, String>,
+    /// Server id -> its backup service's address (absent: none sent).
+    pub backup_addrs: BTreeMap<u64, String>,
+    /// Servers declared dead, still on record until their tablets are recovered.
+    pub dead: BTreeSet<u64>,
     /// Moves in progress, by (table id, tablet index).
     pub moves: BTreeMap<(u64, u32), MoveRecord>,
     pub next_table_id: u64,
     pub next_server_id: u64,
     pub map_version: u64,
+    /// Random, created with the database: backups label replicas with it.
+    pub cluster_id: u64,
+    /// Replicas per segment (R); 0 = in-memory only.
+    pub replicas: u32,
 }
 
 impl Model {
@@ -134,6 +159,8 @@ impl Model {
                     NEXT_TABLE_ID => self.next_table_id = *value,
                     NEXT_SERVER_ID => self.next_server_id = *value,
                     MAP_VERSION => self.map_version = *value,
+                    CLUSTER_ID => self.cluster_id = *value,
+                    REPLICAS => self.replicas = u32::try_from(*value).unwrap_or(u32::MAX),
                     other => tracing::error!(
                         counter = other,
                         "unknown counter in a change (ignored in memory)"
@@ -143,6 +170,7 @@ impl Model {
                     id,
                     shard_addrs,
                     identity,
+                    backup_addr,
                 } => {
                     self.servers.insert(*id, shard_addrs.clone());
                     if identity.is_empty() {
@@ -150,10 +178,22 @@ impl Model {
                     } else {
                         self.identities.insert(*id, identity.clone());
                     }
+                    if backup_addr.is_empty() {
+                        self.backup_addrs.remove(id);
+                    } else {
+                        self.backup_addrs.insert(*id, backup_addr.clone());
+                    }
+                }
+                Op::MarkDead { id } => {
+                    if self.servers.contains_key(id) {
+                        self.dead.insert(*id);
+                    }
                 }
                 Op::DeleteServer { id } => {
                     self.servers.remove(id);
                     self.identities.remove(id);
+                    self.backup_addrs.remove(id);
+                    self.dead.remove(id);
                 }
                 Op::PutMove {
                     table,
@@ -211,8 +251,26 @@ impl Model {
         }
     }
 
-    /// Address of a server's shard, if both exist.
+    /// Whether `server_id` is on record and not declared dead.
+    pub fn is_live(&self, server_id: u64) -> bool {
+        self.servers.contains_key(&server_id) && !self.dead.contains(&server_id)
+    }
+
+    /// Ids of the live servers, ascending.
+    pub fn live_servers(&self) -> Vec<u64> {
+        self.servers
+            .keys()
+            .copied()
+            .filter(|id| !self.dead.contains(id))
+            .collect()
+    }
+
+    /// Address of a LIVE server's shard, if both exist: every caller uses it
+    /// to reach the shard, and a dead server's shards must not be asked.
     pub fn shard_addr(&self, server_id: u64, shard: u32) -> Option<&str> {
+        if self.dead.contains(&server_id) {
+            return None;
+        }
         self.servers
             .get(&server_id)?
             .get(shard as usize)
@@ -267,13 +325,39 @@ impl Model {
             .collect()
     }
 
-    /// Index of the first orphaned tablet of table `id`, if any.
+    /// Index of the first tablet of table `id` that no live server holds
+    /// (orphaned, or owned by a dead server awaiting recovery), if any.
     pub fn first_orphan(&self, id: u64) -> Option<usize> {
         self.tables
             .get(&id)?
             .tablets
             .iter()
-            .position(Tablet::is_orphaned)
+            .position(|t| t.is_orphaned() || self.dead.contains(&t.server_id))
+    }
+
+    /// Names of the tables (by id) with a tablet no live server holds:
+    /// orphaned, or owned by a dead server awaiting recovery.
+    pub fn awaiting_recovery_table_names(&self) -> Vec<String> {
+        self.tables
+            .values()
+            .filter(|t| self.first_orphan(t.id).is_some())
+            .map(|t| t.name.clone())
+            .collect()
+    }
+
+    /// Every tablet owned by `server_id`: (table id, index, tablet), by table id then index.
+    pub fn tablets_of(&self, server_id: u64) -> Vec<(u64, u32, Tablet)> {
+        self.tables
+            .values()
+            .flat_map(|table| {
+                table
+                    .tablets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.server_id == server_id)
+                    .map(|(i, t)| (table.id, i as u32, t.clone()))
+            })
+            .collect()
     }
 
     /// The map of table `id`. An orphaned tablet is listed with server id
@@ -309,20 +393,29 @@ impl Model {
             .map(|(id, addrs)| ServerInfo {
                 id: *id,
                 shard_addrs: addrs.clone(),
-                backup_addr: String::new(),
-                state: insitu_protocol::ServerState::Up,
+                backup_addr: self.backup_addrs.get(id).cloned().unwrap_or_default(),
+                state: if self.dead.contains(id) {
+                    ServerState::Dead
+                } else {
+                    ServerState::Up
+                },
             })
             .collect()
     }
 
-    /// Every (server, shard) pair in placement order: shard 0 of every server
-    /// (by id), then shard 1 of every server that has one, and so on, so that
-    /// consecutive tablets land on different servers first.
+    /// Every (server, shard) pair of the live servers in placement order:
+    /// shard 0 of every server (by id), then shard 1 of every server that has
+    /// one, and so on, so that consecutive tablets land on different servers first.
     pub fn placement_slots(&self) -> Vec<(u64, u32)> {
-        let max_shards = self.servers.values().map(Vec::len).max().unwrap_or(0);
+        let live = || {
+            self.servers
+                .iter()
+                .filter(|(id, _)| !self.dead.contains(id))
+        };
+        let max_shards = live().map(|(_, a)| a.len()).max().unwrap_or(0);
         let mut slots = Vec::new();
         for shard in 0..max_shards {
-            for (id, addrs) in &self.servers {
+            for (id, addrs) in live() {
                 if shard < addrs.len() {
                     slots.push((*id, shard as u32));
                 }
@@ -374,7 +467,11 @@ impl Model {
                         table.id, t.start_hash, t.end_hash
                     ));
                 }
-                if !t.is_orphaned() && self.shard_addr(t.server_id, t.shard).is_none() {
+                let known = self
+                    .servers
+                    .get(&t.server_id)
+                    .is_some_and(|a| (t.shard as usize) < a.len());
+                if !t.is_orphaned() && !known {
                     return Err(format!(
                         "table {} tablet {i}: owner server {} shard {} is unknown",
                         table.id, t.server_id, t.shard
@@ -417,116 +514,13 @@ impl Model {
                 self.next_server_id
             ));
         }
+        if let Some(id) = self.dead.iter().find(|id| !self.servers.contains_key(id)) {
+            return Err(format!("dead server {id} is not on record"));
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn model_with_servers(shards: &[usize]) -> Model {
-        let mut m = Model::empty();
-        for (i, n) in shards.iter().enumerate() {
-            let id = i as u64 + 1;
-            m.apply(&[
-                Op::PutServer {
-                    id,
-                    shard_addrs: (0..*n)
-                        .map(|s| format!("127.0.0.1:{}", 1000 + 10 * id + s as u64))
-                        .collect(),
-                    identity: String::new(),
-                },
-                Op::Counter(NEXT_SERVER_ID, id + 1),
-            ]);
-        }
-        m
-    }
-
-    #[test]
-    fn placement_alternates_servers_first() {
-        let m = model_with_servers(&[2, 1, 3]);
-        assert_eq!(
-            m.placement_slots(),
-            vec![(1, 0), (2, 0), (3, 0), (1, 1), (3, 1), (3, 2)]
-        );
-        assert!(Model::empty().placement_slots().is_empty());
-    }
-
-    #[test]
-    fn validate_rejects_gaps_and_unknown_owners() {
-        let mut m = model_with_servers(&[1]);
-        let tablet = |start, end| Tablet {
-            start_hash: start,
-            end_hash: end,
-            server_id: 1,
-            shard: 0,
-            map_version: 1,
-        };
-        m.apply(&[
-            Op::Counter(MAP_VERSION, 1),
-            Op::Counter(NEXT_TABLE_ID, 2),
-            Op::PutTable {
-                id: 1,
-                name: "t".into(),
-            },
-            Op::PutTablet {
-                table: 1,
-                index: 0,
-                tablet: tablet(0, 99),
-            },
-            Op::PutTablet {
-                table: 1,
-                index: 1,
-                tablet: tablet(100, u64::MAX),
-            },
-        ]);
-        assert_eq!(m.validate(), Ok(()));
-        assert_eq!(m.shard_loads(1), vec![2]);
-
-        let mut gap = m.clone();
-        gap.apply(&[Op::PutTablet {
-            table: 1,
-            index: 1,
-            tablet: tablet(101, u64::MAX),
-        }]);
-        assert!(gap.validate().unwrap_err().contains("gap"));
-
-        let mut orphan = m.clone();
-        orphan.apply(&[Op::PutTablet {
-            table: 1,
-            index: 0,
-            tablet: Tablet {
-                shard: 5,
-                ..tablet(0, 99)
-            },
-        }]);
-        assert!(orphan.validate().unwrap_err().contains("unknown"));
-
-        let mut dropped = m.clone();
-        dropped.apply(&[Op::DeleteTable { id: 1 }]);
-        assert!(dropped.tables.is_empty() && dropped.by_name.is_empty());
-
-        // Retiring the owner orphans both tablets; that is coherent.
-        let mut retired = m.clone();
-        let mut ops = m.retire_ops(&[1], 2);
-        ops.push(Op::Counter(MAP_VERSION, 2));
-        retired.apply(&ops);
-        assert_eq!(retired.validate(), Ok(()));
-        assert!(retired.servers.is_empty());
-        assert_eq!(retired.orphaned_tablets().len(), 2);
-        assert_eq!(retired.orphaned_table_names(), vec!["t".to_string()]);
-        assert_eq!(retired.first_orphan(1), Some(0));
-        let info = retired.table_info(1).unwrap();
-        assert!(
-            info.tablets
-                .iter()
-                .all(|t| t.addr.is_empty() && t.server_id == ORPHANED && t.map_version == 2)
-        );
-        assert_eq!(m.first_orphan(1), None);
-        // But an orphan's version may not run ahead of the global one.
-        let mut ahead = m.clone();
-        ahead.apply(&m.retire_ops(&[1], 7));
-        assert!(ahead.validate().unwrap_err().contains("ahead"));
-    }
-}
+#[path = "model_tests.rs"]
+mod tests;

@@ -37,7 +37,7 @@ impl Coordinator {
                     table.tablets.len().saturating_sub(1)
                 ))
             })?;
-            if old.is_orphaned() {
+            if old.is_orphaned() || !model.is_live(old.server_id) {
                 return Err(no_live_server(index as usize, &table_name));
             }
             if model.moves.contains_key(&(id, index)) {
@@ -48,11 +48,13 @@ impl Coordinator {
                     ),
                 ));
             }
-            if !model.servers.contains_key(&dest_server) {
-                return Err(Reject::new(
-                    Status::UnknownServer,
-                    format!("no server with id {dest_server} has enlisted"),
-                ));
+            if !model.is_live(dest_server) {
+                let why = if model.servers.contains_key(&dest_server) {
+                    format!("server {dest_server} is dead")
+                } else {
+                    format!("no server with id {dest_server} has enlisted")
+                };
+                return Err(Reject::new(Status::UnknownServer, why));
             }
             if old.server_id == dest_server {
                 return model
@@ -174,7 +176,8 @@ impl Coordinator {
                 .get(&table)
                 .and_then(|t| t.tablets.get(index as usize));
             (
-                current == Some(&old),
+                // A dead source's tablet is recovered instead (see death.rs).
+                current == Some(&old) && model.is_live(old.server_id),
                 model.shard_addr(dest_server, dest_shard) == Some(dest_addr.as_str()),
                 model.map_version + 1,
             )
@@ -182,7 +185,7 @@ impl Coordinator {
         if !still_there {
             drop(guard);
             // Moves are serialized, so only a drop of the table or the
-            // retirement of the source server changes it under us; either way
+            // death of the source server changes it under us; either way
             // the source's copy is not to be served again.
             self.drop_tablets(table, std::iter::once((start_hash, dest_addr.as_str())))
                 .await;

@@ -58,6 +58,9 @@ pub struct Coordinator {
     /// Wakes the reconciler (`reconcile.rs`) when a move leaves a record
     /// behind that it could not finish or undo itself.
     pub(crate) reconcile_wake: tokio::sync::Notify,
+    /// Wakes the recovery driver (`death.rs`): a server died, or one
+    /// enlisted (recovery may have been waiting for live servers).
+    pub(crate) recovery_wake: tokio::sync::Notify,
 }
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
@@ -67,6 +70,7 @@ impl Coordinator {
         Coordinator {
             rehome_after_servers,
             reconcile_wake: tokio::sync::Notify::new(),
+            recovery_wake: tokio::sync::Notify::new(),
             store: Mutex::new(Some(Arc::new(store))),
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
@@ -124,8 +128,12 @@ impl Coordinator {
                 shard_addrs,
                 identity,
                 replace,
-                backup_addr: _,
-            } => self.enlist(shard_addrs, identity, replace).await,
+                backup_addr,
+            } => {
+                self.enlist(shard_addrs, identity, replace, backup_addr)
+                    .await
+            }
+            Request::RemoveServer { server_id } => self.remove_server(server_id).await,
             Request::CreateTable { name, tablets } => self.create_table(name, tablets).await,
             Request::DropTable { name } => self.drop_table(name).await,
             Request::OpenTable { name } => {
@@ -186,9 +194,9 @@ impl Coordinator {
 
 /// The reply to OpenTable / TableMap of table `id` (`None`: no such table).
 ///
-/// A table with an orphaned tablet (its server was retired and no server
-/// holds it yet) gets `Status::Retry` with "tablet N of table T has no live
-/// server yet" instead of a map: the client backs off and asks again within
+/// A table with a tablet no live server holds (orphaned, or owned by a dead
+/// server whose tablets are being recovered) gets `Status::Retry` with
+/// "tablet N of table T has no live server yet" instead of a map: the client backs off and asks again within
 /// its operation timeout (a server that enlists meanwhile gets the tablet),
 /// and then fails with that message rather than hanging on an empty address.
 /// `ListTables` still lists such a table, its orphaned tablets with server id
@@ -206,7 +214,7 @@ pub(crate) fn no_live_server(index: usize, table: &str) -> Reject {
         Status::Retry,
         format!(
             "tablet {index} of table {table:?} has no live server yet (its server is gone; \
-             it is re-created empty when a storage server enlists)"
+             it is recovered, or re-created empty if it has no replicas, once a storage server is up)"
         ),
     )
 }

@@ -9,6 +9,8 @@
 //! | `tables`   | `u64` table id               | `&str` table name                                          |
 //! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
 //! | `server_identities` | `u64` server id     | `&str`: the identity the server keeps in its `--dir`         |
+//! | `server_backup_addrs` | `u64` server id | `&str`: its backup service's `host:port` (no row: none) |
+//! | `dead_servers` | `u64` server id        | `()`: the server was declared dead (kept until its tablets are recovered) |
 //! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
 //!
 //! Counters:
@@ -18,6 +20,11 @@
 //!   1 and are never reused, even when a create fails or a table is dropped).
 //! - `map_version`: the global tablet-map version, bumped by every create,
 //!   drop, move, server retirement and re-homing; it never goes back.
+//! - `cluster_id`: random, non-zero, written when the database is created
+//!   (or first opened by a coordinator that knows it); never changes, so
+//!   backups can refuse replicas of another cluster.
+//! - `replicas`: R, replicas per segment, as last configured: the configured
+//!   value wins at every open (the change is logged).
 //!
 //! A tablet row with `server_id` 0 (server ids start at 1) is *orphaned*: its
 //! server was retired (its process is gone) and no server holds it yet; its
@@ -31,9 +38,13 @@
 //! first step with `committed_version` 0, rewritten with the destination's map
 //! version in the transaction that commits the new owner, deleted when the
 //! move is finished or undone. A coordinator that starts with rows there
-//! reconciles them (see `reconcile.rs`). `server_identities` and `moves` were
-//! added without changing the layout version: an older database simply has
-//! none, and they are created empty on open.
+//! reconciles them (see `reconcile.rs`). `server_identities`, `moves`,
+//! `server_backup_addrs` and `dead_servers` were added without changing the
+//! layout version: an older database simply has none, and they are created
+//! empty on open (likewise the `cluster_id` and `replicas` counters).
+//!
+//! A server in `dead_servers` stays in `servers` until recovery forgets it:
+//! its tablets still name it (whose replicas to read) but nothing is routed to it.
 //!
 //! Every metadata change is one write transaction (`Store::commit`), committed
 //! with redb's default durability (fsync) before the coordinator replies.
@@ -44,7 +55,8 @@ use anyhow::{Context, bail};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::model::{
-    MAP_VERSION, Model, MoveRecord, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, Table, Tablet,
+    CLUSTER_ID, MAP_VERSION, Model, MoveRecord, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, REPLICAS, Table,
+    Tablet,
 };
 
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
@@ -60,6 +72,8 @@ const IDENTITIES: TableDefinition<u64, &str> = TableDefinition::new("server_iden
 /// server_id, dest shard, committed_version)`, keyed like `tablets`.
 type MoveRow = (u64, u64, u64, u32, u64, u64, u32, u64);
 const MOVES: TableDefinition<TabletKey, MoveRow> = TableDefinition::new("moves");
+const BACKUP_ADDRS: TableDefinition<u64, &str> = TableDefinition::new("server_backup_addrs");
+const DEAD: TableDefinition<u64, ()> = TableDefinition::new("dead_servers");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -70,10 +84,21 @@ pub struct Store {
     db: Database,
 }
 
+/// What opening the database found and settled, for the start-up log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// True if this open created the cluster id (a new cluster).
+    pub new_cluster: bool,
+    /// R on record before this open, if any (differs from the model's when
+    /// the configuration changed it).
+    pub previous_replicas: Option<u32>,
+}
+
 impl Store {
-    /// Open (or create) the database in `dir` and load the whole model.
-    /// Blocking: call from a blocking thread.
-    pub fn open(dir: &Path) -> anyhow::Result<(Store, Model)> {
+    /// Open (or create) the database in `dir`, settle the cluster id (created
+    /// if missing) and R (`replicas`, the configured value wins), and load the
+    /// whole model. Blocking: call from a blocking thread.
+    pub fn open(dir: &Path, replicas: u32) -> anyhow::Result<(Store, Model, Opened)> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating coordinator directory {}", dir.display()))?;
         let path = dir.join(DB_FILE);
@@ -83,18 +108,20 @@ impl Store {
             .create(&path)
             .with_context(|| format!("opening coordinator metadata {}", path.display()))?;
         let store = Store { db };
-        store
-            .init()
+        let opened = store
+            .init(replicas)
             .with_context(|| format!("initialising {}", path.display()))?;
         let model = store
             .load()
             .with_context(|| format!("loading coordinator metadata from {}", path.display()))?;
-        Ok((store, model))
+        Ok((store, model, opened))
     }
 
-    /// Create the redb tables and the layout version if this is a new database.
-    fn init(&self) -> anyhow::Result<()> {
+    /// Create the redb tables and the layout version if this is a new
+    /// database; create the cluster id if missing; record `replicas`.
+    fn init(&self, replicas: u32) -> anyhow::Result<Opened> {
         let txn = self.db.begin_write()?;
+        let opened;
         {
             let mut counters = txn.open_table(COUNTERS)?;
             let layout = counters.get(LAYOUT_VERSION)?.map(|v| v.value());
@@ -107,14 +134,28 @@ impl Store {
                     "metadata layout version {other} is not supported (this coordinator reads version {LAYOUT})"
                 ),
             }
+            let new_cluster = counters.get(CLUSTER_ID)?.is_none();
+            if new_cluster {
+                counters.insert(CLUSTER_ID, random_cluster_id())?;
+            }
+            let previous_replicas = counters
+                .get(REPLICAS)?
+                .map(|v| u32::try_from(v.value()).unwrap_or(u32::MAX));
+            counters.insert(REPLICAS, u64::from(replicas))?;
+            opened = Opened {
+                new_cluster,
+                previous_replicas,
+            };
             txn.open_table(SERVERS)?;
             txn.open_table(TABLES)?;
             txn.open_table(TABLETS)?;
             txn.open_table(IDENTITIES)?;
             txn.open_table(MOVES)?;
+            txn.open_table(BACKUP_ADDRS)?;
+            txn.open_table(DEAD)?;
         }
         txn.commit()?;
-        Ok(())
+        Ok(opened)
     }
 
     fn load(&self) -> anyhow::Result<Model> {
@@ -134,6 +175,10 @@ impl Store {
         if let Some(v) = counter(MAP_VERSION)? {
             model.map_version = v;
         }
+        model.cluster_id = counter(CLUSTER_ID)?.context("the cluster id is missing")?;
+        model.replicas = counter(REPLICAS)?
+            .and_then(|v| u32::try_from(v).ok())
+            .context("R (replicas) is missing or out of range")?;
 
         for row in txn.open_table(SERVERS)?.iter()? {
             let (id, addrs) = row?;
@@ -186,6 +231,17 @@ impl Store {
                 .insert(id.value(), identity.value().to_string());
         }
 
+        for row in txn.open_table(BACKUP_ADDRS)?.iter()? {
+            let (id, addr) = row?;
+            model
+                .backup_addrs
+                .insert(id.value(), addr.value().to_string());
+        }
+
+        for row in txn.open_table(DEAD)?.iter()? {
+            model.dead.insert(row?.0.value());
+        }
+
         for row in txn.open_table(MOVES)?.iter()? {
             let (key, value) = row?;
             let (s, e, old_server, old_shard, old_version, dest_server, dest_shard, committed) =
@@ -223,6 +279,8 @@ impl Store {
             let mut tablets = txn.open_table(TABLETS)?;
             let mut identities = txn.open_table(IDENTITIES)?;
             let mut moves = txn.open_table(MOVES)?;
+            let mut backup_addrs = txn.open_table(BACKUP_ADDRS)?;
+            let mut dead = txn.open_table(DEAD)?;
             for op in ops {
                 match op {
                     Op::Counter(name, value) => {
@@ -232,6 +290,7 @@ impl Store {
                         id,
                         shard_addrs,
                         identity,
+                        backup_addr,
                     } => {
                         let addrs: Vec<&str> = shard_addrs.iter().map(String::as_str).collect();
                         servers.insert(*id, addrs)?;
@@ -240,10 +299,23 @@ impl Store {
                         } else {
                             identities.insert(*id, identity.as_str())?;
                         }
+                        if backup_addr.is_empty() {
+                            backup_addrs.remove(*id)?;
+                        } else {
+                            backup_addrs.insert(*id, backup_addr.as_str())?;
+                        }
+                    }
+                    Op::MarkDead { id } => {
+                        // Like `Model::apply`: only a server on record can be dead.
+                        if servers.get(*id)?.is_some() {
+                            dead.insert(*id, ())?;
+                        }
                     }
                     Op::DeleteServer { id } => {
                         servers.remove(*id)?;
                         identities.remove(*id)?;
+                        backup_addrs.remove(*id)?;
+                        dead.remove(*id)?;
                     }
                     Op::PutMove {
                         table,
@@ -303,5 +375,49 @@ impl Store {
     pub fn close(self) -> anyhow::Result<()> {
         self.db.close()?;
         Ok(())
+    }
+}
+
+/// A random non-zero cluster id: std's per-process random hash keys mixed
+/// with the time and the process id (uniqueness, not secrecy, is needed; no
+/// extra dependency).
+fn random_cluster_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_id_is_kept_and_replicas_follow_the_configuration() {
+        let dir = std::env::temp_dir().join(format!("insitu-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (store, model, opened) = Store::open(&dir, 3).unwrap();
+        assert!(opened.new_cluster);
+        assert_eq!(opened.previous_replicas, None);
+        assert_ne!(model.cluster_id, 0);
+        assert_eq!(model.replicas, 3);
+        let cluster = model.cluster_id;
+        store.close().unwrap();
+
+        let (store, model, opened) = Store::open(&dir, 1).unwrap();
+        assert!(!opened.new_cluster);
+        assert_eq!(opened.previous_replicas, Some(3), "R was persisted");
+        assert_eq!((model.cluster_id, model.replicas), (cluster, 1));
+        store.close().unwrap();
+        let (_store, model, opened) = Store::open(&dir, 1).unwrap();
+        assert_eq!(opened.previous_replicas, Some(1));
+        assert_eq!(model.cluster_id, cluster);
+        drop(_store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -147,16 +147,10 @@ impl Coordinator {
             let owners: Vec<(u64, String)> = table
                 .tablets
                 .iter()
-                // An orphaned tablet is held by no live shard.
-                .filter(|t| !t.is_orphaned())
-                .map(|t| {
-                    (
-                        t.start_hash,
-                        model
-                            .shard_addr(t.server_id, t.shard)
-                            .unwrap_or_default()
-                            .to_string(),
-                    )
+                // An orphaned tablet, or a dead server's, is held by no live shard.
+                .filter_map(|t| {
+                    let addr = model.shard_addr(t.server_id, t.shard)?;
+                    Some((t.start_hash, addr.to_string()))
                 })
                 .collect();
             (id, owners, model.map_version + 1)

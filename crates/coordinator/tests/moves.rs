@@ -151,7 +151,7 @@ async fn a_destination_that_dies_at_activation_leaves_one_owner() {
     expect_err(&busy, Status::Retry);
 
     // Its replacement enlists on the same addresses: the old destination is
-    // retired, the tablet orphaned and re-created (on the source's shard: the
+    // declared dead, the tablet recovered (for now: re-created) (on the source's shard: the
     // first slot); the reconciler's DropTablet on the source is conditional
     // (only a copy that serves nothing), so it never drops the re-created
     // tablet. One owner.
@@ -161,7 +161,8 @@ async fn a_destination_that_dies_at_activation_leaves_one_owner() {
         *a == src[0].addr && matches!(ctl, Ctl::Drop { .. })
     })
     .await;
-    let now = open(&c, "t").await;
+    // The dead destination's tablet waits for recovery, then has one owner.
+    let now = open_when_ready(&c, "t").await;
     assert!(
         now.tablets[0].server_id == new_dest || now.tablets[0].server_id == src_id,
         "{now:?}"

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +68,13 @@ pub struct FakeShard {
     pub hang: Arc<Mutex<HashSet<&'static str>>>,
     /// Request kinds on which this shard closes the connection without a reply (a dead process).
     pub close: Arc<Mutex<HashSet<&'static str>>>,
+    /// Set: the shard answers nothing any more, pings included (a hung or
+    /// crashed process, as the failure detector sees it).
+    pub silent: Arc<AtomicBool>,
+    /// Server ids of the `ServerDown` notices this shard got, in order.
+    pub downs: Arc<Mutex<Vec<u64>>>,
+    /// How many pings this shard answered.
+    pub pings: Arc<AtomicU64>,
 }
 
 /// A fake storage shard: answers control requests with Done (or an injected
@@ -80,18 +87,43 @@ pub async fn fake_shard(log: Log) -> FakeShard {
     let fail: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
     let hang: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
     let close: Arc<Mutex<HashSet<&'static str>>> = Arc::default();
+    let silent: Arc<AtomicBool> = Arc::default();
+    let downs: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let pings: Arc<AtomicU64> = Arc::default();
     let (addr2, fail2, hang2, close2) = (addr.clone(), fail.clone(), hang.clone(), close.clone());
+    let (silent2, downs2, pings2) = (silent.clone(), downs.clone(), pings.clone());
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let (log, addr, fail) = (log.clone(), addr2.clone(), fail2.clone());
             let (hang, close) = (hang2.clone(), close2.clone());
+            let (silent, downs, pings) = (silent2.clone(), downs2.clone(), pings2.clone());
             tokio::spawn(async move {
                 let (read_half, mut write_half) = stream.into_split();
                 let mut frames = FramedRead::new(read_half, FrameCodec::default());
                 while let Some(Ok(frame)) = frames.next().await {
                     let id = frame.header.request_id;
                     let mut out = BytesMut::new();
-                    let ctl = match decode_request(&frame.body) {
+                    if silent.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    let request = decode_request(&frame.body);
+                    if matches!(request, Ok(Request::Ping)) {
+                        pings.fetch_add(1, Ordering::SeqCst);
+                        encode_response(&mut out, id, Status::Ok, &Response::Pong).unwrap();
+                        if write_half.write_all(&out).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    if let Ok(Request::ServerDown { server_id }) = request {
+                        downs.lock().unwrap().push(server_id);
+                        encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                        if write_half.write_all(&out).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    let ctl = match request {
                         Ok(Request::TakeTablet {
                             table,
                             start_hash,
@@ -172,6 +204,9 @@ pub async fn fake_shard(log: Log) -> FakeShard {
         fail,
         hang,
         close,
+        silent,
+        downs,
+        pings,
     }
 }
 
@@ -256,6 +291,41 @@ pub fn expect_err(reply: &Reply, status: Status) -> String {
     let message = reply.error_message();
     assert!(!message.is_empty(), "error replies carry a message");
     message
+}
+
+/// Poll OpenTable (at most 10 s) until the table has a map again (its
+/// tablets were recovered or re-homed after a death).
+pub async fn open_when_ready(conn: &RpcConn, name: &str) -> TableInfo {
+    for _ in 0..1000 {
+        let reply = call(conn, Request::OpenTable { name: name.into() }).await;
+        if reply.status != Status::Retry {
+            return table_of(&reply);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("table {name:?} still has tablets without a live server");
+}
+
+/// Poll ListServers (at most 10 s) until `pred` accepts the list.
+pub async fn servers_when(
+    conn: &RpcConn,
+    what: &str,
+    pred: impl Fn(&[ServerInfo]) -> bool,
+) -> Vec<ServerInfo> {
+    let mut last = Vec::new();
+    for _ in 0..1000 {
+        last = list_servers(conn).await;
+        if pred(&last) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("servers never became {what}: {last:?}");
+}
+
+/// Ids of the servers in `servers`, in the listed order.
+pub fn server_ids(servers: &[ServerInfo]) -> Vec<u64> {
+    servers.iter().map(|s| s.id).collect()
 }
 
 pub async fn enlist(conn: &RpcConn, shard_addrs: Vec<String>) -> u64 {

@@ -1,0 +1,252 @@
+//! Failure detection: every live server is pinged every `ping_interval` at
+//! its backup service's address (shard 0's for a server that runs none), and
+//! one that answers no ping for `failure_timeout` is declared dead
+//! (`death.rs`).
+//!
+//! Why these rules:
+//! - Any reply counts as alive, whatever its status: it proves the process
+//!   runs and reads its socket, which is all a ping asks.
+//! - One ping per server is in flight at a time, on a connection of the
+//!   detector's own (never the shared control connection, where a long
+//!   request would hold the ping up), with a timeout of half the failure
+//!   timeout (at least one interval).
+//! - Dead needs both `failure_timeout` since the last reply AND at least
+//!   `MIN_FAILED_PINGS` failed pings since: a coordinator that was itself
+//!   stalled (no pings sent) never declares anyone dead for it, and one slow
+//!   reply is not a death.
+//! - A server first seen (at start, or enlisted) counts as having answered
+//!   then: servers of a previous run get a full timeout to answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use insitu_client::rpc::RpcConn;
+use insitu_protocol::Request;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use crate::service::Coordinator;
+
+/// Failed pings needed (besides the timeout) to declare a server dead.
+const MIN_FAILED_PINGS: u32 = 2;
+
+/// The detector's settings (from `CoordinatorConfig`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    pub ping_interval: Duration,
+    pub failure_timeout: Duration,
+}
+
+impl Timing {
+    /// Half the failure timeout, at least one interval: two pings fit in a
+    /// failure timeout, and a reply slower than this is a failed ping.
+    fn ping_timeout(&self) -> Duration {
+        (self.failure_timeout / 2).max(self.ping_interval)
+    }
+}
+
+/// What the detector knows of one live server.
+struct Watch {
+    /// Where it is pinged (a change of address restarts the watch).
+    addr: String,
+    /// When its last reply arrived (or when it was first seen).
+    last_ok: Instant,
+    /// Pings failed since `last_ok`.
+    failed: u32,
+    /// A ping is on its way: no second one is sent meanwhile.
+    in_flight: bool,
+}
+
+impl Watch {
+    /// Silent for `failure_timeout` AND at least `MIN_FAILED_PINGS` pings
+    /// failed since its last reply (see the module comment for why both).
+    fn is_dead(&self, now: Instant, failure_timeout: Duration) -> bool {
+        self.failed >= MIN_FAILED_PINGS && now.duration_since(self.last_ok) >= failure_timeout
+    }
+}
+
+/// The detector's connections, one per pinged address.
+type Conns = Arc<Mutex<HashMap<String, RpcConn>>>;
+
+/// One ping to `addr` within `timeout` (connecting if needed): whether a
+/// reply came. A failed connection is dropped, so the next ping reconnects.
+async fn ping(conns: Conns, addr: String, timeout: Duration) -> Result<(), String> {
+    let cached = conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&addr)
+        .filter(|c| !c.is_closed())
+        .cloned();
+    let attempt = async {
+        let conn = match cached {
+            Some(c) => c,
+            None => {
+                let c = RpcConn::connect(&addr).await.map_err(|e| e.to_string())?;
+                conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(addr.clone(), c.clone());
+                c
+            }
+        };
+        conn.call(&Request::Ping)
+            .await
+            .map(|_reply| ())
+            .map_err(|e| e.to_string())
+    };
+    let result = match tokio::time::timeout(timeout, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no reply within {timeout:?}")),
+    };
+    if result.is_err() {
+        conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&addr);
+    }
+    result
+}
+
+/// The detector: runs until `shutdown`.
+pub(crate) async fn run_detector(
+    coordinator: Arc<Coordinator>,
+    timing: Timing,
+    shutdown: CancellationToken,
+) {
+    let conns: Conns = Arc::default();
+    let mut watched: HashMap<u64, Watch> = HashMap::new();
+    // Each ping answers (server id, address, result, when it ended).
+    let mut pings: JoinSet<(u64, String, Result<(), String>, Instant)> = JoinSet::new();
+    let mut tick = tokio::time::interval(timing.ping_interval);
+    // After a stall, resume the rhythm instead of firing a burst of ticks.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(done) = pings.join_next(), if !pings.is_empty() => match done {
+                Ok((id, addr, result, at)) => {
+                    let Some(w) = watched.get_mut(&id).filter(|w| w.addr == addr) else {
+                        continue;
+                    };
+                    w.in_flight = false;
+                    match result {
+                        Ok(()) => {
+                            w.last_ok = at;
+                            w.failed = 0;
+                        }
+                        Err(e) => {
+                            w.failed += 1;
+                            debug!(server_id = id, addr, failed = w.failed, "ping failed: {e}");
+                        }
+                    }
+                }
+                Err(e) => error!("a ping task failed: {e}"),
+            },
+            _ = tick.tick() => {
+                let dead = round(&coordinator, &timing, &conns, &mut watched, &mut pings);
+                if !dead.is_empty() {
+                    let why = format!("no reply to pings for {:?}", timing.failure_timeout);
+                    match coordinator.declare_dead(&dead, &why).await {
+                        Ok(_) => {
+                            for id in &dead {
+                                watched.remove(id);
+                            }
+                        }
+                        // Not committed: still live on record, and still past
+                        // the timeout in `watched`, so tried again next tick.
+                        Err(e) => warn!(
+                            servers = ?dead,
+                            "cannot declare silent servers dead: {}", e.message
+                        ),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One tick: start watching new live servers, forget the others, ping every
+/// live server that has no ping in flight. Returns the servers to declare dead.
+fn round(
+    coordinator: &Coordinator,
+    timing: &Timing,
+    conns: &Conns,
+    watched: &mut HashMap<u64, Watch>,
+    pings: &mut JoinSet<(u64, String, Result<(), String>, Instant)>,
+) -> Vec<u64> {
+    let targets: Vec<(u64, String)> = {
+        let model = coordinator.model();
+        model
+            .live_servers()
+            .into_iter()
+            .filter_map(|id| {
+                let addr = match model.backup_addrs.get(&id) {
+                    Some(backup) => backup.clone(),
+                    None => model.servers.get(&id)?.first()?.clone(),
+                };
+                Some((id, addr))
+            })
+            .collect()
+    };
+    conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|a, _| targets.iter().any(|(_, t)| t == a));
+    let now = Instant::now();
+    watched.retain(|id, w| targets.iter().any(|(t, a)| t == id && *a == w.addr));
+    let mut dead = Vec::new();
+    for (id, addr) in targets {
+        let w = watched.entry(id).or_insert_with(|| Watch {
+            addr: addr.clone(),
+            last_ok: now,
+            failed: 0,
+            in_flight: false,
+        });
+        if w.is_dead(now, timing.failure_timeout) {
+            dead.push(id);
+            continue;
+        }
+        if !w.in_flight {
+            w.in_flight = true;
+            let (conns, timeout) = (conns.clone(), timing.ping_timeout());
+            pings.spawn(async move {
+                let result = ping(conns, addr.clone(), timeout).await;
+                (id, addr, result, Instant::now())
+            });
+        }
+    }
+    dead
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_needs_both_the_timeout_and_failed_pings() {
+        let start = Instant::now();
+        let timeout = Duration::from_millis(500);
+        let watch = |failed| Watch {
+            addr: "127.0.0.1:1".into(),
+            last_ok: start,
+            failed,
+            in_flight: false,
+        };
+        let later = start + Duration::from_secs(5);
+        // A coordinator stalled for 5 s sent no pings: nobody is blamed.
+        assert!(!watch(0).is_dead(later, timeout));
+        // One slow reply is not a death.
+        assert!(!watch(1).is_dead(later, timeout));
+        assert!(watch(2).is_dead(later, timeout));
+        // Failed pings within the timeout are not yet a death.
+        assert!(!watch(5).is_dead(start + Duration::from_millis(499), timeout));
+        assert!(watch(5).is_dead(start + timeout, timeout));
+        let timing = Timing {
+            ping_interval: Duration::from_millis(100),
+            failure_timeout: timeout,
+        };
+        assert_eq!(timing.ping_timeout(), Duration::from_millis(250));
+    }
+}
