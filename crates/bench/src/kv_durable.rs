@@ -49,6 +49,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // The load generator spawns its connections as local tasks.
+    let local = tokio::task::LocalSet::new();
     let spec = |i: usize, conns: usize, depth: usize| CaseSpec {
         mix: Mix::Write,
         conns,
@@ -84,7 +86,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             } else {
                 "redis-always"
             };
-            runtime.block_on(async {
+            local.block_on(&runtime, async {
                 let insitu = insitu_store(insitu_name, &coord_addr, server.pid()).await?;
                 let redis_store = Store {
                     name: redis_name,
@@ -123,7 +125,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             &["--replicas".into(), "0".into()],
             &[],
         )?;
-        runtime.block_on(async {
+        local.block_on(&runtime, async {
             let insitu = insitu_store("insitu-r0", &coord_addr, server.pid()).await?;
             let table = insitu.table;
             loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;

@@ -48,7 +48,13 @@ mod tests {
 
     #[test]
     fn free_port_is_bindable() {
-        let p = free_port().expect("a free port");
-        std::net::TcpListener::bind(("127.0.0.1", p)).expect("bind the free port");
+        // Other test processes draw free ports at the same time and may take
+        // one between our draw and our bind (the race every caller accepts):
+        // one bind out of five draws must work.
+        let bound = (0..5).any(|_| {
+            let p = free_port().expect("a free port");
+            std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+        });
+        assert!(bound, "five free ports in a row could not be bound");
     }
 }
