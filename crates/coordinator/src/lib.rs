@@ -79,6 +79,7 @@ mod membership;
 mod model;
 mod moves;
 mod reconcile;
+mod recovery;
 mod service;
 mod shards;
 mod store;

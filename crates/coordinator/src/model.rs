@@ -98,6 +98,11 @@ pub enum Op {
     },
     /// The move of tablet `index` of `table` is finished or undone.
     DeleteMove { table: u64, index: u32 },
+    /// Tablet `index` of `table` was lost with dead server `master` and is to
+    /// be recovered from that master's replicas (`recovery.rs`).
+    PutLostFrom { table: u64, index: u32, master: u64 },
+    /// The recovery of tablet `index` of `table` is committed and activated.
+    DeleteLostFrom { table: u64, index: u32 },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -110,6 +115,11 @@ pub struct Model {
     pub identities: BTreeMap<u64, String>,
     /// Moves in progress, by (table id, tablet index).
     pub moves: BTreeMap<(u64, u32), MoveRecord>,
+    /// Tablets being recovered, by (table id, tablet index): the dead master
+    /// whose replicas hold them. Such a tablet is orphaned (clients get
+    /// `Retry`, never an empty re-creation) until its new owner is committed,
+    /// and keeps its entry until that owner is activated (`recovery.rs`).
+    pub lost_from: BTreeMap<(u64, u32), u64>,
     pub next_table_id: u64,
     pub next_server_id: u64,
     pub map_version: u64,
@@ -165,6 +175,16 @@ impl Model {
                 Op::DeleteMove { table, index } => {
                     self.moves.remove(&(*table, *index));
                 }
+                Op::PutLostFrom {
+                    table,
+                    index,
+                    master,
+                } => {
+                    self.lost_from.insert((*table, *index), *master);
+                }
+                Op::DeleteLostFrom { table, index } => {
+                    self.lost_from.remove(&(*table, *index));
+                }
                 Op::PutTable { id, name } => {
                     self.by_name.insert(name.clone(), *id);
                     self.tables.insert(
@@ -181,6 +201,7 @@ impl Model {
                         self.by_name.remove(&table.name);
                     }
                     self.moves.retain(|(table, _), _| table != id);
+                    self.lost_from.retain(|(table, _), _| table != id);
                 }
                 Op::PutTablet {
                     table,
@@ -243,7 +264,9 @@ impl Model {
         ops
     }
 
-    /// Every orphaned tablet: (table id, index, tablet), by table id then index.
+    /// Every orphaned tablet that is not being recovered from replicas (see
+    /// `lost_from`): the ones to re-create empty. (table id, index, tablet),
+    /// by table id then index.
     pub fn orphaned_tablets(&self) -> Vec<(u64, u32, Tablet)> {
         self.tables
             .values()
@@ -252,7 +275,9 @@ impl Model {
                     .tablets
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| t.is_orphaned())
+                    .filter(|(i, t)| {
+                        t.is_orphaned() && !self.lost_from.contains_key(&(table.id, *i as u32))
+                    })
                     .map(|(i, t)| (table.id, i as u32, t.clone()))
             })
             .collect()

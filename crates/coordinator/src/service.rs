@@ -58,6 +58,9 @@ pub struct Coordinator {
     /// Wakes the reconciler (`reconcile.rs`) when a move leaves a record
     /// behind that it could not finish or undo itself.
     pub(crate) reconcile_wake: tokio::sync::Notify,
+    /// The cluster id sent with backup requests (`recovery.rs`), which
+    /// backups check against their replicas' label. 0 until it is known.
+    pub(crate) cluster_id: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
@@ -67,6 +70,7 @@ impl Coordinator {
         Coordinator {
             rehome_after_servers,
             reconcile_wake: tokio::sync::Notify::new(),
+            cluster_id: std::sync::atomic::AtomicU64::new(0),
             store: Mutex::new(Some(Arc::new(store))),
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
@@ -197,7 +201,10 @@ pub(crate) fn usable_map(model: &Model, id: u64) -> Option<Reply> {
     let info = model.table_info(id)?;
     Some(match model.first_orphan(id) {
         None => Ok(Response::Table(info)),
-        Some(index) => Err(no_live_server(index, &info.name)),
+        Some(index) => Err(match model.lost_from.get(&(id, index as u32)) {
+            Some(master) => crate::recovery::being_recovered(index, &info.name, *master),
+            None => no_live_server(index, &info.name),
+        }),
     })
 }
 

@@ -10,6 +10,7 @@
 //! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
 //! | `server_identities` | `u64` server id     | `&str`: the identity the server keeps in its `--dir`         |
 //! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
+//! | `lost_from` | `(u64 table id, u32 index)` | `u64`: the dead master whose replicas hold the tablet (being recovered) |
 //!
 //! Counters:
 //! - `layout_version`: version of this layout (currently 1); a database with
@@ -31,9 +32,11 @@
 //! first step with `committed_version` 0, rewritten with the destination's map
 //! version in the transaction that commits the new owner, deleted when the
 //! move is finished or undone. A coordinator that starts with rows there
-//! reconciles them (see `reconcile.rs`). `server_identities` and `moves` were
-//! added without changing the layout version: an older database simply has
-//! none, and they are created empty on open.
+//! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
+//! transaction that orphans a dead server's tablet until its recovered copy
+//! is activated on its new owner (see `recovery.rs`). `server_identities`,
+//! `moves` and `lost_from` were added without changing the layout version: an
+//! older database simply has none, and they are created empty on open.
 //!
 //! Every metadata change is one write transaction (`Store::commit`), committed
 //! with redb's default durability (fsync) before the coordinator replies.
@@ -60,6 +63,8 @@ const IDENTITIES: TableDefinition<u64, &str> = TableDefinition::new("server_iden
 /// server_id, dest shard, committed_version)`, keyed like `tablets`.
 type MoveRow = (u64, u64, u64, u32, u64, u64, u32, u64);
 const MOVES: TableDefinition<TabletKey, MoveRow> = TableDefinition::new("moves");
+/// Tablets being recovered: the dead master whose replicas hold them.
+const LOST_FROM: TableDefinition<TabletKey, u64> = TableDefinition::new("lost_from");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -112,6 +117,7 @@ impl Store {
             txn.open_table(TABLETS)?;
             txn.open_table(IDENTITIES)?;
             txn.open_table(MOVES)?;
+            txn.open_table(LOST_FROM)?;
         }
         txn.commit()?;
         Ok(())
@@ -207,6 +213,11 @@ impl Store {
             );
         }
 
+        for row in txn.open_table(LOST_FROM)?.iter()? {
+            let (key, master) = row?;
+            model.lost_from.insert(key.value(), master.value());
+        }
+
         model
             .validate()
             .map_err(|e| anyhow::anyhow!("inconsistent metadata: {e}"))?;
@@ -223,6 +234,7 @@ impl Store {
             let mut tablets = txn.open_table(TABLETS)?;
             let mut identities = txn.open_table(IDENTITIES)?;
             let mut moves = txn.open_table(MOVES)?;
+            let mut lost_from = txn.open_table(LOST_FROM)?;
             for op in ops {
                 match op {
                     Op::Counter(name, value) => {
@@ -267,6 +279,16 @@ impl Store {
                     Op::DeleteMove { table, index } => {
                         moves.remove((*table, *index))?;
                     }
+                    Op::PutLostFrom {
+                        table,
+                        index,
+                        master,
+                    } => {
+                        lost_from.insert((*table, *index), *master)?;
+                    }
+                    Op::DeleteLostFrom { table, index } => {
+                        lost_from.remove((*table, *index))?;
+                    }
                     Op::PutTable { id, name } => {
                         tables.insert(*id, name.as_str())?;
                     }
@@ -274,6 +296,7 @@ impl Store {
                         tables.remove(*id)?;
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
+                        lost_from.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                     }
                     Op::PutTablet {
                         table,
