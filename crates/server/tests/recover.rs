@@ -182,6 +182,17 @@ async fn shard() -> (
     insitu_server::ServerHandle,
     RpcConn,
 ) {
+    shard_with_budget(EngineConfig::default().memory_budget_bytes).await
+}
+
+async fn shard_with_budget(
+    memory_budget_bytes: usize,
+) -> (
+    tempfile::TempDir,
+    insitu_coordinator::CoordinatorHandle,
+    insitu_server::ServerHandle,
+    RpcConn,
+) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let coordinator =
@@ -190,6 +201,7 @@ async fn shard() -> (
             .unwrap();
     let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
     config.shards = 1;
+    config.engine.memory_budget_bytes = memory_budget_bytes;
     let server = insitu_server::start(config).await.unwrap();
     let conn = RpcConn::connect(&server.shard_addrs[0].to_string())
         .await
@@ -380,5 +392,25 @@ async fn refuses_when_a_segment_has_no_good_holder() {
             bytes: 0
         }
     ));
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn refuses_segments_that_do_not_fit_in_memory_before_reading_them() {
+    // Listed as 64 MiB; never read, since the charge is refused first.
+    let mut big = replica(3, 1, b"never read", true);
+    big.info.bytes = 64 << 20;
+    big.fail_reads = true;
+    let (addr, lists) = fake_backup(vec![big]).await;
+    let (_dir, _coordinator, server, conn) = shard_with_budget(16 << 20).await;
+    let reply = conn.call(&recover(&[addr], 3)).await.unwrap();
+    assert_eq!(reply.status, Status::OutOfMemory);
+    assert!(
+        reply.error_message().contains("67108864 bytes"),
+        "{}",
+        reply.error_message()
+    );
+    assert_eq!(lists.lock().unwrap().len(), 1);
+    assert_eq!(read(&conn, b"key-1").await.0, Status::UnknownTablet);
     server.shutdown();
 }
