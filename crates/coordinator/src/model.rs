@@ -264,6 +264,37 @@ impl Model {
         ops
     }
 
+    /// The changes that make every tablet `dead` owns wait for recovery from
+    /// its replicas: orphaned under map version `version` (the caller also
+    /// commits `Counter(MAP_VERSION, version)`) and recorded in `lost_from`.
+    /// May be part of the transaction that declares the server dead, so no
+    /// client is ever sent to the dead address after that commit.
+    pub fn lose_tablets_ops(&self, dead: u64, version: u64) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for table in self.tables.values() {
+            for (i, t) in table.tablets.iter().enumerate() {
+                if t.server_id == dead && !t.is_orphaned() {
+                    ops.push(Op::PutTablet {
+                        table: table.id,
+                        index: i as u32,
+                        tablet: Tablet {
+                            server_id: ORPHANED,
+                            shard: 0,
+                            map_version: version,
+                            ..t.clone()
+                        },
+                    });
+                    ops.push(Op::PutLostFrom {
+                        table: table.id,
+                        index: i as u32,
+                        master: dead,
+                    });
+                }
+            }
+        }
+        ops
+    }
+
     /// Every orphaned tablet that is not being recovered from replicas (see
     /// `lost_from`): the ones to re-create empty. (table id, index, tablet),
     /// by table id then index.

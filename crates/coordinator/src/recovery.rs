@@ -217,28 +217,7 @@ async fn orphan_tablets_of(coord: &Coordinator, dead: u64) -> anyhow::Result<()>
     let (ops, addrs) = {
         let model = coord.model();
         let version = model.map_version + 1;
-        let mut ops = Vec::new();
-        for table in model.tables.values() {
-            for (i, t) in table.tablets.iter().enumerate() {
-                if t.server_id == dead && !t.is_orphaned() {
-                    ops.push(Op::PutTablet {
-                        table: table.id,
-                        index: i as u32,
-                        tablet: Tablet {
-                            server_id: ORPHANED,
-                            shard: 0,
-                            map_version: version,
-                            ..t.clone()
-                        },
-                    });
-                    ops.push(Op::PutLostFrom {
-                        table: table.id,
-                        index: i as u32,
-                        master: dead,
-                    });
-                }
-            }
-        }
+        let mut ops = model.lose_tablets_ops(dead, version);
         if !ops.is_empty() {
             ops.push(Op::Counter(MAP_VERSION, version));
         }
