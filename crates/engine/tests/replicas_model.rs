@@ -95,6 +95,9 @@ type Key = (TableId, Vec<u8>);
 /// Acknowledged objects: key -> (value, version).
 type State = BTreeMap<Key, (Vec<u8>, u64)>;
 
+/// Per key, every state it took during the unacknowledged round (None: absent).
+type Later = BTreeMap<Key, Vec<Option<(Vec<u8>, u64)>>>;
+
 /// The model backup and the replicator's bookkeeping.
 #[derive(Default)]
 struct Backup {
@@ -240,7 +243,7 @@ proptest! {
         // before its frees, so that round is not acknowledged; each key must
         // then come back as acknowledged or as one of the states it took in
         // that round (unacknowledged writes may survive, nothing older).
-        let mut later: BTreeMap<Key, Vec<Option<(Vec<u8>, u64)>>> = BTreeMap::new();
+        let mut later = Later::new();
         for (r, ops) in rounds.iter().enumerate() {
             let stop = if r == crash && !mid_round { crash_after.index(ops.len() + 1) } else { ops.len() };
             for op in &ops[..stop] {
