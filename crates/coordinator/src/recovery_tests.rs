@@ -279,3 +279,10 @@ async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
     assert!(!coord.model().servers.contains_key(&1));
     coord.close().await;
 }
+
+/// The failure detector runs recoveries in spawned tasks: the future must be `Send`.
+#[allow(dead_code)]
+fn recover_server_is_send(coord: &'static Coordinator) {
+    fn send<T: Send>(_: T) {}
+    send(recover_server(coord, 1));
+}
