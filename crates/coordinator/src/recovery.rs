@@ -8,7 +8,8 @@
 //!    version: from then on `OpenTable`/`TableMap` answer `Retry` ("being
 //!    recovered"), and enlistments never re-create these tablets empty;
 //! 2. for every tablet lost from `dead`, round-robin over the live servers'
-//!    shards (shard 0 of each server first): reserves a map version, sends
+//!    shards (shard 0 of each server first; one tablet at a time per shard,
+//!    all shards in parallel): reserves a map version, sends
 //!    `RecoverTablet` (the shard reads the replicas, replays them and holds
 //!    the tablet `Receiving`), and on success commits the new owner under a
 //!    new map version; then `ActivateTablet`, and only once that is
@@ -145,10 +146,55 @@ pub(crate) async fn recover_server(
             "recovering a dead server's tablets"
         );
     }
+    // One queue per live shard, tablets dealt round-robin; the queues run in
+    // parallel, each shard recovering one tablet of its queue at a time (so
+    // the segment bytes a shard holds at once stay bounded). A tablet whose
+    // shard fails is tried on the next shards in turn.
+    let mut queues: Vec<Vec<(u64, u32, Tablet)>> = vec![Vec::new(); targets.slots.len().max(1)];
+    let n = queues.len();
+    for (i, p) in pending.into_iter().enumerate() {
+        queues[i % n].push(p);
+    }
+    let done = join_all(
+        queues
+            .into_iter()
+            .enumerate()
+            .map(|(first, tablets)| recover_queue(coord, dead, &targets, first, tablets)),
+    )
+    .await;
     let mut summary = RecoverySummary::default();
     let mut left: Vec<String> = Vec::new();
-    let mut next_slot = 0usize;
-    for (table, index, tablet) in pending {
+    for (s, l) in done {
+        summary.tablets += s.tablets;
+        summary.objects += s.objects;
+        summary.segments += s.segments;
+        summary.bytes += s.bytes;
+        summary.activated += s.activated;
+        left.extend(l);
+    }
+    if !left.is_empty() {
+        bail!(
+            "recovery of server {dead} is incomplete ({} tablets left, they stay unavailable until it is retried): {}",
+            left.len(),
+            left.join(" | ")
+        );
+    }
+    summary.forget_failures = forget_server(coord, dead, &targets.backups).await?;
+    Ok(summary)
+}
+
+/// Recover `tablets` one after another, each first on slot `first`, then
+/// on the following slots. Returns what was done and what is left (why).
+async fn recover_queue(
+    coord: &Coordinator,
+    dead: u64,
+    targets: &Targets,
+    first: usize,
+    tablets: Vec<(u64, u32, Tablet)>,
+) -> (RecoverySummary, Vec<String>) {
+    let mut summary = RecoverySummary::default();
+    let mut left = Vec::new();
+    for (table, index, tablet) in tablets {
         if !tablet.is_orphaned() {
             // Committed by an earlier call; its activation was not confirmed.
             match activate(coord, dead, table, index, &tablet).await {
@@ -166,14 +212,13 @@ pub(crate) async fn recover_server(
         let mut errors = Vec::new();
         let mut done = false;
         for attempt in 0..targets.slots.len() {
-            let slot = &targets.slots[(next_slot + attempt) % targets.slots.len()];
+            let slot = &targets.slots[(first + attempt) % targets.slots.len()];
             match recover_tablet(coord, dead, table, index, &tablet, slot, &targets.backups).await {
                 Ok(r) => {
                     summary.tablets += 1;
                     summary.objects += r.0;
                     summary.segments += r.1;
                     summary.bytes += r.2;
-                    next_slot = (next_slot + attempt + 1) % targets.slots.len();
                     done = true;
                     break;
                 }
@@ -199,15 +244,7 @@ pub(crate) async fn recover_server(
             ));
         }
     }
-    if !left.is_empty() {
-        bail!(
-            "recovery of server {dead} is incomplete ({} tablets left, they stay unavailable until it is retried): {}",
-            left.len(),
-            left.join(" | ")
-        );
-    }
-    summary.forget_failures = forget_server(coord, dead, &targets.backups).await?;
-    Ok(summary)
+    (summary, left)
 }
 
 /// Step 1: orphan every tablet `dead` owns and record it in `lost_from`, in
