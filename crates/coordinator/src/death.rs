@@ -135,7 +135,13 @@ impl Coordinator {
                 format!("no server with id {id} is on record (`insitu status` lists the servers)"),
             ));
         }
+        self.operator_removed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
         self.declare_dead(&[id], "removed by the operator").await?;
+        // Recovery of others may have been waiting for this server's disk.
+        self.recovery_wake.notify_one();
         Ok(Response::Done)
     }
 
@@ -163,6 +169,17 @@ impl Coordinator {
         }
         let mut failed = false;
         for id in dead {
+            let waiting_for = self.replicas_elsewhere(id);
+            if !waiting_for.is_empty() {
+                warn!(
+                    server_id = id,
+                    waiting_for = ?waiting_for,
+                    "recovery waits for the disks of other dead servers, which may hold some of \
+                     this server's only replicas: restart them on their --dir, or `insitu server \
+                     remove ID` to give their replicas up"
+                );
+                continue;
+            }
             match recovery::recover_server(self, id).await {
                 Ok(_summary) => info!(server_id = id, "dead server's tablets recovered"),
                 Err(e) => {
@@ -175,6 +192,42 @@ impl Coordinator {
             }
         }
         failed
+    }
+}
+
+impl Coordinator {
+    /// The other dead servers whose backups may hold replicas of `dead` that
+    /// no live backup holds: those not yet back (no live server enlisted
+    /// with their identity, i.e. on their `--dir`) and not given up by the
+    /// operator. Why wait: a recovery reads the newest log of each tablet from
+    /// whatever backups answer, and nothing tells it that a segment is
+    /// missing, so starting it while some replicas are out of reach could
+    /// silently lose objects (after a whole-cluster restart, every server is
+    /// one of these until its successor enlists).
+    fn replicas_elsewhere(&self, dead: u64) -> Vec<u64> {
+        let removed = self
+            .operator_removed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let model = self.model();
+        let live_identities: std::collections::HashSet<&str> = model
+            .live_servers()
+            .iter()
+            .filter_map(|id| model.identities.get(id).map(String::as_str))
+            .collect();
+        model
+            .dead
+            .iter()
+            .copied()
+            .filter(|&other| other != dead && !removed.contains(&other))
+            .filter(|other| {
+                model
+                    .identities
+                    .get(other)
+                    .is_none_or(|ident| !live_identities.contains(ident.as_str()))
+            })
+            .collect()
     }
 }
 

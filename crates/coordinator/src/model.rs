@@ -115,6 +115,11 @@ pub enum Op {
     },
     /// The move of tablet `index` of `table` is finished or undone.
     DeleteMove { table: u64, index: u32 },
+    /// Tablet `index` of `table` was lost with dead server `master` and is to
+    /// be recovered from that master's replicas (`recovery.rs`).
+    PutLostFrom { table: u64, index: u32, master: u64 },
+    /// The recovery of tablet `index` of `table` is committed and activated.
+    DeleteLostFrom { table: u64, index: u32 },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -131,6 +136,11 @@ pub struct Model {
     pub dead: BTreeSet<u64>,
     /// Moves in progress, by (table id, tablet index).
     pub moves: BTreeMap<(u64, u32), MoveRecord>,
+    /// Tablets being recovered, by (table id, tablet index): the dead master
+    /// whose replicas hold them. Such a tablet is orphaned (clients get
+    /// `Retry`, never an empty re-creation) until its new owner is committed,
+    /// and keeps its entry until that owner is activated (`recovery.rs`).
+    pub lost_from: BTreeMap<(u64, u32), u64>,
     pub next_table_id: u64,
     pub next_server_id: u64,
     pub map_version: u64,
@@ -205,6 +215,16 @@ impl Model {
                 Op::DeleteMove { table, index } => {
                     self.moves.remove(&(*table, *index));
                 }
+                Op::PutLostFrom {
+                    table,
+                    index,
+                    master,
+                } => {
+                    self.lost_from.insert((*table, *index), *master);
+                }
+                Op::DeleteLostFrom { table, index } => {
+                    self.lost_from.remove(&(*table, *index));
+                }
                 Op::PutTable { id, name } => {
                     self.by_name.insert(name.clone(), *id);
                     self.tables.insert(
@@ -221,6 +241,7 @@ impl Model {
                         self.by_name.remove(&table.name);
                     }
                     self.moves.retain(|(table, _), _| table != id);
+                    self.lost_from.retain(|(table, _), _| table != id);
                 }
                 Op::PutTablet {
                     table,
@@ -280,6 +301,7 @@ impl Model {
     /// The changes that retire `servers`: each is forgotten and each of its
     /// tablets becomes orphaned under map version `version` (the caller also
     /// commits `Counter(MAP_VERSION, version)` or a later one).
+    #[cfg(test)]
     pub fn retire_ops(&self, servers: &[u64], version: u64) -> Vec<Op> {
         let mut ops: Vec<Op> = servers.iter().map(|&id| Op::DeleteServer { id }).collect();
         for table in self.tables.values() {
@@ -301,7 +323,40 @@ impl Model {
         ops
     }
 
-    /// Every orphaned tablet: (table id, index, tablet), by table id then index.
+    /// The changes that make every tablet `dead` owns wait for recovery from
+    /// its replicas: orphaned under map version `version` (the caller also
+    /// commits `Counter(MAP_VERSION, version)`) and recorded in `lost_from`.
+    /// May be part of the transaction that declares the server dead, so no
+    /// client is ever sent to the dead address after that commit.
+    pub fn lose_tablets_ops(&self, dead: u64, version: u64) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for table in self.tables.values() {
+            for (i, t) in table.tablets.iter().enumerate() {
+                if t.server_id == dead && !t.is_orphaned() {
+                    ops.push(Op::PutTablet {
+                        table: table.id,
+                        index: i as u32,
+                        tablet: Tablet {
+                            server_id: ORPHANED,
+                            shard: 0,
+                            map_version: version,
+                            ..t.clone()
+                        },
+                    });
+                    ops.push(Op::PutLostFrom {
+                        table: table.id,
+                        index: i as u32,
+                        master: dead,
+                    });
+                }
+            }
+        }
+        ops
+    }
+
+    /// Every orphaned tablet that is not being recovered from replicas (see
+    /// `lost_from`): the ones to re-create empty. (table id, index, tablet),
+    /// by table id then index.
     pub fn orphaned_tablets(&self) -> Vec<(u64, u32, Tablet)> {
         self.tables
             .values()
@@ -310,7 +365,9 @@ impl Model {
                     .tablets
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| t.is_orphaned())
+                    .filter(|(i, t)| {
+                        t.is_orphaned() && !self.lost_from.contains_key(&(table.id, *i as u32))
+                    })
                     .map(|(i, t)| (table.id, i as u32, t.clone()))
             })
             .collect()
@@ -345,6 +402,7 @@ impl Model {
             .collect()
     }
 
+    #[cfg(test)]
     /// Every tablet owned by `server_id`: (table id, index, tablet), by table id then index.
     pub fn tablets_of(&self, server_id: u64) -> Vec<(u64, u32, Tablet)> {
         self.tables

@@ -61,6 +61,10 @@ pub struct Coordinator {
     /// Wakes the recovery driver (`death.rs`): a server died, or one
     /// enlisted (recovery may have been waiting for live servers).
     pub(crate) recovery_wake: tokio::sync::Notify,
+    /// Dead servers the operator removed (`insitu server remove`) in this
+    /// coordinator's lifetime: their disks are not coming back, so recovering
+    /// other servers no longer waits for their replicas (`death.rs`).
+    pub(crate) operator_removed: Mutex<std::collections::HashSet<u64>>,
 }
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
@@ -71,6 +75,7 @@ impl Coordinator {
             rehome_after_servers,
             reconcile_wake: tokio::sync::Notify::new(),
             recovery_wake: tokio::sync::Notify::new(),
+            operator_removed: Mutex::new(Default::default()),
             store: Mutex::new(Some(Arc::new(store))),
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
@@ -205,7 +210,10 @@ pub(crate) fn usable_map(model: &Model, id: u64) -> Option<Reply> {
     let info = model.table_info(id)?;
     Some(match model.first_orphan(id) {
         None => Ok(Response::Table(info)),
-        Some(index) => Err(no_live_server(index, &info.name)),
+        Some(index) => Err(match model.lost_from.get(&(id, index as u32)) {
+            Some(master) => crate::recovery::being_recovered(index, &info.name, *master),
+            None => no_live_server(index, &info.name),
+        }),
     })
 }
 

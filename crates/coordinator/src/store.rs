@@ -12,6 +12,7 @@
 //! | `server_backup_addrs` | `u64` server id | `&str`: its backup service's `host:port` (no row: none) |
 //! | `dead_servers` | `u64` server id        | `()`: the server was declared dead (kept until its tablets are recovered) |
 //! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
+//! | `lost_from` | `(u64 table id, u32 index)` | `u64`: the dead master whose replicas hold the tablet (being recovered) |
 //!
 //! Counters:
 //! - `layout_version`: version of this layout (currently 1); a database with
@@ -38,10 +39,13 @@
 //! first step with `committed_version` 0, rewritten with the destination's map
 //! version in the transaction that commits the new owner, deleted when the
 //! move is finished or undone. A coordinator that starts with rows there
-//! reconciles them (see `reconcile.rs`). `server_identities`, `moves`,
-//! `server_backup_addrs` and `dead_servers` were added without changing the
-//! layout version: an older database simply has none, and they are created
-//! empty on open (likewise the `cluster_id` and `replicas` counters).
+//! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
+//! transaction that orphans a dead server's tablet until its recovered copy
+//! is activated on its new owner (see `recovery.rs`). `server_identities`,
+//! `moves`, `server_backup_addrs`, `dead_servers` and `lost_from` were added
+//! without changing the layout version: an older database simply has none,
+//! and they are created empty on open (likewise the `cluster_id` and
+//! `replicas` counters).
 //!
 //! A server in `dead_servers` stays in `servers` until recovery forgets it:
 //! its tablets still name it (whose replicas to read) but nothing is routed to it.
@@ -74,6 +78,8 @@ type MoveRow = (u64, u64, u64, u32, u64, u64, u32, u64);
 const MOVES: TableDefinition<TabletKey, MoveRow> = TableDefinition::new("moves");
 const BACKUP_ADDRS: TableDefinition<u64, &str> = TableDefinition::new("server_backup_addrs");
 const DEAD: TableDefinition<u64, ()> = TableDefinition::new("dead_servers");
+/// Tablets being recovered: the dead master whose replicas hold them.
+const LOST_FROM: TableDefinition<TabletKey, u64> = TableDefinition::new("lost_from");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -153,6 +159,7 @@ impl Store {
             txn.open_table(MOVES)?;
             txn.open_table(BACKUP_ADDRS)?;
             txn.open_table(DEAD)?;
+            txn.open_table(LOST_FROM)?;
         }
         txn.commit()?;
         Ok(opened)
@@ -263,6 +270,11 @@ impl Store {
             );
         }
 
+        for row in txn.open_table(LOST_FROM)?.iter()? {
+            let (key, master) = row?;
+            model.lost_from.insert(key.value(), master.value());
+        }
+
         model
             .validate()
             .map_err(|e| anyhow::anyhow!("inconsistent metadata: {e}"))?;
@@ -281,6 +293,7 @@ impl Store {
             let mut moves = txn.open_table(MOVES)?;
             let mut backup_addrs = txn.open_table(BACKUP_ADDRS)?;
             let mut dead = txn.open_table(DEAD)?;
+            let mut lost_from = txn.open_table(LOST_FROM)?;
             for op in ops {
                 match op {
                     Op::Counter(name, value) => {
@@ -339,6 +352,16 @@ impl Store {
                     Op::DeleteMove { table, index } => {
                         moves.remove((*table, *index))?;
                     }
+                    Op::PutLostFrom {
+                        table,
+                        index,
+                        master,
+                    } => {
+                        lost_from.insert((*table, *index), *master)?;
+                    }
+                    Op::DeleteLostFrom { table, index } => {
+                        lost_from.remove((*table, *index))?;
+                    }
                     Op::PutTable { id, name } => {
                         tables.insert(*id, name.as_str())?;
                     }
@@ -346,6 +369,7 @@ impl Store {
                         tables.remove(*id)?;
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
+                        lost_from.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                     }
                     Op::PutTablet {
                         table,

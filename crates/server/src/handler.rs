@@ -391,7 +391,36 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             Status::BadRequest,
             "this is a shard port; send backup requests to the server's backup address",
         ),
-        Request::RecoverTablet { .. } | Request::ServerDown { .. } => encode_error(
+        Request::RecoverTablet {
+            table,
+            start_hash,
+            end_hash,
+            map_version,
+            master,
+            backups,
+        } => {
+            let req = crate::recover::RecoverTablet {
+                table,
+                start_hash,
+                end_hash,
+                map_version,
+                master,
+                backups,
+            };
+            match crate::recover::recover_tablet(state, req).await {
+                Ok(r) => reply(
+                    out,
+                    id,
+                    &Response::Recovered {
+                        objects: r.objects,
+                        segments: r.segments,
+                        bytes: r.bytes,
+                    },
+                ),
+                Err((status, message)) => encode_error(out, id, status, message),
+            }
+        }
+        Request::ServerDown { .. } => encode_error(
             out,
             id,
             Status::BadRequest,

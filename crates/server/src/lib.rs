@@ -12,6 +12,7 @@ mod hold;
 mod identity;
 mod limits;
 mod migrate;
+mod recover;
 mod scan;
 mod shard;
 

@@ -1,0 +1,298 @@
+//! `recover_server` against fake shards: round-robin with fallback to
+//! another shard, the committed owner and its activation, `Retry` while
+//! tablets are lost, persistence of `lost_from` across a restart, and
+//! idempotence.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use insitu_protocol::{Request, Response, Status, decode_request, encode_error, encode_response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+use crate::model::{NEXT_SERVER_ID, NEXT_TABLE_ID};
+use crate::service::usable_map;
+use crate::store::Store;
+
+/// A fake shard: records what it gets ("Recover t{table} s{start} m{master}",
+/// "Activate ...", "Drop ..."), answers `Recovered{objects: 10, ..}` unless
+/// told to refuse recoveries.
+struct Fake {
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+    refuse_recover: Arc<AtomicBool>,
+}
+
+async fn fake_shard() -> Fake {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let refuse_recover = Arc::new(AtomicBool::new(false));
+    let (log2, refuse2) = (log.clone(), refuse_recover.clone());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (log, refuse) = (log2.clone(), refuse2.clone());
+            tokio::spawn(async move {
+                loop {
+                    let mut header = [0u8; 20];
+                    if stream.read_exact(&mut header).await.is_err() {
+                        return;
+                    }
+                    let len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
+                    let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
+                    let mut body = vec![0u8; len];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let mut out = BytesMut::new();
+                    match decode_request(&body).unwrap() {
+                        Request::RecoverTablet {
+                            table,
+                            start_hash,
+                            master,
+                            ..
+                        } => {
+                            log.lock()
+                                .unwrap()
+                                .push(format!("Recover t{table} s{start_hash} m{master}"));
+                            if refuse.load(Ordering::SeqCst) {
+                                encode_error(&mut out, id, Status::Internal, "injected");
+                            } else {
+                                let r = Response::Recovered {
+                                    objects: 10,
+                                    segments: 2,
+                                    bytes: 1000,
+                                };
+                                encode_response(&mut out, id, Status::Ok, &r).unwrap();
+                            }
+                        }
+                        Request::ActivateTablet {
+                            table,
+                            start_hash,
+                            map_version,
+                        } => {
+                            log.lock()
+                                .unwrap()
+                                .push(format!("Activate t{table} s{start_hash} v{map_version}"));
+                            encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                        }
+                        Request::DropTablet {
+                            table, start_hash, ..
+                        } => {
+                            log.lock()
+                                .unwrap()
+                                .push(format!("Drop t{table} s{start_hash}"));
+                            encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                        }
+                        _ => encode_error(&mut out, id, Status::BadRequest, "unexpected"),
+                    }
+                    if stream.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Fake {
+        addr,
+        log,
+        refuse_recover,
+    }
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "insitu-recovery-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        Dir(path)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open(dir: &Dir) -> Coordinator {
+    let (store, model, _) = Store::open(&dir.0, 2).unwrap();
+    Coordinator::new(store, model, 0)
+}
+
+const TABLE: u64 = 1;
+/// Hash-space starts of the table's four tablets.
+const STARTS: [u64; 4] = [0, 1 << 62, 2 << 62, 3 << 62];
+
+/// Server 1 (the one that dies) owns tablets 0 and 2, servers 2 and 3 (one
+/// fake shard each) own 1 and 3.
+async fn setup(coord: &Coordinator, a: &Fake, b: &Fake) {
+    let guard = coord.meta_lock.lock().await;
+    let server = |id: u64, addrs: Vec<String>| Op::PutServer {
+        id,
+        shard_addrs: addrs,
+        identity: String::new(),
+        backup_addr: String::new(),
+    };
+    let owners = [(1, 0), (2, 0), (1, 1), (3, 0)];
+    let mut ops = vec![
+        server(1, vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()]),
+        server(2, vec![a.addr.clone()]),
+        server(3, vec![b.addr.clone()]),
+        Op::Counter(NEXT_SERVER_ID, 4),
+        Op::PutTable {
+            id: TABLE,
+            name: "t".into(),
+        },
+        Op::Counter(NEXT_TABLE_ID, 2),
+        Op::Counter(MAP_VERSION, 1),
+    ];
+    for (i, (server_id, shard)) in owners.into_iter().enumerate() {
+        ops.push(Op::PutTablet {
+            table: TABLE,
+            index: i as u32,
+            tablet: Tablet {
+                start_hash: STARTS[i],
+                end_hash: STARTS.get(i + 1).map_or(u64::MAX, |s| s - 1),
+                server_id,
+                shard,
+                map_version: 1,
+            },
+        });
+    }
+    coord.commit(&guard, ops).await.unwrap();
+}
+
+fn tablet(coord: &Coordinator, index: usize) -> Tablet {
+    coord.model().tables[&TABLE].tablets[index].clone()
+}
+
+fn take(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
+    std::mem::take(&mut *log.lock().unwrap())
+}
+
+#[tokio::test]
+async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
+    let dir = Dir::new();
+    let (a, b) = (fake_shard().await, fake_shard().await);
+    let coord = open(&dir);
+    setup(&coord, &a, &b).await;
+    b.refuse_recover.store(true, Ordering::SeqCst);
+
+    let summary = recover_server(&coord, 1).await.unwrap();
+    assert_eq!(summary.tablets, 2);
+    assert_eq!(
+        (summary.objects, summary.segments, summary.bytes),
+        (20, 4, 2000)
+    );
+    // Tablet 0 went to server 2 (first slot); tablet 2's turn was server 3,
+    // which refused, so it went to server 2 as well.
+    for index in [0, 2] {
+        let t = tablet(&coord, index);
+        assert_eq!((t.server_id, t.shard), (2, 0), "tablet {index}");
+        assert!(t.map_version > 1);
+    }
+    assert_eq!(
+        take(&b.log),
+        vec![
+            format!("Recover t1 s{} m1", STARTS[2]),
+            format!("Drop t1 s{}", STARTS[2])
+        ]
+    );
+    let (v0, v2) = (tablet(&coord, 0).map_version, tablet(&coord, 2).map_version);
+    // Both queues ran in parallel: compare as sets, each tablet's own steps
+    // in order.
+    let a_log = take(&a.log);
+    let position = |line: &str| a_log.iter().position(|l| l == line);
+    assert!(
+        position(&format!("Recover t1 s{} m1", STARTS[2]))
+            < position(&format!("Activate t1 s{} v{v2}", STARTS[2]))
+    );
+    let mut sorted = a_log.clone();
+    sorted.sort();
+    let mut expected = vec![
+        format!("Recover t1 s{} m1", STARTS[0]),
+        format!("Activate t1 s{} v{v0}", STARTS[0]),
+        format!("Recover t1 s{} m1", STARTS[2]),
+        format!("Activate t1 s{} v{v2}", STARTS[2]),
+    ];
+    expected.sort();
+    assert_eq!(sorted, expected);
+    {
+        let model = coord.model();
+        assert!(model.lost_from.is_empty());
+        assert!(
+            !model.servers.contains_key(&1),
+            "the dead server is forgotten"
+        );
+        assert!(usable_map(&model, TABLE).unwrap().is_ok());
+        assert_eq!(model.validate(), Ok(()));
+    }
+    // Again: nothing to do, nothing sent.
+    assert_eq!(
+        recover_server(&coord, 1).await.unwrap(),
+        RecoverySummary::default()
+    );
+    assert!(take(&a.log).is_empty() && take(&b.log).is_empty());
+    coord.close().await;
+}
+
+#[tokio::test]
+async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
+    let dir = Dir::new();
+    let (a, b) = (fake_shard().await, fake_shard().await);
+    let coord = open(&dir);
+    setup(&coord, &a, &b).await;
+    a.refuse_recover.store(true, Ordering::SeqCst);
+    b.refuse_recover.store(true, Ordering::SeqCst);
+
+    let e = recover_server(&coord, 1).await.unwrap_err().to_string();
+    assert!(e.contains("2 tablets left"), "{e}");
+    assert!(tablet(&coord, 0).is_orphaned() && tablet(&coord, 2).is_orphaned());
+    {
+        let model = coord.model();
+        assert_eq!(model.lost_from.len(), 2);
+        let reject = usable_map(&model, TABLE).unwrap().unwrap_err();
+        assert_eq!(reject.status, Status::Retry);
+        assert!(
+            reject.message.contains("being recovered"),
+            "{}",
+            reject.message
+        );
+        assert!(
+            model.orphaned_tablets().is_empty(),
+            "never re-created empty by an enlistment"
+        );
+        assert!(model.servers.contains_key(&1), "kept until recovered");
+    }
+    coord.close().await;
+    drop(coord);
+
+    // A new coordinator on the same metadata finds them still lost.
+    let coord = open(&dir);
+    assert_eq!(coord.masters_being_recovered(), vec![1]);
+    a.refuse_recover.store(false, Ordering::SeqCst);
+    b.refuse_recover.store(false, Ordering::SeqCst);
+    let summary = recover_server(&coord, 1).await.unwrap();
+    assert_eq!(summary.tablets, 2);
+    let owners: Vec<u64> = [0, 2].map(|i| tablet(&coord, i).server_id).to_vec();
+    assert_eq!(owners, vec![2, 3], "round-robin over the live servers");
+    assert!(coord.masters_being_recovered().is_empty());
+    assert!(!coord.model().servers.contains_key(&1));
+    coord.close().await;
+}
+
+/// The failure detector runs recoveries in spawned tasks: the future must be `Send`.
+#[allow(dead_code)]
+fn recover_server_is_send(coord: &'static Coordinator) {
+    fn send<T: Send>(_: T) {}
+    send(recover_server(coord, 1));
+}

@@ -1,0 +1,555 @@
+//! Crash recovery of one tablet on this shard (`RecoverTablet`).
+//!
+//! The coordinator names a dead master and every live backup. This shard
+//! 1. asks every backup in parallel for the replicas it holds of the master
+//!    (`BackupList{fence: true}`: from then on the master, if it still runs,
+//!    can no longer make a write durable there), skipping a backup that does
+//!    not answer in time;
+//! 2. keeps the replicas of the tablet (table, start_hash) and takes the
+//!    HIGHEST log id among them: the newest instance of the tablet on that
+//!    master (an older instance's log is freed by its master, but its free may
+//!    not have reached every backup);
+//! 3. fetches every segment of that log in chunks of at most 1 MiB, from the
+//!    holder with the most bytes (ties: a closed replica first), falling back
+//!    to the next holder on any error or short read;
+//! 4. replays the segments into a fresh tablet (`Engine::replay`); a segment
+//!    with a corrupt entry is fetched again from its next holder and the
+//!    replay redone, and if every holder's copy is corrupt the recovery is
+//!    refused (`DataLost`) rather than silently losing the segment's tail;
+//! 5. holds the tablet `Receiving` at the given map version: the coordinator
+//!    commits the new owner and then activates it.
+//!
+//! The fetched bytes are all held at once during the replay; they are charged
+//! to the engine's memory budget first, and the recovery is refused with
+//! `OutOfMemory` if they do not fit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use insitu_client::rpc::RpcConn;
+use insitu_engine::{HashRange, ReplayReport};
+use insitu_protocol::{ReplicaInfo, Request, Response, Status, TabletState};
+
+use crate::handler::engine_status;
+use crate::shard::{ShardState, TabletMeta};
+
+/// Connecting to one backup must succeed within this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One backup's `BackupList` must be answered within this, or it is skipped.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+/// One `BackupRead` chunk (at most `READ_CHUNK_BYTES`) must arrive within this.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes asked for per `BackupRead`: well under a frame's 4 MiB body limit.
+pub const READ_CHUNK_BYTES: u32 = 1 << 20;
+
+/// A refusal: the reply's status and a message naming what went wrong.
+pub type Refusal = (Status, String);
+
+/// What a recovery installed (the `Recovered` reply).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recovered {
+    pub objects: u64,
+    pub segments: u64,
+    pub bytes: u64,
+}
+
+/// What the coordinator asks for (the fields of `RecoverTablet`).
+pub struct RecoverTablet {
+    pub table: u64,
+    pub start_hash: u64,
+    pub end_hash: u64,
+    pub map_version: u64,
+    /// Server id of the dead master whose replicas are read.
+    pub master: u64,
+    /// Backup service addresses of every live server.
+    pub backups: Vec<String>,
+}
+
+/// One backup's copy of one segment.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    /// Index into the request's `backups` (and the connections).
+    backup: usize,
+    /// Bytes it holds (listed, verified by the backup).
+    bytes: u64,
+    /// The master closed the segment: `bytes` is its whole length.
+    closed: bool,
+}
+
+/// One segment of the chosen log and who holds it, best holder first.
+struct SegmentPlan {
+    segment: u64,
+    holders: Vec<Holder>,
+    /// Index in `holders` of the copy in use (or to try next).
+    next: usize,
+}
+
+/// The cluster id sent with every backup request. Backups label replicas
+/// with it and refuse requests of another cluster; the shard learns it when
+/// the server enlists.
+fn cluster_id(state: &ShardState) -> u64 {
+    state.cluster_id.get()
+}
+
+/// Marks a tablet as being recovered on this shard until dropped, so a
+/// second `RecoverTablet` for it (a coordinator retry after a timeout) is
+/// refused with `Retry` instead of racing the first.
+struct InProgress<'a> {
+    state: &'a ShardState,
+    key: (u64, u64),
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.state.recovering.borrow_mut().remove(&self.key);
+    }
+}
+
+/// Recover the tablet; see the module docs.
+pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Recovered, Refusal> {
+    let Some(range) = HashRange::new(req.start_hash, req.end_hash) else {
+        return Err((Status::BadRequest, "tablet range start > end".into()));
+    };
+    let key = (req.table, req.start_hash);
+    if !state.recovering.borrow_mut().insert(key) {
+        return Err((
+            Status::Retry,
+            format!(
+                "tablet {}/{:#x} is already being recovered on this shard",
+                req.table, req.start_hash
+            ),
+        ));
+    }
+    let _in_progress = InProgress { state, key };
+    check_not_serving(state, req.table, req.start_hash)?;
+    let cluster = cluster_id(state);
+    let (conns, listed) = list_all(&req.backups, cluster, req.master).await;
+    let mut plans = plan_segments(&listed, req.table, req.start_hash);
+    let unreachable = conns.iter().filter(|c| c.is_none()).count();
+    if unreachable > 0 {
+        tracing::warn!(
+            shard = state.index,
+            table = req.table,
+            start_hash = req.start_hash,
+            master = req.master,
+            unreachable,
+            backups = req.backups.len(),
+            "recovering without every backup: replicas held only by the unreachable ones are not read"
+        );
+    }
+    let log = plans.log;
+    // The best holder of each segment has the most bytes: an upper bound of
+    // what is held at once, charged before any byte is fetched.
+    let total_bytes: u64 = plans
+        .segments
+        .iter()
+        .map(|p| p.holders[0].bytes)
+        .fold(0u64, u64::saturating_add);
+    let _charge = state
+        .engine
+        .borrow()
+        .try_charge_transient(total_bytes)
+        .map_err(|_| {
+            (
+                Status::OutOfMemory,
+                format!(
+                    "tablet {}/{:#x}: its {} segments ({total_bytes} bytes) do not fit in this shard's memory budget beside its data",
+                    req.table,
+                    req.start_hash,
+                    plans.segments.len()
+                ),
+            )
+        })?;
+    let mut bufs = Vec::with_capacity(plans.segments.len());
+    for plan in &mut plans.segments {
+        bufs.push(fetch_segment(&conns, &req.backups, cluster, req.master, log, plan).await?);
+    }
+    // Replay; a segment with a corrupt entry is fetched again from its next
+    // holder (each retry consumes a holder, so this ends).
+    let report = loop {
+        let report = install(state, &req, range, &bufs)?;
+        if report.corrupt.is_empty() {
+            break report;
+        }
+        state
+            .engine
+            .borrow_mut()
+            .drop_tablet(req.table, req.start_hash);
+        let mut bad: BTreeMap<usize, String> = BTreeMap::new();
+        for c in &report.corrupt {
+            bad.entry(c.segment)
+                .or_insert_with(|| format!("offset {}: {}", c.offset, c.reason));
+        }
+        for (si, why) in bad {
+            let plan = &mut plans.segments[si];
+            let used = plan.holders[plan.next];
+            tracing::warn!(
+                shard = state.index,
+                table = req.table,
+                master = req.master,
+                log,
+                segment = plan.segment,
+                backup = %req.backups[used.backup],
+                "corrupt entry in a replica ({why}); trying another holder"
+            );
+            plan.next += 1;
+            if plan.next >= plan.holders.len() {
+                return Err((
+                    Status::DataLost,
+                    format!(
+                        "segment {} of log {log} of master {} (tablet {}/{:#x}): every replica \
+                         holds a corrupt entry (last: {why}); not recovering it with its tail missing",
+                        plan.segment, req.master, req.table, req.start_hash
+                    ),
+                ));
+            }
+            bufs[si] = fetch_segment(&conns, &req.backups, cluster, req.master, log, plan).await?;
+        }
+    };
+    let bytes: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+    tracing::info!(
+        shard = state.index,
+        table = req.table,
+        start_hash = req.start_hash,
+        master = req.master,
+        log,
+        segments = bufs.len(),
+        bytes,
+        objects = report.objects_loaded,
+        map_version = req.map_version,
+        "tablet recovered from replicas; held Receiving until the coordinator activates it"
+    );
+    Ok(Recovered {
+        objects: report.objects_loaded,
+        segments: bufs.len() as u64,
+        bytes,
+    })
+}
+
+/// Refuse if the tablet serves here (a recovery must never replace live
+/// data); a copy that serves nothing (a leftover of an earlier failed
+/// attempt, or a moved-out copy) is replaced at install time.
+fn check_not_serving(state: &ShardState, table: u64, start_hash: u64) -> Result<(), Refusal> {
+    match state.tablets.borrow().get(&(table, start_hash)) {
+        Some(m) if m.serves_reads() => Err((
+            Status::BadRequest,
+            format!(
+                "tablet {table}/{start_hash:#x} already serves on this shard; not recovering over it"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Replay `bufs` into a new tablet and register it `Receiving`, replacing a
+/// copy that serves nothing. Synchronous: nothing can change the shard's
+/// tablets between the check and the install.
+fn install(
+    state: &ShardState,
+    req: &RecoverTablet,
+    range: HashRange,
+    bufs: &[Vec<u8>],
+) -> Result<ReplayReport, Refusal> {
+    check_not_serving(state, req.table, req.start_hash)?;
+    let key = (req.table, req.start_hash);
+    if state.tablets.borrow_mut().remove(&key).is_some() {
+        state
+            .engine
+            .borrow_mut()
+            .drop_tablet(req.table, req.start_hash);
+        tracing::info!(
+            shard = state.index,
+            table = req.table,
+            start_hash = req.start_hash,
+            "replacing a copy of the tablet that serves nothing (an earlier attempt's leftover)"
+        );
+    }
+    let report = state
+        .engine
+        .borrow_mut()
+        .replay(req.table, range, bufs.iter().map(|b| &b[..]));
+    state.recount_unusual();
+    let report = report.map_err(|e| {
+        (
+            engine_status(&e),
+            format!("replaying tablet {}/{:#x}: {e}", req.table, req.start_hash),
+        )
+    })?;
+    if report.corrupt.is_empty() {
+        state.tablets.borrow_mut().insert(
+            key,
+            TabletMeta::new(req.map_version, TabletState::Receiving),
+        );
+        state.recount_unusual();
+    }
+    Ok(report)
+}
+
+/// `BackupList{fence: true}` on every backup in parallel: a connection and
+/// the replicas of each backup that answered (`None`: skipped, logged).
+async fn list_all(
+    backups: &[String],
+    cluster: u64,
+    master: u64,
+) -> (Vec<Option<RpcConn>>, Vec<Vec<ReplicaInfo>>) {
+    let answers = join_all(backups.iter().map(|addr| list_one(addr, cluster, master))).await;
+    let mut conns = Vec::with_capacity(backups.len());
+    let mut listed = Vec::with_capacity(backups.len());
+    for (addr, answer) in backups.iter().zip(answers) {
+        match answer {
+            Ok((conn, replicas)) => {
+                conns.push(Some(conn));
+                listed.push(replicas);
+            }
+            Err(e) => {
+                tracing::warn!(backup = %addr, master, "skipping a backup during recovery: {e}");
+                conns.push(None);
+                listed.push(Vec::new());
+            }
+        }
+    }
+    (conns, listed)
+}
+
+async fn list_one(
+    addr: &str,
+    cluster: u64,
+    master: u64,
+) -> Result<(RpcConn, Vec<ReplicaInfo>), String> {
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+        .await
+        .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    let request = Request::BackupList {
+        cluster,
+        master,
+        fence: true,
+    };
+    let reply = conn
+        .call_timeout(&request, LIST_TIMEOUT)
+        .await
+        .map_err(|e| format!("listing replicas at {addr}: {e}"))?;
+    if !reply.status.is_ok() {
+        return Err(format!(
+            "{addr} refused to list replicas: {}: {}",
+            reply.status,
+            reply.error_message()
+        ));
+    }
+    match reply.decode() {
+        Ok(Response::BackupReplicas { replicas }) => Ok((conn, replicas)),
+        Ok(other) => Err(format!("{addr}: unexpected reply to BackupList: {other:?}")),
+        Err(e) => Err(format!(
+            "{addr}: cannot decode the reply to BackupList: {e}"
+        )),
+    }
+}
+
+/// The newest log of the tablet and, per segment (by id), its holders.
+struct Plan {
+    /// The chosen log id (0 when no replica of the tablet exists).
+    log: u64,
+    segments: Vec<SegmentPlan>,
+}
+
+/// Keep the replicas of (table, start_hash), take the highest log id, and
+/// order each segment's holders: most bytes first, closed before open.
+fn plan_segments(listed: &[Vec<ReplicaInfo>], table: u64, start_hash: u64) -> Plan {
+    let ours = || {
+        listed.iter().enumerate().flat_map(move |(b, rs)| {
+            rs.iter()
+                .filter(move |r| r.table == table && r.start_hash == start_hash)
+                .map(move |r| (b, r))
+        })
+    };
+    let Some(log) = ours().map(|(_, r)| r.log).max() else {
+        return Plan {
+            log: 0,
+            segments: Vec::new(),
+        };
+    };
+    let mut by_segment: BTreeMap<u64, Vec<Holder>> = BTreeMap::new();
+    for (backup, r) in ours().filter(|(_, r)| r.log == log) {
+        let holders = by_segment.entry(r.segment).or_default();
+        // A backup lists a replica once; a duplicate is ignored.
+        if holders.iter().all(|h| h.backup != backup) {
+            holders.push(Holder {
+                backup,
+                bytes: r.bytes,
+                closed: r.closed,
+            });
+        }
+    }
+    let segments = by_segment
+        .into_iter()
+        .map(|(segment, mut holders)| {
+            holders.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.closed.cmp(&a.closed)));
+            SegmentPlan {
+                segment,
+                holders,
+                next: 0,
+            }
+        })
+        .collect();
+    Plan { log, segments }
+}
+
+/// The bytes of one segment from its holder `plan.next` or, failing that,
+/// the next ones (`plan.next` is left at the holder that delivered).
+async fn fetch_segment(
+    conns: &[Option<RpcConn>],
+    backups: &[String],
+    cluster: u64,
+    master: u64,
+    log: u64,
+    plan: &mut SegmentPlan,
+) -> Result<Vec<u8>, Refusal> {
+    let mut errors = Vec::new();
+    while let Some(holder) = plan.holders.get(plan.next).copied() {
+        let addr = &backups[holder.backup];
+        let result = match &conns[holder.backup] {
+            Some(conn) => {
+                read_replica(conn, cluster, master, log, plan.segment, holder.bytes).await
+            }
+            None => Err("not connected".to_string()),
+        };
+        match result {
+            Ok(bytes) => {
+                if plan.next > 0 && holder.bytes < plan.holders[0].bytes {
+                    tracing::warn!(
+                        master,
+                        log,
+                        segment = plan.segment,
+                        backup = %addr,
+                        bytes = holder.bytes,
+                        best_bytes = plan.holders[0].bytes,
+                        "using a shorter replica: the longer ones could not be read"
+                    );
+                }
+                return Ok(bytes);
+            }
+            Err(e) => {
+                tracing::warn!(master, log, segment = plan.segment, backup = %addr,
+                    "cannot read a replica, trying another holder: {e}");
+                errors.push(format!("{addr}: {e}"));
+                plan.next += 1;
+            }
+        }
+    }
+    Err((
+        Status::Internal,
+        format!(
+            "segment {} of log {log} of master {master}: no backup could deliver it ({})",
+            plan.segment,
+            if errors.is_empty() {
+                "no holder left".to_string()
+            } else {
+                errors.join("; ")
+            }
+        ),
+    ))
+}
+
+/// Read `len` bytes of a replica in chunks; anything but exactly `len` bytes
+/// (an error, a short read, more than asked) is an error.
+async fn read_replica(
+    conn: &RpcConn,
+    cluster: u64,
+    master: u64,
+    log: u64,
+    segment: u64,
+    len: u64,
+) -> Result<Vec<u8>, String> {
+    let len_usize =
+        usize::try_from(len).map_err(|_| format!("{len} bytes do not fit in memory"))?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len_usize)
+        .map_err(|_| format!("cannot allocate {len} bytes"))?;
+    while (buf.len() as u64) < len {
+        let want = (len - buf.len() as u64).min(READ_CHUNK_BYTES as u64) as u32;
+        let request = Request::BackupRead {
+            cluster,
+            master,
+            log,
+            segment,
+            offset: buf.len() as u64,
+            max_bytes: want,
+        };
+        let reply = conn
+            .call_timeout(&request, READ_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !reply.status.is_ok() {
+            return Err(format!(
+                "refused at offset {}: {}: {}",
+                buf.len(),
+                reply.status,
+                reply.error_message()
+            ));
+        }
+        let (bytes, end) = match reply.decode() {
+            Ok(Response::BackupBytes { bytes, end }) => (bytes, end),
+            Ok(other) => return Err(format!("unexpected reply to BackupRead: {other:?}")),
+            Err(e) => return Err(format!("cannot decode the reply to BackupRead: {e}")),
+        };
+        if bytes.len() > want as usize {
+            return Err(format!(
+                "sent {} bytes at offset {} where at most {want} were asked for",
+                bytes.len(),
+                buf.len()
+            ));
+        }
+        buf.extend_from_slice(bytes);
+        if (buf.len() as u64) < len && (end || bytes.is_empty()) {
+            return Err(format!(
+                "short read: {} of the {len} bytes it listed",
+                buf.len()
+            ));
+        }
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(log: u64, segment: u64, bytes: u64, closed: bool) -> ReplicaInfo {
+        ReplicaInfo {
+            log,
+            table: 1,
+            start_hash: 0,
+            segment,
+            bytes,
+            closed,
+        }
+    }
+
+    #[test]
+    fn plan_takes_the_newest_log_and_orders_holders() {
+        let other_tablet = ReplicaInfo {
+            start_hash: 5,
+            log: 99,
+            ..info(0, 1, 10, true)
+        };
+        let listed = vec![
+            vec![info(3, 1, 100, false), info(2, 7, 50, true), other_tablet],
+            vec![info(3, 1, 100, true), info(3, 2, 40, false)],
+            vec![info(3, 1, 120, false)],
+        ];
+        let plan = plan_segments(&listed, 1, 0);
+        assert_eq!(
+            plan.log, 3,
+            "the highest log of the tablet, not of another tablet"
+        );
+        let order: Vec<(u64, Vec<usize>)> = plan
+            .segments
+            .iter()
+            .map(|p| (p.segment, p.holders.iter().map(|h| h.backup).collect()))
+            .collect();
+        // Most bytes first, then closed before open.
+        assert_eq!(order, vec![(1, vec![2, 1, 0]), (2, vec![1])]);
+        assert_eq!(plan_segments(&listed, 2, 0).segments.len(), 0);
+    }
+}
