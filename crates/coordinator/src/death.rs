@@ -225,7 +225,11 @@ impl Coordinator {
                 model
                     .identities
                     .get(other)
-                    .is_none_or(|ident| !live_identities.contains(ident.as_str()))
+                    // Without an identity (an old or hand-made enlistment)
+                    // its return cannot be recognised: it does not block.
+                    .is_some_and(|ident| {
+                        !ident.is_empty() && !live_identities.contains(ident.as_str())
+                    })
             })
             .collect()
     }

@@ -115,6 +115,48 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                         }
                         continue;
                     }
+                    // A fake shard holds no data: a recovery onto it
+                    // recovers an empty tablet (held Receiving until the
+                    // coordinator activates it).
+                    if let Ok(Request::RecoverTablet {
+                        table,
+                        start_hash,
+                        end_hash,
+                        map_version,
+                        ..
+                    }) = request
+                    {
+                        log.lock().unwrap().push((
+                            addr.clone(),
+                            Ctl::Take {
+                                table,
+                                start: start_hash,
+                                end: end_hash,
+                                version: map_version,
+                                state: TabletState::Receiving,
+                            },
+                        ));
+                        // "Take" failures cover recoveries too (both place a tablet here).
+                        if fail.lock().unwrap().contains("Take") {
+                            encode_error(
+                                &mut out,
+                                id,
+                                Status::Internal,
+                                "fake shard: recovery refused",
+                            );
+                        } else {
+                            let reply = Response::Recovered {
+                                objects: 0,
+                                segments: 0,
+                                bytes: 0,
+                            };
+                            encode_response(&mut out, id, Status::Ok, &reply).unwrap();
+                        }
+                        if write_half.write_all(&out).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
                     if let Ok(Request::ServerDown { server_id }) = request {
                         downs.lock().unwrap().push(server_id);
                         encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
