@@ -10,6 +10,9 @@
 //! and a reply the peer does not read within it, close the connection; so does
 //! `idle_timeout` without a byte. At the connection limit the shard closes the
 //! longest-idle connection to make room (`shard.rs`).
+//!
+//! Replies leave only once the shard's changes are held by R backups
+//! (`replies_durable`, see `replicate`).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -58,6 +61,7 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                         Status::BadRequest,
                         format!("malformed frame: {e}"),
                     );
+                    replies_durable(state).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
@@ -82,11 +86,13 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
             handler::handle(state, header.request_id, body, &mut wbuf).await;
             // Don't let a long pipeline of big replies pile up unbounded.
             if wbuf.len() >= MAX_BODY_BYTES {
+                replies_durable(state).await?;
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 wbuf.clear();
             }
         }
         if !wbuf.is_empty() {
+            replies_durable(state).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
             wbuf.clear();
         }
@@ -176,6 +182,21 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
             Some(Err(e)) => return Err(e),
         }
     }
+}
+
+/// Before replies leave: wait until every change the engine has made so far
+/// is held by R backups (group commit: all connections of the shard wait on
+/// the same round). Reads wait too, since a reply may show a write that is
+/// not yet durable. With R = 0 (or nothing new) this is one compare.
+#[inline]
+async fn replies_durable(state: &ShardState) -> std::io::Result<()> {
+    let changes = state.engine.borrow().log_changes();
+    if !state.repl.behind(changes) {
+        return Ok(());
+    }
+    state.repl.wait_durable(changes).await.map_err(|_| {
+        std::io::Error::other("the server was declared dead by the coordinator; closing")
+    })
 }
 
 /// A fresh buffer of `capacity` holding `buf`'s bytes (which must fit).

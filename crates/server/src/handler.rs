@@ -391,7 +391,16 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             Status::BadRequest,
             "this is a shard port; send backup requests to the server's backup address",
         ),
-        Request::RecoverTablet { .. } | Request::ServerDown { .. } => encode_error(
+        Request::ServerDown { server_id } => {
+            tracing::info!(
+                shard = state.index,
+                server_id,
+                "server declared dead; re-replicating what it held"
+            );
+            state.repl.server_down(server_id);
+            reply(out, id, &Response::Done)
+        }
+        Request::RecoverTablet { .. } => encode_error(
             out,
             id,
             Status::BadRequest,

@@ -11,6 +11,7 @@ mod hold;
 mod identity;
 mod limits;
 mod migrate;
+mod replicate;
 mod scan;
 mod shard;
 
@@ -27,6 +28,7 @@ use insitu_protocol::{Request, Response, Status};
 use tokio::sync::watch;
 
 pub use limits::{ConnLimits, MAX_FRAME_BYTES};
+pub use replicate::{ClusterIdentity, ReplicationConfig};
 
 /// How a storage server is started.
 #[derive(Clone, Debug)]
@@ -54,6 +56,8 @@ pub struct ServerConfig {
     /// 64 MiB: big frames are rare (bulk multi-operations), and a quarter keeps
     /// a flood of half-sent frames well below the data's own memory.
     pub limits: ConnLimits,
+    /// Replication to backups: timeouts, back-off, and what a fence does.
+    pub replication: ReplicationConfig,
 }
 
 impl ServerConfig {
@@ -70,6 +74,7 @@ impl ServerConfig {
             replace: false,
             enlist_patience: Duration::from_secs(300),
             limits: ConnLimits::default(),
+            replication: ReplicationConfig::default(),
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct ServerHandle {
     threads: Vec<JoinHandle<()>>,
     /// Each shard's frame budget, to report what is buffered.
     frame_budgets: Vec<Arc<limits::FrameBudget>>,
+    /// Shared with the shards: says whether the server was fenced.
+    replication: Arc<replicate::ServerReplication>,
 }
 
 impl ServerHandle {
@@ -94,6 +101,13 @@ impl ServerHandle {
             .iter()
             .map(|b| (b.buffered_bytes(), b.total()))
             .collect()
+    }
+
+    /// Whether a backup answered `Fenced` (the coordinator declared this
+    /// server dead) and the shards stopped serving; only observable with
+    /// `ReplicationConfig::exit_on_fence` false (else the process exited).
+    pub fn fenced(&self) -> bool {
+        self.replication.is_fenced()
     }
 
     /// Stop every shard's event loop and wait for the threads to end.
@@ -137,6 +151,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         .map(|_| Arc::new(limits::FrameBudget::new(frame_budget_bytes)))
         .collect();
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Created before the shards start; it learns the cluster identity once
+    // this server has enlisted (replies wait for it when they must).
+    let replication = replicate::ServerReplication::new(config.replication.clone());
     let mut listeners = Vec::with_capacity(config.shards);
     for i in 0..config.shards {
         let port = if config.base_port == 0 {
@@ -162,17 +179,18 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         let engine_config = engine_config.clone();
         let (limits, budget) = (config.limits.clone(), frame_budgets[i].clone());
         let stop = stop_rx.clone();
+        let repl = replication.clone();
         let t = std::thread::Builder::new()
             .name(format!("insitu-shard-{i}"))
-            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, stop))
+            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, repl, stop))
             .context("cannot start shard thread")?;
         threads.push(t);
     }
 
     let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
     let enlist = enlist(&config, addrs, identity);
-    let server_id = match enlist.await {
-        Ok(id) => id,
+    let enlisted = match enlist.await {
+        Ok(e) => e,
         Err(e) => {
             let _ = stop_tx.send(true);
             for t in threads {
@@ -184,14 +202,39 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
             )));
         }
     };
-    tracing::info!(server_id, ?shard_addrs, "storage server enlisted");
+    let server_id = enlisted.server_id;
+    // The backup service's address goes here once the server runs one;
+    // until then "" = no own backup (replicas go to other servers only).
+    let own_backup_addr = String::new();
+    replication.set_identity(replicate::ClusterIdentity {
+        server_id,
+        cluster_id: enlisted.cluster_id,
+        replicas: enlisted.replicas,
+        coordinator: config.coordinator.clone(),
+        backup_addr: own_backup_addr,
+    });
+    tracing::info!(
+        server_id,
+        ?shard_addrs,
+        replicas = enlisted.replicas,
+        "storage server enlisted"
+    );
     Ok(ServerHandle {
         server_id,
         shard_addrs,
         stop: stop_tx,
         threads,
         frame_budgets,
+        replication,
     })
+}
+
+/// What the coordinator answered to `Enlist`.
+struct Enlisted {
+    server_id: u64,
+    cluster_id: u64,
+    /// Replicas per segment (R).
+    replicas: u32,
 }
 
 /// Why one enlistment attempt failed.
@@ -209,7 +252,7 @@ async fn enlist(
     config: &ServerConfig,
     addrs: Vec<String>,
     identity: String,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Enlisted> {
     let give_up = Instant::now() + config.enlist_patience;
     let mut pause = Duration::from_millis(100);
     let mut attempts = 0u32;
@@ -241,7 +284,7 @@ async fn enlist_once(
     config: &ServerConfig,
     shard_addrs: Vec<String>,
     identity: String,
-) -> Result<u64, EnlistError> {
+) -> Result<Enlisted, EnlistError> {
     const CALL_TIMEOUT: Duration = Duration::from_secs(30);
     let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::connect(&config.coordinator))
         .await
@@ -271,7 +314,15 @@ async fn enlist_once(
         )));
     }
     match reply.decode() {
-        Ok(Response::Enlisted { server_id, .. }) => Ok(server_id),
+        Ok(Response::Enlisted {
+            server_id,
+            cluster_id,
+            replicas,
+        }) => Ok(Enlisted {
+            server_id,
+            cluster_id,
+            replicas,
+        }),
         Ok(other) => Err(EnlistError::Refused(anyhow::anyhow!(
             "unexpected reply to Enlist: {other:?}"
         ))),
