@@ -4,17 +4,21 @@
 //! round's plan is made under one engine borrow and no borrow crosses an
 //! `.await` (see `mod.rs` for the round itself).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
 use bytes::Bytes;
 use insitu_engine::{Engine, SegmentView};
 use insitu_protocol::{BackupOp, MAX_BACKUP_OPS, MAX_BODY_BYTES, Request, blob, encoded_len};
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 /// Most segment bytes one `Append` op carries: a 2 MiB segment goes in two
 /// ops, and any op fits a frame whatever the engine's segment size.
 pub const APPEND_CHUNK_BYTES: usize = 1 << 20;
+
+/// How long a backup that failed is avoided at first, and at most.
+const SUSPECT_MIN: Duration = Duration::from_secs(1);
+const SUSPECT_MAX: Duration = Duration::from_secs(30);
 
 /// Bytes of a frame body kept free for the `BackupWrite` envelope (variant,
 /// cluster, master, op count: at most ~26 bytes) and rounding.
@@ -42,6 +46,8 @@ pub struct Seg {
     pub replicas: Vec<Replica>,
     /// Walk number that last saw the segment: older means it was freed.
     pub seen: u64,
+    /// The engine's `max_tombstone_segment` at the last walk (see `PendingFree`).
+    pub max_tomb: u64,
 }
 
 /// A `Free` owed to one backup.
@@ -53,6 +59,12 @@ pub struct PendingFree {
     /// Sendable once a round numbered `after` or later fully succeeded: the
     /// appends that preceded the free (a cleaner's survivors) are then held.
     pub after: u64,
+    /// The segment's tombstones name segments up to this id: the free waits
+    /// until no free of a segment of the same log with an id up to this is
+    /// owed to any backup. The engine dropped those tombstones only after
+    /// those segments were gone; backups must lose the old versions first
+    /// too, whatever order frees of one walk reach different backups.
+    pub max_tomb: u64,
 }
 
 /// One op of a round, owning its bytes (copied out of the engine, so the
@@ -147,9 +159,11 @@ pub struct Book {
     /// Servers declared dead (`ServerDown`): never chosen again even if a
     /// list fetched earlier still shows them up.
     pub dead: HashSet<u64>,
-    /// Backups that failed recently: chosen only when nothing else is left,
-    /// until the instant stored.
-    pub suspect_until: HashMap<Rc<str>, Instant>,
+    /// Backups that failed recently: (avoid until, next pause). Chosen only
+    /// when nothing else is left, and owed frees wait, until the instant;
+    /// the pause doubles per failure (a silent backup would otherwise cost
+    /// every round a call timeout) and is forgotten on success.
+    pub suspect_until: HashMap<Rc<str>, (Instant, Duration)>,
     /// (log, segment) -> what its backups hold.
     pub segs: HashMap<(u64, u64), Seg>,
     /// Frees not yet acknowledged by their backup.
@@ -188,7 +202,7 @@ impl Book {
     }
 
     fn suspect(&self, addr: &str, now: Instant) -> bool {
-        self.suspect_until.get(addr).is_some_and(|&t| t > now)
+        self.suspect_until.get(addr).is_some_and(|&(t, _)| t > now)
     }
 
     /// Add backups to `seg` until it has R (or nothing is left): live others
@@ -258,10 +272,10 @@ impl Book {
         let mut ops_of: HashMap<Rc<str>, Vec<OwnedOp>> = HashMap::new();
         // Frees first: they only name segments gone from the view, so their
         // order against the appends below does not matter.
-        let last_ok = self.last_ok;
+        let owed = self.owed_segments();
         let (ready, later): (Vec<PendingFree>, Vec<PendingFree>) = std::mem::take(&mut self.frees)
             .into_iter()
-            .partition(|f| f.after <= last_ok && !self.suspect(&f.addr, now));
+            .partition(|f| self.sendable(f, &owed, now));
         self.frees = later;
         for f in ready {
             ops_of
@@ -297,6 +311,7 @@ impl Book {
                     log: key.0,
                     segment: key.1,
                     after: walk,
+                    max_tomb: seg.max_tomb,
                 });
             }
         }
@@ -330,8 +345,10 @@ impl Book {
             start_hash: v.start_hash,
             replicas: Vec::new(),
             seen: walk,
+            max_tomb: 0,
         });
         seg.seen = walk;
+        seg.max_tomb = v.max_tombstone_segment;
         if !self.fill(key, now) {
             acc.complete = false;
         }
@@ -366,6 +383,7 @@ impl Book {
 
     /// A backup answered `Done` to every frame of its batch.
     pub fn acknowledged(&mut self, batch: &BackupBatch) {
+        self.suspect_until.remove(&batch.addr);
         for &(log, segment, end, close) in &batch.expect {
             let Some(seg) = self.segs.get_mut(&(log, segment)) else {
                 continue; // freed meanwhile
@@ -379,9 +397,14 @@ impl Book {
 
     /// A backup failed (error, timeout, NoSpace): every segment its batch
     /// touched gets another backup and is resent from offset 0; its frees
-    /// are owed again; it is avoided until `retry_at`.
-    pub fn failed(&mut self, batch: &BackupBatch, retry_at: Instant) {
-        self.suspect_until.insert(batch.addr.clone(), retry_at);
+    /// are owed again; it is avoided for a while (longer after each failure).
+    pub fn failed(&mut self, batch: &BackupBatch, now: Instant) {
+        let pause = match self.suspect_until.get(&batch.addr) {
+            Some(&(_, pause)) => (pause * 2).min(SUSPECT_MAX),
+            None => SUSPECT_MIN,
+        };
+        self.suspect_until
+            .insert(batch.addr.clone(), (now + pause, pause));
         for f in &batch.frees {
             self.frees.push(PendingFree {
                 after: 0,
@@ -408,11 +431,13 @@ impl Book {
         self.replaced += 1;
         self.dirty = true;
         if owe_free {
+            let max_tomb = seg.max_tomb;
             self.frees.push(PendingFree {
                 addr: addr.clone(),
                 log: key.0,
                 segment: key.1,
                 after: self.walks + 1,
+                max_tomb,
             });
         }
     }
@@ -476,11 +501,30 @@ impl Book {
     /// Whether a round has anything to do besides the engine's changes:
     /// a replica to replace, or a free that may go now.
     pub fn has_work(&self, now: Instant) -> bool {
-        self.dirty
-            || self
-                .frees
-                .iter()
-                .any(|f| f.after <= self.last_ok && !self.suspect(&f.addr, now))
+        if self.dirty {
+            return true;
+        }
+        let owed = self.owed_segments();
+        self.frees.iter().any(|f| self.sendable(f, &owed, now))
+    }
+
+    /// Per log, the segments some backup is still owed a free of.
+    fn owed_segments(&self) -> HashMap<u64, BTreeSet<u64>> {
+        let mut owed: HashMap<u64, BTreeSet<u64>> = HashMap::new();
+        for f in &self.frees {
+            owed.entry(f.log).or_default().insert(f.segment);
+        }
+        owed
+    }
+
+    /// Whether a free may go in the round being planned: the round that
+    /// carried its survivors succeeded, its backup is not avoided, and no
+    /// older segment its tombstones may cover still awaits its own free.
+    fn sendable(&self, f: &PendingFree, owed: &HashMap<u64, BTreeSet<u64>>, now: Instant) -> bool {
+        let covered_pending = owed
+            .get(&f.log)
+            .is_some_and(|s| s.range(..=f.max_tomb).any(|&seg| seg != f.segment));
+        f.after <= self.last_ok && !self.suspect(&f.addr, now) && !covered_pending
     }
 
     /// Whether `addr` belongs to a server declared dead.

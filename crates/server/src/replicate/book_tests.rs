@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules};
 use insitu_protocol::{MAX_BODY_BYTES, ServerInfo, ServerState, encoded_len};
-use tokio::time::{Duration, Instant};
+use tokio::time::Instant;
 
 use super::*;
 
@@ -183,7 +183,7 @@ fn a_failed_backup_loses_its_segments_to_another_and_is_owed_a_free() {
         failed.addr.clone(),
         if &*failed.addr == "b2" { "b3" } else { "b2" },
     );
-    b.failed(failed, now + Duration::from_secs(60));
+    b.failed(failed, now);
     for other in &plan.batches[1..] {
         b.acknowledged(other);
     }
@@ -270,4 +270,43 @@ fn big_rounds_are_split_into_frames_that_fit_and_capped() {
     }
     assert!(rounds >= 3, "{rounds}");
     assert!(b.segs.values().all(|s| s.replicas[0].held > 0));
+}
+
+#[test]
+fn a_free_waits_for_the_frees_of_segments_its_tombstones_cover() {
+    let e = engine();
+    let now = Instant::now();
+    let mut b = book(1, 2, "");
+    let free = |addr: &str, segment: u64, max_tomb: u64| PendingFree {
+        addr: Rc::from(addr),
+        log: 9,
+        segment,
+        after: 0,
+        max_tomb,
+    };
+    // Segment 5's tombstones cover ids up to 3: segment 2's free (owed to
+    // another backup) must be acknowledged first; segment 4's need not.
+    b.frees = vec![free("b2", 5, 3), free("b3", 2, 0), free("b2", 4, 0)];
+    let sent = |plan: &Plan| {
+        let mut s: Vec<u64> = plan
+            .batches
+            .iter()
+            .flat_map(|x| x.frees.iter().map(|f| f.segment))
+            .collect();
+        s.sort();
+        s
+    };
+    let first = b.plan(&e, usize::MAX, now);
+    assert_eq!(sent(&first), [2, 4]);
+    // Segment 2's backup fails: segment 5 still waits.
+    let to_b3 = first.batches.iter().find(|x| &*x.addr == "b3").unwrap();
+    b.failed(to_b3, now);
+    b.suspect_until.clear();
+    let b2 = first.batches.iter().find(|x| &*x.addr == "b2").unwrap();
+    b.acknowledged(b2);
+    let second = b.plan(&e, usize::MAX, now);
+    assert_eq!(sent(&second), [2]);
+    ack_all(&mut b, &second);
+    let third = b.plan(&e, usize::MAX, now);
+    assert_eq!(sent(&third), [5]);
 }

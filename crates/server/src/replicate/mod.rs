@@ -295,20 +295,21 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
         .map(|batch| send_batch(repl, identity, batch));
     let results = futures::future::join_all(sends).await;
     let mut all_ok = true;
-    let retry_at = Instant::now() + config.retry_min;
     for (batch, result) in plan.batches.iter().zip(results) {
         match result {
             Ok(()) => with_book(repl, |b| b.acknowledged(batch)),
             Err(SendError::Fenced) => return Outcome::Fenced,
             Err(SendError::Failed(why)) => {
-                all_ok = false;
+                // Frees alone do not make anything durable: their failure
+                // (queued again for later) does not hold the round back.
+                all_ok &= batch.expect.is_empty();
                 tracing::warn!(
                     shard = state.index,
                     backup = %batch.addr,
                     "replication to a backup failed; its segments go to another backup: {why}"
                 );
                 repl.conns.borrow_mut().remove(&batch.addr);
-                with_book(repl, |b| b.failed(batch, retry_at));
+                with_book(repl, |b| b.failed(batch, Instant::now()));
             }
         }
     }

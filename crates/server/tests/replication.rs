@@ -1,0 +1,658 @@
+//! Replication from a shard to backups, against fake backups and a fake
+//! coordinator run inside the test: a write is answered only once R backups
+//! hold it, the bytes they got replay to every acknowledged object (after
+//! overwrites, removes and cleaning, also at the moment of every free), a
+//! failing or silent backup is replaced, `ServerDown` re-replicates,
+//! `Fenced` stops the server, and R = 0 sends nothing.
+//!
+//! Orders are asserted, never durations.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use insitu_client::rpc::RpcConn;
+use insitu_engine::{Engine, EngineConfig, HashRange};
+use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
+use insitu_protocol::{
+    BackupOp, RejectRules, Request, Response, ServerInfo, ServerState, Status, TabletState, blob,
+    decode_request, encode_error, encode_response,
+};
+use insitu_server::{ServerConfig, ServerHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const TABLE: u64 = 1;
+const CLUSTER: u64 = 77;
+const SERVER_ID: u64 = 1;
+
+/// What a fake backup does with the next frame.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// Apply the ops, answer `Done`.
+    Done,
+    /// Answer `NoSpace` without applying.
+    NoSpace,
+    /// Do not answer (until the mode changes).
+    Hold,
+    /// Answer `Fenced`.
+    Fenced,
+}
+
+/// One op a backup applied, in the order of all backups' events.
+#[derive(Clone, Debug)]
+enum Applied {
+    Append {
+        log: u64,
+        segment: u64,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    Free {
+        log: u64,
+        segment: u64,
+    },
+}
+
+/// Everything the test observes, under one lock so events and client acks
+/// share one order.
+#[derive(Default)]
+struct World {
+    /// (backup index, op), in the order the backups applied them.
+    events: Vec<(usize, Applied)>,
+    /// Frames each backup received (applied or not).
+    frames: Vec<usize>,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+struct FakeBackup {
+    addr: String,
+    mode: watch::Sender<Mode>,
+}
+
+async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<(u64, Vec<u8>)> {
+    loop {
+        if let Ok(Some((header, len))) = check_header(buf, MAX_BODY_BYTES) {
+            if buf.len() >= HEADER_BYTES + len {
+                let frame = buf.split_to(HEADER_BYTES + len);
+                return Some((header.request_id, frame[HEADER_BYTES..].to_vec()));
+            }
+        }
+        if stream.read_buf(buf).await.ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+async fn start_backup(world: &Shared, index: usize) -> FakeBackup {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (mode, mode_rx) = watch::channel(Mode::Done);
+    world.lock().unwrap().frames.push(0);
+    let world = world.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (world, mut mode_rx) = (world.clone(), mode_rx.clone());
+            tokio::spawn(async move {
+                let mut stream = stream;
+                let mut buf = BytesMut::new();
+                while let Some((id, body)) = read_frame(&mut stream, &mut buf).await {
+                    world.lock().unwrap().frames[index] += 1;
+                    let mode = *mode_rx.wait_for(|m| *m != Mode::Hold).await.unwrap();
+                    let mut out = BytesMut::new();
+                    match mode {
+                        Mode::Done => {
+                            apply(&world, index, &body);
+                            encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
+                        }
+                        Mode::NoSpace => encode_error(&mut out, id, Status::NoSpace, "disk full"),
+                        Mode::Fenced => encode_error(&mut out, id, Status::Fenced, "fenced"),
+                        Mode::Hold => unreachable!(),
+                    }
+                    if stream.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    FakeBackup { addr, mode }
+}
+
+fn apply(world: &Shared, index: usize, body: &[u8]) {
+    let Ok(Request::BackupWrite {
+        cluster,
+        master,
+        ops,
+    }) = decode_request(body)
+    else {
+        panic!("a backup got something else than a BackupWrite");
+    };
+    assert_eq!((cluster, master), (CLUSTER, SERVER_ID));
+    let mut w = world.lock().unwrap();
+    for op in ops {
+        let applied = match op {
+            BackupOp::Append {
+                log,
+                table,
+                segment,
+                offset,
+                bytes,
+                ..
+            } => {
+                assert_eq!(table, TABLE);
+                Applied::Append {
+                    log,
+                    segment,
+                    offset,
+                    bytes: bytes.to_vec(),
+                }
+            }
+            BackupOp::Free { log, segment } => Applied::Free { log, segment },
+            BackupOp::FreeLog { .. } => panic!("no tablet is dropped here"),
+        };
+        w.events.push((index, applied));
+    }
+}
+
+/// Each backup's replicas after the first `upto` events: (log, segment) -> bytes.
+fn replicas(
+    events: &[(usize, Applied)],
+    upto: usize,
+) -> HashMap<usize, BTreeMap<(u64, u64), Vec<u8>>> {
+    let mut held: HashMap<usize, BTreeMap<(u64, u64), Vec<u8>>> = HashMap::new();
+    for (b, op) in &events[..upto] {
+        let mine = held.entry(*b).or_default();
+        match op {
+            Applied::Append {
+                log,
+                segment,
+                offset,
+                bytes,
+            } => {
+                let have = mine.entry((*log, *segment)).or_default();
+                assert!(*offset as usize <= have.len(), "a gap in an append");
+                let skip = have.len() - *offset as usize;
+                have.extend_from_slice(bytes.get(skip..).unwrap_or(&[]));
+            }
+            Applied::Free { log, segment } => {
+                mine.remove(&(*log, *segment));
+            }
+        }
+    }
+    held
+}
+
+/// What a recovery from `backups` would give: per segment the longest copy,
+/// replayed. key -> value.
+fn recover(
+    held: &HashMap<usize, BTreeMap<(u64, u64), Vec<u8>>>,
+    backups: &[usize],
+) -> HashMap<Vec<u8>, Vec<u8>> {
+    let mut longest: BTreeMap<(u64, u64), &Vec<u8>> = BTreeMap::new();
+    for b in backups {
+        for (k, bytes) in held.get(b).into_iter().flatten() {
+            let e = longest.entry(*k).or_insert(bytes);
+            if bytes.len() > e.len() {
+                *e = bytes;
+            }
+        }
+    }
+    let logs: std::collections::BTreeSet<u64> = longest.keys().map(|k| k.0).collect();
+    assert!(logs.len() <= 1, "one tablet, one log: {logs:?}");
+    let mut engine = Engine::new(EngineConfig::default()).unwrap();
+    engine
+        .replay(TABLE, HashRange::FULL, longest.values().map(|b| &b[..]))
+        .expect("the replicas replay");
+    let mut out = HashMap::new();
+    let snapshot = engine.tablets();
+    assert!(snapshot.len() <= 1);
+    for key in all_keys() {
+        if let Ok(obj) = engine.read(TABLE, &key) {
+            out.insert(key, obj.value.to_vec());
+        }
+    }
+    out
+}
+
+const KEYS: u32 = 200;
+
+fn all_keys() -> Vec<Vec<u8>> {
+    (0..KEYS).map(|k| k.to_le_bytes().to_vec()).collect()
+}
+
+/// A coordinator that enlists the server with `replicas` and lists `servers`.
+async fn fake_coordinator(replicas: u32, servers: Arc<Mutex<Vec<ServerInfo>>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let servers = servers.clone();
+            tokio::spawn(async move {
+                let mut buf = BytesMut::new();
+                while let Some((id, body)) = read_frame(&mut stream, &mut buf).await {
+                    let response = match decode_request(&body) {
+                        Ok(Request::Enlist { .. }) => Response::Enlisted {
+                            server_id: SERVER_ID,
+                            cluster_id: CLUSTER,
+                            replicas,
+                        },
+                        Ok(Request::ListServers) => {
+                            Response::Servers(servers.lock().unwrap().clone())
+                        }
+                        _ => Response::Done,
+                    };
+                    let mut out = BytesMut::new();
+                    encode_response(&mut out, id, Status::Ok, &response).unwrap();
+                    if stream.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn info(id: u64, backup: &FakeBackup) -> ServerInfo {
+    ServerInfo {
+        id,
+        shard_addrs: vec![],
+        backup_addr: backup.addr.clone(),
+        state: ServerState::Up,
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    world: Shared,
+    backups: Vec<FakeBackup>,
+    /// The coordinator's server list (backup i is server 100 + i).
+    servers: Arc<Mutex<Vec<ServerInfo>>>,
+    server: ServerHandle,
+    shard: String,
+}
+
+/// A one-shard server replicating to `listed` of `n` fake backups with R.
+async fn setup(
+    replicas: u32,
+    n: usize,
+    listed: usize,
+    tune: impl FnOnce(&mut ServerConfig),
+) -> Setup {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let world: Shared = Arc::default();
+    let mut backups = Vec::new();
+    for i in 0..n {
+        backups.push(start_backup(&world, i).await);
+    }
+    let servers = Arc::new(Mutex::new(
+        backups[..listed]
+            .iter()
+            .enumerate()
+            .map(|(i, b)| info(100 + i as u64, b))
+            .collect::<Vec<_>>(),
+    ));
+    let coordinator = fake_coordinator(replicas, servers.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(coordinator, dir.path());
+    config.shards = 1;
+    // Small segments and budget, so overwrites make the cleaner free segments.
+    config.engine = EngineConfig {
+        segment_bytes: 128 * 1024,
+        memory_budget_bytes: 8 << 20,
+        max_value_bytes: 4096,
+    };
+    config.replication.exit_on_fence = false;
+    config.replication.retry_min = Duration::from_millis(5);
+    config.replication.retry_max = Duration::from_millis(50);
+    tune(&mut config);
+    let server = insitu_server::start(config).await.unwrap();
+    let shard = server.shard_addrs[0].to_string();
+    Setup {
+        _dir: dir,
+        world,
+        backups,
+        servers,
+        server,
+        shard,
+    }
+}
+
+async fn take_tablet(conn: &RpcConn) -> Result<Status, insitu_client::rpc::RpcError> {
+    let reply = conn
+        .call(&Request::TakeTablet {
+            table: TABLE,
+            start_hash: 0,
+            end_hash: u64::MAX,
+            map_version: 1,
+            state: TabletState::Active,
+        })
+        .await?;
+    Ok(reply.status)
+}
+
+/// Write key `k` with `value`; the version.
+async fn write(conn: &RpcConn, k: u32, value: &[u8]) -> u64 {
+    let key = k.to_le_bytes();
+    let reply = conn
+        .call(&Request::Write {
+            table: TABLE,
+            key: blob(&key),
+            value: blob(value),
+            rules: RejectRules::default(),
+        })
+        .await
+        .unwrap();
+    match reply.decode().unwrap() {
+        Response::Written { version } => version,
+        other => panic!("write: {other:?}"),
+    }
+}
+
+async fn remove(conn: &RpcConn, k: u32) {
+    let key = k.to_le_bytes();
+    let reply = conn
+        .call(&Request::Remove {
+            table: TABLE,
+            key: blob(&key),
+            rules: RejectRules::default(),
+        })
+        .await
+        .unwrap();
+    assert!(reply.status.is_ok(), "{:?}", reply.error_message());
+}
+
+fn value(op: u64) -> Vec<u8> {
+    let mut v = op.to_le_bytes().to_vec();
+    v.resize(200, op as u8);
+    v
+}
+
+/// Up to 500 polls, 10 ms apart, until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test]
+async fn a_write_is_answered_only_once_r_backups_hold_it() {
+    let s = setup(2, 2, 2, |_| {}).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    write(&conn, 1, &value(1)).await;
+    // Backup 0 now holds its replies back.
+    s.backups[0].mode.send_replace(Mode::Hold);
+    let frames_before = s.world.lock().unwrap().frames.clone();
+    let writer = {
+        let conn = conn.clone();
+        tokio::spawn(async move { write(&conn, 2, &value(2)).await })
+    };
+    let world = s.world.clone();
+    eventually("both backups got the write's round", || {
+        let f = &world.lock().unwrap().frames;
+        f[0] > frames_before[0] && f[1] > frames_before[1]
+    })
+    .await;
+    // Backup 1 applied and answered; backup 0 did not answer: no reply yet.
+    // (A reply cannot come while backup 0 holds, whatever the timing.)
+    tokio::task::yield_now().await;
+    assert!(
+        !writer.is_finished(),
+        "answered before R backups held the write"
+    );
+    s.backups[0].mode.send_replace(Mode::Done);
+    writer.await.unwrap();
+    // Each backup alone holds both writes.
+    let w = s.world.lock().unwrap();
+    let held = replicas(&w.events, w.events.len());
+    for b in 0..2 {
+        let got = recover(&held, &[b]);
+        assert_eq!(got.get(&1u32.to_le_bytes().to_vec()), Some(&value(1)));
+        assert_eq!(got.get(&2u32.to_le_bytes().to_vec()), Some(&value(2)));
+    }
+    drop(w);
+    s.server.shutdown();
+}
+
+/// Per key, the states after each op (None: removed), and per key the
+/// index of the last acknowledged op with the event count at its ack.
+#[derive(Default)]
+struct History {
+    states: HashMap<Vec<u8>, Vec<Option<Vec<u8>>>>,
+    /// (events applied when the ack arrived, key, op index)
+    acks: Vec<(usize, Vec<u8>, usize)>,
+}
+
+/// Random writes and removes from `tasks` connections, each owning a share
+/// of the keys and running its ops one at a time, so each key's history is
+/// in order. Records each ack against the backups' event count.
+async fn workload(s: &Setup, history: &Arc<Mutex<History>>, ops: u64, tasks: u32, seed: u64) {
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let conn = RpcConn::connect(&s.shard).await.unwrap();
+        let (world, history) = (s.world.clone(), history.clone());
+        handles.push(tokio::spawn(async move {
+            let mut rng = insitu_testkit::rng(seed + t as u64);
+            for i in 0..ops / tasks as u64 {
+                let k = rng.u32(0..KEYS / tasks) * tasks + t;
+                let key = k.to_le_bytes().to_vec();
+                let op = (seed << 32) | (t as u64) << 24 | i;
+                let state = if rng.u32(0..5) == 0 {
+                    None
+                } else {
+                    Some(value(op))
+                };
+                let index = {
+                    let mut h = history.lock().unwrap();
+                    let states = h.states.entry(key.clone()).or_default();
+                    states.push(state.clone());
+                    states.len() - 1
+                };
+                match &state {
+                    Some(v) => {
+                        write(&conn, k, v).await;
+                    }
+                    None => remove(&conn, k).await,
+                }
+                let seen = world.lock().unwrap().events.len();
+                history.lock().unwrap().acks.push((seen, key, index));
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+/// A recovery from `backups` after the first `upto` events gives, for every
+/// key acknowledged before, its acknowledged state or a later one.
+fn check_recovery(world: &World, history: &History, upto: usize, backups: &[usize]) {
+    let held = replicas(&world.events, upto);
+    let got = recover(&held, backups);
+    let mut last_ack: HashMap<&Vec<u8>, usize> = HashMap::new();
+    for (seen, key, index) in &history.acks {
+        if *seen <= upto {
+            let e = last_ack.entry(key).or_insert(*index);
+            *e = (*e).max(*index);
+        }
+    }
+    for (key, index) in last_ack {
+        let allowed = &history.states[key][index..];
+        let now = got.get(key).cloned();
+        assert!(
+            allowed.contains(&now),
+            "after {upto} events key {key:?} recovers as {:?}, acknowledged state was {:?}",
+            now.map(|v| v[..8].to_vec()),
+            allowed[0].as_ref().map(|v| v[..8].to_vec())
+        );
+    }
+}
+
+#[tokio::test]
+async fn replicas_replay_to_every_acknowledged_object_even_at_each_free() {
+    let s = setup(2, 3, 3, |_| {}).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    let history = Arc::new(Mutex::new(History::default()));
+    workload(&s, &history, 8000, 4, 1).await;
+    let world = s.world.lock().unwrap();
+    let history = history.lock().unwrap();
+    let frees: Vec<usize> = world
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, op))| matches!(op, Applied::Free { .. }))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert!(!frees.is_empty(), "the cleaner freed segments");
+    // Right after every free, the backups still recover every acknowledged state.
+    for &upto in &frees {
+        check_recovery(&world, &history, upto, &[0, 1, 2]);
+    }
+    check_recovery(&world, &history, world.events.len(), &[0, 1, 2]);
+    // Every replica held at the end is a full copy on R = 2 backups.
+    let held = replicas(&world.events, world.events.len());
+    let mut copies: BTreeMap<(u64, u64), Vec<usize>> = BTreeMap::new();
+    for (b, segs) in &held {
+        for (k, bytes) in segs {
+            copies.entry(*k).or_default().push(bytes.len());
+            let _ = b;
+        }
+    }
+    for (k, lens) in copies {
+        assert_eq!(lens.len(), 2, "segment {k:?} on {} backups", lens.len());
+        assert_eq!(lens[0], lens[1], "segment {k:?} copies differ in length");
+    }
+    drop((world, history));
+    s.server.shutdown();
+}
+
+/// Backup 0 fails (`failing` sets how); writes go on to backups 1 and 2,
+/// which then recover everything, and got the affected segments from 0.
+async fn a_failing_backup_is_replaced(failing: Mode, tune: impl FnOnce(&mut ServerConfig)) {
+    // Backups 0 and 1 at first; 2 joins the list later.
+    let s = setup(2, 3, 2, tune).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    let history = Arc::new(Mutex::new(History::default()));
+    workload(&s, &history, 500, 2, 2).await;
+    let before = s.world.lock().unwrap().events.len();
+    s.servers.lock().unwrap().push(info(102, &s.backups[2]));
+    s.backups[0].mode.send_replace(failing);
+    workload(&s, &history, 1500, 2, 3).await;
+    let world = s.world.lock().unwrap();
+    let history = history.lock().unwrap();
+    check_recovery(&world, &history, world.events.len(), &[1, 2]);
+    let resent = world.events[before..].iter().any(|(b, op)| {
+        *b == 2
+            && matches!(op, Applied::Append { offset: 0, segment, .. }
+            if world.events[..before].iter().any(|(b0, o)| *b0 == 0
+                && matches!(o, Applied::Append { segment: s0, .. } if s0 == segment)))
+    });
+    assert!(
+        resent,
+        "a segment backup 0 held was resent to backup 2 from offset 0"
+    );
+    drop((world, history));
+    s.server.shutdown();
+}
+
+#[tokio::test]
+async fn a_backup_without_space_is_replaced_and_replies_still_come() {
+    a_failing_backup_is_replaced(Mode::NoSpace, |_| {}).await;
+}
+
+#[tokio::test]
+async fn a_silent_backup_is_replaced_after_its_timeout() {
+    a_failing_backup_is_replaced(Mode::Hold, |c| {
+        c.replication.call_timeout = Duration::from_millis(300);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn server_down_moves_every_replica_it_held() {
+    let s = setup(2, 3, 2, |_| {}).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    let history = Arc::new(Mutex::new(History::default()));
+    workload(&s, &history, 2000, 2, 4).await;
+    {
+        let mut list = s.servers.lock().unwrap();
+        list[0].state = ServerState::Dead;
+        list.push(info(102, &s.backups[2]));
+    }
+    let reply = conn
+        .call(&Request::ServerDown { server_id: 100 })
+        .await
+        .unwrap();
+    assert_eq!(reply.status, Status::Ok);
+    // The next acknowledged write needs every segment on two live backups.
+    write(&conn, 0, &value(u64::MAX)).await;
+    let world = s.world.lock().unwrap();
+    let held = replicas(&world.events, world.events.len());
+    let (b1, b2) = (&held[&1], &held[&2]);
+    assert!(!b1.is_empty());
+    for (k, bytes) in b1 {
+        let copy = b2
+            .get(k)
+            .unwrap_or_else(|| panic!("segment {k:?} not re-replicated"));
+        assert_eq!(copy.len(), bytes.len(), "segment {k:?}");
+    }
+    drop(world);
+    s.server.shutdown();
+}
+
+#[tokio::test]
+async fn fenced_stops_the_server() {
+    let s = setup(1, 1, 1, |_| {}).await;
+    s.backups[0].mode.send_replace(Mode::Fenced);
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    // Taking the tablet or the first write needs a round, which is fenced:
+    // the connection closes without a reply.
+    let refused = match take_tablet(&conn).await {
+        Err(_) => true,
+        Ok(_) => conn
+            .call(&Request::Write {
+                table: TABLE,
+                key: blob(b"k"),
+                value: blob(b"v"),
+                rules: RejectRules::default(),
+            })
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a fenced server answered");
+    assert!(s.server.fenced());
+    // And it serves no one any more.
+    let again = match RpcConn::connect(&s.shard).await {
+        Err(_) => true,
+        Ok(c) => c.call(&Request::Ping).await.is_err(),
+    };
+    assert!(again);
+    s.server.shutdown();
+}
+
+#[tokio::test]
+async fn r_zero_sends_nothing() {
+    let s = setup(0, 1, 1, |_| {}).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    for i in 0..100 {
+        write(&conn, i, &value(i as u64)).await;
+    }
+    assert_eq!(s.world.lock().unwrap().frames, vec![0]);
+    s.server.shutdown();
+}
