@@ -45,6 +45,8 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
     let mut frame_started: Option<Instant> = None;
     let mut last_active = Instant::now();
     let evict = Rc::new(Notify::new());
+    // Whether a reply in `wbuf` may show data (see `handler::handle`).
+    let mut exposes = false;
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
         let mut pending: Option<usize> = None;
@@ -61,7 +63,7 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                         Status::BadRequest,
                         format!("malformed frame: {e}"),
                     );
-                    replies_durable(state).await?;
+                    replies_durable(state, &mut exposes).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
@@ -83,16 +85,16 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                 );
                 continue;
             }
-            handler::handle(state, header.request_id, body, &mut wbuf).await;
+            exposes |= handler::handle(state, header.request_id, body, &mut wbuf).await;
             // Don't let a long pipeline of big replies pile up unbounded.
             if wbuf.len() >= MAX_BODY_BYTES {
-                replies_durable(state).await?;
+                replies_durable(state, &mut exposes).await?;
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 wbuf.clear();
             }
         }
         if !wbuf.is_empty() {
-            replies_durable(state).await?;
+            replies_durable(state, &mut exposes).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
             wbuf.clear();
         }
@@ -188,8 +190,12 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
 /// is held by R backups (group commit: all connections of the shard wait on
 /// the same round). Reads wait too, since a reply may show a write that is
 /// not yet durable. With R = 0 (or nothing new) this is one compare.
+/// `exposes` (reset here): whether the buffered replies may show data.
 #[inline]
-async fn replies_durable(state: &ShardState) -> std::io::Result<()> {
+async fn replies_durable(state: &ShardState, exposes: &mut bool) -> std::io::Result<()> {
+    if !std::mem::take(exposes) {
+        return Ok(());
+    }
     let changes = state.engine.borrow().log_changes();
     if !state.repl.behind(changes) {
         return Ok(());

@@ -235,11 +235,24 @@ async fn fake_coordinator(replicas: u32, servers: Arc<Mutex<Vec<ServerInfo>>>) -
                 let mut buf = BytesMut::new();
                 while let Some((id, body)) = read_frame(&mut stream, &mut buf).await {
                     let response = match decode_request(&body) {
-                        Ok(Request::Enlist { .. }) => Response::Enlisted {
-                            server_id: SERVER_ID,
-                            cluster_id: CLUSTER,
-                            replicas,
-                        },
+                        Ok(Request::Enlist { shard_addrs, .. }) => {
+                            // As a real coordinator re-homing orphaned
+                            // tablets: the new server takes one before it
+                            // learns that it enlisted.
+                            let shard = RpcConn::connect(&shard_addrs[0]).await.unwrap();
+                            let taken =
+                                tokio::time::timeout(Duration::from_secs(20), take_tablet(&shard))
+                                    .await;
+                            assert!(
+                                matches!(taken, Ok(Ok(Status::Ok))),
+                                "TakeTablet while enlisting: {taken:?}"
+                            );
+                            Response::Enlisted {
+                                server_id: SERVER_ID,
+                                cluster_id: CLUSTER,
+                                replicas,
+                            }
+                        }
                         Ok(Request::ListServers) => {
                             Response::Servers(servers.lock().unwrap().clone())
                         }
@@ -313,7 +326,11 @@ async fn setup(
     config.replication.retry_min = Duration::from_millis(5);
     config.replication.retry_max = Duration::from_millis(50);
     tune(&mut config);
-    let server = insitu_server::start(config).await.unwrap();
+    // Enlisting includes a TakeTablet from the coordinator (see `fake_coordinator`).
+    let server = tokio::time::timeout(Duration::from_secs(30), insitu_server::start(config))
+        .await
+        .expect("enlisting finishes")
+        .unwrap();
     let shard = server.shard_addrs[0].to_string();
     Setup {
         _dir: dir,
@@ -583,24 +600,39 @@ async fn a_silent_backup_is_replaced_after_its_timeout() {
 }
 
 #[tokio::test]
-async fn server_down_moves_every_replica_it_held() {
-    let s = setup(2, 3, 2, |_| {}).await;
+async fn server_down_is_answered_at_once_and_moves_every_replica_it_held() {
+    let s = setup(2, 3, 2, |c| {
+        // Only `ServerDown` may end a call to the silent backup here.
+        c.replication.call_timeout = Duration::from_secs(600);
+    })
+    .await;
     let conn = RpcConn::connect(&s.shard).await.unwrap();
     assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
     let history = Arc::new(Mutex::new(History::default()));
     workload(&s, &history, 2000, 2, 4).await;
-    {
-        let mut list = s.servers.lock().unwrap();
-        list[0].state = ServerState::Dead;
-        list.push(info(102, &s.backups[2]));
-    }
-    let reply = conn
-        .call(&Request::ServerDown { server_id: 100 })
-        .await
-        .unwrap();
+    // Backup 0 goes silent: a write waits.
+    s.backups[0].mode.send_replace(Mode::Hold);
+    let writer = {
+        let conn = conn.clone();
+        tokio::spawn(async move { write(&conn, KEYS + 1, &value(u64::MAX)).await })
+    };
+    s.servers.lock().unwrap()[0].state = ServerState::Dead;
+    // The coordinator's ServerDown is answered although no round can
+    // complete (one backup left for R = 2): it shows no data, so it does
+    // not wait for replication.
+    let admin = RpcConn::connect(&s.shard).await.unwrap();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        admin.call(&Request::ServerDown { server_id: 100 }),
+    )
+    .await
+    .expect("ServerDown answered without waiting for replication")
+    .unwrap();
     assert_eq!(reply.status, Status::Ok);
-    // The next acknowledged write needs every segment on two live backups.
-    write(&conn, 0, &value(u64::MAX)).await;
+    assert!(!writer.is_finished(), "answered with one backup for R = 2");
+    // A new server joins: everything backup 0 held moves to it.
+    s.servers.lock().unwrap().push(info(102, &s.backups[2]));
+    writer.await.unwrap();
     let world = s.world.lock().unwrap();
     let held = replicas(&world.events, world.events.len());
     let (b1, b2) = (&held[&1], &held[&2]);
@@ -611,6 +643,12 @@ async fn server_down_moves_every_replica_it_held() {
             .unwrap_or_else(|| panic!("segment {k:?} not re-replicated"));
         assert_eq!(copy.len(), bytes.len(), "segment {k:?}");
     }
+    check_recovery(
+        &world,
+        &history.lock().unwrap(),
+        world.events.len(),
+        &[1, 2],
+    );
     drop(world);
     s.server.shutdown();
 }
@@ -619,12 +657,12 @@ async fn server_down_moves_every_replica_it_held() {
 async fn fenced_stops_the_server() {
     let s = setup(1, 1, 1, |_| {}).await;
     s.backups[0].mode.send_replace(Mode::Fenced);
-    let conn = RpcConn::connect(&s.shard).await.unwrap();
-    // Taking the tablet or the first write needs a round, which is fenced:
-    // the connection closes without a reply.
-    let refused = match take_tablet(&conn).await {
+    // The tablet taken while enlisting made a change: its round is fenced,
+    // so a write is never answered (its connection closes), or the shard
+    // has already stopped listening.
+    let refused = match RpcConn::connect(&s.shard).await {
         Err(_) => true,
-        Ok(_) => conn
+        Ok(conn) => conn
             .call(&Request::Write {
                 table: TABLE,
                 key: blob(b"k"),
@@ -636,12 +674,19 @@ async fn fenced_stops_the_server() {
     };
     assert!(refused, "a fenced server answered");
     assert!(s.server.fenced());
-    // And it serves no one any more.
-    let again = match RpcConn::connect(&s.shard).await {
-        Err(_) => true,
-        Ok(c) => c.call(&Request::Ping).await.is_err(),
-    };
-    assert!(again);
+    // And it serves no one any more (once its event loop saw the fence).
+    let mut stopped = false;
+    for _ in 0..100 {
+        stopped = match RpcConn::connect(&s.shard).await {
+            Err(_) => true,
+            Ok(c) => c.call(&Request::Ping).await.is_err(),
+        };
+        if stopped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(stopped, "a fenced shard still answers");
     s.server.shutdown();
 }
 
