@@ -75,11 +75,11 @@ struct FakeBackup {
 
 async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<(u64, Vec<u8>)> {
     loop {
-        if let Ok(Some((header, len))) = check_header(buf, MAX_BODY_BYTES) {
-            if buf.len() >= HEADER_BYTES + len {
-                let frame = buf.split_to(HEADER_BYTES + len);
-                return Some((header.request_id, frame[HEADER_BYTES..].to_vec()));
-            }
+        if let Ok(Some((header, len))) = check_header(buf, MAX_BODY_BYTES)
+            && buf.len() >= HEADER_BYTES + len
+        {
+            let frame = buf.split_to(HEADER_BYTES + len);
+            return Some((header.request_id, frame[HEADER_BYTES..].to_vec()));
         }
         if stream.read_buf(buf).await.ok()? == 0 {
             return None;
@@ -436,8 +436,8 @@ async fn a_write_is_answered_only_once_r_backups_hold_it() {
     let held = replicas(&w.events, w.events.len());
     for b in 0..2 {
         let got = recover(&held, &[b]);
-        assert_eq!(got.get(&1u32.to_le_bytes().to_vec()), Some(&value(1)));
-        assert_eq!(got.get(&2u32.to_le_bytes().to_vec()), Some(&value(2)));
+        assert_eq!(got.get(1u32.to_le_bytes().as_slice()), Some(&value(1)));
+        assert_eq!(got.get(2u32.to_le_bytes().as_slice()), Some(&value(2)));
     }
     drop(w);
     s.server.shutdown();

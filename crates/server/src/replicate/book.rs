@@ -235,11 +235,9 @@ impl Book {
             chosen.push(fresh.swap_remove(self.rng.usize(..fresh.len())));
             need -= 1;
         }
-        if need > 0 {
-            if let Some(own) = own {
-                chosen.push(own);
-                need -= 1;
-            }
+        if let Some(own) = own.filter(|_| need > 0) {
+            chosen.push(own);
+            need -= 1;
         }
         while need > 0 && !failed.is_empty() {
             chosen.push(failed.swap_remove(self.rng.usize(..failed.len())));

@@ -186,10 +186,13 @@ impl Replicator {
     /// `ServerDown`: stop using that server's backup and re-replicate
     /// every segment it held.
     pub fn server_down(&self, server_id: u64) {
-        if let Some(book) = self.book.borrow_mut().as_mut() {
-            if let Some(addr) = book.server_down(server_id) {
-                self.conns.borrow_mut().remove(&addr);
-            }
+        let addr = self
+            .book
+            .borrow_mut()
+            .as_mut()
+            .and_then(|book| book.server_down(server_id));
+        if let Some(addr) = addr {
+            self.conns.borrow_mut().remove(&addr);
         }
         self.list_stale.set(true);
         self.down.notify_waiters();
