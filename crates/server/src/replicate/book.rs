@@ -397,6 +397,11 @@ impl Book {
     /// touched gets another backup and is resent from offset 0; its frees
     /// are owed again; it is avoided for a while (longer after each failure).
     pub fn failed(&mut self, batch: &BackupBatch, now: Instant) {
+        if !self.is_live_addr(&batch.addr) {
+            // Its server was declared dead meanwhile: `forget_addr` already
+            // dropped its replicas and frees; owing it more would block frees.
+            return;
+        }
         let pause = match self.suspect_until.get(&batch.addr) {
             Some(&(_, pause)) => (pause * 2).min(SUSPECT_MAX),
             None => SUSPECT_MIN,
@@ -525,7 +530,7 @@ impl Book {
         f.after <= self.last_ok && !self.suspect(&f.addr, now) && !covered_pending
     }
 
-    /// Whether `addr` belongs to a server declared dead.
+    /// Whether `addr` is a backup in use: this server's own or a live one.
     pub fn is_live_addr(&self, addr: &str) -> bool {
         self.own_backup.as_deref() == Some(addr) || self.live.iter().any(|b| &*b.addr == addr)
     }

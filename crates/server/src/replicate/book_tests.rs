@@ -220,7 +220,28 @@ fn server_down_drops_its_replicas_and_a_round_refills_them() {
     let now = Instant::now();
     let mut b = book(2, 3, "");
     round_all(&mut b, &e, now);
+    // A round in flight to b2 when it is declared dead fails: nothing is
+    // owed to it afterwards (its frees would block others forever).
+    write_n(&mut e, 10, 1000);
+    b.frees.push(PendingFree {
+        addr: Rc::from("b2"),
+        log: 9,
+        segment: 1,
+        after: 0,
+        max_tomb: 0,
+    });
+    let in_flight = b.plan(&e, usize::MAX, now);
+    assert!(
+        in_flight
+            .batches
+            .iter()
+            .any(|x| &*x.addr == "b2" && !x.frees.is_empty())
+    );
     assert_eq!(b.server_down(2).as_deref(), Some("b2"));
+    for batch in &in_flight.batches {
+        b.failed(batch, now);
+    }
+    assert!(b.frees.iter().all(|f| &*f.addr != "b2"));
     assert!(b.dirty && b.has_work(now));
     let plan = b.plan(&e, usize::MAX, now);
     assert!(plan.batches.iter().all(|x| &*x.addr != "b2"));
