@@ -144,8 +144,8 @@ pub struct Replicator {
     book: RefCell<Option<Book>>,
     /// Cached connections to backups and the coordinator, by address.
     conns: RefCell<HashMap<Rc<str>, RpcConn>>,
-    /// The server list must be fetched again before the next round.
-    list_stale: Cell<bool>,
+    /// Asks the list refresher (`refresher`) to fetch the server list now.
+    want_list: Notify,
 }
 
 impl Replicator {
@@ -158,7 +158,7 @@ impl Replicator {
             down: Notify::new(),
             book: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
-            list_stale: Cell::new(true),
+            want_list: Notify::new(),
         }
     }
 
@@ -194,7 +194,7 @@ impl Replicator {
         if let Some(addr) = addr {
             self.conns.borrow_mut().remove(&addr);
         }
-        self.list_stale.set(true);
+        self.want_list.notify_one();
         self.down.notify_waiters();
         self.kick.notify_one();
     }
@@ -227,28 +227,23 @@ pub async fn run(state: Rc<ShardState>) {
         rng,
     ));
     let config = repl.shared.config.clone();
+    // The list is fetched beside the rounds, so a slow coordinator never
+    // holds a round (and the replies waiting for it) back.
+    tokio::task::spawn_local(refresher(state.clone(), identity.clone()));
     let mut pause = config.retry_min;
-    let mut next_refresh = Instant::now();
     loop {
-        if repl.list_stale.get() || Instant::now() >= next_refresh {
-            refresh_list(&state, &identity).await;
-            next_refresh = Instant::now() + config.refresh_interval;
-        }
         // Registered before the check, so a kick in between is not lost.
         let kicked = repl.kick.notified();
         let changed = repl.behind(state.engine.borrow().log_changes());
         let more = with_book(repl, |b| b.has_work(Instant::now()));
         if !(changed || more) {
-            tokio::select! {
-                _ = kicked => {}
-                _ = tokio::time::sleep_until(next_refresh) => {}
-            }
+            kicked.await;
             continue;
         }
         match round(&state, &identity).await {
             Outcome::Durable | Outcome::Partial => pause = config.retry_min,
             Outcome::Failed => {
-                repl.list_stale.set(true);
+                repl.want_list.notify_one();
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(config.retry_max);
             }
@@ -426,6 +421,22 @@ async fn connect(repl: &Replicator, addr: &Rc<str>) -> Result<RpcConn, SendError
     Ok(conn)
 }
 
+/// Fetch the server list at start, every `refresh_interval` (to learn of
+/// new servers), and whenever asked (`want_list`: a failed round, `ServerDown`).
+async fn refresher(state: Rc<ShardState>, identity: Arc<ClusterIdentity>) {
+    let interval = state.repl.shared.config.refresh_interval;
+    loop {
+        refresh_list(&state, &identity).await;
+        // A new list may give a waiting round its backups, and suspects'
+        // pauses may have run out: let the replicator look.
+        state.repl.kick.notify_one();
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = state.repl.want_list.notified() => {}
+        }
+    }
+}
+
 /// Fetch the server list from the coordinator; on failure keep the old one.
 async fn refresh_list(state: &ShardState, identity: &ClusterIdentity) {
     let repl = &state.repl;
@@ -451,7 +462,8 @@ async fn refresh_list(state: &ShardState, identity: &ClusterIdentity) {
     match fetched.await {
         Ok(list) => {
             with_book(repl, |b| b.set_live(identity.server_id, &list));
-            repl.list_stale.set(false);
+            // A round in flight stops waiting for a backup that left the list.
+            repl.down.notify_waiters();
         }
         Err(why) => {
             repl.conns.borrow_mut().remove(&addr);
