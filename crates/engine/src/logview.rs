@@ -33,6 +33,12 @@ pub struct SegmentView<'a> {
     /// Neither the tablet's head nor its open survivor: no byte will be
     /// added, so a backup may close the replica.
     pub sealed: bool,
+    /// Highest segment id recorded by a tombstone in this segment (0: none).
+    /// The cleaner drops such a tombstone only once every other segment of
+    /// the log with an id up to this is gone, so a replicator must see those
+    /// segments' replicas freed before this one's (or a recovery from the
+    /// backups in between could bring a removed object back).
+    pub max_tombstone_segment: u64,
 }
 
 impl Engine {
@@ -57,6 +63,7 @@ impl Engine {
                     segment: seg.id,
                     bytes: &seg.buf,
                     sealed: t.head != Some(slot) && t.survivor != Some(slot),
+                    max_tombstone_segment: seg.max_tombstone_segment,
                 });
             }
         }

@@ -10,6 +10,9 @@
 //! and a reply the peer does not read within it, close the connection; so does
 //! `idle_timeout` without a byte. At the connection limit the shard closes the
 //! longest-idle connection to make room (`shard.rs`).
+//!
+//! Replies leave only once the shard's changes are held by R backups
+//! (`replies_durable`, see `replicate`).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -42,6 +45,8 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
     let mut frame_started: Option<Instant> = None;
     let mut last_active = Instant::now();
     let evict = Rc::new(Notify::new());
+    // Whether a reply in `wbuf` may show data (see `handler::handle`).
+    let mut exposes = false;
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
         let mut pending: Option<usize> = None;
@@ -58,6 +63,7 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                         Status::BadRequest,
                         format!("malformed frame: {e}"),
                     );
+                    replies_durable(state, &mut exposes).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
@@ -79,14 +85,16 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                 );
                 continue;
             }
-            handler::handle(state, header.request_id, body, &mut wbuf).await;
+            exposes |= handler::handle(state, header.request_id, body, &mut wbuf).await;
             // Don't let a long pipeline of big replies pile up unbounded.
             if wbuf.len() >= MAX_BODY_BYTES {
+                replies_durable(state, &mut exposes).await?;
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 wbuf.clear();
             }
         }
         if !wbuf.is_empty() {
+            replies_durable(state, &mut exposes).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
             wbuf.clear();
         }
@@ -176,6 +184,25 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
             Some(Err(e)) => return Err(e),
         }
     }
+}
+
+/// Before replies leave: wait until every change the engine has made so far
+/// is held by R backups (group commit: all connections of the shard wait on
+/// the same round). Reads wait too, since a reply may show a write that is
+/// not yet durable. With R = 0 (or nothing new) this is one compare.
+/// `exposes` (reset here): whether the buffered replies may show data.
+#[inline]
+async fn replies_durable(state: &ShardState, exposes: &mut bool) -> std::io::Result<()> {
+    if !std::mem::take(exposes) {
+        return Ok(());
+    }
+    let changes = state.engine.borrow().log_changes();
+    if !state.repl.behind(changes) {
+        return Ok(());
+    }
+    state.repl.wait_durable(changes).await.map_err(|_| {
+        std::io::Error::other("the server was declared dead by the coordinator; closing")
+    })
 }
 
 /// A fresh buffer of `capacity` holding `buf`'s bytes (which must fit).

@@ -85,18 +85,37 @@ fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, Engine
     }
 }
 
-pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) {
+/// Handle one request frame. Returns whether its reply may show data (so
+/// it must wait until the shard's changes are replicated, `conn.rs`): every
+/// request but the coordinator's tablet administration, which must not wait
+/// (a server's first `TakeTablet` comes before it knows its cluster and R)
+/// and exposes nothing (a new tablet is empty until clients write to it).
+pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) -> bool {
     let request = match decode_request(body) {
         Ok(r) => r,
         Err(e) => {
-            return encode_error(
+            encode_error(
                 out,
                 id,
                 Status::BadRequest,
                 format!("cannot decode request: {e}"),
             );
+            return false;
         }
     };
+    let exposes = !matches!(
+        request,
+        Request::Ping
+            | Request::TakeTablet { .. }
+            | Request::DropTablet { .. }
+            | Request::ActivateTablet { .. }
+            | Request::ServerDown { .. }
+    );
+    dispatch(state, id, request, out).await;
+    exposes
+}
+
+async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut BytesMut) {
     match request {
         Request::Ping => reply(out, id, &Response::Pong),
         Request::Read { table, key } => {
@@ -420,12 +439,15 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 Err((status, message)) => encode_error(out, id, status, message),
             }
         }
-        Request::ServerDown { .. } => encode_error(
-            out,
-            id,
-            Status::BadRequest,
-            "recovery is not built into this server yet",
-        ),
+        Request::ServerDown { server_id } => {
+            tracing::info!(
+                shard = state.index,
+                server_id,
+                "server declared dead; re-replicating what it held"
+            );
+            state.repl.server_down(server_id);
+            reply(out, id, &Response::Done)
+        }
     }
 }
 

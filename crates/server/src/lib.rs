@@ -13,6 +13,7 @@ mod identity;
 mod limits;
 mod migrate;
 mod recover;
+mod replicate;
 mod scan;
 mod shard;
 
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 pub use backup_service::REPLICA_DIR;
 pub use insitu_backup::SyncMode;
 pub use limits::{ConnLimits, MAX_FRAME_BYTES};
+pub use replicate::{ClusterIdentity, ReplicationConfig};
 
 /// How a storage server is started.
 #[derive(Clone, Debug)]
@@ -72,6 +74,8 @@ pub struct ServerConfig {
     /// Disk bytes the replica files may take; past it backups answer
     /// `NoSpace` and masters choose another. Default: only the disk limits.
     pub backup_disk_budget_bytes: u64,
+    /// Replication to backups: timeouts, back-off, and what a fence does.
+    pub replication: ReplicationConfig,
 }
 
 impl ServerConfig {
@@ -92,6 +96,7 @@ impl ServerConfig {
             sync: SyncMode::Interval,
             sync_interval: Duration::from_secs(1),
             backup_disk_budget_bytes: u64::MAX,
+            replication: ReplicationConfig::default(),
         }
     }
 }
@@ -110,6 +115,8 @@ pub struct ServerHandle {
     threads: Vec<JoinHandle<()>>,
     /// Each shard's frame budget, to report what is buffered.
     frame_budgets: Vec<Arc<limits::FrameBudget>>,
+    /// Shared with the shards: says whether the server was fenced.
+    replication: Arc<replicate::ServerReplication>,
 }
 
 impl ServerHandle {
@@ -120,6 +127,13 @@ impl ServerHandle {
             .iter()
             .map(|b| (b.buffered_bytes(), b.total()))
             .collect()
+    }
+
+    /// Whether a backup answered `Fenced` (the coordinator declared this
+    /// server dead) and the shards stopped serving; only observable with
+    /// `ReplicationConfig::exit_on_fence` false (else the process exited).
+    pub fn fenced(&self) -> bool {
+        self.replication.is_fenced()
     }
 
     /// Stop every shard's event loop and the backup service (which flushes
@@ -164,6 +178,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         .map(|_| Arc::new(limits::FrameBudget::new(frame_budget_bytes)))
         .collect();
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Created before the shards start; it learns the cluster identity once
+    // this server has enlisted (replies wait for it when they must).
+    let replication = replicate::ServerReplication::new(config.replication.clone());
     let mut listeners = Vec::with_capacity(config.shards);
     for i in 0..config.shards {
         let port = if config.base_port == 0 {
@@ -189,9 +206,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         let engine_config = engine_config.clone();
         let (limits, budget) = (config.limits.clone(), frame_budgets[i].clone());
         let stop = stop_rx.clone();
+        let repl = replication.clone();
         let t = std::thread::Builder::new()
             .name(format!("insitu-shard-{i}"))
-            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, stop))
+            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, repl, stop))
             .context("cannot start shard thread")?;
         threads.push(t);
     }
@@ -244,6 +262,16 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         return Err(stop_all(&stop_tx, threads, e));
     }
     tracing::info!(server_id, cluster_id, ?shard_addrs, %backup_addr, "storage server enlisted");
+    replication.set_identity(replicate::ClusterIdentity {
+        server_id,
+        cluster_id,
+        replicas: enlisted.replicas,
+        coordinator: config.coordinator.clone(),
+        // The own backup: a last resort (and with one server the only one),
+        // so `insitu up --servers 1` keeps its replicas on its own disk.
+        backup_addr: backup_addr.to_string(),
+    });
+    tracing::info!(replicas = enlisted.replicas, "replication configured");
     Ok(ServerHandle {
         server_id,
         shard_addrs,
@@ -252,6 +280,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         stop: stop_tx,
         threads,
         frame_budgets,
+        replication,
     })
 }
 
@@ -274,6 +303,8 @@ struct Enlisted {
     server_id: u64,
     /// Labels this server's replica store (see `insitu_backup`).
     cluster_id: u64,
+    /// Replicas per segment (R).
+    replicas: u32,
 }
 
 /// Why one enlistment attempt failed.
@@ -359,10 +390,11 @@ async fn enlist_once(
         Ok(Response::Enlisted {
             server_id,
             cluster_id,
-            ..
+            replicas,
         }) => Ok(Enlisted {
             server_id,
             cluster_id,
+            replicas,
         }),
         Ok(other) => Err(EnlistError::Refused(anyhow::anyhow!(
             "unexpected reply to Enlist: {other:?}"

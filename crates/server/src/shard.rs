@@ -11,6 +11,7 @@ use insitu_protocol::TabletState;
 use tokio::sync::{Notify, watch};
 
 use crate::limits::{ConnLimits, FrameBudget};
+use crate::replicate::ServerReplication;
 
 /// What the shard knows about a tablet beyond what the engine stores.
 #[derive(Clone, Copy, Debug)]
@@ -102,6 +103,8 @@ pub struct ShardState {
     /// Tablets being recovered here (`recover.rs`), so a repeated
     /// `RecoverTablet` does not race the one in progress.
     pub recovering: RefCell<HashSet<(u64, u64)>>,
+    /// Replication to backups and the durable mark replies wait for.
+    pub repl: crate::replicate::Replicator,
 }
 
 impl ShardState {
@@ -145,8 +148,10 @@ pub fn run_shard(
     engine_config: EngineConfig,
     limits: ConnLimits,
     frame_budget: Arc<FrameBudget>,
+    replication: Arc<ServerReplication>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut fenced = replication.fenced_watch();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -179,6 +184,7 @@ pub fn run_shard(
         next_idle_stamp: Cell::new(0),
         cluster_id: Cell::new(0),
         recovering: RefCell::new(HashSet::new()),
+        repl: crate::replicate::Replicator::new(replication),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -189,9 +195,12 @@ pub fn run_shard(
                 return;
             }
         };
+        tokio::task::spawn_local(crate::replicate::run(state.clone()));
         loop {
             tokio::select! {
                 _ = stop.changed() => break,
+                // Declared dead: stop serving (dropping the tasks closes every connection).
+                _ = fenced.wait_for(|f| *f) => break,
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
                         Ok(s) => s,

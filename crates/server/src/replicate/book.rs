@@ -1,0 +1,629 @@
+//! The replicator's bookkeeping, free of I/O: which backups hold how much of
+//! every segment, which frees are owed to whom, and how one round's ops are
+//! planned from the engine's log view. Everything here is synchronous, so the
+//! round's plan is made under one engine borrow and no borrow crosses an
+//! `.await` (see `mod.rs` for the round itself).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use insitu_engine::{Engine, SegmentView};
+use insitu_protocol::{BackupOp, MAX_BACKUP_OPS, MAX_BODY_BYTES, Request, blob, encoded_len};
+use tokio::time::{Duration, Instant};
+
+/// Most segment bytes one `Append` op carries: a 2 MiB segment goes in two
+/// ops, and any op fits a frame whatever the engine's segment size.
+pub const APPEND_CHUNK_BYTES: usize = 1 << 20;
+
+/// How long a backup that failed is avoided at first, and at most.
+const SUSPECT_MIN: Duration = Duration::from_secs(1);
+const SUSPECT_MAX: Duration = Duration::from_secs(30);
+
+/// Bytes of a frame body kept free for the `BackupWrite` envelope (variant,
+/// cluster, master, op count: at most ~26 bytes) and rounding.
+const ENVELOPE_SLACK_BYTES: usize = 1024;
+
+/// One backup's copy of one segment.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    /// The backup service's address (also the key of its connection).
+    pub addr: Rc<str>,
+    /// Bytes this backup acknowledged, from offset 0.
+    pub held: u64,
+    /// The backup acknowledged `close: true` (the sealed segment is complete).
+    pub closed: bool,
+}
+
+/// What the replicator knows of one segment of this shard's logs.
+#[derive(Debug)]
+pub struct Seg {
+    /// Tablet of the log: sent with every append so a recovery finds a
+    /// tablet's segments without reading them.
+    pub table: u64,
+    pub start_hash: u64,
+    /// Its backups (at most R); fewer while no backup could be found.
+    pub replicas: Vec<Replica>,
+    /// Walk number that last saw the segment: older means it was freed.
+    pub seen: u64,
+    /// The engine's `max_tombstone_segment` at the last walk (see `PendingFree`).
+    pub max_tomb: u64,
+}
+
+/// A `Free` owed to one backup.
+#[derive(Clone, Debug)]
+pub struct PendingFree {
+    pub addr: Rc<str>,
+    pub log: u64,
+    pub segment: u64,
+    /// Sendable once a round numbered `after` or later fully succeeded: the
+    /// appends that preceded the free (a cleaner's survivors) are then held.
+    pub after: u64,
+    /// The segment's tombstones name segments up to this id: the free waits
+    /// until no free of a segment of the same log with an id up to this is
+    /// owed to any backup. The engine dropped those tombstones only after
+    /// those segments were gone; backups must lose the old versions first
+    /// too, whatever order frees of one walk reach different backups.
+    pub max_tomb: u64,
+}
+
+/// One op of a round, owning its bytes (copied out of the engine, so the
+/// round can await while the engine changes).
+#[derive(Clone, Debug)]
+pub enum OwnedOp {
+    Append {
+        log: u64,
+        table: u64,
+        start_hash: u64,
+        segment: u64,
+        offset: u64,
+        bytes: Bytes,
+        close: bool,
+    },
+    Free {
+        log: u64,
+        segment: u64,
+    },
+}
+
+impl OwnedOp {
+    /// The wire form, borrowing the bytes.
+    pub fn as_op(&self) -> BackupOp<'_> {
+        match self {
+            OwnedOp::Append {
+                log,
+                table,
+                start_hash,
+                segment,
+                offset,
+                bytes,
+                close,
+            } => BackupOp::Append {
+                log: *log,
+                table: *table,
+                start_hash: *start_hash,
+                segment: *segment,
+                offset: *offset,
+                bytes: blob(bytes),
+                close: *close,
+            },
+            OwnedOp::Free { log, segment } => BackupOp::Free {
+                log: *log,
+                segment: *segment,
+            },
+        }
+    }
+}
+
+/// What a round sends to one backup: ops in order, split into frames that
+/// each fit `MAX_BODY_BYTES`.
+#[derive(Debug)]
+pub struct BackupBatch {
+    pub addr: Rc<str>,
+    pub frames: Vec<Vec<OwnedOp>>,
+    /// Per segment appended to: (log, segment, end offset, close) to record
+    /// once the backup answers `Done`.
+    pub expect: Vec<(u64, u64, u64, bool)>,
+    /// Frees carried, put back in the queue if the backup fails.
+    pub frees: Vec<PendingFree>,
+}
+
+/// One round's plan.
+#[derive(Debug)]
+pub struct Plan {
+    /// Number of the walk (= round) that made it.
+    pub walk: u64,
+    /// `log_changes()` at the walk: durable once the round fully succeeds.
+    pub mark: u64,
+    /// Every segment had R backups and no byte was left for a later round,
+    /// so success makes everything up to `mark` durable.
+    pub complete: bool,
+    pub batches: Vec<BackupBatch>,
+}
+
+/// A live backup other than this server's own.
+#[derive(Clone, Debug)]
+pub struct Backup {
+    pub id: u64,
+    pub addr: Rc<str>,
+}
+
+/// All of the replicator's state but its connections.
+pub struct Book {
+    /// Replicas per segment (R >= 1 here; R = 0 never builds a book).
+    pub r: usize,
+    /// This server's own backup service, the last resort ("" = none).
+    pub own_backup: Option<Rc<str>>,
+    /// Live backups of other servers, from the coordinator's list.
+    pub live: Vec<Backup>,
+    /// Servers declared dead (`ServerDown`): never chosen again even if a
+    /// list fetched earlier still shows them up.
+    pub dead: HashSet<u64>,
+    /// Backups that failed recently: (avoid until, next pause). Chosen only
+    /// when nothing else is left, and owed frees wait, until the instant;
+    /// the pause doubles per failure (a silent backup would otherwise cost
+    /// every round a call timeout) and is forgotten on success.
+    pub suspect_until: HashMap<Rc<str>, (Instant, Duration)>,
+    /// (log, segment) -> what its backups hold.
+    pub segs: HashMap<(u64, u64), Seg>,
+    /// Frees not yet acknowledged by their backup.
+    pub frees: Vec<PendingFree>,
+    /// Number of the last walk (rounds are numbered by their walk).
+    pub walks: u64,
+    /// Number of the last round that fully succeeded.
+    pub last_ok: u64,
+    /// Bumped whenever a replica is dropped (failure, server down): a round
+    /// that saw it change cannot vouch for every segment.
+    pub replaced: u64,
+    /// A replica was dropped since the last complete round: a round is
+    /// needed even if the engine did not change.
+    pub dirty: bool,
+    /// Spreads replicas at random (production: a fresh seed; tests: a fixed one).
+    pub rng: fastrand::Rng,
+}
+
+impl Book {
+    pub fn new(r: usize, own_backup: &str, rng: fastrand::Rng) -> Book {
+        assert!(r >= 1, "a book is only kept when replicating");
+        Book {
+            r,
+            own_backup: (!own_backup.is_empty()).then(|| Rc::from(own_backup)),
+            live: Vec::new(),
+            dead: HashSet::new(),
+            suspect_until: HashMap::new(),
+            segs: HashMap::new(),
+            frees: Vec::new(),
+            walks: 0,
+            last_ok: 0,
+            replaced: 0,
+            dirty: false,
+            rng,
+        }
+    }
+
+    fn suspect(&self, addr: &str, now: Instant) -> bool {
+        self.suspect_until.get(addr).is_some_and(|&(t, _)| t > now)
+    }
+
+    /// Add backups to `seg` until it has R (or nothing is left): live others
+    /// not yet used by it, at random, preferring ones that did not fail
+    /// recently; then this server's own backup; then recently failed ones.
+    fn fill(&mut self, key: (u64, u64), now: Instant) -> bool {
+        let Some(seg) = self.segs.get(&key) else {
+            return false;
+        };
+        let mut need = self.r.saturating_sub(seg.replicas.len());
+        if need == 0 {
+            return true;
+        }
+        let used: Vec<Rc<str>> = seg.replicas.iter().map(|r| r.addr.clone()).collect();
+        let free_of = |a: &Rc<str>| !used.iter().any(|u| u == a);
+        let mut fresh: Vec<Rc<str>> = Vec::new();
+        let mut failed: Vec<Rc<str>> = Vec::new();
+        for b in &self.live {
+            if free_of(&b.addr) && !fresh.contains(&b.addr) && !failed.contains(&b.addr) {
+                if self.suspect(&b.addr, now) {
+                    failed.push(b.addr.clone());
+                } else {
+                    fresh.push(b.addr.clone());
+                }
+            }
+        }
+        let own = self.own_backup.clone().filter(|a| free_of(a));
+        let mut chosen = Vec::with_capacity(need);
+        while need > 0 && !fresh.is_empty() {
+            chosen.push(fresh.swap_remove(self.rng.usize(..fresh.len())));
+            need -= 1;
+        }
+        if let Some(own) = own.filter(|_| need > 0) {
+            chosen.push(own);
+            need -= 1;
+        }
+        while need > 0 && !failed.is_empty() {
+            chosen.push(failed.swap_remove(self.rng.usize(..failed.len())));
+            need -= 1;
+        }
+        for addr in &chosen {
+            // A free still owed to this backup for this segment would delete
+            // the replica about to be resent from 0: the resend replaces it.
+            self.frees
+                .retain(|f| !(&f.addr == addr && f.log == key.0 && f.segment == key.1));
+        }
+        let seg = self.segs.get_mut(&key).expect("looked up above");
+        seg.replicas.extend(chosen.into_iter().map(|addr| Replica {
+            addr,
+            held: 0,
+            closed: false,
+        }));
+        debug_assert!(seg.replicas.len() <= self.r);
+        need == 0
+    }
+
+    /// Walk the engine's view and plan one round: appends of every byte a
+    /// backup lacks (at most `max_round_bytes` copied), frees whose round
+    /// has come, segments gone from the view turned into frees for later.
+    pub fn plan(&mut self, engine: &Engine, max_round_bytes: usize, now: Instant) -> Plan {
+        self.walks += 1;
+        let walk = self.walks;
+        let mark = engine.log_changes();
+        let mut batches: HashMap<Rc<str>, BackupBatch> = HashMap::new();
+        let mut ops_of: HashMap<Rc<str>, Vec<OwnedOp>> = HashMap::new();
+        // Frees first: they only name segments gone from the view, so their
+        // order against the appends below does not matter.
+        let owed = self.owed_segments();
+        let (ready, later): (Vec<PendingFree>, Vec<PendingFree>) = std::mem::take(&mut self.frees)
+            .into_iter()
+            .partition(|f| self.sendable(f, &owed, now));
+        self.frees = later;
+        for f in ready {
+            ops_of
+                .entry(f.addr.clone())
+                .or_default()
+                .push(OwnedOp::Free {
+                    log: f.log,
+                    segment: f.segment,
+                });
+            batch_of(&mut batches, &f.addr).frees.push(f);
+        }
+        let mut acc = Acc {
+            copied: 0,
+            complete: true,
+            batches: &mut batches,
+            ops_of: &mut ops_of,
+        };
+        engine.for_each_segment(|v| self.plan_segment(v, walk, now, max_round_bytes, &mut acc));
+        let complete = acc.complete;
+        // Segments the walk did not see were freed: their frees go out once
+        // this round (carrying the appends made before them) succeeded.
+        let gone: Vec<(u64, u64)> = self
+            .segs
+            .iter()
+            .filter(|(_, s)| s.seen != walk)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in gone {
+            let seg = self.segs.remove(&key).expect("listed above");
+            for r in seg.replicas {
+                self.frees.push(PendingFree {
+                    addr: r.addr,
+                    log: key.0,
+                    segment: key.1,
+                    after: walk,
+                    max_tomb: seg.max_tomb,
+                });
+            }
+        }
+        let mut out: Vec<BackupBatch> = batches.into_values().collect();
+        for b in &mut out {
+            let ops = ops_of.remove(&b.addr).unwrap_or_default();
+            b.frames = split_frames(ops);
+        }
+        out.retain(|b| !b.frames.is_empty());
+        Plan {
+            walk,
+            mark,
+            complete,
+            batches: out,
+        }
+    }
+
+    /// One segment of the walk: note it seen, give it R backups, plan the
+    /// appends each backup lacks.
+    fn plan_segment(
+        &mut self,
+        v: SegmentView<'_>,
+        walk: u64,
+        now: Instant,
+        max_round_bytes: usize,
+        acc: &mut Acc<'_>,
+    ) {
+        let key = (v.log, v.segment);
+        let seg = self.segs.entry(key).or_insert_with(|| Seg {
+            table: v.table,
+            start_hash: v.start_hash,
+            replicas: Vec::new(),
+            seen: walk,
+            max_tomb: 0,
+        });
+        seg.seen = walk;
+        seg.max_tomb = v.max_tombstone_segment;
+        if !self.fill(key, now) {
+            acc.complete = false;
+        }
+        let (len, sealed) = (v.bytes.len() as u64, v.sealed);
+        let lacking = |r: &Replica| r.held < len || (sealed && !r.closed);
+        let seg = &self.segs[&key];
+        let Some(from) = seg
+            .replicas
+            .iter()
+            .filter(|r| lacking(r))
+            .map(|r| r.held.min(len))
+            .min()
+        else {
+            return;
+        };
+        if acc.copied >= max_round_bytes {
+            acc.complete = false; // the rest waits for the next round
+            return;
+        }
+        // One copy per segment, shared (sliced) by its backups.
+        let copy = Bytes::copy_from_slice(&v.bytes[from as usize..]);
+        acc.copied += copy.len();
+        let tablet = (v.log, seg.table, seg.start_hash, v.segment);
+        for r in seg.replicas.iter().filter(|r| lacking(r)) {
+            let ops = acc.ops_of.entry(r.addr.clone()).or_default();
+            push_appends(ops, tablet, &copy, from, r.held, sealed);
+            batch_of(acc.batches, &r.addr)
+                .expect
+                .push((v.log, v.segment, len, sealed));
+        }
+    }
+
+    /// A backup answered `Done` to every frame of its batch.
+    pub fn acknowledged(&mut self, batch: &BackupBatch) {
+        self.suspect_until.remove(&batch.addr);
+        for &(log, segment, end, close) in &batch.expect {
+            let Some(seg) = self.segs.get_mut(&(log, segment)) else {
+                continue; // freed meanwhile
+            };
+            if let Some(r) = seg.replicas.iter_mut().find(|r| r.addr == batch.addr) {
+                r.held = r.held.max(end);
+                r.closed |= close;
+            }
+        }
+    }
+
+    /// A backup failed (error, timeout, NoSpace): every segment its batch
+    /// touched gets another backup and is resent from offset 0; its frees
+    /// are owed again; it is avoided for a while (longer after each failure).
+    pub fn failed(&mut self, batch: &BackupBatch, now: Instant) {
+        if !self.is_live_addr(&batch.addr) {
+            // Its server was declared dead meanwhile: `forget_addr` already
+            // dropped its replicas and frees; owing it more would block frees.
+            return;
+        }
+        let pause = match self.suspect_until.get(&batch.addr) {
+            Some(&(_, pause)) => (pause * 2).min(SUSPECT_MAX),
+            None => SUSPECT_MIN,
+        };
+        self.suspect_until
+            .insert(batch.addr.clone(), (now + pause, pause));
+        for f in &batch.frees {
+            self.frees.push(PendingFree {
+                after: 0,
+                ..f.clone()
+            });
+        }
+        for &(log, segment, _, _) in &batch.expect {
+            self.drop_replica((log, segment), &batch.addr, true);
+        }
+    }
+
+    /// Forget the replica of `key` on `addr`. `owe_free`: the backup may
+    /// still hold (part of) it, so it is told to free it once the segment's
+    /// new replica is held (a stale copy must not outlive the segment).
+    fn drop_replica(&mut self, key: (u64, u64), addr: &Rc<str>, owe_free: bool) {
+        let Some(seg) = self.segs.get_mut(&key) else {
+            return;
+        };
+        let before = seg.replicas.len();
+        seg.replicas.retain(|r| &r.addr != addr);
+        if seg.replicas.len() == before {
+            return;
+        }
+        self.replaced += 1;
+        self.dirty = true;
+        if owe_free {
+            let max_tomb = seg.max_tomb;
+            self.frees.push(PendingFree {
+                addr: addr.clone(),
+                log: key.0,
+                segment: key.1,
+                after: self.walks + 1,
+                max_tomb,
+            });
+        }
+    }
+
+    /// A server is gone: stop using its backup, re-replicate what it held.
+    /// Returns its address if it was known.
+    pub fn server_down(&mut self, id: u64) -> Option<Rc<str>> {
+        self.dead.insert(id);
+        let pos = self.live.iter().position(|b| b.id == id)?;
+        let addr = self.live.swap_remove(pos).addr;
+        self.forget_addr(&addr);
+        Some(addr)
+    }
+
+    /// Drop every replica and owed free on `addr` (its server is dead).
+    fn forget_addr(&mut self, addr: &Rc<str>) {
+        let keys: Vec<(u64, u64)> = self
+            .segs
+            .iter()
+            .filter(|(_, s)| s.replicas.iter().any(|r| &r.addr == addr))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            self.drop_replica(key, addr, false);
+        }
+        self.frees.retain(|f| &f.addr != addr);
+        self.suspect_until.remove(addr);
+    }
+
+    /// Take a fresh server list: live others with a backup service. A
+    /// backup that left the list (dead, removed) is forgotten like `server_down`.
+    pub fn set_live(&mut self, own_id: u64, servers: &[insitu_protocol::ServerInfo]) {
+        let mut live: Vec<Backup> = Vec::new();
+        for s in servers {
+            let up = s.state == insitu_protocol::ServerState::Up;
+            if s.id == own_id || !up || s.backup_addr.is_empty() || self.dead.contains(&s.id) {
+                continue;
+            }
+            // Keep the same Rc for an address already known.
+            let addr = self
+                .live
+                .iter()
+                .find(|b| *b.addr == *s.backup_addr)
+                .map(|b| b.addr.clone())
+                .unwrap_or_else(|| Rc::from(s.backup_addr.as_str()));
+            live.push(Backup { id: s.id, addr });
+        }
+        let gone: Vec<Rc<str>> = self
+            .live
+            .iter()
+            .filter(|b| !live.iter().any(|l| l.addr == b.addr))
+            .map(|b| b.addr.clone())
+            .filter(|a| self.own_backup.as_ref() != Some(a))
+            .collect();
+        self.live = live;
+        for addr in gone {
+            self.forget_addr(&addr);
+        }
+    }
+
+    /// Whether a round has anything to do besides the engine's changes:
+    /// a replica to replace, or a free that may go now.
+    pub fn has_work(&self, now: Instant) -> bool {
+        if self.dirty {
+            return true;
+        }
+        let owed = self.owed_segments();
+        self.frees.iter().any(|f| self.sendable(f, &owed, now))
+    }
+
+    /// Per log, the segments some backup is still owed a free of.
+    fn owed_segments(&self) -> HashMap<u64, BTreeSet<u64>> {
+        let mut owed: HashMap<u64, BTreeSet<u64>> = HashMap::new();
+        for f in &self.frees {
+            owed.entry(f.log).or_default().insert(f.segment);
+        }
+        owed
+    }
+
+    /// Whether a free may go in the round being planned: the round that
+    /// carried its survivors succeeded, its backup is not avoided, and no
+    /// older segment its tombstones may cover still awaits its own free.
+    fn sendable(&self, f: &PendingFree, owed: &HashMap<u64, BTreeSet<u64>>, now: Instant) -> bool {
+        let covered_pending = owed
+            .get(&f.log)
+            .is_some_and(|s| s.range(..=f.max_tomb).any(|&seg| seg != f.segment));
+        f.after <= self.last_ok && !self.suspect(&f.addr, now) && !covered_pending
+    }
+
+    /// Whether `addr` is a backup in use: this server's own or a live one.
+    pub fn is_live_addr(&self, addr: &str) -> bool {
+        self.own_backup.as_deref() == Some(addr) || self.live.iter().any(|b| &*b.addr == addr)
+    }
+}
+
+/// What `plan` gathers while walking the segments.
+struct Acc<'a> {
+    /// Segment bytes copied so far this round (bounded by `max_round_bytes`).
+    copied: usize,
+    /// Still true if every segment got R backups and all its lacking bytes.
+    complete: bool,
+    batches: &'a mut HashMap<Rc<str>, BackupBatch>,
+    /// Ops per backup, in order.
+    ops_of: &'a mut HashMap<Rc<str>, Vec<OwnedOp>>,
+}
+
+fn batch_of<'a>(
+    batches: &'a mut HashMap<Rc<str>, BackupBatch>,
+    addr: &Rc<str>,
+) -> &'a mut BackupBatch {
+    batches.entry(addr.clone()).or_insert_with(|| BackupBatch {
+        addr: addr.clone(),
+        frames: Vec::new(),
+        expect: Vec::new(),
+        frees: Vec::new(),
+    })
+}
+
+/// Appends of `copy` (the segment's bytes from `from`) beyond what the
+/// replica holds (`held`), in chunks; the last one closes a sealed segment
+/// (an empty append when only the close is missing).
+fn push_appends(
+    ops: &mut Vec<OwnedOp>,
+    (log, table, start_hash, segment): (u64, u64, u64, u64),
+    copy: &Bytes,
+    from: u64,
+    held: u64,
+    sealed: bool,
+) {
+    let end = from + copy.len() as u64;
+    let mut offset = held.clamp(from, end);
+    loop {
+        let take = ((end - offset) as usize).min(APPEND_CHUNK_BYTES);
+        let start = (offset - from) as usize;
+        let last = offset + take as u64 == end;
+        ops.push(OwnedOp::Append {
+            log,
+            table,
+            start_hash,
+            segment,
+            offset,
+            bytes: copy.slice(start..start + take),
+            close: sealed && last,
+        });
+        offset += take as u64;
+        if last {
+            break;
+        }
+    }
+}
+
+/// Split ops, in order, into frames whose `BackupWrite` bodies fit
+/// `MAX_BODY_BYTES` and carry at most `MAX_BACKUP_OPS` ops each.
+pub fn split_frames(ops: Vec<OwnedOp>) -> Vec<Vec<OwnedOp>> {
+    let budget = MAX_BODY_BYTES - ENVELOPE_SLACK_BYTES;
+    let mut frames: Vec<Vec<OwnedOp>> = Vec::new();
+    let mut current: Vec<OwnedOp> = Vec::new();
+    let mut used = 0usize;
+    for op in ops {
+        let size = encoded_len(&op.as_op());
+        assert!(size <= budget, "an op is at most one chunk: {size} bytes");
+        if !current.is_empty() && (used + size > budget || current.len() >= MAX_BACKUP_OPS) {
+            frames.push(std::mem::take(&mut current));
+            used = 0;
+        }
+        used += size;
+        current.push(op);
+    }
+    if !current.is_empty() {
+        frames.push(current);
+    }
+    frames
+}
+
+/// The request carrying one frame's ops.
+pub fn request(cluster: u64, master: u64, frame: &[OwnedOp]) -> Request<'_> {
+    Request::BackupWrite {
+        cluster,
+        master,
+        ops: frame.iter().map(OwnedOp::as_op).collect(),
+    }
+}
+
+#[cfg(test)]
+#[path = "book_tests.rs"]
+mod tests;

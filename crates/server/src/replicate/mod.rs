@@ -1,0 +1,477 @@
+//! Replication of this shard's log segments to R backups, and the durable
+//! mark replies wait for (ARCHITECTURE.md, "Replication").
+//!
+//! One task per shard (`run`) drives rounds. A round walks the engine's log
+//! view under one borrow (`Book::plan`: the new bytes are copied out), sends
+//! one `BackupWrite` per backup (split to fit a frame) to all of them at once,
+//! awaits every `Done`, and if everything went through marks the walk's
+//! `log_changes()` value durable and wakes the connections waiting for it.
+//! One round is in flight at a time; the next starts as soon as the previous
+//! ends if more changes are pending, so every write that arrived meanwhile
+//! shares its round trip (group commit).
+//!
+//! Failures: a backup that errors, times out or is full gets its segments of
+//! that round moved to another backup and resent from offset 0; the round
+//! does not count and the next one starts after a back-off; replies keep
+//! waiting. `Fenced` means the coordinator declared this server dead: it must
+//! stop serving at once (`ServerReplication::fence`).
+
+mod book;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use insitu_client::rpc::RpcConn;
+use insitu_protocol::{Request, Response, Status};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::shard::ShardState;
+pub use book::Book;
+use book::{BackupBatch, request};
+
+/// Timing and limits of replication (one set per server).
+#[derive(Clone, Debug)]
+pub struct ReplicationConfig {
+    /// Deadline of every call to a backup or the coordinator. 5 s: far above
+    /// a loaded backup's fsync, so a slow disk is not mistaken for a dead
+    /// one (which would resend whole segments elsewhere).
+    pub call_timeout: Duration,
+    /// How often the server list is fetched again to learn of new servers.
+    pub refresh_interval: Duration,
+    /// First pause after a failed round; doubles up to `retry_max`.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// Most segment bytes one round copies out of the engine (bounds the
+    /// memory of a resend after a failure; the rest follows in later rounds).
+    pub max_round_bytes: usize,
+    /// On `Fenced`, exit the process (code 70) as a dead server must. False
+    /// only for in-process test servers: the server stops serving instead.
+    pub exit_on_fence: bool,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            call_timeout: Duration::from_secs(5),
+            refresh_interval: Duration::from_secs(3),
+            retry_min: Duration::from_millis(50),
+            retry_max: Duration::from_secs(2),
+            max_round_bytes: 64 << 20,
+            exit_on_fence: true,
+        }
+    }
+}
+
+/// Who this server is in its cluster, known once it has enlisted.
+#[derive(Clone, Debug)]
+pub struct ClusterIdentity {
+    pub server_id: u64,
+    pub cluster_id: u64,
+    /// Replicas per segment (R); 0 = no replication, no waiting.
+    pub replicas: u32,
+    /// Where to fetch the server list.
+    pub coordinator: String,
+    /// This server's own backup service ("" = none): the last-resort backup.
+    pub backup_addr: String,
+}
+
+/// Shared by every shard of one server (across threads).
+pub struct ServerReplication {
+    pub config: ReplicationConfig,
+    /// Set once after enlisting; shards wait for it before replicating.
+    identity: watch::Sender<Option<Arc<ClusterIdentity>>>,
+    /// Set when a backup answered `Fenced` (and the process did not exit):
+    /// every shard stops serving.
+    fenced: watch::Sender<bool>,
+}
+
+impl ServerReplication {
+    pub fn new(config: ReplicationConfig) -> Arc<ServerReplication> {
+        Arc::new(ServerReplication {
+            config,
+            identity: watch::channel(None).0,
+            fenced: watch::channel(false).0,
+        })
+    }
+
+    pub fn set_identity(&self, identity: ClusterIdentity) {
+        self.identity.send_replace(Some(Arc::new(identity)));
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        *self.fenced.borrow()
+    }
+
+    /// A receiver that changes when the server is fenced.
+    pub fn fenced_watch(&self) -> watch::Receiver<bool> {
+        self.fenced.subscribe()
+    }
+
+    /// The coordinator declared this server dead: it must not serve.
+    fn fence(&self, shard: usize) {
+        tracing::error!(
+            shard,
+            "this server was declared dead by the coordinator; exiting"
+        );
+        if self.config.exit_on_fence {
+            std::process::exit(70);
+        }
+        self.fenced.send_replace(true);
+    }
+}
+
+/// The server was fenced while a reply waited: the connection must close.
+#[derive(Debug)]
+pub struct Fenced;
+
+/// One shard's replicator state (in `ShardState`).
+pub struct Replicator {
+    shared: Arc<ServerReplication>,
+    /// `log_changes()` value whose bytes R backups hold; `u64::MAX` when
+    /// R = 0, so the connections' check is one compare that never waits.
+    durable: Cell<u64>,
+    /// Woken when `durable` advances.
+    advanced: Notify,
+    /// Wakes the replicator task: a connection waits, or a server went down.
+    kick: Notify,
+    /// Woken on `ServerDown`, so a round's call to that backup is abandoned.
+    down: Notify,
+    /// The bookkeeping; `None` until the identity is known (and with R = 0).
+    book: RefCell<Option<Book>>,
+    /// Cached connections to backups and the coordinator, by address.
+    conns: RefCell<HashMap<Rc<str>, RpcConn>>,
+    /// Asks the list refresher (`refresher`) to fetch the server list now.
+    want_list: Notify,
+}
+
+impl Replicator {
+    pub fn new(shared: Arc<ServerReplication>) -> Replicator {
+        Replicator {
+            shared,
+            durable: Cell::new(0),
+            advanced: Notify::new(),
+            kick: Notify::new(),
+            down: Notify::new(),
+            book: RefCell::new(None),
+            conns: RefCell::new(HashMap::new()),
+            want_list: Notify::new(),
+        }
+    }
+
+    /// Whether replies made after the engine reached `changes` must wait.
+    #[inline]
+    pub fn behind(&self, changes: u64) -> bool {
+        changes > self.durable.get()
+    }
+
+    /// Wait until the changes up to `target` are held by R backups.
+    pub async fn wait_durable(&self, target: u64) -> Result<(), Fenced> {
+        loop {
+            let advanced = self.advanced.notified();
+            if self.shared.is_fenced() {
+                return Err(Fenced);
+            }
+            if self.durable.get() >= target {
+                return Ok(());
+            }
+            self.kick.notify_one();
+            advanced.await;
+        }
+    }
+
+    /// `ServerDown`: stop using that server's backup and re-replicate
+    /// every segment it held.
+    pub fn server_down(&self, server_id: u64) {
+        let addr = self
+            .book
+            .borrow_mut()
+            .as_mut()
+            .and_then(|book| book.server_down(server_id));
+        if let Some(addr) = addr {
+            self.conns.borrow_mut().remove(&addr);
+        }
+        self.want_list.notify_one();
+        self.down.notify_waiters();
+        self.kick.notify_one();
+    }
+
+    fn set_durable(&self, mark: u64) {
+        if mark > self.durable.get() {
+            self.durable.set(mark);
+        }
+        self.advanced.notify_waiters();
+    }
+}
+
+/// The shard's replication task: runs until the shard stops.
+pub async fn run(state: Rc<ShardState>) {
+    let repl = &state.repl;
+    let mut identity = repl.shared.identity.subscribe();
+    let identity = match identity.wait_for(|i| i.is_some()).await {
+        Ok(i) => i.clone().expect("waited for Some"),
+        Err(_) => return, // the server is going away
+    };
+    if identity.replicas == 0 {
+        // Cache mode: nothing to send, nothing to wait for.
+        repl.set_durable(u64::MAX);
+        return;
+    }
+    let rng = fastrand::Rng::new();
+    *repl.book.borrow_mut() = Some(Book::new(
+        identity.replicas as usize,
+        &identity.backup_addr,
+        rng,
+    ));
+    let config = repl.shared.config.clone();
+    // The list is fetched beside the rounds, so a slow coordinator never
+    // holds a round (and the replies waiting for it) back.
+    tokio::task::spawn_local(refresher(state.clone(), identity.clone()));
+    let mut pause = config.retry_min;
+    loop {
+        // Registered before the check, so a kick in between is not lost.
+        let kicked = repl.kick.notified();
+        let changed = repl.behind(state.engine.borrow().log_changes());
+        let more = with_book(repl, |b| b.has_work(Instant::now()));
+        if !(changed || more) {
+            kicked.await;
+            continue;
+        }
+        match round(&state, &identity).await {
+            Outcome::Durable | Outcome::Partial => pause = config.retry_min,
+            Outcome::Failed => {
+                repl.want_list.notify_one();
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(config.retry_max);
+            }
+            Outcome::Fenced => {
+                repl.shared.fence(state.index);
+                repl.advanced.notify_waiters();
+                return;
+            }
+        }
+    }
+}
+
+fn with_book<T: Default>(repl: &Replicator, f: impl FnOnce(&mut Book) -> T) -> T {
+    repl.book.borrow_mut().as_mut().map(f).unwrap_or_default()
+}
+
+/// How a round ended.
+enum Outcome {
+    /// Everything up to the walk's mark is held by R backups.
+    Durable,
+    /// Every call succeeded but not everything was sent (byte cap).
+    Partial,
+    /// A backup failed, or a segment lacks backups: retry after a pause.
+    Failed,
+    /// A backup answered `Fenced`.
+    Fenced,
+}
+
+/// One replication round (see the module comment).
+async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
+    let repl = &state.repl;
+    let config = &repl.shared.config;
+    let (plan, replaced) = {
+        let engine = state.engine.borrow();
+        let mut book = repl.book.borrow_mut();
+        let Some(book) = book.as_mut() else {
+            return Outcome::Failed;
+        };
+        (
+            book.plan(&engine, config.max_round_bytes, Instant::now()),
+            book.replaced,
+        )
+    };
+    let sends = plan
+        .batches
+        .iter()
+        .map(|batch| send_batch(repl, identity, batch));
+    let results = futures::future::join_all(sends).await;
+    let mut all_ok = true;
+    for (batch, result) in plan.batches.iter().zip(results) {
+        match result {
+            Ok(()) => with_book(repl, |b| b.acknowledged(batch)),
+            Err(SendError::Fenced) => return Outcome::Fenced,
+            Err(SendError::Failed(why)) => {
+                // Frees alone do not make anything durable: their failure
+                // (queued again for later) does not hold the round back.
+                all_ok &= batch.expect.is_empty();
+                tracing::warn!(
+                    shard = state.index,
+                    backup = %batch.addr,
+                    "replication to a backup failed; its segments go to another backup: {why}"
+                );
+                repl.conns.borrow_mut().remove(&batch.addr);
+                with_book(repl, |b| b.failed(batch, Instant::now()));
+            }
+        }
+    }
+    let mut guard = repl.book.borrow_mut();
+    let Some(book) = guard.as_mut() else {
+        return Outcome::Failed;
+    };
+    if !all_ok {
+        return Outcome::Failed;
+    }
+    if book.replaced != replaced {
+        // A server went down during the round: its replicas are replaced
+        // by the next round; this one cannot vouch for them.
+        return Outcome::Partial;
+    }
+    if !plan.complete {
+        if book.segs.values().any(|s| s.replicas.len() < book.r) {
+            tracing::warn!(
+                shard = state.index,
+                replicas = book.r,
+                backups = book.live.len(),
+                "not enough backups for every segment; writes wait"
+            );
+            return Outcome::Failed;
+        }
+        return Outcome::Partial; // the byte cap left some for the next round
+    }
+    book.last_ok = plan.walk;
+    book.dirty = false;
+    drop(guard);
+    repl.set_durable(plan.mark);
+    Outcome::Durable
+}
+
+enum SendError {
+    Fenced,
+    Failed(String),
+}
+
+/// Send one backup its frames (pipelined on one connection, so applied in
+/// order) and await every `Done`; abandoned if the server goes down meanwhile.
+async fn send_batch(
+    repl: &Replicator,
+    identity: &ClusterIdentity,
+    batch: &BackupBatch,
+) -> Result<(), SendError> {
+    let calls = async {
+        let conn = connect(repl, &batch.addr).await?;
+        let timeout = repl.shared.config.call_timeout;
+        let requests: Vec<Request<'_>> = batch
+            .frames
+            .iter()
+            .map(|f| request(identity.cluster_id, identity.server_id, f))
+            .collect();
+        let replies =
+            futures::future::join_all(requests.iter().map(|r| conn.call_timeout(r, timeout))).await;
+        for reply in replies {
+            let reply = reply.map_err(|e| SendError::Failed(e.to_string()))?;
+            match reply.status {
+                Status::Ok => match reply.decode() {
+                    Ok(Response::Done) => {}
+                    other => {
+                        return Err(SendError::Failed(format!(
+                            "unexpected reply to BackupWrite: {other:?}"
+                        )));
+                    }
+                },
+                Status::Fenced => return Err(SendError::Fenced),
+                status => {
+                    return Err(SendError::Failed(format!(
+                        "{status}: {}",
+                        reply.error_message()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    };
+    let gone = async {
+        loop {
+            let down = repl.down.notified();
+            if !with_book(repl, |b| b.is_live_addr(&batch.addr)) {
+                return;
+            }
+            down.await;
+        }
+    };
+    tokio::select! {
+        r = calls => r,
+        _ = gone => Err(SendError::Failed("its server was declared dead".into())),
+    }
+}
+
+/// The cached connection to `addr`, or a new one.
+async fn connect(repl: &Replicator, addr: &Rc<str>) -> Result<RpcConn, SendError> {
+    if let Some(c) = repl.conns.borrow().get(addr).filter(|c| !c.is_closed()) {
+        return Ok(c.clone());
+    }
+    let timeout = repl.shared.config.call_timeout;
+    let conn = match tokio::time::timeout(timeout, RpcConn::connect(addr)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(SendError::Failed(e.to_string())),
+        Err(_) => {
+            return Err(SendError::Failed(format!(
+                "connecting timed out after {} ms",
+                timeout.as_millis()
+            )));
+        }
+    };
+    repl.conns.borrow_mut().insert(addr.clone(), conn.clone());
+    Ok(conn)
+}
+
+/// Fetch the server list at start, every `refresh_interval` (to learn of
+/// new servers), and whenever asked (`want_list`: a failed round, `ServerDown`).
+async fn refresher(state: Rc<ShardState>, identity: Arc<ClusterIdentity>) {
+    let interval = state.repl.shared.config.refresh_interval;
+    loop {
+        refresh_list(&state, &identity).await;
+        // A new list may give a waiting round its backups, and suspects'
+        // pauses may have run out: let the replicator look.
+        state.repl.kick.notify_one();
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = state.repl.want_list.notified() => {}
+        }
+    }
+}
+
+/// Fetch the server list from the coordinator; on failure keep the old one.
+async fn refresh_list(state: &ShardState, identity: &ClusterIdentity) {
+    let repl = &state.repl;
+    let addr: Rc<str> = Rc::from(identity.coordinator.as_str());
+    let fetched = async {
+        let conn = connect(repl, &addr).await.map_err(|e| match e {
+            SendError::Failed(why) => why,
+            SendError::Fenced => "fenced".into(),
+        })?;
+        let reply = conn
+            .call_timeout(&Request::ListServers, repl.shared.config.call_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        match reply.decode() {
+            Ok(Response::Servers(list)) if reply.status.is_ok() => Ok(list),
+            _ => Err(format!(
+                "ListServers answered {}: {}",
+                reply.status,
+                reply.error_message()
+            )),
+        }
+    };
+    match fetched.await {
+        Ok(list) => {
+            with_book(repl, |b| b.set_live(identity.server_id, &list));
+            // A round in flight stops waiting for a backup that left the list.
+            repl.down.notify_waiters();
+        }
+        Err(why) => {
+            repl.conns.borrow_mut().remove(&addr);
+            tracing::warn!(
+                shard = state.index,
+                coordinator = %identity.coordinator,
+                "cannot fetch the server list; keeping the last one: {why}"
+            );
+        }
+    }
+}
