@@ -89,7 +89,7 @@ struct SegmentPlan {
 /// with it and refuse requests of another cluster; the shard learns it when
 /// the server enlists.
 fn cluster_id(state: &ShardState) -> u64 {
-    state.cluster_id.get()
+    state.repl.cluster_id()
 }
 
 /// Marks a tablet as being recovered on this shard until dropped, so a

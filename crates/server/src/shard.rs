@@ -97,9 +97,6 @@ pub struct ShardState {
     idle_conns: RefCell<BTreeMap<u64, Rc<Notify>>>,
     /// Next idle stamp; grows, so the first entry is the longest idle.
     next_idle_stamp: Cell<u64>,
-    /// The cluster's id (from `Enlisted`), sent with every backup request so
-    /// a backup of another cluster refuses it. 0 until the server enlisted.
-    pub cluster_id: Cell<u64>,
     /// Tablets being recovered here (`recover.rs`), so a repeated
     /// `RecoverTablet` does not race the one in progress.
     pub recovering: RefCell<HashSet<(u64, u64)>>,
@@ -182,7 +179,6 @@ pub fn run_shard(
         frame_budget,
         idle_conns: RefCell::new(BTreeMap::new()),
         next_idle_stamp: Cell::new(0),
-        cluster_id: Cell::new(0),
         recovering: RefCell::new(HashSet::new()),
         repl: crate::replicate::Replicator::new(replication),
     });

@@ -180,6 +180,10 @@ pub struct Book {
     pub dirty: bool,
     /// Spreads replicas at random (production: a fresh seed; tests: a fixed one).
     pub rng: fastrand::Rng,
+    /// The coordinator's server list arrived at least once: before it, an
+    /// empty `live` means "not known yet", not "no other backups", so a
+    /// segment waits for R instead of settling for the own backup.
+    pub listed: bool,
 }
 
 impl Book {
@@ -198,6 +202,7 @@ impl Book {
             replaced: 0,
             dirty: false,
             rng,
+            listed: false,
         }
     }
 
@@ -209,10 +214,16 @@ impl Book {
     /// not yet used by it, at random, preferring ones that did not fail
     /// recently; then this server's own backup; then recently failed ones.
     fn fill(&mut self, key: (u64, u64), now: Instant) -> bool {
+        if !self.listed {
+            // Which backups exist is not known yet: choosing the own backup
+            // now would crowd out the others for this segment's life.
+            return false;
+        }
+        let target = self.target_replicas();
         let Some(seg) = self.segs.get(&key) else {
             return false;
         };
-        let mut need = self.r.saturating_sub(seg.replicas.len());
+        let mut need = target.saturating_sub(seg.replicas.len());
         if need == 0 {
             return true;
         }
@@ -257,6 +268,24 @@ impl Book {
         }));
         debug_assert!(seg.replicas.len() <= self.r);
         need == 0
+    }
+
+    /// Replicas a segment gets now: R, or every distinct backup there is
+    /// (live others plus this server's own) when there are fewer — at least
+    /// one while R > 0. Why not wait for R: a coordinator's R is cluster-wide
+    /// (default 2) while servers join one by one; a cluster of one server
+    /// would never acknowledge a write. Segments placed while backups were
+    /// few are topped up (from offset 0) as soon as more are live, since
+    /// every walk re-fills every segment.
+    pub fn target_replicas(&self) -> usize {
+        if self.r == 0 || !self.listed {
+            return self.r;
+        }
+        let own = self
+            .own_backup
+            .as_ref()
+            .is_some_and(|o| !self.live.iter().any(|b| &b.addr == o));
+        self.r.min(self.live.len() + own as usize).max(1)
     }
 
     /// Walk the engine's view and plan one round: appends of every byte a
@@ -473,6 +502,7 @@ impl Book {
     /// Take a fresh server list: live others with a backup service. A
     /// backup that left the list (dead, removed) is forgotten like `server_down`.
     pub fn set_live(&mut self, own_id: u64, servers: &[insitu_protocol::ServerInfo]) {
+        self.listed = true;
         let mut live: Vec<Backup> = Vec::new();
         for s in servers {
             let up = s.state == insitu_protocol::ServerState::Up;

@@ -149,6 +149,16 @@ pub struct Replicator {
 }
 
 impl Replicator {
+    /// The cluster id from enlisting (0 before it), which every backup
+    /// request carries (recovery's reads too).
+    pub fn cluster_id(&self) -> u64 {
+        self.shared
+            .identity
+            .borrow()
+            .as_ref()
+            .map_or(0, |i| i.cluster_id)
+    }
+
     pub fn new(shared: Arc<ServerReplication>) -> Replicator {
         Replicator {
             shared,
@@ -324,7 +334,11 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
         return Outcome::Partial;
     }
     if !plan.complete {
-        if book.segs.values().any(|s| s.replicas.len() < book.r) {
+        if book
+            .segs
+            .values()
+            .any(|s| s.replicas.len() < book.target_replicas())
+        {
             tracing::warn!(
                 shard = state.index,
                 replicas = book.r,
