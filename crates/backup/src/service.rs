@@ -172,8 +172,15 @@ impl<I: Io> BackupService<I> {
                 outcome
             })
             .collect();
-        if self.store.sync_mode() == SyncMode::Always && self.store.needs_flush() {
-            let failed = self.store.flush_each();
+        if self.store.needs_flush() {
+            // Always: written and fsynced before anyone is answered. Interval:
+            // written (handed to the kernel, no fsync) before anyone is
+            // answered, so a crash of every process (kill -9) loses nothing
+            // acknowledged; only a power loss can cost the last interval.
+            let failed = match self.store.sync_mode() {
+                SyncMode::Always => self.store.flush_each(),
+                SyncMode::Interval => self.store.write_pending(),
+            };
             for (id, e) in &failed {
                 for (outcome, ids) in outcomes.iter_mut().zip(&touched) {
                     if *outcome == Outcome::Done && ids.contains(id) {

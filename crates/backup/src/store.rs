@@ -385,6 +385,17 @@ impl<I: Io> BackupStore<I> {
         failed
     }
 
+    /// Write every buffered record to its file without fsync: the bytes are
+    /// then the kernel's, safe from a crash of this process though not from
+    /// a power loss (the next `flush` syncs them). Reports the replicas that
+    /// could not be written (each was dropped).
+    pub fn write_pending(&mut self) -> Vec<(ReplicaId, BackupError)> {
+        let ids: Vec<ReplicaId> = self.dirty.iter().copied().collect();
+        ids.into_iter()
+            .filter_map(|id| self.write_out(id, false).err().map(|e| (id, e)))
+            .collect()
+    }
+
     /// Whether anything awaits a flush.
     pub fn needs_flush(&self) -> bool {
         !self.dirty.is_empty()

@@ -111,6 +111,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     for i in 1..args.servers {
         others.push(server(i)?.0);
     }
+    // The victim's shards learn of new backups from the coordinator's list,
+    // fetched every second: until then its segments could only be placed on
+    // its own disk, which dies with it.
+    std::thread::sleep(Duration::from_millis(2500));
 
     eprintln!(
         "loading {objects} objects of {} bytes ({} MB) into server 0 ...",

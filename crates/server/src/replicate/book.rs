@@ -529,6 +529,12 @@ impl Book {
         for addr in gone {
             self.forget_addr(&addr);
         }
+        // Segments placed while backups were fewer than R are topped up by
+        // the next round, even if the engine is idle.
+        let target = self.target_replicas();
+        if self.segs.values().any(|s| s.replicas.len() < target) {
+            self.dirty = true;
+        }
     }
 
     /// Whether a round has anything to do besides the engine's changes:

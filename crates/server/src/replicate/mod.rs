@@ -57,7 +57,7 @@ impl Default for ReplicationConfig {
     fn default() -> Self {
         ReplicationConfig {
             call_timeout: Duration::from_secs(5),
-            refresh_interval: Duration::from_secs(3),
+            refresh_interval: Duration::from_secs(1),
             retry_min: Duration::from_millis(50),
             retry_max: Duration::from_secs(2),
             max_round_bytes: 64 << 20,
