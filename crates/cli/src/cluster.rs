@@ -213,7 +213,11 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         let addr = coordinator.addr().to_string();
         let mut servers = Vec::new();
         for i in 0..args.servers {
-            let config = server_config(addr.clone(), "127.0.0.1".into(), 0, args.dir.join(format!("server-{i}")), args.shards, args.memory_mb);
+            let mut config = server_config(addr.clone(), "127.0.0.1".into(), 0, args.dir.join(format!("server-{i}")), args.shards, args.memory_mb);
+            // Every server of `up` lives in this one process: a fenced one
+            // (declared dead, e.g. `insitu server remove`) stops serving
+            // rather than exiting the process, which would take the others.
+            config.replication.exit_on_fence = false;
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();

@@ -1,6 +1,6 @@
 //! `insitu up` restarted on the same data directory: the tables of the
-//! previous run are kept (their objects, held in memory only, are gone), and
-//! they work again on the new run's servers.
+//! previous run are kept, their objects recovered from the replicas on the
+//! servers' disks, and they work again on the new run's servers.
 
 mod common;
 
@@ -122,9 +122,13 @@ fn up_restarted_on_its_dir_serves_the_old_tables_again() {
         "{warning}"
     );
 
-    // The table works again, empty: the old key is gone (exit 1), new writes land.
+    // The old object is back (recovered from the replicas), new writes land.
     let (code, out, err) = cli(&addr, &["get", "t", "k"]);
-    assert_eq!(code, 1, "the old object is gone: {out}{err}");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "v\n"),
+        "the old object is back: {out}{err}"
+    );
     let (code, out, err) = cli(&addr, &["put", "t", "k2", "v2"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(cli(&addr, &["get", "t", "k2"]).1, "v2\n");
