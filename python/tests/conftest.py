@@ -11,7 +11,6 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -156,10 +155,3 @@ def run_bounded(fn, limit_s: float = 60.0):
         raise out["error"]
     return out.get("value")
 
-
-def wait_until(pred, limit_s: float = 10.0) -> None:
-    """Poll pred() until true (bounded)."""
-    end = time.monotonic() + limit_s
-    while not pred():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.01)

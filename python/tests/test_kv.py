@@ -4,8 +4,6 @@ import threading
 
 import pytest
 
-import insitu
-
 
 def test_put_get_delete(table):
     v1 = table.put(b"k", b"v1")
