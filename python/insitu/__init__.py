@@ -10,7 +10,8 @@ Connect to a cluster started with ``insitu up``::
 
 Keys and values are ``bytes`` (``str`` is accepted and encoded as UTF-8).
 Every call blocks with the GIL released; a ``Client`` may be shared by threads.
-Errors are subclasses of :class:`insitu.Error`.
+Errors are subclasses of :class:`insitu.Error`. ``insitu.aio`` has the same
+calls for asyncio (``await aio.connect(...)``).
 """
 
 from ._insitu import (

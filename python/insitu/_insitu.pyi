@@ -137,8 +137,8 @@ class Table:
         """``op`` ("sum", "min", "max", "avg" or "count") of the field
         ``field_spec`` (e.g. ``"i64@0"``) over the objects matching ``where``,
         computed on the servers. ``sum`` of an integer field is an exact int;
-        ``avg``, ``min`` and ``max`` are None over no objects. Objects too short
-        to hold the field are skipped."""
+        ``avg``, ``min`` and ``max`` are None over no objects. A matching object
+        too short to hold the field makes the servers refuse (``BadRequest``)."""
     def update(
         self,
         field_spec: str,
