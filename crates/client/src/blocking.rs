@@ -3,11 +3,13 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use insitu_protocol::plan::{AggPartial, Field, PointLayout, UpdateAction};
 use insitu_protocol::{RejectRules, ServerInfo, ShardStats, TableInfo};
 
 use crate::client::{Client, ClientConfig, Found, PerItem};
 use crate::cursor::{Object, TableCursor};
 use crate::error::ClientError;
+use crate::ops::{Selection, TrainedModel};
 
 /// The same operations as `Client`, each blocking the calling thread.
 ///
@@ -205,5 +207,38 @@ impl BlockingClient {
 
     pub fn scan(&self, table: u64, limit: usize) -> Result<Vec<Object>, ClientError> {
         self.run(self.client.scan(table, limit))
+    }
+
+    pub fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        self.run(self.client.count(table, sel))
+    }
+
+    pub fn aggregate(
+        &self,
+        table: u64,
+        field: Field,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.run(self.client.aggregate(table, field, sel))
+    }
+
+    pub fn update(
+        &self,
+        table: u64,
+        field: Field,
+        action: UpdateAction,
+        sel: &Selection,
+    ) -> Result<u64, ClientError> {
+        self.run(self.client.update(table, field, action, sel))
+    }
+
+    pub fn train_logreg(
+        &self,
+        table: u64,
+        layout: PointLayout,
+        iterations: u32,
+        rate: f64,
+    ) -> Result<TrainedModel, ClientError> {
+        self.run(self.client.train_logreg(table, layout, iterations, rate))
     }
 }

@@ -2,6 +2,7 @@
 //! in-memory reference) computes from the plan types that `insitu-protocol`
 //! carries on the wire.
 //!
+//! - [`expr`]: parsing field specs (`i64@0`) and `--where` expressions;
 //! - [`field`]: reading a numeric field out of a raw value, comparisons;
 //! - [`predicate`]: checking and interpreting a postfix predicate program;
 //! - [`validate`]: the whole-plan check both ends run (bounds, types);
@@ -15,6 +16,7 @@
 //! encodes or decodes anything.
 
 pub mod aggregate;
+pub mod expr;
 pub mod field;
 pub mod gradient;
 pub mod kernel;

@@ -1,0 +1,59 @@
+"""insitu: a distributed in-memory key-value store that computes where the data lives.
+
+Connect to a cluster started with ``insitu up``::
+
+    import insitu
+    c = insitu.connect("127.0.0.1:7070")
+    t = c.create_table("users", tablets=8)
+    t.put("alice", b"...")
+    t.get("alice")
+
+Keys and values are ``bytes`` (``str`` is accepted and encoded as UTF-8).
+Every call blocks with the GIL released; a ``Client`` may be shared by threads.
+Errors are subclasses of :class:`insitu.Error`. ``insitu.aio`` has the same
+calls for asyncio (``await aio.connect(...)``).
+"""
+
+from ._insitu import (
+    BadRequest,
+    Client,
+    Conflict,
+    ConnectionError,
+    Error,
+    NotFound,
+    OutOfMemory,
+    Scan,
+    Table,
+    TableExists,
+    Timeout,
+    TooLarge,
+    TrainedModel,
+    Unavailable,
+    UnknownTable,
+    __version__,
+    connect,
+)
+
+# The server status name (e.g. "UnknownTable") of an error the client raised;
+# None on errors that came from no server reply (and on ones raised by hand).
+Error.status = None
+
+__all__ = [
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "ConnectionError",
+    "Error",
+    "NotFound",
+    "OutOfMemory",
+    "Scan",
+    "Table",
+    "TableExists",
+    "Timeout",
+    "TooLarge",
+    "TrainedModel",
+    "Unavailable",
+    "UnknownTable",
+    "__version__",
+    "connect",
+]

@@ -1,0 +1,198 @@
+"""Type stubs of the native module ``insitu._insitu`` (re-exported by ``insitu``)."""
+
+from typing import Iterable, Iterator, Mapping, Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+#: A key or a value: bytes as is, str encoded as UTF-8.
+BytesLike = Union[bytes, str]
+
+def connect(addr: str = "127.0.0.1:7070", timeout: float = 10.0) -> Client:
+    """Connect to the coordinator at ``addr`` ("host:port").
+
+    Every operation then fails within ``timeout`` seconds, retries included
+    (raising ``Timeout`` or ``ConnectionError``) instead of waiting longer.
+    Raises ``ConnectionError`` if the coordinator cannot be reached, and
+    ``ValueError`` for a timeout not in (0, 86400].
+    """
+
+class Client:
+    """A connection to an insitu cluster (see ``connect``).
+
+    Every call blocks until it completes, with the GIL released, so other
+    Python threads run meanwhile; one client may be shared by threads.
+    """
+
+    def create_table(self, name: str, tablets: int = 4) -> Table:
+        """Create a table split into ``tablets`` hash ranges spread over the servers.
+
+        Raises ``TableExists`` if the name is taken, ``BadRequest`` for a bad
+        name or tablet count.
+        """
+    def tables(self) -> list[str]:
+        """The names of the tables."""
+    def drop_table(self, name: str) -> None:
+        """Drop a table and free its memory on every server (``UnknownTable`` if absent)."""
+    def table(self, name: str) -> Table:
+        """Open an existing table (``UnknownTable`` if there is none)."""
+    def train_logreg(
+        self,
+        table: Union[str, Table],
+        dims: int,
+        iterations: int = 10,
+        rate: float = 0.5,
+        *,
+        offset: int = 0,
+        label_offset: Optional[int] = None,
+    ) -> npt.NDArray[np.float32]:
+        """Train a logistic regression by batch gradient descent, every gradient
+        computed on the servers; returns the weights (float32, shape ``(dims,)``).
+
+        Each object of ``table`` is one point: ``dims`` little-endian float32
+        at byte ``offset``, then a label byte (0 or 1) at ``label_offset``
+        (default: right after the vector). Each of ``iterations`` steps is
+        ``w -= rate * grad / n``, ``b -= rate * bias_grad / n``, from zero.
+        """
+    def train_logreg_model(
+        self,
+        table: Union[str, Table],
+        dims: int,
+        iterations: int = 10,
+        rate: float = 0.5,
+        *,
+        offset: int = 0,
+        label_offset: Optional[int] = None,
+    ) -> TrainedModel:
+        """``train_logreg``, returning the weights, the bias and the loss history."""
+
+class TrainedModel:
+    """A logistic-regression model trained on the servers."""
+
+    @property
+    def weights(self) -> npt.NDArray[np.float32]:
+        """One weight per dimension."""
+    @property
+    def bias(self) -> float:
+        """The bias (intercept)."""
+    @property
+    def losses(self) -> npt.NDArray[np.float64]:
+        """The mean log-loss before each step."""
+
+class Table:
+    """One table of the cluster. Keys and values are bytes; str is encoded as UTF-8."""
+
+    @property
+    def name(self) -> str:
+        """The table's name."""
+    @property
+    def id(self) -> int:
+        """The table's id in the cluster."""
+    def put(self, key: BytesLike, value: BytesLike) -> int:
+        """Store ``value`` under ``key`` (replacing any value); returns the new version."""
+    def get(self, key: BytesLike) -> Optional[bytes]:
+        """The value of ``key``, or None if there is no such object."""
+    def delete(self, key: BytesLike) -> bool:
+        """Remove ``key``; returns whether it existed."""
+    def get_many(self, keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        """The values of ``keys``, in order, None where absent (one round of
+        parallel requests per server, not one per key)."""
+    def put_many(
+        self,
+        items: Union[Mapping[BytesLike, BytesLike], Iterable[tuple[BytesLike, BytesLike]]],
+    ) -> int:
+        """Store many objects (a mapping or (key, value) pairs); returns how many
+        were written. On an error, some objects may have been written."""
+    def scan(self, *, batched: bool = False) -> Scan:
+        """Iterate over every object as ``(key, value)``, fetched in batches of
+        about 1 MiB; with ``batched=True``, yield each batch as a list.
+        Objects written or removed during the walk may or may not be seen."""
+    def count(
+        self,
+        where: Optional[str] = None,
+        *,
+        from_key: Optional[BytesLike] = None,
+        to_key: Optional[BytesLike] = None,
+    ) -> int:
+        """How many objects match ``where`` (all when None), counted on the servers.
+
+        ``where`` compares fields ``TYPE@BYTE_OFFSET`` of the value (i32, i64,
+        f64 or u8, little-endian) with ``= != < <= > >=`` or ``between A and B``,
+        joined by ``and``, ``or``, ``not`` and parentheses, e.g.
+        ``"i64@0 > 5 and not u8@8 = 0"``. ``from_key``/``to_key`` keep keys
+        ``>= from_key`` and ``< to_key`` (bytewise). A bad expression raises
+        ``ValueError`` naming the column.
+        """
+    def aggregate(
+        self,
+        op: str,
+        field_spec: str,
+        where: Optional[str] = None,
+        *,
+        from_key: Optional[BytesLike] = None,
+        to_key: Optional[BytesLike] = None,
+    ) -> Union[int, float, None]:
+        """``op`` ("sum", "min", "max", "avg" or "count") of the field
+        ``field_spec`` (e.g. ``"i64@0"``) over the objects matching ``where``,
+        computed on the servers. ``sum`` of an integer field is an exact int;
+        ``avg``, ``min`` and ``max`` are None over no objects. A matching object
+        too short to hold the field makes the servers refuse (``BadRequest``)."""
+    def update(
+        self,
+        field_spec: str,
+        *,
+        add: Union[int, float, None] = None,
+        set: Union[int, float, None] = None,
+        where: Optional[str] = None,
+        from_key: Optional[BytesLike] = None,
+        to_key: Optional[BytesLike] = None,
+    ) -> int:
+        """Add ``add`` to, or set to ``set``, the field ``field_spec`` of every
+        object matching ``where``, on the servers; returns how many objects were
+        updated. A number the field cannot hold raises ``ValueError`` before
+        anything is sent."""
+
+class Scan(Iterator[object]):
+    """The iterator ``Table.scan`` returns: ``(key, value)`` tuples, or lists of
+    them with ``batched=True``."""
+
+    def __iter__(self) -> Scan: ...
+    def __next__(self) -> object: ...
+
+class Error(Exception):
+    """Base class of every error the insitu client raises."""
+
+    #: The server status name (e.g. "UnknownTable"), or None.
+    status: Optional[str]
+
+class NotFound(Error):
+    """An object that the operation's condition required does not exist."""
+
+class UnknownTable(Error):
+    """No table of that name (or it was dropped since it was opened)."""
+
+class Conflict(Error):
+    """A conditional operation was refused: the object exists, or has another version."""
+
+class TableExists(Conflict):
+    """create_table of a name that is already taken."""
+
+class Timeout(Error):
+    """No reply, or no success after retries, within the client's timeout."""
+
+class ConnectionError(Error):
+    """A connection could not be opened or closed before the reply arrived."""
+
+class Unavailable(Error):
+    """The cluster cannot serve the request right now; retrying later may succeed."""
+
+class OutOfMemory(Error):
+    """A server has no room for the data (memory budget or replica disk)."""
+
+class TooLarge(Error):
+    """A key, a value or a request exceeds the protocol's limits."""
+
+class BadRequest(Error):
+    """The server refused the request as invalid (empty key, not a number, bad plan)."""

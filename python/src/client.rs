@@ -1,0 +1,197 @@
+//! `insitu.Client`: tables and the logistic-regression trainer.
+
+use std::time::Duration;
+
+use insitu_client::{BlockingClient, ClientConfig};
+use insitu_protocol::plan::{MAX_DIMS, PointLayout};
+use numpy::{PyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::to_py;
+use crate::table::Table;
+
+/// A connection to an insitu cluster (see `insitu.connect`).
+///
+/// Every call blocks until it completes, with the GIL released, so other
+/// Python threads run meanwhile; one client may be shared by threads.
+#[pyclass(frozen, module = "insitu")]
+pub struct Client {
+    /// The Rust client, with its own single-threaded runtime.
+    pub(crate) inner: BlockingClient,
+    /// The coordinator address, for `repr`.
+    addr: String,
+    /// The per-operation time budget, for `repr`.
+    timeout_s: f64,
+}
+
+/// Connect to the coordinator at `addr`; every operation then fails within
+/// `timeout` seconds (retries included) instead of waiting longer.
+#[pyfunction]
+#[pyo3(signature = (addr = "127.0.0.1:7070", timeout = 10.0))]
+pub fn connect(py: Python<'_>, addr: &str, timeout: f64) -> PyResult<Client> {
+    if !(timeout.is_finite() && timeout > 0.0 && timeout <= 86_400.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a number of seconds in (0, 86400], not {timeout}"
+        )));
+    }
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs_f64(timeout),
+        ..ClientConfig::default()
+    };
+    let inner = py
+        .detach(|| BlockingClient::connect_with(addr, config))
+        .map_err(|e| to_py(py, e))?;
+    Ok(Client {
+        inner,
+        addr: addr.to_string(),
+        timeout_s: timeout,
+    })
+}
+
+/// A trained logistic-regression model (`Client.train_logreg_model`).
+#[pyclass(frozen, get_all, module = "insitu")]
+pub struct TrainedModel {
+    /// The weights, one float32 per dimension.
+    weights: Py<PyArray1<f32>>,
+    /// The bias (intercept).
+    bias: f32,
+    /// The mean log-loss before each step (float64).
+    losses: Py<PyArray1<f64>>,
+}
+
+#[pymethods]
+impl TrainedModel {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "TrainedModel(dims={}, bias={}, iterations={})",
+            PyUntypedArrayMethods::len(self.weights.bind(py)),
+            self.bias,
+            PyUntypedArrayMethods::len(self.losses.bind(py))
+        )
+    }
+}
+
+impl Client {
+    /// The shared body of `train_logreg` and `train_logreg_model`.
+    #[allow(clippy::too_many_arguments)]
+    fn train(
+        &self,
+        py: Python<'_>,
+        table: &Bound<'_, PyAny>,
+        dims: u32,
+        iterations: u32,
+        rate: f64,
+        offset: u32,
+        label_offset: Option<u32>,
+    ) -> PyResult<insitu_client::TrainedModel> {
+        if !(1..=MAX_DIMS).contains(&dims) {
+            return Err(PyValueError::new_err(format!(
+                "dims must be in 1..={MAX_DIMS}, not {dims}"
+            )));
+        }
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "rate must be a positive number, not {rate}"
+            )));
+        }
+        let vector_end = dims
+            .checked_mul(4)
+            .and_then(|b| b.checked_add(offset))
+            .ok_or_else(|| PyValueError::new_err("offset + 4 * dims overflows"))?;
+        let layout = PointLayout {
+            offset,
+            dims,
+            label_offset: label_offset.unwrap_or(vector_end),
+        };
+        let id = match table.cast::<Table>() {
+            Ok(t) => t.get().id,
+            Err(_) => {
+                let name: String = table.extract().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err("table must be a name (str) or a Table")
+                })?;
+                py.detach(|| self.inner.table_id(&name))
+                    .map_err(|e| to_py(py, e))?
+            }
+        };
+        py.detach(|| self.inner.train_logreg(id, layout, iterations, rate))
+            .map_err(|e| to_py(py, e))
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Create a table split into `tablets` hash ranges spread over the servers.
+    #[pyo3(signature = (name, tablets = 4))]
+    fn create_table(&self, py: Python<'_>, name: &str, tablets: u32) -> PyResult<Table> {
+        let info = py
+            .detach(|| self.inner.create_table(name, tablets))
+            .map_err(|e| to_py(py, e))?;
+        Ok(Table::new(self.inner.clone(), info.id, info.name))
+    }
+
+    /// The names of the tables, in the coordinator's order.
+    fn tables(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let infos = py
+            .detach(|| self.inner.list_tables())
+            .map_err(|e| to_py(py, e))?;
+        Ok(infos.into_iter().map(|t| t.name).collect())
+    }
+
+    /// Drop a table and free its memory on every server.
+    fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.detach(|| self.inner.drop_table(name))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Open an existing table (raises `UnknownTable` if there is none).
+    fn table(&self, py: Python<'_>, name: &str) -> PyResult<Table> {
+        let info = py
+            .detach(|| self.inner.open_table(name))
+            .map_err(|e| to_py(py, e))?;
+        Ok(Table::new(self.inner.clone(), info.id, info.name))
+    }
+
+    /// Train a logistic regression by batch gradient descent, every gradient
+    /// computed on the servers; returns the weights (float32 array).
+    #[pyo3(signature = (table, dims, iterations = 10, rate = 0.5, *, offset = 0, label_offset = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn train_logreg<'py>(
+        &self,
+        py: Python<'py>,
+        table: &Bound<'py, PyAny>,
+        dims: u32,
+        iterations: u32,
+        rate: f64,
+        offset: u32,
+        label_offset: Option<u32>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let m = self.train(py, table, dims, iterations, rate, offset, label_offset)?;
+        Ok(PyArray1::from_vec(py, m.weights))
+    }
+
+    /// `train_logreg`, returning the weights, the bias and the loss history.
+    #[pyo3(signature = (table, dims, iterations = 10, rate = 0.5, *, offset = 0, label_offset = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn train_logreg_model(
+        &self,
+        py: Python<'_>,
+        table: &Bound<'_, PyAny>,
+        dims: u32,
+        iterations: u32,
+        rate: f64,
+        offset: u32,
+        label_offset: Option<u32>,
+    ) -> PyResult<TrainedModel> {
+        let m = self.train(py, table, dims, iterations, rate, offset, label_offset)?;
+        Ok(TrainedModel {
+            weights: PyArray1::from_vec(py, m.weights).unbind(),
+            bias: m.bias,
+            losses: PyArray1::from_vec(py, m.losses).unbind(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("insitu.Client({:?}, timeout={})", self.addr, self.timeout_s)
+    }
+}

@@ -1,0 +1,22 @@
+//! The `insitu` Python package's native module (`insitu._insitu`): the Rust
+//! client (`insitu-client`) exposed to Python. Every network call runs with
+//! the GIL released; errors become the exceptions of `errors`.
+
+mod client;
+mod convert;
+mod errors;
+mod table;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _insitu(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(client::connect, m)?)?;
+    m.add_class::<client::Client>()?;
+    m.add_class::<client::TrainedModel>()?;
+    m.add_class::<table::Table>()?;
+    m.add_class::<table::Scan>()?;
+    errors::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! `insitu.Table`: point operations, multi-operations, scans and the
+//! operations computed on the servers (count, aggregate, update).
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use insitu_client::{BlockingClient, BlockingTableCursor, ClientError};
+use insitu_protocol::plan::UpdateAction;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::convert::{
+    agg_op, agg_result, as_bytes, collect, collect_pairs, field, number, selection,
+};
+use crate::errors::to_py;
+
+/// One table of the cluster (`Client.table`, `Client.create_table`).
+///
+/// Keys and values are `bytes`; `str` is accepted and encoded as UTF-8.
+#[pyclass(frozen, module = "insitu")]
+pub struct Table {
+    /// The connection (shared with the client that opened the table).
+    client: BlockingClient,
+    /// The table's id: requests name tables by id, not by name.
+    pub(crate) id: u64,
+    /// The table's name, for `name` and `repr`.
+    name: String,
+}
+
+impl Table {
+    pub fn new(client: BlockingClient, id: u64, name: String) -> Table {
+        Table { client, id, name }
+    }
+}
+
+/// The first failed item of a multi-operation, or every item's result.
+fn all_ok<T>(py: Python<'_>, items: Vec<Result<T, ClientError>>) -> PyResult<Vec<T>> {
+    items
+        .into_iter()
+        .map(|r| r.map_err(|e| to_py(py, e)))
+        .collect()
+}
+
+#[pymethods]
+impl Table {
+    /// The table's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's id in the cluster.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Store `value` under `key` (replacing any value); returns the new version.
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        let k = as_bytes(key, "key")?;
+        let v = as_bytes(value, "value")?;
+        py.detach(|| self.client.write(self.id, k, v))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// The value of `key`, or None if there is no such object.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let k = as_bytes(key, "key")?;
+        let found = py
+            .detach(|| self.client.read(self.id, k))
+            .map_err(|e| to_py(py, e))?;
+        Ok(found.map(|(v, _)| PyBytes::new(py, &v)))
+    }
+
+    /// Remove `key`; returns whether it existed.
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = as_bytes(key, "key")?;
+        let removed = py
+            .detach(|| self.client.remove(self.id, k))
+            .map_err(|e| to_py(py, e))?;
+        Ok(removed.is_some())
+    }
+
+    /// The values of `keys` (any iterable), in order, None where absent.
+    /// Requests are grouped per server and sent in parallel.
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let objs = collect(keys)?;
+        let slices = objs
+            .iter()
+            .map(|k| as_bytes(k, "key"))
+            .collect::<PyResult<Vec<&[u8]>>>()?;
+        let found = py
+            .detach(|| self.client.multi_read(self.id, &slices))
+            .map_err(|e| to_py(py, e))?;
+        let found = all_ok(py, found)?;
+        PyList::new(
+            py,
+            found
+                .into_iter()
+                .map(|f| f.map(|(v, _)| PyBytes::new(py, &v))),
+        )
+    }
+
+    /// Store many objects: a mapping, or an iterable of (key, value) pairs.
+    /// Returns how many were written. Requests are grouped per server and
+    /// sent in parallel; on an error, some objects may have been written.
+    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let objs = collect_pairs(items)?;
+        let pairs = objs
+            .iter()
+            .map(|(k, v)| Ok((as_bytes(k, "key")?, as_bytes(v, "value")?)))
+            .collect::<PyResult<Vec<(&[u8], &[u8])>>>()?;
+        let written = py
+            .detach(|| self.client.multi_write(self.id, &pairs))
+            .map_err(|e| to_py(py, e))?;
+        Ok(all_ok(py, written)?.len())
+    }
+
+    /// Iterate over every object as (key, value), fetched in batches (of
+    /// about 1 MiB); with `batched=True`, yield each batch as a list.
+    /// Objects written or removed during the walk may or may not be seen.
+    #[pyo3(signature = (*, batched = false))]
+    fn scan(&self, py: Python<'_>, batched: bool) -> PyResult<Scan> {
+        let cursor = py
+            .detach(|| self.client.cursor(self.id))
+            .map_err(|e| to_py(py, e))?;
+        Ok(Scan {
+            cursor: Some(cursor),
+            buffered: VecDeque::new(),
+            batched,
+        })
+    }
+
+    /// How many objects match `where` (all when None), counted on the servers.
+    #[pyo3(signature = (r#where = None, *, from_key = None, to_key = None))]
+    fn count(
+        &self,
+        py: Python<'_>,
+        r#where: Option<&str>,
+        from_key: Option<&Bound<'_, PyAny>>,
+        to_key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let sel = selection(r#where, from_key, to_key)?;
+        py.detach(|| self.client.count(self.id, &sel))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// `op` ("sum", "min", "max", "avg" or "count") of `field` (e.g.
+    /// "i64@0") over the objects matching `where`, computed on the servers.
+    #[pyo3(signature = (op, field_spec, r#where = None, *, from_key = None, to_key = None))]
+    fn aggregate<'py>(
+        &self,
+        py: Python<'py>,
+        op: &str,
+        field_spec: &str,
+        r#where: Option<&str>,
+        from_key: Option<&Bound<'py, PyAny>>,
+        to_key: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let op = agg_op(op)?;
+        let f = field(field_spec)?;
+        let sel = selection(r#where, from_key, to_key)?;
+        let r = py
+            .detach(|| self.client.aggregate(self.id, f, &sel))
+            .map_err(|e| to_py(py, e))?;
+        agg_result(py, &op, f, &r)
+    }
+
+    /// Add `add` to, or `set` to `set`, `field` of every object matching
+    /// `where`, on the servers; returns how many objects were updated.
+    #[pyo3(signature = (field_spec, *, add = None, set = None, r#where = None, from_key = None, to_key = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &self,
+        py: Python<'_>,
+        field_spec: &str,
+        add: Option<&Bound<'_, PyAny>>,
+        set: Option<&Bound<'_, PyAny>>,
+        r#where: Option<&str>,
+        from_key: Option<&Bound<'_, PyAny>>,
+        to_key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let f = field(field_spec)?;
+        let action = match (add, set) {
+            (Some(x), None) => UpdateAction::Add(number(x, "add")?),
+            (None, Some(x)) => UpdateAction::Set(number(x, "set")?),
+            _ => return Err(PyValueError::new_err("give exactly one of add= or set=")),
+        };
+        // The check the client and the servers run again: refused here, the
+        // update never leaves the process.
+        insitu_compute::check_action(f, action)
+            .map_err(|e| PyValueError::new_err(format!("bad update: {e}")))?;
+        let sel = selection(r#where, from_key, to_key)?;
+        py.detach(|| self.client.update(self.id, f, action, &sel))
+            .map_err(|e| to_py(py, e))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("insitu.Table({:?}, id={})", self.name, self.id)
+    }
+}
+
+/// The iterator `Table.scan` returns.
+#[pyclass(module = "insitu")]
+pub struct Scan {
+    /// The walk over the table; None once it is exhausted.
+    cursor: Option<BlockingTableCursor>,
+    /// Objects of the last batch not yielded yet (when not `batched`).
+    buffered: VecDeque<(Bytes, Bytes)>,
+    /// Yield whole batches (lists) instead of single objects.
+    batched: bool,
+}
+
+fn pair<'py>(py: Python<'py>, k: &[u8], v: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, [PyBytes::new(py, k), PyBytes::new(py, v)])
+}
+
+impl Scan {
+    /// The next non-empty batch, or None when the table is exhausted.
+    fn fetch(&mut self, py: Python<'_>) -> PyResult<Option<Vec<(Bytes, Bytes)>>> {
+        let Some(cursor) = self.cursor.as_mut() else {
+            return Ok(None);
+        };
+        match py.detach(|| cursor.next_batch()) {
+            Ok(Some(batch)) => Ok(Some(batch.into_iter().map(|(k, v, _)| (k, v)).collect())),
+            Ok(None) => {
+                self.cursor = None;
+                Ok(None)
+            }
+            Err(e) => {
+                // A failed walk is over: the cursor's position is unknown.
+                self.cursor = None;
+                Err(to_py(py, e))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Scan {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.batched {
+            return match self.fetch(py)? {
+                None => Ok(None),
+                Some(batch) => {
+                    let items = batch
+                        .iter()
+                        .map(|(k, v)| pair(py, k, v))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    Ok(Some(PyList::new(py, items)?.into_any()))
+                }
+            };
+        }
+        if self.buffered.is_empty() {
+            match self.fetch(py)? {
+                None => return Ok(None),
+                Some(batch) => self.buffered.extend(batch),
+            }
+        }
+        match self.buffered.pop_front() {
+            Some((k, v)) => Ok(Some(pair(py, &k, &v)?.into_any())),
+            None => Ok(None),
+        }
+    }
+}

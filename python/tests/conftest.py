@@ -1,0 +1,157 @@
+"""Fixtures: a real insitu cluster (`insitu up`) on a free loopback port.
+
+The binary is `target/debug/insitu` of the repository (built with
+`cargo build -p insitu` when missing), or the one the INSITU_BIN environment
+variable names.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+import insitu
+
+REPO = Path(__file__).resolve().parents[2]
+# How long `insitu up` may take to say it is up before the fixture gives up.
+STARTUP_TIMEOUT_S = 60.0
+
+
+def insitu_bin() -> str:
+    """The insitu binary to start clusters with (built if missing)."""
+    override = os.environ.get("INSITU_BIN")
+    if override:
+        return override
+    path = REPO / "target" / "debug" / "insitu"
+    if not path.exists():
+        subprocess.run(["cargo", "build", "-p", "insitu"], cwd=REPO, check=True)
+    return str(path)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """One `insitu up` process: a coordinator and its storage servers."""
+
+    def __init__(self, servers: int = 2, memory_mb: int = 256):
+        self.dir = tempfile.TemporaryDirectory(prefix="insitu-pytest-")
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [insitu_bin(), "up", "--servers", str(servers), "--shards", "1",
+             "--port", str(self.port), "--dir", self.dir.name,
+             "--memory-mb", str(memory_mb)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self._wait_up()
+
+    def _wait_up(self) -> None:
+        """Read output until "insitu is up" (bounded by STARTUP_TIMEOUT_S)."""
+        lines: list[str] = []
+        up = threading.Event()
+
+        def reader() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                lines.append(line)
+                if "insitu is up" in line:
+                    up.set()
+            # The rest of the output is read (and dropped) until exit, so
+            # the process never blocks on a full pipe.
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not up.wait(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError("insitu up did not come up:\n" + "".join(lines))
+
+    def kill(self) -> None:
+        """Stop the whole cluster at once (SIGKILL) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def pause(self) -> None:
+        """Freeze the cluster (SIGSTOP): connections stay open, nothing answers."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Stop cleanly (as Ctrl-C does), or kill after a bounded wait."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.dir.cleanup()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A 2-server cluster shared by the whole session."""
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def client(cluster):
+    return insitu.connect(cluster.addr)
+
+
+@pytest.fixture
+def table(client):
+    """A fresh table (unique name), dropped after the test."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    t = client.create_table(name, tablets=4)
+    yield t
+    try:
+        client.drop_table(name)
+    except insitu.UnknownTable:
+        pass
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of its own, for tests that stop or freeze it."""
+    c = Cluster(servers=1, memory_mb=64)
+    yield c
+    if c.proc.poll() is None:
+        c.resume()
+    c.stop()
+
+
+def run_bounded(fn, limit_s: float = 60.0):
+    """Run fn() in a thread; fail the test if it has not returned in limit_s
+    (a hang guard, not a performance check). Returns fn's result or raises
+    its exception."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # re-raised in the test's thread
+            out["error"] = e
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(limit_s)
+    assert not th.is_alive(), f"call still blocked after {limit_s} s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
