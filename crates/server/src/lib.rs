@@ -269,7 +269,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         coordinator: config.coordinator.clone(),
         // The own backup: a last resort (and with one server the only one),
         // so `insitu up --servers 1` keeps its replicas on its own disk.
-        backup_addr: backup_addr.to_string(),
+        backup_addr: if config.replication.own_backup {
+            backup_addr.to_string()
+        } else {
+            String::new()
+        },
     });
     tracing::info!(replicas = enlisted.replicas, "replication configured");
     Ok(ServerHandle {

@@ -49,8 +49,15 @@ pub struct ReplicationConfig {
     /// memory of a resend after a failure; the rest follows in later rounds).
     pub max_round_bytes: usize,
     /// On `Fenced`, exit the process (code 70) as a dead server must. False
-    /// only for in-process test servers: the server stops serving instead.
+    /// only for in-process servers (`insitu up`, tests): the server stops
+    /// serving instead.
     pub exit_on_fence: bool,
+    /// Whether this server's own backup may hold its replicas, as a last
+    /// resort when fewer other backups are live than R (default: yes, so a
+    /// one-server cluster is durable on its own disk). Off: replicas only
+    /// ever go to other servers (a copy on the same machine does not survive
+    /// losing that machine).
+    pub own_backup: bool,
 }
 
 impl Default for ReplicationConfig {
@@ -62,6 +69,7 @@ impl Default for ReplicationConfig {
             retry_max: Duration::from_secs(2),
             max_round_bytes: 64 << 20,
             exit_on_fence: true,
+            own_backup: true,
         }
     }
 }
@@ -146,6 +154,9 @@ pub struct Replicator {
     conns: RefCell<HashMap<Rc<str>, RpcConn>>,
     /// Asks the list refresher (`refresher`) to fetch the server list now.
     want_list: Notify,
+    /// (walk, mark) of rounds whose appends are held but whose mark waits
+    /// for owed frees (see the end of `round`), oldest first.
+    completed: RefCell<std::collections::VecDeque<(u64, u64)>>,
 }
 
 impl Replicator {
@@ -168,6 +179,7 @@ impl Replicator {
             down: Notify::new(),
             book: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
+            completed: RefCell::new(std::collections::VecDeque::new()),
             want_list: Notify::new(),
         }
     }
@@ -252,6 +264,12 @@ pub async fn run(state: Rc<ShardState>) {
         }
         match round(&state, &identity).await {
             Outcome::Durable | Outcome::Partial => pause = config.retry_min,
+            Outcome::Waiting => {
+                tokio::select! {
+                    _ = tokio::time::sleep(config.retry_min) => {}
+                    _ = repl.kick.notified() => {}
+                }
+            }
             Outcome::Failed => {
                 repl.want_list.notify_one();
                 tokio::time::sleep(pause).await;
@@ -280,6 +298,10 @@ enum Outcome {
     Failed,
     /// A backup answered `Fenced`.
     Fenced,
+    /// Nothing could be sent and the mark still waits for owed frees that
+    /// are not sendable yet (ordering, a backup's pause): look again shortly
+    /// rather than spin.
+    Waiting,
 }
 
 /// One replication round (see the module comment).
@@ -351,9 +373,44 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
     }
     book.last_ok = plan.walk;
     book.dirty = false;
+    // A walk's mark is published only once every free it (or an earlier
+    // walk) found owed is acknowledged too. Why: a segment can be sealed and
+    // cleaned between two walks, and the cleaner then drops a tombstone that
+    // never reached a backup, together with the segment that held the key's
+    // older version. Were the remove answered while that older segment's
+    // replica still existed, a crash would bring the removed key back. The
+    // frees of walk W go out in the round after W, so under a steady load
+    // the published mark trails by one round.
+    // Frees re-queued after their backup failed (`after` 0) do not hold the
+    // mark: that backup may stay unreachable until the coordinator declares
+    // it dead, and writes must not stall on it meanwhile (known gap: until
+    // then its stale copy could be read by a recovery).
+    let pending_after = book
+        .frees
+        .iter()
+        .map(|f| f.after)
+        .filter(|&after| after > 0)
+        .min();
     drop(guard);
-    repl.set_durable(plan.mark);
-    Outcome::Durable
+    let mut walks = repl.completed.borrow_mut();
+    walks.push_back((plan.walk, plan.mark));
+    let mut publish = None;
+    while let Some(&(walk, mark)) = walks.front() {
+        if pending_after.is_some_and(|after| after <= walk) {
+            break;
+        }
+        publish = Some(mark);
+        walks.pop_front();
+    }
+    drop(walks);
+    match publish {
+        Some(mark) => {
+            repl.set_durable(mark);
+            Outcome::Durable
+        }
+        None if plan.batches.is_empty() => Outcome::Waiting,
+        None => Outcome::Durable,
+    }
 }
 
 enum SendError {
