@@ -113,28 +113,43 @@ fn client_config() -> ClientConfig {
     }
 }
 
+/// A cluster of `servers` server processes (one shard each) with a table
+/// "t" of `tablets` tablets, the runtime the test drives its client on, and
+/// a client whose operations outlast a detection and a recovery.
+fn cluster_with_table(servers: usize, tablets: u32) -> (Cluster, tokio::runtime::Runtime) {
+    let cluster = Cluster::start(servers, 1);
+    let tablets = tablets.to_string();
+    let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", &tablets]);
+    assert_eq!(code, 0, "{out}{err}");
+    (cluster, rt())
+}
+
+async fn connect(cluster: &Cluster) -> (Client, u64) {
+    let client = Client::connect_with(&cluster.addr(), client_config())
+        .await
+        .unwrap();
+    let table = client.table_id("t").await.unwrap();
+    (client, table)
+}
+
 #[test]
 fn killing_one_of_three_servers_during_writes_loses_no_acknowledged_write() {
-    let mut cluster = Cluster::start(3, 1);
-    let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", "6"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let rt = rt();
+    let (mut cluster, rt) = cluster_with_table(3, 6);
     let mut expect = BTreeMap::new();
     rt.block_on(async {
-        let client = Client::connect_with(&cluster.addr(), client_config())
-            .await
-            .unwrap();
-        let table = client.table_id("t").await.unwrap();
+        let (client, table) = connect(&cluster).await;
         let victim = &mut cluster.servers[1];
-        let (acked, failed) = write_load(&client, table, 1500, 2, &mut expect, |n| {
-            if n == 1000 {
+        // One write per key: the keys written before the kill live only on
+        // the dead server and its backups — the recovery must bring them back.
+        let (acked, failed) = write_load(&client, table, 3000, 1, &mut expect, |n| {
+            if n == 1500 {
                 victim.kill();
             }
         })
         .await;
         eprintln!("{acked} writes acknowledged, {failed} failed");
         assert!(
-            acked > 1000,
+            acked > 2000,
             "the load went on after the kill: {acked} acknowledged"
         );
         check_all(&client, table, &expect).await;
@@ -146,16 +161,10 @@ fn killing_one_of_three_servers_during_writes_loses_no_acknowledged_write() {
 
 #[test]
 fn killing_every_process_and_restarting_them_keeps_every_acknowledged_write() {
-    let mut cluster = Cluster::start(3, 1);
-    let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", "4"]);
-    assert_eq!(code, 0, "{out}{err}");
-    let rt = rt();
+    let (mut cluster, rt) = cluster_with_table(3, 4);
     let mut expect = BTreeMap::new();
     rt.block_on(async {
-        let client = Client::connect_with(&cluster.addr(), client_config())
-            .await
-            .unwrap();
-        let table = client.table_id("t").await.unwrap();
+        let (client, table) = connect(&cluster).await;
         let (acked, failed) = write_load(&client, table, 800, 2, &mut expect, |_| {}).await;
         assert_eq!((acked, failed), (1600, 0));
     });
@@ -168,10 +177,7 @@ fn killing_every_process_and_restarting_them_keeps_every_acknowledged_write() {
     let restarted: Vec<_> = (0..3).map(|i| cluster.start_server(i, 1)).collect();
     cluster.servers = restarted;
     rt.block_on(async {
-        let client = Client::connect_with(&cluster.addr(), client_config())
-            .await
-            .unwrap();
-        let table = client.table_id("t").await.unwrap();
+        let (client, table) = connect(&cluster).await;
         check_all(&client, table, &expect).await;
     });
 }
