@@ -33,6 +33,16 @@ const PAIRS: [(&str, &str, &str); 2] = [
     ("always", "always", "always"),
 ];
 
+/// One case, with a progress line on stderr.
+async fn measure_logged(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
+    let row = measure_case(store, spec).await?;
+    eprintln!(
+        "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
+        row.store, row.case, row.ops_per_sec, row.p99_us
+    );
+    Ok(row)
+}
+
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let keys = args
         .keys
@@ -103,12 +113,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                         order.reverse();
                     }
                     for store in order {
-                        let row = measure_case(store, &spec(i, conns, depth)).await?;
-                        eprintln!(
-                            "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
-                            row.store, row.case, row.ops_per_sec, row.p99_us
-                        );
-                        raw.push(row);
+                        raw.push(measure_logged(store, &spec(i, conns, depth)).await?);
                     }
                 }
                 anyhow::Ok(())
@@ -130,12 +135,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             let table = insitu.table;
             loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;
             for (i, &(conns, depth)) in CASES.iter().enumerate() {
-                let row = measure_case(&insitu, &spec(i, conns, depth)).await?;
-                eprintln!(
-                    "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
-                    row.store, row.case, row.ops_per_sec, row.p99_us
-                );
-                raw.push(row);
+                raw.push(measure_logged(&insitu, &spec(i, conns, depth)).await?);
             }
             anyhow::Ok(())
         })?;
