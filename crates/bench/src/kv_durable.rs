@@ -184,7 +184,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     );
     for r in &rows {
         println!(
-            "  {:<36} {:>10.0} ops/s  p50 {:>7.1} us  p99 {:>8.1} us",
+            "  {:<16} {:<20} {:>10.0} ops/s  p50 {:>7.1} us  p99 {:>8.1} us",
+            r.store,
             case_name(r.mix, r.conns, r.depth, r.store),
             r.ops_per_sec,
             r.p50_us,

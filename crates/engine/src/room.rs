@@ -4,6 +4,7 @@
 
 use crate::cleaner::{self, Goal};
 use crate::segment::{Budget, Purpose, TransientCharge};
+#[cfg(debug_assertions)]
 use crate::tablet::Tablet;
 use crate::{CleanStats, Engine, EngineError, MemoryStats};
 
