@@ -6,7 +6,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use insitu_protocol::plan::{Op, PredOp, ScanPlan};
-use insitu_protocol::{MAX_BODY_BYTES, MAX_MULTI_ITEMS, Request, blob, decode_request};
+use insitu_protocol::{
+    BackupOp, MAX_BACKUP_OPS, MAX_BODY_BYTES, MAX_MULTI_ITEMS, Request, blob, decode_request,
+};
 
 struct Counting;
 
@@ -122,6 +124,33 @@ fn a_frame_of_millions_of_predicate_ops_is_refused_before_it_is_built() {
         "{e}"
     );
     assert!(grew < 1 << 20, "decoding grew the heap by {grew} bytes");
+}
+
+#[test]
+fn a_replication_frame_of_millions_of_tiny_ops_is_refused_before_it_is_built() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let free = BackupOp::Free { log: 0, segment: 0 };
+    let enc = |n: usize| {
+        postcard::to_stdvec(&Request::BackupWrite {
+            cluster: 1,
+            master: 1,
+            ops: vec![free.clone(); n],
+        })
+        .unwrap()
+    };
+    let (zero, one) = (enc(0), enc(1));
+    let item = postcard::to_stdvec(&free).unwrap();
+    let (prefix, suffix) = split_around(&zero, &one, item.len());
+    let (body, count) = crafted(prefix, &item, suffix);
+    assert!(count > 1_000_000, "{count}");
+    let (result, grew) = peak_growth(|| decode_request(&body).map(|_| ()));
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains("backup operations") && e.contains(&format!("limit of {MAX_BACKUP_OPS}")),
+        "{e}"
+    );
+    // Unbounded, ~1.4M ops of ~64 bytes each would be ~90 MB.
+    assert!(grew < 8 << 20, "decoding grew the heap by {grew} bytes");
 }
 
 #[test]
