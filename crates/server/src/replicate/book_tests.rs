@@ -104,6 +104,49 @@ fn backups_are_distinct_others_and_own_only_as_a_last_resort() {
 }
 
 #[test]
+fn fewer_backups_than_r_are_used_and_topped_up_as_servers_join() {
+    let mut e = engine();
+    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    write_n(&mut e, 1000, 1000);
+    let now = Instant::now();
+    // Before the first server list nothing is chosen: an empty list means
+    // "not known yet", and the own backup would crowd out the others.
+    let mut b = Book::new(2, "b1", insitu_testkit::rng(7));
+    assert!(!b.plan(&e, usize::MAX, now).complete);
+    assert!(b.segs.values().all(|s| s.replicas.is_empty()));
+    // Alone, with R = 2: the own backup is every backup there is, and it
+    // suffices (a one-server cluster acknowledges writes).
+    b.set_live(1, &servers(1));
+    assert_eq!(b.target_replicas(), 1);
+    let plan = b.plan(&e, usize::MAX, now);
+    assert!(
+        plan.complete,
+        "one backup for R = 2 completes a round when it is all there is"
+    );
+    ack_all(&mut b, &plan);
+    assert!(b.segs.values().all(|s| s.replicas.len() == 1));
+    // A second server joins: the next round, with no new write, gives every
+    // segment its second replica, sent from offset 0.
+    b.set_live(1, &servers(2));
+    assert_eq!(b.target_replicas(), 2);
+    assert!(b.has_work(now), "a top-up is work even for an idle engine");
+    let got = round_all(&mut b, &e, now);
+    let to_new = &got["b2"];
+    assert!(!to_new.is_empty());
+    for op in to_new {
+        let OwnedOp::Append { offset, .. } = op else {
+            panic!("only appends expected: {op:?}");
+        };
+        assert_eq!(*offset, 0, "a new replica starts at the segment's start");
+    }
+    for s in b.segs.values() {
+        let mut addrs: Vec<&str> = s.replicas.iter().map(|r| &*r.addr).collect();
+        addrs.sort();
+        assert_eq!(addrs, ["b1", "b2"]);
+    }
+}
+
+#[test]
 fn a_round_sends_only_new_bytes_and_nothing_when_idle() {
     let mut e = engine();
     e.create_tablet(1, HashRange::FULL).expect("tablet");
