@@ -168,28 +168,42 @@ impl Coordinator {
             return false;
         }
         let mut failed = false;
-        for id in dead {
-            let waiting_for = self.replicas_elsewhere(id);
-            if !waiting_for.is_empty() {
-                warn!(
-                    server_id = id,
-                    waiting_for = ?waiting_for,
-                    "recovery waits for the disks of other dead servers, which may hold some of \
-                     this server's only replicas: restart them on their --dir, or `insitu server \
-                     remove ID` to give their replicas up"
-                );
-                continue;
-            }
-            match recovery::recover_server(self, id).await {
-                Ok(_summary) => info!(server_id = id, "dead server's tablets recovered"),
-                Err(e) => {
-                    failed = true;
+        // Passes until one recovers nothing more: a server recovered (and
+        // forgotten) may be what another one was waiting for.
+        let mut dead = dead;
+        loop {
+            let (mut recovered, mut waiting) = (false, false);
+            for id in dead {
+                let waiting_for = self.replicas_elsewhere(id);
+                if !waiting_for.is_empty() {
+                    waiting = true;
                     warn!(
                         server_id = id,
-                        "recovering the tablets of dead server failed, will retry: {e:#}"
+                        waiting_for = ?waiting_for,
+                        "recovery waits for the disks of other dead servers, which may hold some of \
+                         this server's only replicas: restart them on their --dir, or `insitu server \
+                         remove ID` to give their replicas up"
                     );
+                    continue;
+                }
+                match recovery::recover_server(self, id).await {
+                    Ok(_summary) => {
+                        recovered = true;
+                        info!(server_id = id, "dead server's tablets recovered");
+                    }
+                    Err(e) => {
+                        failed = true;
+                        warn!(
+                            server_id = id,
+                            "recovering the tablets of dead server failed, will retry: {e:#}"
+                        );
+                    }
                 }
             }
+            if !(recovered && waiting) {
+                break;
+            }
+            dead = self.model().dead.iter().copied().collect();
         }
         failed
     }

@@ -333,3 +333,65 @@ async fn servers_on_record_at_start_are_pinged_and_the_silent_ones_recovered() {
     drop(c);
     coord.shutdown().await;
 }
+
+/// After a whole-cluster restart every server of the previous run is dead;
+/// recovering one must wait while another dead server that may hold some of
+/// its replicas is neither back on its disk nor given up by the operator.
+#[tokio::test]
+async fn recovery_waits_for_the_disks_of_other_dead_servers() {
+    let dir = TempDir::new("wait-disks");
+    let log = Log::default();
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(fake_server(&log, 1).await);
+    }
+    let ids: Vec<u64> = {
+        let coord = start_coordinator_with(fast(&dir)).await;
+        let c = connect(&coord).await;
+        let mut ids = Vec::new();
+        for (i, s) in old.iter().enumerate() {
+            let disk = format!("disk-{i}");
+            ids.push(enlist_full(&c, addrs(s), &disk, &s[0].addr).await.0);
+        }
+        create(&c, "t", 6).await;
+        drop(c);
+        coord.shutdown().await;
+        ids
+    };
+    // Every process of the previous run is gone.
+    for s in &old {
+        s[0].silent.store(true, Ordering::SeqCst);
+    }
+    let coord = start_coordinator_with(fast(&dir)).await;
+    let c = connect(&coord).await;
+    servers_when(&c, "the old servers dead", |s| {
+        ids.iter()
+            .all(|id| state_of(s, *id) == Some(ServerState::Dead))
+    })
+    .await;
+    // Server 0 comes back on its disk; 1 and 2 do not: each dead server has
+    // another dead one whose disk could hold its only replicas, so nothing
+    // is recovered.
+    let back = fake_server(&log, 1).await;
+    let id_back = enlist_full(&c, addrs(&back), "disk-0", &back[0].addr)
+        .await
+        .0;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    expect_err(
+        &call(&c, Request::OpenTable { name: "t".into() }).await,
+        Status::Retry,
+    );
+    let servers = list_servers(&c).await;
+    assert!(
+        ids.iter()
+            .all(|id| state_of(&servers, *id) == Some(ServerState::Dead)),
+        "{servers:?}"
+    );
+    // The operator gives server 1 up: then every dead server is recovered
+    // onto the live one.
+    expect_ok(&call(&c, Request::RemoveServer { server_id: ids[1] }).await);
+    let t = open_when_ready(&c, "t").await;
+    assert!(t.tablets.iter().all(|x| x.server_id == id_back), "{t:?}");
+    drop(c);
+    coord.shutdown().await;
+}
