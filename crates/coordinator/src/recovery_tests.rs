@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::BytesMut;
 use insitu_protocol::{Request, Response, Status, decode_request, encode_error, encode_response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 use crate::model::{NEXT_SERVER_ID, NEXT_TABLE_ID};
@@ -26,75 +24,55 @@ struct Fake {
 }
 
 async fn fake_shard() -> Fake {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let refuse_recover = Arc::new(AtomicBool::new(false));
-    let (log2, refuse2) = (log.clone(), refuse_recover.clone());
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let (log, refuse) = (log2.clone(), refuse2.clone());
-            tokio::spawn(async move {
-                loop {
-                    let mut header = [0u8; 20];
-                    if stream.read_exact(&mut header).await.is_err() {
-                        return;
-                    }
-                    let len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
-                    let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
-                    let mut body = vec![0u8; len];
-                    if stream.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let mut out = BytesMut::new();
-                    match decode_request(&body).unwrap() {
-                        Request::RecoverTablet {
-                            table,
-                            start_hash,
-                            master,
-                            ..
-                        } => {
-                            log.lock()
-                                .unwrap()
-                                .push(format!("Recover t{table} s{start_hash} m{master}"));
-                            if refuse.load(Ordering::SeqCst) {
-                                encode_error(&mut out, id, Status::Internal, "injected");
-                            } else {
-                                let r = Response::Recovered {
-                                    objects: 10,
-                                    segments: 2,
-                                    bytes: 1000,
-                                };
-                                encode_response(&mut out, id, Status::Ok, &r).unwrap();
-                            }
-                        }
-                        Request::ActivateTablet {
-                            table,
-                            start_hash,
-                            map_version,
-                        } => {
-                            log.lock()
-                                .unwrap()
-                                .push(format!("Activate t{table} s{start_hash} v{map_version}"));
-                            encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
-                        }
-                        Request::DropTablet {
-                            table, start_hash, ..
-                        } => {
-                            log.lock()
-                                .unwrap()
-                                .push(format!("Drop t{table} s{start_hash}"));
-                            encode_response(&mut out, id, Status::Ok, &Response::Done).unwrap();
-                        }
-                        _ => encode_error(&mut out, id, Status::BadRequest, "unexpected"),
-                    }
-                    if stream.write_all(&out).await.is_err() {
-                        return;
-                    }
+    let (log2, refuse) = (log.clone(), refuse_recover.clone());
+    let addr = insitu_testkit::peer::serve(move |id, body, out| {
+        let log = &log2;
+        match decode_request(body).unwrap() {
+            Request::RecoverTablet {
+                table,
+                start_hash,
+                master,
+                ..
+            } => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("Recover t{table} s{start_hash} m{master}"));
+                if refuse.load(Ordering::SeqCst) {
+                    encode_error(out, id, Status::Internal, "injected");
+                } else {
+                    let r = Response::Recovered {
+                        objects: 10,
+                        segments: 2,
+                        bytes: 1000,
+                    };
+                    encode_response(out, id, Status::Ok, &r).unwrap();
                 }
-            });
+            }
+            Request::ActivateTablet {
+                table,
+                start_hash,
+                map_version,
+            } => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("Activate t{table} s{start_hash} v{map_version}"));
+                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+            }
+            Request::DropTablet {
+                table, start_hash, ..
+            } => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("Drop t{table} s{start_hash}"));
+                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+            }
+            _ => encode_error(out, id, Status::BadRequest, "unexpected"),
         }
-    });
+    })
+    .await
+    .unwrap();
     Fake {
         addr,
         log,

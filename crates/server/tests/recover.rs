@@ -15,7 +15,6 @@ use insitu_protocol::{
     ReplicaInfo, Request, Response, Status, blob, decode_request, encode_error, encode_response,
 };
 use insitu_server::ServerConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TABLE: u64 = 77;
 const MASTER: u64 = 9;
@@ -35,35 +34,12 @@ type Lists = Arc<Mutex<Vec<(u64, bool)>>>;
 /// A fake backup holding `replicas` of `MASTER`; returns its address and
 /// the list calls it received.
 async fn fake_backup(replicas: Vec<Replica>) -> (String, Lists) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let lists: Lists = Arc::default();
-    let replicas = Arc::new(replicas);
     let seen = lists.clone();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let (replicas, seen) = (replicas.clone(), seen.clone());
-            tokio::spawn(async move {
-                loop {
-                    let mut header = [0u8; 20];
-                    if stream.read_exact(&mut header).await.is_err() {
-                        return;
-                    }
-                    let len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
-                    let id = u64::from_le_bytes(header[8..16].try_into().unwrap());
-                    let mut body = vec![0u8; len];
-                    if stream.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let mut out = BytesMut::new();
-                    answer(&replicas, &seen, id, &body, &mut out);
-                    if stream.write_all(&out).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr =
+        insitu_testkit::peer::serve(move |id, body, out| answer(&replicas, &seen, id, body, out))
+            .await
+            .unwrap();
     (addr, lists)
 }
 

@@ -6,7 +6,9 @@
 //!   waited for until it prints its "ready" line.
 //! - [`free_port`]: a loopback port that was free a moment ago.
 //! - [`rng`]: a seeded generator, so a failing test reproduces.
+//! - [`peer`]: a fake insitu peer (backup, shard, coordinator) on loopback.
 
+pub mod peer;
 pub mod proc;
 
 pub use proc::{Proc, on_path};
