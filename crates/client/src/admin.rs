@@ -39,9 +39,21 @@ impl Client {
     /// Create table `name` split into `tablets` tablets. Not retried after a
     /// dropped connection (a retry could report `TableExists` for our own create).
     pub async fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
+        self.create_table_with(name, tablets, None).await
+    }
+
+    /// Create table `name` with `schema` (a typed table) or without (None:
+    /// untyped, opaque values). Not retried after a dropped connection.
+    pub async fn create_table_with(
+        &self,
+        name: &str,
+        tablets: u32,
+        schema: Option<insitu_protocol::schema::Schema>,
+    ) -> Result<TableInfo, ClientError> {
         let request = Request::CreateTable {
             name: name.to_string(),
             tablets,
+            schema,
         };
         let reply = self.coord_call(&request, false, self.deadline()).await?;
         check_ok(&reply)?;

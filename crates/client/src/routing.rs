@@ -329,6 +329,7 @@ mod tests {
                 })
                 .collect(),
             map_version: 5,
+            schema: None,
         }
     }
 

@@ -67,6 +67,8 @@ pub struct Table {
     pub name: String,
     /// Ordered by index (= by `start_hash`), covering the whole hash space.
     pub tablets: Vec<Tablet>,
+    /// A typed table's schema (checked at create); None = untyped.
+    pub schema: Option<insitu_protocol::schema::Schema>,
 }
 
 /// Names of the rows of the `counters` table.
@@ -98,7 +100,11 @@ pub enum Op {
     /// the same change (see [`Model::retire_ops`]).
     DeleteServer { id: u64 },
     /// Create a table row. Its tablets follow as `PutTablet`s.
-    PutTable { id: u64, name: String },
+    PutTable {
+        id: u64,
+        name: String,
+        schema: Option<insitu_protocol::schema::Schema>,
+    },
     /// Remove a table and all its tablets.
     DeleteTable { id: u64 },
     /// Insert or replace tablet `index` of `table` (index <= current count).
@@ -225,7 +231,7 @@ impl Model {
                 Op::DeleteLostFrom { table, index } => {
                     self.lost_from.remove(&(*table, *index));
                 }
-                Op::PutTable { id, name } => {
+                Op::PutTable { id, name, schema } => {
                     self.by_name.insert(name.clone(), *id);
                     self.tables.insert(
                         *id,
@@ -233,6 +239,7 @@ impl Model {
                             id: *id,
                             name: name.clone(),
                             tablets: Vec::new(),
+                            schema: schema.clone(),
                         },
                     );
                 }
@@ -442,6 +449,7 @@ impl Model {
             name: table.name.clone(),
             tablets,
             map_version: self.map_version,
+            schema: table.schema.clone(),
         })
     }
 

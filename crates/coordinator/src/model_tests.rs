@@ -47,6 +47,7 @@ fn validate_rejects_gaps_and_unknown_owners() {
         Op::PutTable {
             id: 1,
             name: "t".into(),
+            schema: None,
         },
         Op::PutTablet {
             table: 1,
@@ -124,6 +125,7 @@ fn dead_servers_stay_on_record_but_are_never_routed_to() {
         Op::PutTable {
             id: 1,
             name: "t".into(),
+            schema: None,
         },
         Op::PutTablet {
             table: 1,

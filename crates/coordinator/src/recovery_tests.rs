@@ -129,6 +129,7 @@ async fn setup(coord: &Coordinator, a: &Fake, b: &Fake) {
         Op::PutTable {
             id: TABLE,
             name: "t".into(),
+            schema: None,
         },
         Op::Counter(NEXT_TABLE_ID, 2),
         Op::Counter(MAP_VERSION, 1),

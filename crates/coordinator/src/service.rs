@@ -139,7 +139,11 @@ impl Coordinator {
                     .await
             }
             Request::RemoveServer { server_id } => self.remove_server(server_id).await,
-            Request::CreateTable { name, tablets } => self.create_table(name, tablets).await,
+            Request::CreateTable {
+                name,
+                tablets,
+                schema,
+            } => self.create_table(name, tablets, schema).await,
             Request::DropTable { name } => self.drop_table(name).await,
             Request::OpenTable { name } => {
                 let model = self.model();
@@ -287,6 +291,7 @@ fn request_name(request: &Request<'_>) -> &'static str {
         Request::ListServers => "ListServers",
         Request::MoveTablet { .. } => "MoveTablet",
         Request::Scan { .. } => "Scan",
+        Request::Query { .. } => "Query",
         Request::RemoveServer { .. } => "RemoveServer",
         Request::RecoverTablet { .. } => "RecoverTablet",
         Request::ServerDown { .. } => "ServerDown",

@@ -7,6 +7,7 @@
 //! | `counters` | `&str` counter name          | `u64`                                                      |
 //! | `servers`  | `u64` server id              | `Vec<&str>`: one `host:port` per shard, by shard index     |
 //! | `tables`   | `u64` table id               | `&str` table name                                          |
+//! | `table_schemas` | `u64` table id          | `&[u8]`: a typed table's `Schema`, postcard (no row: untyped) |
 //! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
 //! | `server_identities` | `u64` server id     | `&str`: the identity the server keeps in its `--dir`         |
 //! | `server_backup_addrs` | `u64` server id | `&str`: its backup service's `host:port` (no row: none) |
@@ -42,7 +43,7 @@
 //! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
 //! transaction that orphans a dead server's tablet until its recovered copy
 //! is activated on its new owner (see `recovery.rs`). `server_identities`,
-//! `moves`, `server_backup_addrs`, `dead_servers` and `lost_from` were added
+//! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from` and `table_schemas` were added
 //! without changing the layout version: an older database simply has none,
 //! and they are created empty on open (likewise the `cluster_id` and
 //! `replicas` counters).
@@ -80,6 +81,8 @@ const BACKUP_ADDRS: TableDefinition<u64, &str> = TableDefinition::new("server_ba
 const DEAD: TableDefinition<u64, ()> = TableDefinition::new("dead_servers");
 /// Tablets being recovered: the dead master whose replicas hold them.
 const LOST_FROM: TableDefinition<TabletKey, u64> = TableDefinition::new("lost_from");
+/// A typed table's schema, postcard-encoded (`insitu_protocol::schema::Schema`).
+const SCHEMAS: TableDefinition<u64, &[u8]> = TableDefinition::new("table_schemas");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -154,6 +157,7 @@ impl Store {
             };
             txn.open_table(SERVERS)?;
             txn.open_table(TABLES)?;
+            txn.open_table(SCHEMAS)?;
             txn.open_table(TABLETS)?;
             txn.open_table(IDENTITIES)?;
             txn.open_table(MOVES)?;
@@ -205,8 +209,23 @@ impl Store {
                     id,
                     name,
                     tablets: Vec::new(),
+                    schema: None,
                 },
             );
+        }
+
+        for row in txn.open_table(SCHEMAS)?.iter()? {
+            let (id, bytes) = row?;
+            let id = id.value();
+            let schema: insitu_protocol::schema::Schema = postcard::from_bytes(bytes.value())
+                .with_context(|| format!("the schema of table {id} does not decode"))?;
+            schema
+                .check()
+                .map_err(|e| anyhow::anyhow!("the schema of table {id} is not valid: {e}"))?;
+            let Some(table) = model.tables.get_mut(&id) else {
+                bail!("a schema for table {id}, which does not exist");
+            };
+            table.schema = Some(schema);
         }
 
         for row in txn.open_table(TABLETS)?.iter()? {
@@ -288,6 +307,7 @@ impl Store {
             let mut counters = txn.open_table(COUNTERS)?;
             let mut servers = txn.open_table(SERVERS)?;
             let mut tables = txn.open_table(TABLES)?;
+            let mut schemas = txn.open_table(SCHEMAS)?;
             let mut tablets = txn.open_table(TABLETS)?;
             let mut identities = txn.open_table(IDENTITIES)?;
             let mut moves = txn.open_table(MOVES)?;
@@ -362,11 +382,16 @@ impl Store {
                     Op::DeleteLostFrom { table, index } => {
                         lost_from.remove((*table, *index))?;
                     }
-                    Op::PutTable { id, name } => {
+                    Op::PutTable { id, name, schema } => {
                         tables.insert(*id, name.as_str())?;
+                        if let Some(schema) = schema {
+                            let bytes = postcard::to_stdvec(schema)?;
+                            schemas.insert(*id, bytes.as_slice())?;
+                        }
                     }
                     Op::DeleteTable { id } => {
                         tables.remove(*id)?;
+                        schemas.remove(*id)?;
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         lost_from.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;

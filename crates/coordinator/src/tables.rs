@@ -2,6 +2,7 @@
 
 use futures::future::join_all;
 use insitu_keyhash::HashRange;
+use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status, TabletState};
 use tracing::{info, warn};
 
@@ -10,8 +11,18 @@ use crate::service::{Coordinator, MAX_TABLETS, Reject, Reply, unknown_table, val
 use crate::shards::{CONTROL_TIMEOUT, CallError};
 
 impl Coordinator {
-    pub(crate) async fn create_table(&self, name: String, count: u32) -> Reply {
+    pub(crate) async fn create_table(
+        &self,
+        name: String,
+        count: u32,
+        schema: Option<Schema>,
+    ) -> Reply {
         validate_name(&name)?;
+        if let Some(schema) = &schema {
+            schema
+                .check()
+                .map_err(|e| Reject::bad(format!("bad schema for table {name:?}: {e}")))?;
+        }
         if count == 0 || count > MAX_TABLETS {
             return Err(Reject::bad(format!(
                 "a table needs 1 to {MAX_TABLETS} tablets, got {count}"
@@ -109,6 +120,7 @@ impl Coordinator {
         let mut ops = vec![Op::PutTable {
             id,
             name: name.clone(),
+            schema,
         }];
         ops.extend(tablets.iter().enumerate().map(|(i, t)| Op::PutTablet {
             table: id,

@@ -8,6 +8,8 @@ pub mod frame;
 pub mod limits;
 pub mod message;
 pub mod plan;
+pub mod query;
+pub mod schema;
 
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};

@@ -20,6 +20,8 @@ use std::marker::PhantomData;
 use serde::de::{Deserializer, Error, SeqAccess, Visitor};
 
 use crate::plan::{MAX_DIMS, MAX_PRED_OPS};
+use crate::query::{MAX_AGGS, MAX_GROUPS, MAX_IN_LIST};
+use crate::schema::MAX_COLUMNS;
 
 /// Most items one multi-operation request (and one migration batch) may carry.
 /// Why 100 000: it keeps a decoded request's vectors under ~4 MB (40 bytes per
@@ -159,4 +161,40 @@ where
     T: serde::Deserialize<'de>,
 {
     bounded(d, MAX_REPLICA_INFOS, "replicas")
+}
+
+/// Columns of a schema, a key, a projection, a sort or a group.
+pub(crate) fn columns<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_COLUMNS, "columns")
+}
+
+/// Values of an `IN` list.
+pub(crate) fn in_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_IN_LIST, "IN list values")
+}
+
+/// Aggregates of a query, steps of an aggregate's argument.
+pub(crate) fn aggs<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_AGGS, "aggregates")
+}
+
+/// Groups of a partial aggregate.
+pub(crate) fn groups<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_GROUPS, "groups")
 }

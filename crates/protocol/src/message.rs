@@ -54,6 +54,8 @@ pub struct TableInfo {
     pub tablets: Vec<TabletInfo>,
     /// The coordinator's map version when this was read.
     pub map_version: u64,
+    /// The schema of a typed table; None = untyped.
+    pub schema: Option<crate::schema::Schema>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -338,6 +340,8 @@ pub enum Request<'a> {
     CreateTable {
         name: String,
         tablets: u32,
+        /// A typed table's schema; None = untyped (opaque values).
+        schema: Option<crate::schema::Schema>,
     },
     DropTable {
         name: String,
@@ -374,6 +378,17 @@ pub enum Request<'a> {
         /// Milliseconds the client still waits for the reply (0 = no limit):
         /// an update whose budget has passed stops before it writes anything.
         budget_ms: u32,
+    },
+    /// Run a query over the tablet `start_hash..=end_hash` of a typed table
+    /// (checked like `Scan`). `resume`: continue a paged answer from this
+    /// key hash (the previous page's `resume`).
+    Query {
+        table: u64,
+        start_hash: u64,
+        end_hash: u64,
+        map_version: u64,
+        plan: crate::query::QueryPlan,
+        resume: Option<u64>,
     },
 }
 
@@ -451,4 +466,6 @@ pub enum Response<'a> {
 
     /// One tablet's partial result of a `Scan`.
     Scan(crate::plan::ScanResult),
+    /// One page of one tablet's answer to a `Query`.
+    Query(crate::query::QueryResult),
 }

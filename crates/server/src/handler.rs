@@ -387,6 +387,12 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             )
             .await
         }
+        Request::Query { .. } => encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            "typed queries are not served by this server yet".to_string(),
+        ),
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

@@ -630,7 +630,7 @@ fn coord_handle(
 ) -> (Action, Status) {
     let status = match req {
         Request::Ping => ok(out, id, &Response::Pong),
-        Request::CreateTable { name, tablets } => {
+        Request::CreateTable { name, tablets, .. } => {
             if st.tables.iter().any(|t| &t.name == name) {
                 err(
                     out,
@@ -663,6 +663,7 @@ fn coord_handle(
                     id: table,
                     name: name.clone(),
                     tablets,
+                    schema: None,
                     map_version: st.map_version,
                 };
                 st.tables.push(info.clone());

@@ -400,6 +400,7 @@ pub async fn create(conn: &RpcConn, name: &str, tablets: u32) -> TableInfo {
             Request::CreateTable {
                 name: name.into(),
                 tablets,
+                schema: None,
             },
         )
         .await,
@@ -466,6 +467,7 @@ pub async fn try_create(conn: &RpcConn, name: impl Into<String>, tablets: u32) -
     let request = Request::CreateTable {
         name: name.into(),
         tablets,
+        schema: None,
     };
     call(conn, request).await
 }
