@@ -112,14 +112,14 @@ impl Schema {
             if self.columns[..i].iter().any(|o| o.name == c.name) {
                 return Err(format!("two columns are named {:?}", c.name));
             }
-            if let ColumnType::Decimal { precision, scale } = c.ty {
-                if precision == 0 || precision > MAX_DECIMAL_PRECISION || scale > precision {
-                    return Err(format!(
-                        "column {:?}: decimal({precision},{scale}) is not supported \
-                         (precision 1 to {MAX_DECIMAL_PRECISION}, scale at most the precision)",
-                        c.name
-                    ));
-                }
+            if let ColumnType::Decimal { precision, scale } = c.ty
+                && (precision == 0 || precision > MAX_DECIMAL_PRECISION || scale > precision)
+            {
+                return Err(format!(
+                    "column {:?}: decimal({precision},{scale}) is not supported \
+                     (precision 1 to {MAX_DECIMAL_PRECISION}, scale at most the precision)",
+                    c.name
+                ));
             }
         }
         if self.key.is_empty() {

@@ -1,0 +1,139 @@
+//! Reading one row: a checked view (`RowRef`) whose accessors cannot fail.
+
+use insitu_protocol::query::Scalar;
+use insitu_protocol::schema::ColumnType;
+
+use crate::RowError;
+use crate::layout::{ROW_TAG, RowLayout, Slot};
+
+/// A row checked against its layout: the tag, the length of the fixed part
+/// and every offset of the offset table (non-decreasing, inside the row).
+/// After `new` succeeds no accessor can read out of bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct RowRef<'a> {
+    bytes: &'a [u8],
+    layout: &'a RowLayout,
+}
+
+impl<'a> RowRef<'a> {
+    pub fn new(layout: &'a RowLayout, bytes: &'a [u8]) -> Result<RowRef<'a>, RowError> {
+        if bytes.first() != Some(&ROW_TAG) {
+            return Err(RowError::Malformed(
+                "not a typed row (first byte is not the row tag): was it written without the schema?"
+                    .into(),
+            ));
+        }
+        let var_start = layout.var_start();
+        if bytes.len() < var_start {
+            return Err(RowError::Malformed(format!(
+                "{} bytes, shorter than the {var_start} bytes every row of this schema has",
+                bytes.len()
+            )));
+        }
+        let var_len = bytes.len() - var_start;
+        let mut prev = 0usize;
+        for i in 0..layout.var_count {
+            let at = layout.fixed_end + 4 * i;
+            let end = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            if end < prev || end > var_len {
+                return Err(RowError::Malformed(format!(
+                    "offset table entry {i} ({end}) is outside the row's {var_len} variable bytes"
+                )));
+            }
+            prev = end;
+        }
+        Ok(RowRef { bytes, layout })
+    }
+
+    pub fn layout(&self) -> &'a RowLayout {
+        self.layout
+    }
+
+    /// The row's bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    #[inline]
+    pub fn is_null(&self, col: usize) -> bool {
+        self.bytes[1 + col / 8] & (1 << (col % 8)) != 0
+    }
+
+    #[inline]
+    fn fixed<const N: usize>(&self, col: usize) -> [u8; N] {
+        match self.layout.slots[col] {
+            Slot::Fixed { offset, width } => {
+                debug_assert_eq!(width, N);
+                self.bytes[offset..offset + N]
+                    .try_into()
+                    .expect("checked width")
+            }
+            Slot::Var { .. } => panic!("column {col} is not fixed-width"),
+        }
+    }
+
+    /// An int32 or date32 column (0 when NULL).
+    #[inline]
+    pub fn i32(&self, col: usize) -> i32 {
+        i32::from_le_bytes(self.fixed::<4>(col))
+    }
+
+    /// An int64 or decimal (unscaled) column (0 when NULL).
+    #[inline]
+    pub fn i64(&self, col: usize) -> i64 {
+        i64::from_le_bytes(self.fixed::<8>(col))
+    }
+
+    #[inline]
+    pub fn f64(&self, col: usize) -> f64 {
+        f64::from_le_bytes(self.fixed::<8>(col))
+    }
+
+    #[inline]
+    pub fn bool(&self, col: usize) -> bool {
+        self.fixed::<1>(col)[0] != 0
+    }
+
+    /// The bytes of a variable-width column (empty when NULL).
+    #[inline]
+    pub fn var(&self, col: usize) -> &'a [u8] {
+        let Slot::Var { index } = self.layout.slots[col] else {
+            panic!("column {col} is not variable-width");
+        };
+        let table = self.layout.fixed_end;
+        let end_of = |i: usize| {
+            let at = table + 4 * i;
+            u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes")) as usize
+        };
+        let start = if index == 0 { 0 } else { end_of(index - 1) };
+        let end = end_of(index);
+        let base = self.layout.var_start();
+        &self.bytes[base + start..base + end]
+    }
+
+    /// A text column as `&str`, or an error if its bytes are not UTF-8.
+    pub fn str(&self, col: usize) -> Result<&'a str, RowError> {
+        std::str::from_utf8(self.var(col))
+            .map_err(|_| RowError::Malformed(format!("column {col} is not valid UTF-8")))
+    }
+
+    /// Column `col` as a `Scalar` (allocates for text; for results and
+    /// reference checks, not the hot path).
+    pub fn scalar(&self, col: usize) -> Result<Scalar, RowError> {
+        if self.is_null(col) {
+            return Ok(Scalar::Null);
+        }
+        Ok(match self.layout.types[col] {
+            ColumnType::Int32 => Scalar::Int(i64::from(self.i32(col))),
+            ColumnType::Int64 => Scalar::Int(self.i64(col)),
+            ColumnType::Float64 => Scalar::Float(self.f64(col)),
+            ColumnType::Decimal { scale, .. } => Scalar::Decimal {
+                value: self.i64(col),
+                scale,
+            },
+            ColumnType::Date32 => Scalar::Date(self.i32(col)),
+            ColumnType::Bool => Scalar::Bool(self.bool(col)),
+            ColumnType::Utf8 => Scalar::Str(self.str(col)?.to_string()),
+        })
+    }
+}

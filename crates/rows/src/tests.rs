@@ -1,0 +1,161 @@
+//! Round trips of the row format against the values written.
+
+use insitu_protocol::query::Scalar;
+use insitu_protocol::schema::{Column, ColumnType, Schema};
+use proptest::prelude::*;
+
+use crate::arrow::{BatchBuilder, batch_row, from_ipc, to_ipc};
+use crate::{RowError, RowLayout, RowRef, encode_key, encode_row};
+
+fn schema() -> Schema {
+    let col = |name: &str, ty, nullable| Column {
+        name: name.into(),
+        ty,
+        nullable,
+    };
+    Schema {
+        columns: vec![
+            col("id", ColumnType::Int64, false),
+            col("name", ColumnType::Utf8, true),
+            col("qty", ColumnType::Int32, true),
+            col(
+                "price",
+                ColumnType::Decimal {
+                    precision: 15,
+                    scale: 2,
+                },
+                true,
+            ),
+            col("when", ColumnType::Date32, true),
+            col("ok", ColumnType::Bool, true),
+            col("note", ColumnType::Utf8, true),
+            col("x", ColumnType::Float64, true),
+        ],
+        key: vec![0],
+    }
+}
+
+fn value(ty: ColumnType) -> BoxedStrategy<Scalar> {
+    let v = match ty {
+        ColumnType::Int64 => any::<i64>().prop_map(Scalar::Int).boxed(),
+        ColumnType::Int32 => any::<i32>().prop_map(|i| Scalar::Int(i64::from(i))).boxed(),
+        ColumnType::Utf8 => ".{0,12}".prop_map(Scalar::Str).boxed(),
+        ColumnType::Decimal { .. } => (-999_999_999_999_999i64..=999_999_999_999_999)
+            .prop_map(|value| Scalar::Decimal { value, scale: 2 })
+            .boxed(),
+        ColumnType::Date32 => (-100_000i32..100_000).prop_map(Scalar::Date).boxed(),
+        ColumnType::Bool => any::<bool>().prop_map(Scalar::Bool).boxed(),
+        ColumnType::Float64 => any::<f64>()
+            .prop_filter("NaN never equals itself", |f| !f.is_nan())
+            .prop_map(Scalar::Float)
+            .boxed(),
+    };
+    v
+}
+
+fn row_strategy() -> impl Strategy<Value = Vec<Scalar>> {
+    let s = schema();
+    s.columns
+        .iter()
+        .map(|c| {
+            if c.nullable {
+                prop_oneof![1 => Just(Scalar::Null), 4 => value(c.ty)].boxed()
+            } else {
+                value(c.ty)
+            }
+        })
+        .collect::<Vec<_>>()
+}
+
+proptest! {
+    #[test]
+    fn every_column_reads_back_what_was_written(row in row_strategy()) {
+        let s = schema();
+        let layout = RowLayout::new(&s);
+        let bytes = encode_row(&s, &layout, &row).unwrap();
+        let r = RowRef::new(&layout, &bytes).unwrap();
+        for (c, v) in row.iter().enumerate() {
+            prop_assert_eq!(&r.scalar(c).unwrap(), v);
+            prop_assert_eq!(r.is_null(c), matches!(v, Scalar::Null));
+        }
+        // Through Arrow and back: the same values.
+        let mut b = BatchBuilder::new(&s, &(0..8).collect::<Vec<u16>>());
+        b.append(&r).unwrap();
+        let batch = b.finish();
+        let back = from_ipc(&to_ipc(&batch.schema(), &[batch]).unwrap()).unwrap();
+        prop_assert_eq!(batch_row(&back[0], 0).unwrap(), row);
+    }
+
+    #[test]
+    fn a_truncated_or_corrupted_row_is_refused_or_read_in_bounds(
+        row in row_strategy(), cut in 0usize..64, flip in 0usize..64, bits in 1u8..=255,
+    ) {
+        let s = schema();
+        let layout = RowLayout::new(&s);
+        let mut bytes = encode_row(&s, &layout, &row).unwrap();
+        let i = flip % bytes.len();
+        bytes[i] ^= bits;
+        bytes.truncate(bytes.len().saturating_sub(cut));
+        // Either refused, or every accessor stays inside the row.
+        if let Ok(r) = RowRef::new(&layout, &bytes) {
+            for c in 0..s.columns.len() {
+                let _ = r.scalar(c);
+            }
+        }
+    }
+
+    #[test]
+    fn keys_sort_like_their_values(a in any::<i64>(), b in any::<i64>()) {
+        let s = schema();
+        let row = |id| vec![Scalar::Int(id), Scalar::Null, Scalar::Null, Scalar::Null,
+                            Scalar::Null, Scalar::Null, Scalar::Null, Scalar::Null];
+        let (ka, kb) = (encode_key(&s, &row(a)).unwrap(), encode_key(&s, &row(b)).unwrap());
+        prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+    }
+}
+
+#[test]
+fn values_that_do_not_fit_are_refused_with_the_column_named() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let mut row = vec![Scalar::Null; 8];
+    row[0] = Scalar::Int(1);
+    row[2] = Scalar::Int(1 << 40);
+    let e = encode_row(&s, &layout, &row).unwrap_err();
+    assert!(
+        matches!(&e, RowError::Type { column, .. } if column == "qty"),
+        "{e}"
+    );
+    row[2] = Scalar::Null;
+    row[3] = Scalar::Decimal {
+        value: 12345,
+        scale: 3,
+    };
+    let e = encode_row(&s, &layout, &row).unwrap_err().to_string();
+    assert!(
+        e.contains("price") && e.contains("digits after the point"),
+        "{e}"
+    );
+    row[3] = Scalar::Str("cheap".into());
+    assert!(encode_row(&s, &layout, &row).is_err());
+    row[3] = Scalar::Null;
+    row[0] = Scalar::Null;
+    let e = encode_row(&s, &layout, &row).unwrap_err().to_string();
+    assert!(e.contains("NOT NULL"), "{e}");
+    assert!(matches!(
+        encode_row(&s, &layout, &row[..3]),
+        Err(RowError::Arity {
+            expected: 8,
+            got: 3
+        })
+    ));
+}
+
+#[test]
+fn opaque_bytes_are_not_taken_for_a_row() {
+    let layout = RowLayout::new(&schema());
+    let e = RowRef::new(&layout, b"{\"age\": 31}")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a typed row"), "{e}");
+}
