@@ -5,6 +5,13 @@
 //!
 //! Deviations from the specification's text: Q15 uses a WITH clause instead of
 //! a view; queries with a row limit (Q2, Q3, Q10, Q18, Q21) end in `limit N`.
+//! Q11's FRACTION is the validation value 0.0001 at every scale factor (the
+//! specification scales it as 0.0001 / SF for benchmark runs).
+//!
+//! The answers are also those of Apache DataFusion 55 over the same data, and
+//! at SF 1 the same queries over this generator's data give the
+//! specification's published SF 1 answers (Q17 within 0.04: the published
+//! 348406.02 against the exact 348406.054).
 
 /// Number of TPC-H queries.
 pub const QUERY_COUNT: u32 = 22;
@@ -87,6 +94,14 @@ mod tests {
             assert!(a.lines().count() >= 2, "q{n}: header and at least one row");
         }
         assert!(query(0).is_none() && query(23).is_none());
+        // Rows per answer at SF 0.01; a regenerated answer set must agree.
+        let rows = [
+            4, 4, 10, 5, 5, 1, 4, 2, 173, 20, 359, 2, 33, 1, 1, 296, 1, 2, 1, 1, 1, 7,
+        ];
+        for (n, want) in (1..=QUERY_COUNT).zip(rows) {
+            let lines = answer_sf0_01(n).unwrap().lines().count();
+            assert_eq!(lines - 1, want, "q{n}");
+        }
         assert!(answer_sf0_01(0).is_none() && answer_sf0_01(23).is_none());
     }
 }
