@@ -236,7 +236,10 @@ async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
     assert_eq!(owners, vec![id2, id3]);
     assert!(t2.map_version > t.map_version);
     let got = takes(&take_log(&log));
-    assert_eq!(got.len(), 2);
+    // At least the two that placed them; the recovery driver, which retries
+    // a failed recovery, may also have placed both on id2 before id3
+    // enlisted (then the enlist moved one): more takes, same end state.
+    assert!(got.len() >= 2, "{got:?}");
     assert!(
         got.iter()
             .all(|g| g.4 > t.map_version && g.4 <= t2.map_version)
