@@ -8,6 +8,7 @@ use hashbrown::HashSet;
 use insitu_protocol::plan::{CmpOp, MAX_PRED_OPS};
 use insitu_protocol::query::{
     AggFunc, AggSpec, MAX_AGGS, MAX_IN_LIST, MAX_TOP_K, Pred, QueryOutput, QueryPlan, Scalar,
+    SortKey,
 };
 use insitu_protocol::schema::{Column, ColumnType, Schema};
 use insitu_rows::{RowLayout, RowRef};
@@ -56,7 +57,7 @@ pub(crate) enum Output {
         /// a tablet returns, so the client can merge tablets' answers.
         out_columns: Vec<u16>,
         /// Per sort key: its index in `out_columns`, and the key.
-        keys: Vec<(usize, insitu_protocol::query::SortKey)>,
+        keys: Vec<(usize, SortKey)>,
         limit: usize,
     },
     Groups {
@@ -433,6 +434,43 @@ fn compile_agg(schema: &Schema, i: usize, spec: &AggSpec) -> Result<CompiledAgg,
     })
 }
 
+/// The columns a tablet returns for a top-k: the projection, then each
+/// ORDER BY column not in it (so the client can merge tablets' answers); and
+/// per sort key its index among them.
+pub(crate) fn top_k_columns(
+    columns: &[u16],
+    order_by: &[SortKey],
+) -> (Vec<u16>, Vec<(usize, SortKey)>) {
+    let mut out_columns = columns.to_vec();
+    let keys = order_by
+        .iter()
+        .map(|k| {
+            let at = match out_columns.iter().position(|&c| c == k.col) {
+                Some(at) => at,
+                None => {
+                    out_columns.push(k.col);
+                    out_columns.len() - 1
+                }
+            };
+            (at, *k)
+        })
+        .collect();
+    (out_columns, keys)
+}
+
+/// The columns of a tablet's Arrow answer to a `Rows` plan, in order: the
+/// projection, and for a top-k (ORDER BY) also the sort columns not in it
+/// (`merge_top_k` drops them). Empty for an aggregate plan.
+pub fn answer_columns(plan: &QueryPlan) -> Vec<u16> {
+    match &plan.output {
+        QueryOutput::Rows {
+            columns, order_by, ..
+        } if !order_by.is_empty() => top_k_columns(columns, order_by).0,
+        QueryOutput::Rows { columns, .. } => columns.clone(),
+        QueryOutput::Aggregate { .. } => Vec::new(),
+    }
+}
+
 /// Check `plan` against `schema` and compile it.
 pub fn compile(schema: &Schema, plan: &QueryPlan) -> Result<Compiled, QueryError> {
     schema
@@ -467,20 +505,7 @@ pub fn compile(schema: &Schema, plan: &QueryPlan) -> Result<Compiled, QueryError
                         "ORDER BY .. LIMIT {limit}: more than the {MAX_TOP_K} rows a tablet may sort"
                     )));
                 }
-                let mut out_columns = columns.clone();
-                let keys = order_by
-                    .iter()
-                    .map(|k| {
-                        let at = match out_columns.iter().position(|&c| c == k.col) {
-                            Some(at) => at,
-                            None => {
-                                out_columns.push(k.col);
-                                out_columns.len() - 1
-                            }
-                        };
-                        (at, *k)
-                    })
-                    .collect();
+                let (out_columns, keys) = top_k_columns(columns, order_by);
                 Output::TopK {
                     schema: shared,
                     out_columns,

@@ -19,11 +19,13 @@ mod build;
 mod compile;
 mod filter;
 pub mod like;
+mod merge;
 pub mod reference;
 mod sink;
 pub mod value;
 
-pub use compile::{Compiled, compile};
+pub use compile::{Compiled, answer_columns, compile};
+pub use merge::{agg_name, finalize_groups, merge_groups, merge_top_k};
 pub use sink::{MAX_TOP_K_BYTES, Sink};
 
 use insitu_rows::RowError;

@@ -262,7 +262,7 @@ impl TopK {
             .iter()
             .flat_map(|c| c.iter().map(scalar_bytes))
             .sum();
-        if self.cands.len() == limit {
+        if limit > 0 && self.cands.len() == limit {
             let worst = &self.cands[limit - 1];
             self.threshold = Some(keys.iter().map(|(i, _)| worst[*i].clone()).collect());
         }

@@ -1,5 +1,6 @@
 //! Tests of the crate: the rich schema and row/value generators they share.
 
+mod agg_props;
 mod filter_props;
 mod like_cases;
 mod refusals;
