@@ -20,12 +20,14 @@ mod compile;
 mod filter;
 pub mod like;
 mod merge;
+mod parse;
 pub mod reference;
 mod sink;
 pub mod value;
 
 pub use compile::{Compiled, answer_columns, compile};
 pub use merge::{agg_name, finalize_groups, merge_groups, merge_top_k};
+pub use parse::parse_where;
 pub use sink::{MAX_TOP_K_BYTES, Sink};
 
 use insitu_rows::RowError;

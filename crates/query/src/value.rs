@@ -167,7 +167,12 @@ pub fn describe(v: &Scalar) -> String {
         Scalar::Bool(b) => b.to_string(),
         Scalar::Int(i) => i.to_string(),
         Scalar::Float(f) => f.to_string(),
-        Scalar::Decimal { value, scale } => insitu_rows::text::decimal_text(*value, *scale),
+        // decimal_text handles the scales a column may have (<= 18); a
+        // hostile literal's larger scale is shown without it panicking.
+        Scalar::Decimal { value, scale } if *scale <= 18 => {
+            insitu_rows::text::decimal_text(*value, *scale)
+        }
+        Scalar::Decimal { value, scale } => format!("{value}e-{scale}"),
         Scalar::Date(d) => format!("DATE '{}'", insitu_rows::date::format_date(*d)),
         Scalar::Str(s) => format!("{s:?}"),
     }

@@ -3,7 +3,9 @@
 mod agg_props;
 mod filter_props;
 mod like_cases;
+mod parse_cases;
 mod refusals;
+mod sinks;
 
 use insitu_protocol::query::Scalar;
 use insitu_protocol::schema::{Column, ColumnType, Schema};
