@@ -96,7 +96,7 @@ fn like_on_null_is_unknown() {
     };
     let mut row = vec![Scalar::Null; 10];
     row[0] = Scalar::Int(1);
-    assert_eq!(reference::truth(&[pred.clone()], &row), None);
+    assert_eq!(reference::truth(std::slice::from_ref(&pred), &row), None);
     let plan = QueryPlan {
         filter: vec![pred, Pred::Not],
         output: QueryOutput::Rows {

@@ -245,3 +245,11 @@ fn integer_overflow_is_an_error_not_a_wrapped_value() {
     .unwrap_err();
     assert!(e.to_string().contains("overflow"), "{e}");
 }
+
+#[test]
+fn plans_and_sinks_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Compiled>();
+    send::<crate::Sink>();
+}
