@@ -13,7 +13,7 @@ use insitu_protocol::schema::{ColumnType, Schema};
 use insitu_rows::RowRef;
 
 use crate::QueryError;
-use crate::filter::{ExactCol, ExactRead};
+use crate::filter::{ExactCol, ExactRead, fixed_offset};
 use crate::value::{exact_to_f64, pow10_i128};
 
 /// Largest scale a computed decimal may have (Arrow's Decimal128 holds 38
@@ -254,6 +254,7 @@ pub fn compile_arg(
             Some(ArgType::of_column(col.ty)),
         ));
     }
+    let layout = insitu_rows::RowLayout::new(schema);
     let mut types: Vec<ArgType> = Vec::new();
     let mut steps = Vec::with_capacity(prog.len());
     for (i, op) in prog.iter().enumerate() {
@@ -273,6 +274,7 @@ pub fn compile_arg(
                         Some(read),
                     ) => steps.push(Step::Exact(ExactCol {
                         col: *c as usize,
+                        offset: fixed_offset(&layout, *c as usize),
                         read,
                         mul: 1,
                     })),

@@ -17,6 +17,7 @@ use crate::QueryError;
 use crate::arith::{Arg, ArgType, compile_arg};
 use crate::filter::{
     ExactCol, ExactRead, FALSE, Filter, FloatCol, InList, Op, Operand, STACK_CAP, TRUE, UNKNOWN,
+    fixed_offset,
 };
 use crate::like;
 use crate::value::{Kind, describe, pow10_i128};
@@ -114,9 +115,10 @@ fn col_scale(ty: ColumnType) -> u32 {
     }
 }
 
-fn float_col(col: usize, ty: ColumnType) -> FloatCol {
+fn float_col(layout: &RowLayout, col: usize, ty: ColumnType) -> FloatCol {
     FloatCol {
         col,
+        offset: fixed_offset(layout, col),
         exact: exact_read(ty).map(|r| (r, col_scale(ty))),
     }
 }
@@ -169,6 +171,7 @@ fn check_literal(col: &Column, v: &Scalar, what: &str) -> Result<(), QueryError>
 /// `column OP literal` as one step.
 fn compile_cmp(
     schema: &Schema,
+    layout: &RowLayout,
     c: u16,
     op: CmpOp,
     v: &Scalar,
@@ -185,12 +188,12 @@ fn compile_cmp(
             lit: s.as_bytes().into(),
         },
         Scalar::Float(_) => Op::Float {
-            c: float_col(i, col.ty),
+            c: float_col(layout, i, col.ty),
             op,
             lit: lit_to_f64(v),
         },
         _ if col.ty == ColumnType::Float64 => Op::Float {
-            c: float_col(i, col.ty),
+            c: float_col(layout, i, col.ty),
             op,
             lit: lit_to_f64(v),
         },
@@ -201,6 +204,7 @@ fn compile_cmp(
             Op::Exact {
                 c: ExactCol {
                     col: i,
+                    offset: fixed_offset(layout, i),
                     read: exact_read(col.ty).expect("kinds checked: an exact column"),
                     mul: pow10_i128(s - sc),
                 },
@@ -213,6 +217,7 @@ fn compile_cmp(
 
 fn compile_cols(
     schema: &Schema,
+    layout: &RowLayout,
     left: u16,
     op: CmpOp,
     right: u16,
@@ -231,8 +236,8 @@ fn compile_cols(
         (Operand::Text(li), Operand::Text(ri))
     } else if a.ty == ColumnType::Float64 || b.ty == ColumnType::Float64 {
         (
-            Operand::Float(float_col(li, a.ty)),
-            Operand::Float(float_col(ri, b.ty)),
+            Operand::Float(float_col(layout, li, a.ty)),
+            Operand::Float(float_col(layout, ri, b.ty)),
         )
     } else {
         let (sa, sb) = (col_scale(a.ty), col_scale(b.ty));
@@ -240,6 +245,7 @@ fn compile_cols(
         let side = |i, ty, sc| {
             Operand::Exact(ExactCol {
                 col: i,
+                offset: fixed_offset(layout, i),
                 read: exact_read(ty).expect("not float, not text: exact"),
                 mul: pow10_i128(s - sc),
             })
@@ -249,7 +255,13 @@ fn compile_cols(
     Ok(Op::Cols { l, r, op })
 }
 
-fn compile_in(schema: &Schema, c: u16, values: &[Scalar], what: &str) -> Result<Op, QueryError> {
+fn compile_in(
+    schema: &Schema,
+    layout: &RowLayout,
+    c: u16,
+    values: &[Scalar],
+    what: &str,
+) -> Result<Op, QueryError> {
     let col = column(schema, c, what)?;
     if values.len() > MAX_IN_LIST {
         return Err(refuse(format!(
@@ -287,7 +299,7 @@ fn compile_in(schema: &Schema, c: u16, values: &[Scalar], what: &str) -> Result<
         }
     }
     if !floats.is_empty() {
-        list.floats = Some((float_col(i, col.ty), floats));
+        list.floats = Some((float_col(layout, i, col.ty), floats));
     }
     if !exact.is_empty() {
         let sc = col_scale(col.ty);
@@ -300,6 +312,7 @@ fn compile_in(schema: &Schema, c: u16, values: &[Scalar], what: &str) -> Result<
         list.exact = Some((
             ExactCol {
                 col: i,
+                offset: fixed_offset(layout, i),
                 read,
                 mul: pow10_i128(s - sc),
             },
@@ -322,6 +335,7 @@ fn text_column<'s>(schema: &'s Schema, c: u16, what: &str) -> Result<&'s Column,
 
 /// Check and compile a postfix filter program.
 pub(crate) fn compile_filter(schema: &Schema, preds: &[Pred]) -> Result<Filter, QueryError> {
+    let layout = &RowLayout::new(schema);
     if preds.len() > MAX_PRED_OPS {
         return Err(refuse(format!(
             "the filter has {} steps, more than the limit of {MAX_PRED_OPS}",
@@ -336,17 +350,19 @@ pub(crate) fn compile_filter(schema: &Schema, preds: &[Pred]) -> Result<Filter, 
         let what = what.as_str();
         let pushes_leaf = !matches!(p, Pred::And | Pred::Or | Pred::Not);
         match p {
-            Pred::Cmp { col, op, value } => ops.push(compile_cmp(schema, *col, *op, value, what)?),
+            Pred::Cmp { col, op, value } => {
+                ops.push(compile_cmp(schema, layout, *col, *op, value, what)?)
+            }
             Pred::CmpCols { left, op, right } => {
-                ops.push(compile_cols(schema, *left, *op, *right, what)?)
+                ops.push(compile_cols(schema, layout, *left, *op, *right, what)?)
             }
             Pred::Between { col, lo, hi } => {
-                ops.push(compile_cmp(schema, *col, CmpOp::Ge, lo, what)?);
-                ops.push(compile_cmp(schema, *col, CmpOp::Le, hi, what)?);
+                ops.push(compile_cmp(schema, layout, *col, CmpOp::Ge, lo, what)?);
+                ops.push(compile_cmp(schema, layout, *col, CmpOp::Le, hi, what)?);
                 ops.push(Op::And);
                 max_depth = max_depth.max(depth + 2);
             }
-            Pred::In { col, values } => ops.push(compile_in(schema, *col, values, what)?),
+            Pred::In { col, values } => ops.push(compile_in(schema, layout, *col, values, what)?),
             Pred::IsNull { col } => {
                 column(schema, *col, what)?;
                 ops.push(Op::IsNull(*col as usize));

@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 
 use hashbrown::HashSet;
 use insitu_protocol::plan::CmpOp;
-use insitu_rows::RowRef;
+use insitu_rows::{RowLayout, RowRef, Slot};
 
 use crate::value::{exact_to_f64, float_cmp};
 
@@ -43,10 +43,39 @@ pub enum ExactRead {
     Bool,
 }
 
+/// The byte offset of fixed-width column `col` (the plan was checked, so
+/// the column exists and is fixed-width).
+pub fn fixed_offset(layout: &RowLayout, col: usize) -> usize {
+    match layout.slots[col] {
+        Slot::Fixed { offset, .. } => offset,
+        Slot::Var { .. } => unreachable!("compile reads only fixed-width columns as numbers"),
+    }
+}
+
+/// `N` bytes at `offset`: in bounds, as `RowRef::new` checked that every
+/// row holds the whole fixed region.
+#[inline]
+fn fixed<const N: usize>(row: &RowRef<'_>, offset: usize) -> [u8; N] {
+    row.bytes()[offset..offset + N]
+        .try_into()
+        .expect("a slice of N bytes")
+}
+
+#[inline]
+fn read_at(row: &RowRef<'_>, offset: usize, read: ExactRead) -> i128 {
+    match read {
+        ExactRead::I32 => i128::from(i32::from_le_bytes(fixed::<4>(row, offset))),
+        ExactRead::I64 => i128::from(i64::from_le_bytes(fixed::<8>(row, offset))),
+        ExactRead::Bool => i128::from(fixed::<1>(row, offset)[0] != 0),
+    }
+}
+
 /// A column read as an exact number at a comparison's common scale.
 #[derive(Clone, Copy, Debug)]
 pub struct ExactCol {
     pub col: usize,
+    /// The column's byte offset in every row (from the layout, once).
+    pub offset: usize,
     pub read: ExactRead,
     /// 10^(common scale - column scale); at most 10^18, so `value * mul`
     /// of an i64 fits i128.
@@ -56,12 +85,7 @@ pub struct ExactCol {
 impl ExactCol {
     #[inline]
     pub fn get(&self, row: &RowRef<'_>) -> i128 {
-        let v = match self.read {
-            ExactRead::I32 => i128::from(row.i32(self.col)),
-            ExactRead::I64 => i128::from(row.i64(self.col)),
-            ExactRead::Bool => i128::from(row.bool(self.col)),
-        };
-        v * self.mul
+        read_at(row, self.offset, self.read) * self.mul
     }
 }
 
@@ -69,6 +93,8 @@ impl ExactCol {
 #[derive(Clone, Copy, Debug)]
 pub struct FloatCol {
     pub col: usize,
+    /// The column's byte offset in every row.
+    pub offset: usize,
     /// None: a float64 column; Some: an exact column and its scale.
     pub exact: Option<(ExactRead, u32)>,
 }
@@ -77,16 +103,8 @@ impl FloatCol {
     #[inline]
     pub fn get(&self, row: &RowRef<'_>) -> f64 {
         match self.exact {
-            None => row.f64(self.col),
-            Some((read, scale)) => {
-                let v = ExactCol {
-                    col: self.col,
-                    read,
-                    mul: 1,
-                }
-                .get(row);
-                exact_to_f64(v, scale)
-            }
+            None => f64::from_le_bytes(fixed::<8>(row, self.offset)),
+            Some((read, scale)) => exact_to_f64(read_at(row, self.offset, read), scale),
         }
     }
 }
