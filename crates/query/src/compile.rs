@@ -426,7 +426,7 @@ pub(crate) fn compile_filter(schema: &Schema, preds: &[Pred]) -> Result<Filter, 
         )));
     }
     assert!(max_depth <= STACK_CAP, "MAX_PRED_OPS bounds the stack");
-    Ok(Filter { ops })
+    Ok(Filter { ops, max_depth })
 }
 
 fn compile_agg(schema: &Schema, i: usize, spec: &AggSpec) -> Result<CompiledAgg, QueryError> {

@@ -21,6 +21,8 @@ const NOT: [u8; 3] = [1, 0, 2];
 /// Deepest stack a compiled filter may need: a program of MAX_PRED_OPS steps
 /// pushes at most that many values, and `Between` needs one more slot.
 pub const STACK_CAP: usize = insitu_protocol::plan::MAX_PRED_OPS + 1;
+/// The stack of most programs: a cheaper array to clear per row.
+const SMALL_STACK: usize = 16;
 
 pub fn kleene_and(a: u8, b: u8) -> u8 {
     AND[a as usize][b as usize]
@@ -199,6 +201,8 @@ pub struct Filter {
     /// Postfix steps; well formed (checked by `compile`): the stack never
     /// underflows, never exceeds STACK_CAP, and ends with one value.
     pub ops: Vec<Op>,
+    /// The deepest the stack gets (checked <= STACK_CAP by `compile`).
+    pub max_depth: usize,
 }
 
 impl Filter {
@@ -210,7 +214,17 @@ impl Filter {
         if let [op] = self.ops.as_slice() {
             return leaf(op, row);
         }
-        let mut stack = [0u8; STACK_CAP];
+        if self.max_depth <= SMALL_STACK {
+            self.run::<SMALL_STACK>(row)
+        } else {
+            self.run::<STACK_CAP>(row)
+        }
+    }
+
+    /// The postfix loop on a stack of `N` >= max_depth values.
+    #[inline]
+    fn run<const N: usize>(&self, row: &RowRef<'_>) -> u8 {
+        let mut stack = [0u8; N];
         let mut sp = 0usize;
         for op in &self.ops {
             match op {

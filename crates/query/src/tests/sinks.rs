@@ -253,3 +253,23 @@ fn plans_and_sinks_move_between_threads() {
     send_sync::<Compiled>();
     send::<crate::Sink>();
 }
+
+#[test]
+fn a_projection_of_no_columns_still_counts_rows() {
+    let plan = QueryPlan {
+        filter: vec![],
+        output: QueryOutput::Rows {
+            columns: vec![],
+            order_by: vec![],
+            limit: None,
+        },
+    };
+    let c = compile(&schema(), &plan).unwrap();
+    let mut sink = c.sink(1 << 20);
+    push_all(&c, &mut sink, &rows_of(3));
+    let QueryData::Rows(ipc) = sink.finish().unwrap() else {
+        panic!("rows")
+    };
+    let batches = from_ipc(&ipc).unwrap();
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+}
