@@ -1,0 +1,260 @@
+//! One tablet's grouped aggregates: a hash map from the group key (the
+//! group columns' raw bytes) to per-aggregate states, turned into
+//! `GroupPartial`s at the end.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use insitu_protocol::query::{AggFunc, AggState, GroupPartial, MAX_GROUPS, Scalar};
+use insitu_rows::{RowRef, Slot};
+
+use crate::QueryError;
+use crate::arith::{ArgType, Val};
+use crate::compile::Output;
+use crate::value::float_cmp;
+
+/// A min or max while it is being computed (owned: it outlives the row).
+#[derive(Clone, Debug, PartialEq)]
+enum Extreme {
+    None,
+    Exact(i128),
+    Float(f64),
+    Bytes(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
+struct State {
+    count: u64,
+    sum_int: i128,
+    sum_float: f64,
+    min: Extreme,
+    max: Extreme,
+}
+
+const EMPTY: State = State {
+    count: 0,
+    sum_int: 0,
+    sum_float: 0.0,
+    min: Extreme::None,
+    max: Extreme::None,
+};
+
+/// `v` against a stored extreme: Less when v is smaller.
+fn cmp_extreme(v: &Val<'_>, e: &Extreme) -> Ordering {
+    match (v, e) {
+        (Val::Exact(a), Extreme::Exact(b)) => a.cmp(b),
+        (Val::Float(a), Extreme::Float(b)) => float_cmp(*a, *b),
+        (Val::Bytes(a), Extreme::Bytes(b)) => (*a).cmp(b.as_slice()),
+        _ => unreachable!("an aggregate's argument has one type"),
+    }
+}
+
+fn own(v: &Val<'_>) -> Extreme {
+    match v {
+        Val::Exact(x) => Extreme::Exact(*x),
+        Val::Float(f) => Extreme::Float(*f),
+        Val::Bytes(b) => Extreme::Bytes(b.to_vec()),
+        Val::Null => Extreme::None,
+    }
+}
+
+fn update(state: &mut State, func: AggFunc, v: Val<'_>) -> Result<(), QueryError> {
+    if func == AggFunc::CountStar {
+        state.count += 1;
+        return Ok(());
+    }
+    if v == Val::Null {
+        return Ok(());
+    }
+    state.count += 1;
+    match func {
+        AggFunc::Sum | AggFunc::Avg => match v {
+            Val::Exact(x) => {
+                state.sum_int = state
+                    .sum_int
+                    .checked_add(x)
+                    .ok_or_else(|| QueryError::Eval("a sum overflowed 128 bits".into()))?
+            }
+            Val::Float(f) => state.sum_float += f,
+            _ => unreachable!("compile: sum and avg take numbers"),
+        },
+        AggFunc::Min => {
+            if state.min == Extreme::None || cmp_extreme(&v, &state.min) == Ordering::Less {
+                state.min = own(&v);
+            }
+        }
+        AggFunc::Max => {
+            if state.max == Extreme::None || cmp_extreme(&v, &state.max) == Ordering::Greater {
+                state.max = own(&v);
+            }
+        }
+        AggFunc::Count | AggFunc::CountStar => {}
+    }
+    Ok(())
+}
+
+/// A finished extreme as a `Scalar` of the argument's type.
+fn extreme_scalar(e: Extreme, ty: Option<ArgType>) -> Result<Scalar, QueryError> {
+    let too_big = || QueryError::Eval("a min/max does not fit 64 bits".into());
+    Ok(match (e, ty) {
+        (Extreme::None, _) => Scalar::Null,
+        (Extreme::Exact(x), Some(ArgType::Int)) => {
+            Scalar::Int(i64::try_from(x).map_err(|_| too_big())?)
+        }
+        (Extreme::Exact(x), Some(ArgType::Decimal(s))) => Scalar::Decimal {
+            value: i64::try_from(x).map_err(|_| too_big())?,
+            scale: u8::try_from(s).map_err(|_| too_big())?,
+        },
+        (Extreme::Exact(x), Some(ArgType::Date)) => {
+            Scalar::Date(i32::try_from(x).map_err(|_| too_big())?)
+        }
+        (Extreme::Exact(x), Some(ArgType::Bool)) => Scalar::Bool(x != 0),
+        (Extreme::Float(f), _) => Scalar::Float(f),
+        (Extreme::Bytes(b), _) => Scalar::Str(String::from_utf8(b).map_err(|_| {
+            QueryError::Row(insitu_rows::RowError::Malformed(
+                "a text value is not valid UTF-8".into(),
+            ))
+        })?),
+        (e, t) => unreachable!("extreme {e:?} of type {t:?}"),
+    })
+}
+
+/// Grouped aggregation of one tablet's rows.
+pub(crate) struct GroupSink {
+    out: Arc<Output>,
+    /// Group key bytes -> index into `keys`.
+    map: HashMap<Box<[u8]>, usize>,
+    /// Each group's key values, in order of first appearance.
+    keys: Vec<Vec<Scalar>>,
+    /// `keys.len() * aggs` states, group-major.
+    states: Vec<State>,
+    /// Scratch: the key being looked up (no allocation per row).
+    key_buf: Vec<u8>,
+    /// Scratch for argument programs (numbers only: no borrow of a row).
+    stack: Vec<Val<'static>>,
+}
+
+impl GroupSink {
+    pub fn new(out: Arc<Output>) -> GroupSink {
+        GroupSink {
+            out,
+            map: HashMap::new(),
+            keys: Vec::new(),
+            states: Vec::new(),
+            key_buf: Vec::new(),
+            stack: Vec::new(),
+        }
+    }
+
+    /// Groups so far.
+    pub fn groups(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn reset(&mut self) {
+        self.map.clear();
+        self.keys.clear();
+        self.states.clear();
+    }
+
+    pub fn push(&mut self, row: &RowRef<'_>) -> Result<(), QueryError> {
+        let out = self.out.clone();
+        let Output::Groups { group_by, aggs } = &*out else {
+            unreachable!("a group sink is made for an aggregate plan")
+        };
+        // The key: per column a presence byte, then the value's bytes
+        // (floats normalised so -0.0 groups with 0.0 and NaNs together;
+        // text length-prefixed so keys cannot run into each other).
+        self.key_buf.clear();
+        for &c in group_by {
+            if row.is_null(c) {
+                self.key_buf.push(0);
+                continue;
+            }
+            self.key_buf.push(1);
+            match row.layout().slots[c] {
+                Slot::Var { .. } => {
+                    let b = row.var(c);
+                    self.key_buf
+                        .extend_from_slice(&(b.len() as u32).to_le_bytes());
+                    self.key_buf.extend_from_slice(b);
+                }
+                Slot::Fixed { offset, width } => match row.layout().types[c] {
+                    insitu_protocol::schema::ColumnType::Float64 => {
+                        let f = row.f64(c);
+                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                        self.key_buf.extend_from_slice(&f.to_bits().to_le_bytes());
+                    }
+                    insitu_protocol::schema::ColumnType::Bool => {
+                        self.key_buf.push(u8::from(row.bool(c)))
+                    }
+                    // RowRef::new checked the fixed region is inside the row.
+                    _ => self
+                        .key_buf
+                        .extend_from_slice(&row.bytes()[offset..offset + width]),
+                },
+            }
+        }
+        let g = match self.map.get(self.key_buf.as_slice()) {
+            Some(&g) => g,
+            None => {
+                if self.keys.len() >= MAX_GROUPS {
+                    return Err(QueryError::Eval(format!(
+                        "too many groups (more than {MAX_GROUPS}) for the servers; \
+                         group in the client instead (fetch the rows)"
+                    )));
+                }
+                let key = group_by
+                    .iter()
+                    .map(|&c| row.scalar(c))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let g = self.keys.len();
+                self.keys.push(key);
+                self.states.extend(std::iter::repeat_n(EMPTY, aggs.len()));
+                self.map.insert(self.key_buf.as_slice().into(), g);
+                g
+            }
+        };
+        let base = g * aggs.len();
+        for (a, agg) in aggs.iter().enumerate() {
+            let v = agg.arg.eval(row, &mut self.stack)?;
+            update(&mut self.states[base + a], agg.func, v)?;
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> Result<Vec<GroupPartial>, QueryError> {
+        let out = self.out.clone();
+        let Output::Groups { group_by, aggs } = &*out else {
+            unreachable!("a group sink is made for an aggregate plan")
+        };
+        let n = aggs.len();
+        let types: Vec<Option<ArgType>> = aggs.iter().map(|a| a.ty).collect();
+        // A query without GROUP BY has one group even over no rows (SQL:
+        // `count(*)` of nothing is one row holding 0).
+        if group_by.is_empty() && self.keys.is_empty() {
+            self.keys.push(Vec::new());
+            self.states.extend(std::iter::repeat_n(EMPTY, n));
+        }
+        let mut states = self.states.into_iter();
+        self.keys
+            .into_iter()
+            .map(|key| {
+                let states = (0..n)
+                    .map(|a| {
+                        let s = states.next().expect("n states per group");
+                        Ok(AggState {
+                            count: s.count,
+                            sum_int: s.sum_int,
+                            sum_float: s.sum_float,
+                            min: extreme_scalar(s.min, types[a])?,
+                            max: extreme_scalar(s.max, types[a])?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, QueryError>>()?;
+                Ok(GroupPartial { key, states })
+            })
+            .collect()
+    }
+}
