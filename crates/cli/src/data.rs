@@ -30,6 +30,14 @@ pub enum TableCmd {
         /// Tablets (hash ranges) to split it into, 1 to 1024; more tablets spread it over more shards.
         #[arg(long, default_value_t = 4)]
         tablets: u32,
+        /// Make a typed table with these columns: `NAME TYPE [null], ...`; types int32, int64,
+        /// float64, decimal(P,S) (P <= 18), date32, utf8, bool; columns are NOT NULL unless
+        /// marked `null`. Without --schema the table is untyped (opaque values).
+        #[arg(long, requires = "key")]
+        schema: Option<String>,
+        /// The primary key of a typed table: its columns, comma-separated (e.g. `l_orderkey,l_linenumber`).
+        #[arg(long, requires = "schema")]
+        key: Option<String>,
     },
     /// List tables and their tablets.
     List,
@@ -98,9 +106,21 @@ pub fn run(command: Command, cluster: &ClusterArg) -> anyhow::Result<()> {
 
 async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()> {
     match command {
-        Command::Table(TableCmd::Create { name, tablets }) => {
+        Command::Table(TableCmd::Create {
+            name,
+            tablets,
+            schema,
+            key,
+        }) => {
+            let schema = match (schema, key) {
+                (Some(s), Some(k)) => Some(
+                    insitu_rows::text::parse_schema(&s, &k)
+                        .map_err(|e| anyhow::anyhow!("bad --schema/--key: {e}"))?,
+                ),
+                _ => None,
+            };
             let client = connect(cluster).await?;
-            let info = client.create_table(&name, tablets).await?;
+            let info = client.create_table_with(&name, tablets, schema).await?;
             crate::outln!(
                 "created table {} (id {}) with {} tablets",
                 info.name,
@@ -164,6 +184,12 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         } => {
             let value = put_value(value, file.as_deref())?;
             let (client, t) = open(cluster, &table).await?;
+            if t.schema.is_some() {
+                bail!(
+                    "{table:?} is a typed table: its rows are written by their columns with \
+                     `insitu insert {table} 'v1,v2,...'` or `insitu load {table} FILE`"
+                );
+            }
             let version = client.write(t.id, key.as_bytes(), &value).await?;
             crate::outln!("ok (version {version})")?;
         }
@@ -211,9 +237,21 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                 "--batch must be between 1 and 100000"
             );
             let (client, t) = open(cluster, &table).await?;
-            load(&client, t.id, &file, batch).await?;
+            match &t.schema {
+                Some(schema) => crate::typed::load(&client, t.id, schema, &file, batch).await?,
+                None => load(&client, t.id, &file, batch).await?,
+            }
         }
         Command::Status => crate::status::status(cluster).await?,
+        Command::Insert { table, rows } => {
+            let (client, t) = open(cluster, &table).await?;
+            let Some(schema) = &t.schema else {
+                bail!(
+                    "{table:?} is an untyped table: write to it with `insitu put {table} KEY VALUE`"
+                );
+            };
+            crate::typed::insert(&client, t.id, schema, &rows).await?;
+        }
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Server(_)
@@ -221,7 +259,8 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         | Command::Count(_)
         | Command::Agg(_)
         | Command::Update(_)
-        | Command::Train(_) => {
+        | Command::Train(_)
+        | Command::Tpch(_) => {
             unreachable!("dispatched in main")
         }
     }

@@ -5,6 +5,8 @@ mod cluster;
 mod data;
 mod ops;
 mod status;
+mod tpch;
+mod typed;
 
 use std::path::PathBuf;
 
@@ -61,6 +63,15 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         file: Option<PathBuf>,
     },
+    /// Insert rows into a typed table: each ROW is CSV in the table's column order (an empty
+    /// field is NULL), e.g. `insitu insert users '1,alice,31'`.
+    Insert {
+        /// The typed table (see `insitu table list`).
+        table: String,
+        /// Rows, one per argument.
+        #[arg(required = true)]
+        rows: Vec<String>,
+    },
     /// Print the value under KEY (exit code 1 if there is none).
     Get { table: String, key: String },
     /// Remove KEY.
@@ -73,7 +84,9 @@ enum Command {
         #[arg(long)]
         limit: Option<u64>,
     },
-    /// Load a CSV (`key,value`) or JSON-lines (`{"key": ..., "value": ...}`) file into a table.
+    /// Load a file into a table. Untyped tables: CSV (`key,value`) or JSON lines
+    /// (`{"key": ..., "value": ...}`). Typed tables: CSV with a header line naming the columns,
+    /// or Parquet (`.parquet`), columns matched by name.
     Load {
         /// The table to load into (create it first with `insitu table create`).
         table: String,
@@ -97,6 +110,9 @@ enum Command {
     /// Train a model with every gradient computed on the servers.
     #[command(subcommand)]
     Train(ops::TrainCmd),
+    /// The TPC-H benchmark's tables and data.
+    #[command(subcommand)]
+    Tpch(tpch::TpchCmd),
 }
 
 #[derive(Subcommand)]
@@ -341,6 +357,10 @@ fn main() -> std::process::ExitCode {
         Command::Train(cmd) => {
             init_tracing("warn");
             ops::train(cmd, cluster)
+        }
+        Command::Tpch(cmd) => {
+            init_tracing("warn");
+            tpch::run(cmd, cluster)
         }
         other => {
             init_tracing("warn");

@@ -28,9 +28,11 @@ use crate::ClusterArg;
 pub struct CountArgs {
     /// The table (see `insitu table list`).
     pub table: String,
-    /// Only objects matching this expression: fields TYPE@BYTE_OFFSET of the value (i32, i64,
-    /// f64 or u8, little-endian) compared with = != < <= > >= or `between A and B`, joined by
-    /// and, or, not and parentheses; e.g. `i64@0 > 5 and not u8@8 = 0`.
+    /// Only objects matching this expression. Typed tables: columns compared with = <> < <= > >=,
+    /// BETWEEN, IN (..), IS [NOT] NULL, LIKE/ILIKE 'pattern', ~ 'regex', joined by AND, OR, NOT and
+    /// parentheses, e.g. `l_discount > 0.05 and l_shipmode in ('MAIL', 'SHIP')`. Untyped tables:
+    /// fields TYPE@BYTE_OFFSET of the value (i32, i64, f64 or u8, little-endian) compared with
+    /// = != < <= > >= or `between A and B`, e.g. `i64@0 > 5 and not u8@8 = 0`.
     #[arg(long = "where")]
     pub filter: Option<String>,
     /// Only keys >= this (bytewise).
@@ -47,7 +49,8 @@ pub struct AggArgs {
     pub table: String,
     /// sum, min, max, avg or count.
     pub func: String,
-    /// The field, e.g. `i64@0`.
+    /// The column of a typed table (e.g. `l_quantity`), or the field of an
+    /// untyped one (e.g. `i64@0`).
     pub field: String,
     /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
@@ -137,6 +140,15 @@ fn show(n: Number) -> String {
 }
 
 pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    if let Some((client, id, schema)) = typed_table(cluster, &a.table)? {
+        if a.from_key.is_some() || a.to_key.is_some() {
+            bail!(
+                "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
+            );
+        }
+        return runtime()?
+            .block_on(async { crate::typed::count(&client, id, &schema, &a.filter).await });
+    }
     let mut sel = selection(&a.filter)?;
     if a.from_key.is_some() || a.to_key.is_some() {
         sel.key_range = Some(KeyRange {
@@ -152,8 +164,30 @@ pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     })
 }
 
+/// The client, table id and schema of `table` if it is a typed table.
+fn typed_table(
+    cluster: &ClusterArg,
+    table: &str,
+) -> anyhow::Result<Option<(Client, u64, insitu_protocol::schema::Schema)>> {
+    runtime()?.block_on(async {
+        let (client, info) = crate::data::open(cluster, table).await?;
+        Ok(info.schema.clone().map(|s| (client, info.id, s)))
+    })
+}
+
 pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let field = parse_field(&a.field)?;
+    if let Some((client, id, schema)) = typed_table(cluster, &a.table)? {
+        let func = a.func.to_ascii_lowercase();
+        return runtime()?.block_on(async {
+            crate::typed::agg(&client, id, &schema, &func, &a.field, &a.filter).await
+        });
+    }
+    let field = parse_field(&a.field).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n(table {:?} is untyped: its values are bytes, and a field names a number at a byte offset of them, e.g. i64@0)",
+            a.table
+        )
+    })?;
     let func = a.func.to_ascii_lowercase();
     if !["sum", "min", "max", "avg", "count"].contains(&func.as_str()) {
         bail!(
@@ -164,6 +198,20 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let sel = selection(&a.filter)?;
     runtime()?.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
+        // An untyped table's values are opaque bytes: say what the field
+        // reads, so text summed as integers is not taken for a real sum.
+        eprintln!(
+            "(untyped table: {} reads {} bytes at offset {} of each value as a little-endian {})",
+            a.field,
+            field.width(),
+            field.offset(),
+            match field {
+                Field::I32(_) => "32-bit integer",
+                Field::I64(_) => "64-bit integer",
+                Field::F64(_) => "64-bit float",
+                Field::U8(_) => "byte",
+            }
+        );
         let r = client.aggregate(id, field, &sel).await?;
         let float = field.is_float();
         let out = match func.as_str() {
@@ -179,6 +227,12 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
 }
 
 pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    if typed_table(cluster, &a.table)?.is_some() {
+        bail!(
+            "update on a typed table is not supported yet (it works on untyped tables); \
+             rewrite the rows with `insitu insert` or `insitu load`"
+        );
+    }
     let field = parse_field(&a.field)?;
     let action = match (&a.add, &a.set) {
         (Some(x), None) => UpdateAction::Add(parse_number(x).with_context(|| "bad --add")?),

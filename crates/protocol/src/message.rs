@@ -387,6 +387,10 @@ pub enum Request<'a> {
         start_hash: u64,
         end_hash: u64,
         map_version: u64,
+        /// The table's schema, as the client read it from the coordinator
+        /// (schemas never change, so the client's copy is the table's): the
+        /// shard compiles the plan against it and reads rows with it.
+        schema: crate::schema::Schema,
         plan: crate::query::QueryPlan,
         resume: Option<u64>,
     },

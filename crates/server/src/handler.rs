@@ -387,12 +387,29 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             )
             .await
         }
-        Request::Query { .. } => encode_error(
-            out,
-            id,
-            Status::BadRequest,
-            "typed queries are not served by this server yet".to_string(),
-        ),
+        Request::Query {
+            table,
+            start_hash,
+            end_hash,
+            map_version,
+            schema,
+            plan,
+            resume,
+        } => {
+            crate::query::handle(
+                state,
+                id,
+                table,
+                start_hash,
+                end_hash,
+                map_version,
+                schema,
+                plan,
+                resume,
+                out,
+            )
+            .await
+        }
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

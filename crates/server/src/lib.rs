@@ -12,9 +12,11 @@ mod hold;
 mod identity;
 mod limits;
 mod migrate;
+mod query;
 mod recover;
 mod replicate;
 mod scan;
+mod scan_run;
 mod shard;
 
 use std::net::SocketAddr;

@@ -27,248 +27,16 @@ use insitu_compute::aggregate::{F64AggK, IntAggK};
 use insitu_compute::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use insitu_compute::validate::describe_need;
 use insitu_compute::{GradAcc, apply_update, eval, new_value, validate_plan};
-use insitu_engine::{EngineError, ObjectRef, ScanToken};
-use insitu_protocol::plan::{self, Field, Op, Partial, ScanPlan, ScanResult, Source, UpdateAction};
+use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult, UpdateAction};
 use insitu_protocol::{Response, Status, encode_error, encode_response};
 
 use crate::handler::engine_status;
 use crate::hold::Hold;
+use crate::scan_run::{CHUNK, Refusal, Run, show_key};
 use crate::shard::ShardState;
 
-/// Work between two yields to the event loop.
-const CHUNK: Duration = Duration::from_millis(1);
-/// Index entries / integer keys visited between two clock checks.
-const KEYS_PER_STEP: usize = 8192;
-/// Restarts (tablet changed between chunks) before a scan gives up with
-/// `Retry`. The first restart takes a hold, after which the tablet cannot
-/// change, so more restarts mean the hold was lost (tablet re-created).
-const MAX_RESTARTS: u32 = 3;
 /// Updated objects between two clock checks in an update's apply phase.
 const UPDATES_PER_STEP: usize = 64;
-
-type Refusal = (Status, String);
-
-/// Check that this shard serves the tablet the request names.
-fn check_tablet(
-    state: &ShardState,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
-    map_version: u64,
-    write: bool,
-) -> Result<(), Refusal> {
-    let tablets = state.tablets.borrow();
-    let Some(meta) = tablets.get(&(table, start_hash)) else {
-        return Err((
-            Status::UnknownTablet,
-            format!("tablet {table}/{start_hash:#x} is not on this shard"),
-        ));
-    };
-    let engine = state.engine.borrow();
-    match engine.tablet_for(table, start_hash) {
-        Some(r) if r.start == start_hash && r.end == end_hash => {}
-        Some(r) => {
-            return Err((
-                Status::StaleMap,
-                format!(
-                    "tablet range is {:#x}..={:#x}, not {start_hash:#x}..={end_hash:#x}",
-                    r.start, r.end
-                ),
-            ));
-        }
-        None => {
-            return Err((
-                Status::UnknownTablet,
-                format!("tablet {table}/{start_hash:#x} is not on this shard"),
-            ));
-        }
-    }
-    if meta.map_version != map_version {
-        return Err((
-            Status::StaleMap,
-            format!(
-                "tablet placed by map version {}, request names {map_version}",
-                meta.map_version
-            ),
-        ));
-    }
-    if meta.moved_out {
-        return Err((Status::UnknownTablet, "tablet has moved".into()));
-    }
-    // An update holds writes itself (`write_holds` counts it), so only a move
-    // (frozen) stops it here.
-    if !meta.serves_reads() || (write && meta.frozen) {
-        return Err((Status::Retry, "tablet is being moved".into()));
-    }
-    Ok(())
-}
-
-fn show_key(key: &[u8]) -> String {
-    match std::str::from_utf8(key) {
-        Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}"),
-        _ if key.len() == 8 => format!(
-            "{} (8-byte integer key)",
-            u64::from_le_bytes(key.try_into().expect("8 bytes"))
-        ),
-        _ => {
-            let hex: String = key.iter().take(32).map(|b| format!("{b:02x}")).collect();
-            format!("0x{hex}")
-        }
-    }
-}
-
-/// The scan proper, for one kernel: chunks, yields, checks, restarts.
-struct Run<'a> {
-    /// The tablet held still (an update's from its start; a scan's after its
-    /// first restart); released when the run ends.
-    hold: Option<Hold<'a>>,
-    state: &'a ShardState,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
-    map_version: u64,
-    plan: &'a ScanPlan,
-    restarts: u32,
-    /// The index order of an `Index` scan (dropped on restart).
-    index_snap: std::cell::RefCell<Option<insitu_engine::IndexSnapshot>>,
-}
-
-impl Run<'_> {
-    fn check(&self) -> Result<(), Refusal> {
-        check_tablet(
-            self.state,
-            self.table,
-            self.start_hash,
-            self.end_hash,
-            self.map_version,
-            matches!(self.plan.op, Op::Update { .. }),
-        )
-    }
-
-    fn token(&self) -> Result<ScanToken, Refusal> {
-        self.state
-            .engine
-            .borrow()
-            .scan_token(self.table, self.start_hash)
-            .map_err(engine_refusal)
-    }
-
-    async fn scan<K: Kernel, const F: bool>(
-        &mut self,
-        v: &mut Visit<'_, K, F>,
-    ) -> Result<(), Refusal> {
-        self.check()?;
-        'attempt: loop {
-            let token = self.token()?;
-            let mut chunk_start = Instant::now();
-            // Position: segment index (Log), entries visited (Index), next key (IntKeys).
-            let mut pos: u64 = match self.plan.source {
-                Source::IntKeys { from, .. } => from,
-                _ => 0,
-            };
-            loop {
-                let done = self.step(v, &mut pos, CHUNK)?;
-                if done {
-                    break 'attempt;
-                }
-                if chunk_start.elapsed() >= CHUNK {
-                    tokio::task::yield_now().await;
-                    self.check()?;
-                    if self.token()? != token {
-                        self.restart().await?;
-                        self.index_snap.borrow_mut().take();
-                        v.reset();
-                        continue 'attempt;
-                    }
-                    chunk_start = Instant::now();
-                }
-            }
-        }
-        self.check()
-    }
-
-    /// The tablet changed during a yield: hold it still for the next attempt.
-    async fn restart(&mut self) -> Result<(), Refusal> {
-        self.restarts += 1;
-        if self.restarts > MAX_RESTARTS {
-            return Err((
-                Status::Retry,
-                format!(
-                    "tablet {}/{:#x} changed during the scan {} times; retry",
-                    self.table, self.start_hash, self.restarts
-                ),
-            ));
-        }
-        if self.hold.is_none() {
-            self.hold = Some(Hold::scan(self.state, self.table, self.start_hash).await?);
-        }
-        if let Some(hold) = self.hold.as_mut() {
-            hold.hold_cleaner()?;
-        }
-        // Waiting for the hold may have taken a while: is the tablet still ours?
-        self.check()
-    }
-
-    /// One step of work (a segment, or up to KEYS_PER_STEP entries / keys).
-    #[inline]
-    fn step<K: Kernel, const F: bool>(
-        &self,
-        v: &mut Visit<'_, K, F>,
-        pos: &mut u64,
-        budget: Duration,
-    ) -> Result<bool, Refusal> {
-        let engine = self.state.engine.borrow();
-        let (table, start) = (self.table, self.start_hash);
-        match self.plan.source {
-            Source::Log => {
-                let more = engine
-                    .scan_log_segment(table, start, *pos as usize, |o: ObjectRef<'_>| {
-                        v.object(o.key, o.value)
-                    })
-                    .map_err(engine_refusal)?;
-                *pos += 1;
-                Ok(!more)
-            }
-            Source::Index => {
-                // The index's order is fixed at the first step (a snapshot of
-                // log references, valid while the scan token is unchanged).
-                let mut snap = self.index_snap.borrow_mut();
-                if snap.is_none() {
-                    *snap = Some(
-                        engine
-                            .index_snapshot(table, start)
-                            .map_err(engine_refusal)?,
-                    );
-                }
-                let snap = snap.as_ref().expect("just taken");
-                let (n, done) = engine
-                    .scan_index_snapshot(table, start, snap, *pos as usize, budget, |o| {
-                        v.object(o.key, o.value)
-                    })
-                    .map_err(engine_refusal)?;
-                *pos += n as u64;
-                Ok(done)
-            }
-            Source::IntKeys { to, .. } => {
-                let end = to.min(pos.saturating_add(KEYS_PER_STEP as u64));
-                let keys: Vec<[u8; 8]> = (*pos..end).map(plan::int_key).collect();
-                engine
-                    .lookup_many(table, start, keys.iter().map(|k| &k[..]), |_, found| {
-                        if let Some(o) = found {
-                            v.object(o.key, o.value)
-                        }
-                    })
-                    .map_err(engine_refusal)?;
-                *pos = end;
-                Ok(end >= to)
-            }
-        }
-    }
-}
-
-fn engine_refusal(e: EngineError) -> Refusal {
-    (engine_status(&e), e.to_string())
-}
 
 fn short_error(plan: &ScanPlan, need: usize, key: &[u8], len: usize) -> Refusal {
     (
@@ -283,10 +51,10 @@ fn short_error(plan: &ScanPlan, need: usize, key: &[u8], len: usize) -> Refusal 
 
 async fn run_kernel<K: Kernel>(
     run: &mut Run<'_>,
+    plan: &ScanPlan,
     kernel: K,
     need: usize,
 ) -> Result<(K, u64, u64), Refusal> {
-    let plan = run.plan;
     let filtered = plan.key_range.is_some() || !plan.filter.is_empty();
     macro_rules! go {
         ($f:literal) => {{
@@ -319,7 +87,8 @@ async fn execute(
         start_hash,
         end_hash,
         map_version,
-        plan,
+        source: &plan.source,
+        write: matches!(plan.op, Op::Update { .. }),
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
         hold: None,
@@ -331,26 +100,29 @@ async fn execute(
     }
     let (partial, visited, matched) = match &plan.op {
         Op::Count => {
-            let (k, vis, m) = run_kernel(&mut run, CountK::default(), need).await?;
+            let (k, vis, m) = run_kernel(&mut run, plan, CountK::default(), need).await?;
             (Partial::Count(k.0), vis, m)
         }
         Op::Aggregate { field } => {
             let off = field.offset();
             let (p, vis, m) = match field {
                 Field::I32(_) => {
-                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<4>::new(off), need).await?;
+                    let (k, vis, m) =
+                        run_kernel(&mut run, plan, IntAggK::<4>::new(off), need).await?;
                     (k.partial(), vis, m)
                 }
                 Field::I64(_) => {
-                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<8>::new(off), need).await?;
+                    let (k, vis, m) =
+                        run_kernel(&mut run, plan, IntAggK::<8>::new(off), need).await?;
                     (k.partial(), vis, m)
                 }
                 Field::U8(_) => {
-                    let (k, vis, m) = run_kernel(&mut run, IntAggK::<1>::new(off), need).await?;
+                    let (k, vis, m) =
+                        run_kernel(&mut run, plan, IntAggK::<1>::new(off), need).await?;
                     (k.partial(), vis, m)
                 }
                 Field::F64(_) => {
-                    let (k, vis, m) = run_kernel(&mut run, F64AggK::new(off), need).await?;
+                    let (k, vis, m) = run_kernel(&mut run, plan, F64AggK::new(off), need).await?;
                     (k.out, vis, m)
                 }
             };
@@ -367,11 +139,11 @@ async fn execute(
                 bytes: layout.dims as usize * 4,
                 label: layout.label_offset as usize,
             };
-            let (k, vis, m) = run_kernel(&mut run, k, need).await?;
+            let (k, vis, m) = run_kernel(&mut run, plan, k, need).await?;
             (Partial::Gradient(k.acc.finish()), vis, m)
         }
         Op::Update { field, action } => {
-            let (keys, vis, m) = run_kernel(&mut run, KeysK::default(), need).await?;
+            let (keys, vis, m) = run_kernel(&mut run, plan, KeysK::default(), need).await?;
             // The client stops waiting at its deadline: then write nothing.
             // Past this check the apply phase runs to its end (yielding, with
             // the tablet held), so a tablet's update is applied fully or not at all.
@@ -388,7 +160,7 @@ async fn execute(
             if let Some(hold) = run.hold.as_mut() {
                 hold.release_cleaner();
             }
-            let updated = apply_updates(&run, &keys.0, *field, *action, need).await?;
+            let updated = apply_updates(&run, plan, &keys.0, *field, *action, need).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
@@ -413,6 +185,7 @@ async fn execute(
 /// writes nothing on this tablet.
 async fn apply_updates(
     run: &Run<'_>,
+    plan: &ScanPlan,
     keys: &[Vec<u8>],
     field: Field,
     action: UpdateAction,
@@ -420,7 +193,6 @@ async fn apply_updates(
 ) -> Result<u64, Refusal> {
     assert!(run.hold.is_some(), "an update runs holding its tablet");
     run.check()?;
-    let plan = run.plan;
     let mut slice_start = Instant::now();
     for (i, key) in keys.iter().enumerate() {
         if i % UPDATES_PER_STEP == 0 && i > 0 && slice_start.elapsed() >= CHUNK {

@@ -1,0 +1,337 @@
+//! The client commands on typed tables: `insert`, `load` of CSV and Parquet
+//! files, and `count` / `agg` naming columns, with `--where` in the typed
+//! expression language of `insitu_query::parse_where`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use insitu_client::{Client, QueryAnswer};
+use insitu_protocol::query::{AggFunc, AggSpec, QueryOutput, QueryPlan, Scalar, ValueOp};
+use insitu_protocol::schema::Schema;
+use insitu_rows::text::parse_value;
+
+/// One row from CSV fields in schema order (an empty field is NULL).
+fn row_from_fields(schema: &Schema, fields: &[&str]) -> anyhow::Result<Vec<Scalar>> {
+    if fields.len() != schema.columns.len() {
+        bail!(
+            "{} values for {} columns ({})",
+            fields.len(),
+            schema.columns.len(),
+            schema
+        );
+    }
+    schema
+        .columns
+        .iter()
+        .zip(fields)
+        .map(|(c, f)| {
+            let text = (!f.is_empty()).then_some(*f);
+            parse_value(text, c).map_err(anyhow::Error::from)
+        })
+        .collect()
+}
+
+/// `insitu insert TABLE ROW...`: each ROW is CSV in the schema's column order.
+pub async fn insert(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    rows: &[String],
+) -> anyhow::Result<()> {
+    let mut values = Vec::with_capacity(rows.len());
+    for (i, text) in rows.iter().enumerate() {
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(text.as_bytes());
+        let record = reader
+            .records()
+            .next()
+            .context("an empty row")?
+            .with_context(|| format!("row {}: not CSV", i + 1))?;
+        let fields: Vec<&str> = record.iter().collect();
+        values.push(row_from_fields(schema, &fields).with_context(|| format!("row {}", i + 1))?);
+    }
+    let results = client.put_rows(table, &values).await?;
+    let mut failed = 0;
+    for (i, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            failed += 1;
+            eprintln!("row {}: {e}", i + 1);
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} rows were not written", values.len());
+    }
+    crate::outln!("inserted {} rows", values.len())?;
+    Ok(())
+}
+
+fn bar(len: u64, unit: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    let template = format!("{{bar:40}} {{pos}}/{{len}} {unit} {{msg}} ({{eta}})");
+    bar.set_style(
+        ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Send one batch of rows; any refused row fails the load, naming it.
+async fn flush(
+    client: &Client,
+    table: u64,
+    rows: &mut Vec<Vec<Scalar>>,
+    first: u64,
+) -> anyhow::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let results = client
+        .put_rows(table, rows)
+        .await
+        .with_context(|| format!("writing the rows from input row {first}"))?;
+    for (i, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            bail!("input row {}: {e}", first + i as u64);
+        }
+    }
+    rows.clear();
+    Ok(())
+}
+
+/// `insitu load TABLE FILE` on a typed table: CSV with a header line naming
+/// the columns (in any order; a missing nullable column is NULL), or
+/// Parquet (`.parquet`), its columns matched by name.
+pub async fn load(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    path: &Path,
+    batch: usize,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let loaded = if path.extension().and_then(|e| e.to_str()) == Some("parquet") {
+        load_parquet(client, table, schema, path, batch).await?
+    } else {
+        load_csv(client, table, schema, path, batch).await?
+    };
+    let secs = started.elapsed().as_secs_f64();
+    crate::outln!(
+        "loaded {loaded} rows in {secs:.1} s ({:.0} rows/s)",
+        loaded as f64 / secs.max(1e-9)
+    )?;
+    Ok(())
+}
+
+/// For each schema column, its index in the input's columns (None: absent).
+fn column_map(schema: &Schema, names: &[String]) -> anyhow::Result<Vec<Option<usize>>> {
+    for n in names {
+        if schema.column_index(n).is_none() {
+            bail!("the input has a column {n:?} that the table does not (columns: {schema})");
+        }
+    }
+    schema
+        .columns
+        .iter()
+        .map(|c| {
+            let at = names.iter().position(|n| *n == c.name);
+            if at.is_none() && !c.nullable {
+                bail!("the input has no column {:?}, which is NOT NULL", c.name);
+            }
+            Ok(at)
+        })
+        .collect()
+}
+
+async fn load_csv(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    path: &Path,
+    batch: usize,
+) -> anyhow::Result<u64> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let total = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(file);
+    let names: Vec<String> = reader
+        .headers()
+        .with_context(|| format!("reading the header line of {}", path.display()))?
+        .iter()
+        .map(|s| s.trim().to_string())
+        .collect();
+    let map = column_map(schema, &names)?;
+    let progress = bar(total, "bytes");
+    let mut pending = Vec::with_capacity(batch);
+    let mut first = 1u64;
+    let mut n = 0u64;
+    for record in reader.records() {
+        let record = record.with_context(|| format!("{} row {}", path.display(), n + 1))?;
+        n += 1;
+        let fields: Vec<&str> = map
+            .iter()
+            .map(|at| at.and_then(|i| record.get(i)).unwrap_or(""))
+            .collect();
+        pending.push(
+            row_from_fields(schema, &fields)
+                .with_context(|| format!("{} row {n}", path.display()))?,
+        );
+        if pending.len() >= batch {
+            flush(client, table, &mut pending, first).await?;
+            first = n + 1;
+            progress.set_position(record.position().map(|p| p.byte()).unwrap_or(0));
+        }
+    }
+    flush(client, table, &mut pending, first).await?;
+    progress.finish_and_clear();
+    Ok(n)
+}
+
+async fn load_parquet(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    path: &Path,
+    batch: usize,
+) -> anyhow::Result<u64> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .with_context(|| format!("{} is not a Parquet file", path.display()))?;
+    let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let names: Vec<String> = builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let map = column_map(schema, &names)?;
+    let reader = builder.with_batch_size(batch).build()?;
+    let progress = bar(rows_total, "rows");
+    let mut pending = Vec::with_capacity(batch);
+    let mut n = 0u64;
+    let mut first = 1u64;
+    for b in reader {
+        let b = b.with_context(|| format!("reading {}", path.display()))?;
+        for i in 0..b.num_rows() {
+            n += 1;
+            let all = insitu_rows::arrow::batch_row(&b, i)?;
+            let row: Vec<Scalar> = map
+                .iter()
+                .map(|at| at.map(|j| all[j].clone()).unwrap_or(Scalar::Null))
+                .collect();
+            pending.push(row);
+        }
+        flush(client, table, &mut pending, first).await?;
+        first = n + 1;
+        progress.set_position(n);
+    }
+    progress.finish_and_clear();
+    Ok(n)
+}
+
+/// The aggregate of `agg FUNC COLUMN` on a typed table.
+fn agg_spec(schema: &Schema, func: &str, column: &str) -> anyhow::Result<AggSpec> {
+    let func = match func {
+        "sum" => AggFunc::Sum,
+        "min" => AggFunc::Min,
+        "max" => AggFunc::Max,
+        "avg" => AggFunc::Avg,
+        "count" => AggFunc::Count,
+        other => bail!("unknown aggregate {other:?}: use sum, min, max, avg or count"),
+    };
+    let Some(col) = schema.column_index(column) else {
+        bail!(
+            "the table has no column {column:?} (columns: {})",
+            schema
+                .columns
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    Ok(AggSpec {
+        func,
+        arg: vec![ValueOp::Col(col as u16)],
+    })
+}
+
+fn parse_filter(
+    schema: &Schema,
+    filter: &Option<String>,
+) -> anyhow::Result<Vec<insitu_protocol::query::Pred>> {
+    match filter {
+        None => Ok(Vec::new()),
+        Some(f) => insitu_query::parse_where(schema, f)
+            .map_err(|e| anyhow::anyhow!("bad --where expression {f:?}: {e}")),
+    }
+}
+
+/// `count` / `agg` on a typed table: one aggregate, no groups; prints its value.
+pub async fn aggregate(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    spec: AggSpec,
+    filter: &Option<String>,
+) -> anyhow::Result<()> {
+    let plan = QueryPlan {
+        filter: parse_filter(schema, filter)?,
+        output: QueryOutput::Aggregate {
+            group_by: Vec::new(),
+            aggs: vec![spec],
+        },
+    };
+    let started = Instant::now();
+    let out = client.query(table, &plan).await?;
+    let QueryAnswer::Groups(groups) = &out.answer else {
+        bail!("the servers answered an aggregate with rows");
+    };
+    let batch = insitu_query::finalize_groups(schema, &plan, groups)?;
+    let value = if batch.num_rows() == 0 {
+        "NULL".to_string()
+    } else {
+        arrow_cast::display::array_value_to_string(batch.column(0), 0)?
+    };
+    crate::outln!("{value}")?;
+    eprintln!(
+        "({} rows matched of {} on {} tablets, {:.1} ms)",
+        out.matched,
+        out.visited,
+        out.tablets,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// `insitu count TABLE [--where]` on a typed table.
+pub async fn count(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    filter: &Option<String>,
+) -> anyhow::Result<()> {
+    let spec = AggSpec {
+        func: AggFunc::CountStar,
+        arg: Vec::new(),
+    };
+    aggregate(client, table, schema, spec, filter).await
+}
+
+/// `insitu agg TABLE FUNC COLUMN [--where]` on a typed table.
+pub async fn agg(
+    client: &Client,
+    table: u64,
+    schema: &Schema,
+    func: &str,
+    column: &str,
+    filter: &Option<String>,
+) -> anyhow::Result<()> {
+    let spec = agg_spec(schema, func, column)?;
+    aggregate(client, table, schema, spec, filter).await
+}

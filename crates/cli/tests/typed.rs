@@ -1,0 +1,245 @@
+//! Typed tables on a real cluster (separate processes): create with a
+//! schema, insert and load rows, count and aggregate by column name with a
+//! typed --where, queries answered in pages, and the refusals a user meets.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{Cluster, rt};
+use insitu_client::{Client, QueryAnswer};
+use insitu_protocol::query::{QueryOutput, QueryPlan, Scalar};
+
+fn ok(out: (i32, String, String)) -> String {
+    assert_eq!(out.0, 0, "stdout: {}\nstderr: {}", out.1, out.2);
+    out.1
+}
+
+fn fails(out: (i32, String, String)) -> String {
+    assert_ne!(out.0, 0, "expected a failure; stdout: {}", out.1);
+    out.2
+}
+
+#[test]
+fn typed_table_from_the_cli() {
+    let mut cluster = Cluster::start(2, 2);
+    ok(cluster.cli(&[
+        "table",
+        "create",
+        "users",
+        "--schema",
+        "id int64, name utf8, age int32 null, score decimal(10,2)",
+        "--key",
+        "id",
+        "--tablets",
+        "4",
+    ]));
+    ok(cluster.cli(&[
+        "insert",
+        "users",
+        "1,alice,31,10.50",
+        "2,bob,,3.25",
+        "3,carol,45,-1",
+    ]));
+    assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "3");
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "age > 30"])).trim(),
+        "2"
+    );
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "age is null"])).trim(),
+        "1"
+    );
+    // NULL is not > 30 and not <= 30: SQL's three-valued logic.
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "not age > 30"])).trim(),
+        "0"
+    );
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "name like 'a%' or name ~ '^c'"])).trim(),
+        "2"
+    );
+    assert_eq!(
+        ok(cluster.cli(&["agg", "users", "sum", "score"])).trim(),
+        "12.75"
+    );
+    assert_eq!(
+        ok(cluster.cli(&["agg", "users", "max", "name"])).trim(),
+        "carol"
+    );
+    assert_eq!(
+        ok(cluster.cli(&["agg", "users", "sum", "score", "--where", "score > 0"])).trim(),
+        "13.75"
+    );
+
+    // Refusals name what was wrong.
+    let e = fails(cluster.cli(&["insert", "users", "4,dave,old,1"]));
+    assert!(e.contains("age") && e.contains("not an integer"), "{e}");
+    let e = fails(cluster.cli(&["insert", "users", "4,dave,40,1.234"]));
+    assert!(e.contains("score"), "{e}");
+    let e = fails(cluster.cli(&["count", "users", "--where", "height > 1"]));
+    assert!(e.contains("height"), "{e}");
+    let e = fails(cluster.cli(&["count", "users", "--where", "name ~ '('"]));
+    assert!(
+        e.to_lowercase().contains("regex") || e.contains("pattern"),
+        "{e}"
+    );
+    let e = fails(cluster.cli(&["count", "users", "--where", "name > 3"]));
+    assert!(e.contains("name"), "{e}");
+    let e = fails(cluster.cli(&["agg", "users", "sum", "i64@0"]));
+    assert!(e.contains("no column"), "{e}");
+    let e = fails(cluster.cli(&["put", "users", "k", "v"]));
+    assert!(
+        e.contains("typed table") && e.contains("insitu insert"),
+        "{e}"
+    );
+    let e = fails(cluster.cli(&[
+        "table",
+        "create",
+        "bad",
+        "--schema",
+        "a int64 null",
+        "--key",
+        "a",
+    ]));
+    assert!(e.contains("NOT NULL"), "{e}");
+
+    // Load a CSV whose header orders the columns differently.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("more.csv");
+    let mut text = String::from("score,name,id,age\n");
+    for i in 10..110 {
+        text.push_str(&format!(
+            "{}.5,user{i},{i},{}\n",
+            i,
+            if i % 2 == 0 { "20" } else { "" }
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let out = ok(cluster.cli(&["load", "users", csv.to_str().unwrap()]));
+    assert!(out.contains("loaded 100 rows"), "{out}");
+    assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "103");
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "age = 20"])).trim(),
+        "50"
+    );
+
+    // The schema is durable metadata: a restarted coordinator still knows it.
+    cluster.restart_coordinator();
+    assert_eq!(
+        ok(cluster.cli(&["count", "users", "--where", "id between 10 and 19"])).trim(),
+        "10"
+    );
+}
+
+#[test]
+fn untyped_aggregates_say_what_the_field_reads() {
+    let cluster = Cluster::start(1, 1);
+    ok(cluster.cli(&["table", "create", "docs"]));
+    ok(cluster.cli(&["put", "docs", "alice", "{\"age\": 31}"]));
+    let out = cluster.cli(&["agg", "docs", "sum", "i64@0"]);
+    assert_eq!(out.0, 0, "{}", out.2);
+    assert!(
+        out.2.contains("untyped table") && out.2.contains("little-endian"),
+        "{}",
+        out.2
+    );
+    let e = fails(cluster.cli(&["agg", "docs", "sum", "age"]));
+    assert!(e.contains("untyped"), "{e}");
+}
+
+#[test]
+fn large_answers_come_in_pages_with_every_row_once() {
+    let cluster = Cluster::start(2, 1);
+    let rt = rt();
+    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
+    let schema = insitu_rows::text::parse_schema("id int64, pad utf8", "id").unwrap();
+    let t = rt
+        .block_on(client.create_table_with("wide", 2, Some(schema)))
+        .unwrap()
+        .id;
+    // 12 000 rows of ~500 bytes: ~6 MB, several 1 MiB pages per tablet.
+    let n = 12_000i64;
+    rt.block_on(async {
+        for start in (0..n).step_by(1000) {
+            let rows: Vec<Vec<Scalar>> = (start..start + 1000)
+                .map(|i| vec![Scalar::Int(i), Scalar::Str(format!("{i:0>500}"))])
+                .collect();
+            for r in client.put_rows(t, &rows).await.unwrap() {
+                r.unwrap();
+            }
+        }
+        let plan = QueryPlan {
+            filter: Vec::new(),
+            output: QueryOutput::Rows {
+                columns: vec![0, 1],
+                order_by: Vec::new(),
+                limit: None,
+            },
+        };
+        let out = client.query(t, &plan).await.unwrap();
+        assert!(out.pages > 4, "{} pages", out.pages);
+        let QueryAnswer::Rows(batches) = out.answer else {
+            panic!("rows expected")
+        };
+        let mut seen = HashSet::new();
+        for b in &batches {
+            let ids = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+                .unwrap();
+            for i in 0..b.num_rows() {
+                assert!(seen.insert(ids.value(i)), "row {} twice", ids.value(i));
+            }
+        }
+        assert_eq!(seen.len() as i64, n);
+
+        // A LIMIT stops early and returns exactly that many rows.
+        let plan = QueryPlan {
+            filter: Vec::new(),
+            output: QueryOutput::Rows {
+                columns: vec![0],
+                order_by: Vec::new(),
+                limit: Some(7),
+            },
+        };
+        let out = client.query(t, &plan).await.unwrap();
+        let QueryAnswer::Rows(batches) = out.answer else {
+            panic!("rows expected")
+        };
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 7);
+    });
+}
+
+#[test]
+fn a_row_written_without_the_schema_fails_the_query_not_the_server() {
+    let cluster = Cluster::start(1, 1);
+    let rt = rt();
+    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
+    let schema = insitu_rows::text::parse_schema("id int64, v int64", "id").unwrap();
+    let t = rt
+        .block_on(client.create_table_with("t", 1, Some(schema)))
+        .unwrap()
+        .id;
+    rt.block_on(async {
+        client
+            .put_rows(t, &[vec![Scalar::Int(1), Scalar::Int(5)]])
+            .await
+            .unwrap();
+        client.write(t, b"junk", b"not a row").await.unwrap();
+        let plan = QueryPlan {
+            filter: Vec::new(),
+            output: QueryOutput::Rows {
+                columns: vec![0, 1],
+                order_by: Vec::new(),
+                limit: None,
+            },
+        };
+        let e = client.query(t, &plan).await.unwrap_err().to_string();
+        assert!(e.contains("junk") && e.contains("not a typed row"), "{e}");
+        client.remove(t, b"junk").await.unwrap();
+        let out = client.query(t, &plan).await.unwrap();
+        assert_eq!(out.matched, 1);
+    });
+}

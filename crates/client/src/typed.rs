@@ -1,0 +1,307 @@
+//! Typed tables: rows written by their schema, and queries (filter,
+//! projection, top-k, grouped aggregates) run on the servers.
+//!
+//! The schema comes with the table's map (`TableInfo::schema`) and never
+//! changes, so the cached copy is always the table's. Rows are encoded here
+//! (`insitu-rows`): a value that does not fit its column is refused before
+//! anything is sent.
+//!
+//! A query goes to every tablet in parallel, each through the routing and
+//! retry loop of `Client::routed` like a pushdown scan (`ops.rs`). A tablet
+//! answers in pages; the client asks for the next page from the hash the
+//! last one names. If the table's tablet layout changes during the query,
+//! the whole query is run again on the new layout, so every row is counted
+//! once. Partial aggregates are merged and top-k rows re-sorted here
+//! (`insitu-query`).
+
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use insitu_protocol::query::Scalar;
+use insitu_protocol::query::{GroupPartial, QueryData, QueryOutput, QueryPlan, QueryResult};
+use insitu_protocol::schema::Schema;
+use insitu_protocol::{Request, Response, Status};
+use insitu_rows::{RowLayout, encode_key, encode_row};
+
+use crate::client::PerItem;
+use crate::client::{Client, decode};
+use crate::error::ClientError;
+
+/// Layout changes tolerated before a query gives up.
+const MAX_LAYOUT_RETRIES: u32 = 20;
+/// Most pages one tablet may answer a query with (at ~1 MiB a page: 64 GiB).
+const MAX_PAGES: u32 = 65_536;
+
+/// What a query returned.
+#[derive(Debug)]
+pub enum QueryAnswer {
+    /// Rows (of the projection), as Arrow batches: in no order, or sorted and
+    /// cut to the limit for a top-k.
+    Rows(Vec<RecordBatch>),
+    /// Merged groups: their key values and each aggregate's state.
+    Groups(Vec<GroupPartial>),
+}
+
+/// A query's answer and what it cost.
+#[derive(Debug)]
+pub struct QueryOutcome {
+    pub answer: QueryAnswer,
+    /// Rows the servers visited and rows that passed the filter.
+    pub visited: u64,
+    pub matched: u64,
+    pub tablets: usize,
+    /// Pages fetched in all.
+    pub pages: u64,
+    /// Longest server time spent on one page.
+    pub max_server_time: Duration,
+}
+
+fn status(s: Status, msg: impl Into<String>) -> ClientError {
+    ClientError::Status(s, msg.into())
+}
+
+impl Client {
+    /// The schema of table `table` (None: an untyped table).
+    pub async fn schema(&self, table: u64) -> Result<Option<Schema>, ClientError> {
+        let route = self.route(table, self.deadline()).await?;
+        Ok(route.info.schema.clone())
+    }
+
+    async fn typed_schema(&self, table: u64) -> Result<Schema, ClientError> {
+        match self.schema(table).await? {
+            Some(s) => Ok(s),
+            None => Err(status(
+                Status::BadRequest,
+                format!(
+                    "table {table} has no schema (an untyped table): typed rows and queries need a table created with --schema"
+                ),
+            )),
+        }
+    }
+
+    /// Write rows (one value per column, in schema order) to typed table
+    /// `table`; each row's key is its primary key. Every row is checked and
+    /// encoded before any is sent. Returns the new version per row.
+    pub async fn put_rows(
+        &self,
+        table: u64,
+        rows: &[Vec<Scalar>],
+    ) -> Result<PerItem<u64>, ClientError> {
+        let schema = self.typed_schema(table).await?;
+        let layout = RowLayout::new(&schema);
+        let mut items = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let key = encode_key(&schema, row)
+                .map_err(|e| status(Status::BadRequest, format!("row {}: {e}", i + 1)))?;
+            let value = encode_row(&schema, &layout, row)
+                .map_err(|e| status(Status::BadRequest, format!("row {}: {e}", i + 1)))?;
+            items.push((key, value));
+        }
+        self.multi_write(table, &items).await
+    }
+
+    /// Run `plan` on every tablet of typed table `table`.
+    pub async fn query(&self, table: u64, plan: &QueryPlan) -> Result<QueryOutcome, ClientError> {
+        let schema = self.typed_schema(table).await?;
+        // Refuse a bad plan here with the servers' own check.
+        insitu_query::compile(&schema, plan)
+            .map_err(|e| status(Status::BadRequest, e.to_string()))?;
+        let deadline = Instant::now() + self.inner.config.op_timeout;
+        let mut layout_retries = 0;
+        loop {
+            let route = self.route(table, deadline).await?;
+            let ranges: Vec<(u64, u64)> = route
+                .info
+                .tablets
+                .iter()
+                .map(|t| (t.start_hash, t.end_hash))
+                .collect();
+            let seen = route.map_version();
+            drop(route);
+            let calls = ranges
+                .iter()
+                .map(|&(s, e)| self.query_tablet(table, s, e, &schema, plan));
+            let results = futures::future::join_all(calls).await;
+            let mut pages = Vec::new();
+            let mut layout_changed = None;
+            for r in results {
+                match r {
+                    Ok(p) => pages.extend(p),
+                    Err(Paged::Layout(why)) => layout_changed = Some(why),
+                    Err(Paged::Error(e)) => return Err(e),
+                }
+            }
+            if let Some(why) = layout_changed {
+                layout_retries += 1;
+                if layout_retries > MAX_LAYOUT_RETRIES || Instant::now() >= deadline {
+                    return Err(status(Status::StaleMap, why));
+                }
+                self.refresh(table, seen, deadline).await?;
+                continue;
+            }
+            return merge_pages(&schema, plan, ranges.len(), pages);
+        }
+    }
+
+    /// Every page of one tablet's answer.
+    async fn query_tablet(
+        &self,
+        table: u64,
+        start: u64,
+        end: u64,
+        schema: &Schema,
+        plan: &QueryPlan,
+    ) -> Result<Vec<QueryResult>, Paged> {
+        let limit = match &plan.output {
+            QueryOutput::Rows {
+                order_by, limit, ..
+            } if order_by.is_empty() => *limit,
+            _ => None,
+        };
+        let mut pages = Vec::new();
+        let mut resume = None;
+        let mut rows = 0u64;
+        loop {
+            if pages.len() as u32 >= MAX_PAGES {
+                return Err(Paged::Error(status(
+                    Status::Internal,
+                    format!("tablet {start:#x}: more than {MAX_PAGES} pages"),
+                )));
+            }
+            let page = self
+                .query_page(table, start, end, schema, plan, resume)
+                .await?;
+            resume = page.resume;
+            if let QueryData::Rows(_) = &page.data {
+                rows += page.matched;
+            }
+            pages.push(page);
+            // A LIMIT without order: this tablet has given enough rows.
+            if resume.is_none() || limit.is_some_and(|l| rows >= l) {
+                return Ok(pages);
+            }
+        }
+    }
+
+    async fn query_page(
+        &self,
+        table: u64,
+        start: u64,
+        end: u64,
+        schema: &Schema,
+        plan: &QueryPlan,
+        resume: Option<u64>,
+    ) -> Result<QueryResult, Paged> {
+        let got = self
+            .routed(
+                table,
+                start,
+                true, // read-only
+                |t| Request::Query {
+                    table,
+                    start_hash: t.start_hash,
+                    end_hash: t.end_hash,
+                    map_version: t.map_version,
+                    schema: schema.clone(),
+                    plan: plan.clone(),
+                    resume,
+                },
+                |reply, t, addr| {
+                    if (t.start_hash, t.end_hash) != (start, end) {
+                        return Ok(Err(format!(
+                            "tablet {start:#x}..={end:#x} is now {:#x}..={:#x}",
+                            t.start_hash, t.end_hash
+                        )));
+                    }
+                    if reply.status != Status::Ok {
+                        return Err(ClientError::Status(reply.status, reply.error_message()));
+                    }
+                    match decode(&reply, addr)? {
+                        Response::Query(r) => Ok(Ok(r)),
+                        other => Err(ClientError::unexpected(addr, format!("{other:?} to Query"))),
+                    }
+                },
+            )
+            .await;
+        match got {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(why)) => Err(Paged::Layout(why)),
+            Err(e) => Err(Paged::Error(e)),
+        }
+    }
+}
+
+enum Paged {
+    /// The tablet layout changed: run the whole query again.
+    Layout(String),
+    Error(ClientError),
+}
+
+fn merge_pages(
+    schema: &Schema,
+    plan: &QueryPlan,
+    tablets: usize,
+    pages: Vec<QueryResult>,
+) -> Result<QueryOutcome, ClientError> {
+    let bad = |e: String| ClientError::Unexpected {
+        addr: String::new(),
+        what: e,
+    };
+    let mut out = QueryOutcome {
+        answer: QueryAnswer::Rows(Vec::new()),
+        visited: 0,
+        matched: 0,
+        tablets,
+        pages: pages.len() as u64,
+        max_server_time: Duration::ZERO,
+    };
+    let mut batches = Vec::new();
+    let mut groups = Vec::new();
+    for p in pages {
+        out.visited += p.visited;
+        out.matched += p.matched;
+        out.max_server_time = out
+            .max_server_time
+            .max(Duration::from_nanos(p.server_nanos));
+        match p.data {
+            QueryData::Rows(bytes) => batches
+                .extend(insitu_rows::arrow::from_ipc(&bytes).map_err(|e| bad(e.to_string()))?),
+            QueryData::Groups(g) => groups.push(g),
+        }
+    }
+    out.answer = match &plan.output {
+        QueryOutput::Aggregate { .. } => QueryAnswer::Groups(
+            insitu_query::merge_groups(plan, groups).map_err(|e| bad(e.to_string()))?,
+        ),
+        QueryOutput::Rows {
+            order_by, limit, ..
+        } => {
+            if !order_by.is_empty() {
+                QueryAnswer::Rows(
+                    insitu_query::merge_top_k(schema, plan, batches)
+                        .map_err(|e| bad(e.to_string()))?,
+                )
+            } else {
+                QueryAnswer::Rows(cut(batches, *limit))
+            }
+        }
+    };
+    Ok(out)
+}
+
+/// The first `limit` rows of `batches` (all without a limit).
+fn cut(batches: Vec<RecordBatch>, limit: Option<u64>) -> Vec<RecordBatch> {
+    let Some(mut left) = limit else {
+        return batches;
+    };
+    let mut out = Vec::new();
+    for b in batches {
+        if left == 0 {
+            break;
+        }
+        let take = (b.num_rows() as u64).min(left);
+        left -= take;
+        out.push(b.slice(0, take as usize));
+    }
+    out
+}
