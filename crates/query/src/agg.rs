@@ -25,9 +25,13 @@ enum Extreme {
 
 #[derive(Clone, Debug)]
 struct State {
+    /// Rows (count(*)) or non-NULL arguments.
     count: u64,
+    /// Exact sum at the argument's scale (checked adds).
     sum_int: i128,
+    /// Sum of float arguments.
     sum_float: f64,
+    /// Tracked only by min / max (None until a value is seen).
     min: Extreme,
     max: Extreme,
 }
@@ -122,6 +126,7 @@ fn extreme_scalar(e: Extreme, ty: Option<ArgType>) -> Result<Scalar, QueryError>
 
 /// Grouped aggregation of one tablet's rows.
 pub(crate) struct GroupSink {
+    /// The compiled plan's group columns and aggregates.
     out: Arc<Output>,
     /// Group key bytes -> index into `keys`.
     map: HashMap<Box<[u8]>, usize>,

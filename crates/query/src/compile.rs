@@ -38,7 +38,9 @@ pub struct Compiled {
 /// One aggregate, checked.
 #[derive(Debug)]
 pub(crate) struct CompiledAgg {
+    /// Which aggregate (decides what the state tracks).
     pub func: AggFunc,
+    /// The argument, compiled to reads and exact arithmetic.
     pub arg: Arg,
     /// None for `count(*)`.
     pub ty: Option<ArgType>,
@@ -48,21 +50,28 @@ pub(crate) struct CompiledAgg {
 #[derive(Debug)]
 pub(crate) enum Output {
     Rows {
+        /// For the Arrow builder of each page.
         schema: Arc<Schema>,
+        /// The projection, in output order.
         columns: Vec<u16>,
+        /// Rows per tablet (pages count the rows sent before them).
         limit: Option<u64>,
     },
     TopK {
+        /// For the Arrow schema of the answer.
         schema: Arc<Schema>,
         /// The projection followed by the sort columns not in it: the columns
         /// a tablet returns, so the client can merge tablets' answers.
         out_columns: Vec<u16>,
         /// Per sort key: its index in `out_columns`, and the key.
         keys: Vec<(usize, SortKey)>,
+        /// Rows kept (checked <= MAX_TOP_K).
         limit: usize,
     },
     Groups {
+        /// Columns of the group key, checked.
         group_by: Vec<usize>,
+        /// One per aggregate of the plan, in order.
         aggs: Vec<CompiledAgg>,
     },
 }

@@ -75,9 +75,11 @@ fn read_at(row: &RowRef<'_>, offset: usize, read: ExactRead) -> i128 {
 /// A column read as an exact number at a comparison's common scale.
 #[derive(Clone, Copy, Debug)]
 pub struct ExactCol {
+    /// For the null bit.
     pub col: usize,
     /// The column's byte offset in every row (from the layout, once).
     pub offset: usize,
+    /// Width and kind of the stored value.
     pub read: ExactRead,
     /// 10^(common scale - column scale); at most 10^18, so `value * mul`
     /// of an i64 fits i128.
@@ -94,6 +96,7 @@ impl ExactCol {
 /// A numeric column read as f64.
 #[derive(Clone, Copy, Debug)]
 pub struct FloatCol {
+    /// For the null bit.
     pub col: usize,
     /// The column's byte offset in every row.
     pub offset: usize,
@@ -132,6 +135,7 @@ impl Operand {
 /// The values of an `IN` list, by how they compare with the column.
 #[derive(Debug)]
 pub struct InList {
+    /// The column tested (for its null bit and its text).
     pub col: usize,
     /// The exact literals at the common scale of the column and all of them.
     pub exact: Option<(ExactCol, HashSet<i128>)>,
@@ -142,31 +146,38 @@ pub struct InList {
     pub has_null: bool,
 }
 
+/// One compiled step. Leaves push a truth value, connectives combine them.
 #[derive(Debug)]
 pub enum Op {
     /// A constant truth value (a comparison with a NULL literal).
     Const(u8),
+    /// `column IS NULL`.
     IsNull(usize),
+    /// `column OP literal`, exact: the literal already at the common scale.
     Exact {
         c: ExactCol,
         op: CmpOp,
         lit: i128,
     },
+    /// `column OP literal` as f64 (a float column or a float literal).
     Float {
         c: FloatCol,
         op: CmpOp,
         lit: f64,
     },
+    /// `column OP 'text'`, by bytes.
     Text {
         col: usize,
         op: CmpOp,
         lit: Box<[u8]>,
     },
+    /// `column OP column`, both sides of the same operand kind.
     Cols {
         l: Operand,
         r: Operand,
         op: CmpOp,
     },
+    /// `column IN (..)` (boxed: the largest step, and rare).
     In(Box<InList>),
     /// LIKE (anchored) or regex (anywhere) on a text column's bytes.
     Match {

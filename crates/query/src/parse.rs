@@ -117,12 +117,17 @@ fn tokenize(text: &str) -> Result<Vec<(usize, Tok)>, QueryError> {
 }
 
 struct Parser<'a> {
+    /// Column names and the types literals are read as.
     schema: &'a Schema,
+    /// Tokens with their byte positions (for messages).
     toks: Vec<(usize, Tok)>,
+    /// The next token.
     at: usize,
     /// Where the text ends (for messages about a missing token).
     end: usize,
+    /// The postfix program so far.
     out: Vec<Pred>,
+    /// Current nesting (bounded by MAX_DEPTH).
     depth: usize,
 }
 

@@ -23,6 +23,7 @@ pub const MAX_TOP_K_BYTES: usize = 256 << 20;
 
 /// Rows pushed since the last `finish`, for one page.
 pub struct Sink {
+    /// Which output the plan asked for, and its state.
     kind: Kind,
 }
 
@@ -33,11 +34,13 @@ enum Kind {
 }
 
 struct RowsSink {
+    /// The page's projected rows.
     builder: BatchBuilder,
     /// For `to_ipc` (the builder's copy is private).
     arrow_schema: arrow_schema::SchemaRef,
     /// Rows this page may still take before the plan's limit (None: no limit).
     limit: Option<u64>,
+    /// The page is full at about this many bytes of Arrow data.
     page_bytes: usize,
 }
 
@@ -179,6 +182,7 @@ type TopKParts<'a> = (&'a Arc<Schema>, &'a [u16], &'a [(usize, SortKey)], usize)
 /// row's key becomes the bar a new row must beat (O(n log k) overall, and a
 /// row below the bar costs only reads of its sort columns).
 struct TopK {
+    /// The compiled plan's columns, keys and limit.
     out: Arc<Output>,
     /// Candidate rows: the values of `out_columns`.
     cands: Vec<Vec<Scalar>>,
