@@ -24,7 +24,10 @@ fn describe(v: &Scalar) -> String {
         Scalar::Bool(b) => b.to_string(),
         Scalar::Int(i) => i.to_string(),
         Scalar::Float(f) => f.to_string(),
-        Scalar::Decimal { value, scale } => crate::text::decimal_text(*value, *scale),
+        Scalar::Decimal { value, scale } if *scale <= 18 => {
+            crate::text::decimal_text(*value, *scale)
+        }
+        Scalar::Decimal { value, scale } => format!("{value}e-{scale}"),
         Scalar::Date(d) => crate::date::format_date(*d),
         Scalar::Str(s) => format!("{s:?}"),
     }
@@ -56,9 +59,14 @@ pub fn coerce(v: &Scalar, column: &Column) -> Result<Scalar, RowError> {
         (ColumnType::Float64, Scalar::Float(f)) => Scalar::Float(*f),
         (ColumnType::Float64, Scalar::Int(i)) => Scalar::Float(*i as f64),
         (ColumnType::Float64, Scalar::Decimal { value, scale }) => {
-            Scalar::Float(*value as f64 / pow10(*scale) as f64)
+            Scalar::Float(*value as f64 / 10f64.powi(i32::from(*scale)))
         }
         (ColumnType::Decimal { precision, scale }, _) => {
+            if let Scalar::Decimal { scale: s, .. } = v
+                && *s > insitu_protocol::schema::MAX_DECIMAL_PRECISION
+            {
+                return Err(bad("a decimal scale above 18"));
+            }
             let value = match v {
                 Scalar::Int(i) => i
                     .checked_mul(pow10(scale))

@@ -159,3 +159,17 @@ fn opaque_bytes_are_not_taken_for_a_row() {
         .to_string();
     assert!(e.contains("not a typed row"), "{e}");
 }
+
+#[test]
+fn a_decimal_of_a_hostile_scale_is_refused_not_a_panic() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let mut row = vec![Scalar::Null; 8];
+    row[0] = Scalar::Int(1);
+    row[3] = Scalar::Decimal {
+        value: 1,
+        scale: 200,
+    };
+    let e = encode_row(&s, &layout, &row).unwrap_err().to_string();
+    assert!(e.contains("scale above 18"), "{e}");
+}
