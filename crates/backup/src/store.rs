@@ -416,7 +416,16 @@ impl<I: Io> BackupStore<I> {
             return Ok(());
         };
         let mut result = Ok(());
-        if !r.pending.is_empty() {
+        if !r.pending.is_empty() && r.file_bytes == 0 {
+            // A replica's first write creates its file from scratch. A file
+            // of that name may already exist: one whose creation a crash tore
+            // (its header short or garbled, so `open` skipped it) before the
+            // master re-sent the segment from offset 0. Appending to it would
+            // put the new header behind the garbage, and the next `open`
+            // would skip the replica again — losing bytes a sync covered.
+            result = io.remove(&r.path);
+        }
+        if result.is_ok() && !r.pending.is_empty() {
             result = io.append(&r.path, &r.pending);
             if result.is_ok() {
                 r.file_bytes += r.pending.len() as u64;

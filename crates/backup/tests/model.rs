@@ -250,11 +250,10 @@ proptest! {
         run(ops, SyncMode::Always);
     }
 
-    // SKIPPED: this model found a real bug (a replica synced by a Flush is
-    // missing after a crash that follows an earlier crash; the shrunk case is
-    // saved in model.proptest-regressions). Un-ignore it with the fix.
+    // This model found a replica synced by a Flush missing after a second
+    // crash: the first crash tore the file's creation, and the re-sent
+    // segment was appended behind the garbage (the saved regression).
     #[test]
-    #[ignore = "known bug: a synced replica lost after a second crash (interval sync); see the saved regression"]
     fn replicas_survive_crashes_interval_sync(ops in prop::collection::vec(op(), 1..60)) {
         run(ops, SyncMode::Interval);
     }
@@ -408,4 +407,29 @@ fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
     for i in 0..5u8 {
         assert_eq!(store.read(rid(i)).unwrap().0, vec![i; 10]);
     }
+}
+
+#[test]
+fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
+    let cfg = || config(SyncMode::Interval, 1 << 20);
+    let (mut store, _) = BackupStore::open(cfg(), SimIo::default()).unwrap();
+    store
+        .append(rid(3), tablet(rid(3)), 0, &[5u8; 300], false)
+        .unwrap();
+    store.write_pending();
+    let mut io = store.into_io();
+    // The crash keeps the file but only 10 bytes of it: a torn header.
+    io.crash(|n| if n == 2 { 1 } else { 10.min(n - 1) });
+    let (mut store, report) = BackupStore::open(cfg(), io).unwrap();
+    assert_eq!(report.replicas, 0, "{:?}", report.problems);
+    // The master re-sends the segment from 0; a flush makes it durable.
+    store
+        .append(rid(3), tablet(rid(3)), 0, &[6u8; 1], false)
+        .unwrap();
+    store.flush().unwrap();
+    let mut io = store.into_io();
+    io.crash(|_| 0);
+    let (mut store, report) = BackupStore::open(cfg(), io).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(store.read(rid(3)).unwrap(), (vec![6u8; 1], false));
 }
