@@ -260,7 +260,8 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         | Command::Agg(_)
         | Command::Update(_)
         | Command::Train(_)
-        | Command::Tpch(_) => {
+        | Command::Tpch(_)
+        | Command::Sql(_) => {
             unreachable!("dispatched in main")
         }
     }

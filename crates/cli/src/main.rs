@@ -4,6 +4,7 @@
 mod cluster;
 mod data;
 mod ops;
+mod sql;
 mod status;
 mod tpch;
 mod typed;
@@ -113,6 +114,9 @@ enum Command {
     /// The TPC-H benchmark's tables and data.
     #[command(subcommand)]
     Tpch(tpch::TpchCmd),
+    /// SQL over the typed tables: filters, projections, limits and aggregates run on the
+    /// servers, joins and sorts in this process (Apache DataFusion). Without SQL, a shell.
+    Sql(sql::SqlArgs),
 }
 
 #[derive(Subcommand)]
@@ -361,6 +365,10 @@ fn main() -> std::process::ExitCode {
         Command::Tpch(cmd) => {
             init_tracing("warn");
             tpch::run(cmd, cluster)
+        }
+        Command::Sql(args) => {
+            init_tracing("warn");
+            sql::run(args, cluster)
         }
         other => {
             init_tracing("warn");

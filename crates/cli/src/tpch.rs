@@ -139,7 +139,7 @@ async fn load(
     let secs = started.elapsed().as_secs_f64();
     let n = loaded.load(Ordering::Relaxed);
     crate::outln!(
-        "loaded TPC-H SF {sf}: {n} rows in 8 tables in {secs:.1} s ({:.0} rows/s); try `insitu count lineitem`",
+        "loaded TPC-H SF {sf}: {n} rows in 8 tables in {secs:.1} s ({:.0} rows/s); try `insitu sql \"select count(*) from lineitem\"`",
         n as f64 / secs.max(1e-9)
     )?;
     Ok(())

@@ -1,0 +1,207 @@
+//! The physical scan of an insitu table: at execute time it sends one
+//! `Rows` plan (pushed filter, projection, limit) to the table's tablets
+//! through its `TableSource` and streams the Arrow batches back.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, RecordBatchOptions};
+use arrow_schema::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::StreamExt;
+use insitu_protocol::query::QueryPlan;
+
+use crate::source::TableSource;
+
+/// Scan of one insitu table with its pushed-down parts.
+#[derive(Debug)]
+pub struct InsituScanExec {
+    /// Where the plan runs.
+    source: Arc<dyn TableSource>,
+    /// What every tablet is asked (a `Rows` plan).
+    plan: QueryPlan,
+    /// The batches' schema as this node outputs it.
+    schema: SchemaRef,
+    /// The columns asked for are dropped from each batch (only the row
+    /// count is wanted, as for `count(*)`): Arrow needs a column to carry
+    /// a row count over the wire.
+    drop_columns: bool,
+    /// Rows to stop after (the servers apply it per tablet, so the merged
+    /// stream may hold more).
+    limit: Option<usize>,
+    /// The pushed filters as SQL text, for EXPLAIN.
+    filter_text: Vec<String>,
+    /// Names of the columns asked for, for EXPLAIN.
+    column_names: Vec<String>,
+    /// DataFusion's cached plan properties (one partition, bounded).
+    properties: Arc<PlanProperties>,
+}
+
+impl InsituScanExec {
+    /// A scan running `plan` on `source`, producing batches of `schema`.
+    pub fn new(
+        source: Arc<dyn TableSource>,
+        plan: QueryPlan,
+        schema: SchemaRef,
+        drop_columns: bool,
+        limit: Option<usize>,
+        filter_text: Vec<String>,
+        column_names: Vec<String>,
+    ) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Self {
+            source,
+            plan,
+            schema,
+            drop_columns,
+            limit,
+            filter_text,
+            column_names,
+            properties: Arc::new(properties),
+        }
+    }
+
+    /// The plan sent to the tablets.
+    pub fn plan(&self) -> &QueryPlan {
+        &self.plan
+    }
+}
+
+impl DisplayAs for InsituScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "InsituScanExec: table={}, columns=[{}]",
+            self.source.name(),
+            self.column_names.join(", ")
+        )?;
+        if self.drop_columns {
+            write!(f, " (row count only)")?;
+        }
+        if !self.filter_text.is_empty() {
+            write!(
+                f,
+                ", pushed_filter=[{}] ({} steps)",
+                self.filter_text.join(" AND "),
+                self.plan.filter.len()
+            )?;
+        }
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for InsituScanExec {
+    fn name(&self) -> &str {
+        "InsituScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return Err(DataFusionError::Internal(
+                "InsituScanExec has no children".into(),
+            ));
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "InsituScanExec has one partition, asked for {partition}"
+            )));
+        }
+        let schema = self.schema.clone();
+        let drop_columns = self.drop_columns;
+        let table = self.source.name().to_string();
+        let inner = self.source.rows(self.plan.clone());
+        // State: the servers' stream and the rows still wanted; the stream
+        // ends as soon as the limit is reached (no further page is asked).
+        let stream = futures::stream::unfold((inner, self.limit), move |(mut inner, left)| {
+            let (schema, table) = (schema.clone(), table.clone());
+            async move {
+                if left == Some(0) {
+                    return None;
+                }
+                let item = inner.next().await?;
+                let batch = match item {
+                    Err(e) => {
+                        let e = DataFusionError::Execution(format!("scan of table {table}: {e}"));
+                        return Some((Err(e), (inner, Some(0))));
+                    }
+                    Ok(b) => b,
+                };
+                let batch = match conform(&schema, batch, drop_columns) {
+                    Err(e) => return Some((Err(e), (inner, Some(0)))),
+                    Ok(b) => b,
+                };
+                let (batch, left) = match left {
+                    None => (batch, None),
+                    Some(n) => {
+                        let take = batch.num_rows().min(n);
+                        (batch.slice(0, take), Some(n - take))
+                    }
+                };
+                Some((Ok(batch), (inner, left)))
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+}
+
+/// `batch` under this node's schema: the same columns (types checked by
+/// Arrow), or none but the row count when `drop_columns`.
+fn conform(schema: &SchemaRef, batch: RecordBatch, drop_columns: bool) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let columns = if drop_columns {
+        vec![]
+    } else {
+        batch.columns().to_vec()
+    };
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "a batch from the servers does not fit the expected schema: {e}"
+        ))
+    })
+}

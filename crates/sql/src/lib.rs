@@ -1,0 +1,102 @@
+//! SQL on typed insitu tables, with Apache DataFusion.
+//!
+//! A query is parsed and planned by DataFusion over [`InsituTable`]s; their
+//! scans push the filters the servers evaluate exactly, the projection and
+//! the limit into one `QueryPlan` per table, run on every tablet through a
+//! [`TableSource`]. Joins, sorts and everything else run in DataFusion on
+//! the client.
+
+pub mod aggregate;
+pub mod aggregate_exec;
+pub mod cluster;
+pub mod exec;
+pub mod format;
+pub mod provider;
+pub mod shell;
+pub mod source;
+pub mod translate;
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+pub use format::{Format, write_batches};
+pub use provider::InsituTable;
+pub use source::{TableSource, arrow_schema};
+
+/// Why a SQL statement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    /// The text is not SQL DataFusion parses.
+    #[error("SQL syntax error: {0}")]
+    Syntax(String),
+    /// Unknown table or column, wrong types, unsupported construct.
+    #[error("SQL planning error: {0}")]
+    Plan(String),
+    /// The query failed while running (including on the servers).
+    #[error("query failed: {0}")]
+    Execution(String),
+}
+
+/// A DataFusion session with one table per source (named by the source),
+/// the aggregate pushdown rule and its planner.
+///
+/// Decimal literals: `0.05` is read as DECIMAL(2,2), as in the SQL standard
+/// (and DuckDB), not as a float, so that comparing a decimal column with it
+/// stays exact (and can be pushed to the servers).
+pub async fn context(tables: Vec<Arc<dyn TableSource>>) -> Result<SessionContext, SqlError> {
+    let mut config = SessionConfig::new();
+    config.options_mut().sql_parser.parse_float_as_decimal = true;
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_optimizer_rule(Arc::new(aggregate::AggregatePushdown))
+        .with_query_planner(Arc::new(aggregate_exec::InsituQueryPlanner))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    for t in tables {
+        let name = t.name().to_string();
+        ctx.register_table(name.as_str(), Arc::new(InsituTable::new(t)))
+            .map_err(|e| SqlError::Plan(format!("registering table {name}: {e}")))?;
+    }
+    Ok(ctx)
+}
+
+/// Run one SQL statement; its result schema and batches.
+pub async fn query(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(SchemaRef, Vec<RecordBatch>), SqlError> {
+    let df = ctx.sql(sql).await.map_err(classify)?;
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df
+        .collect()
+        .await
+        .map_err(|e| SqlError::Execution(message(&e)))?;
+    Ok((schema, batches))
+}
+
+/// Run one SQL statement and collect its result.
+pub async fn run_sql(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>, SqlError> {
+    query(ctx, sql).await.map(|(_, b)| b)
+}
+
+/// DataFusion's message without its backtrace.
+fn message(e: &DataFusionError) -> String {
+    e.strip_backtrace()
+}
+
+/// An error from parsing/planning, sorted by kind.
+fn classify(e: DataFusionError) -> SqlError {
+    match e.find_root() {
+        DataFusionError::SQL(..) => SqlError::Syntax(message(&e)),
+        DataFusionError::Execution(_)
+        | DataFusionError::External(_)
+        | DataFusionError::ArrowError(..) => SqlError::Execution(message(&e)),
+        _ => SqlError::Plan(message(&e)),
+    }
+}

@@ -1,0 +1,121 @@
+//! `InsituTable`: DataFusion's view of a typed insitu table. Filters the
+//! servers evaluate exactly are pushed down (`Exact`, so DataFusion drops
+//! them from its own plan), along with the projection and the limit.
+
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use insitu_protocol::plan::MAX_PRED_OPS;
+use insitu_protocol::query::{QueryOutput, QueryPlan};
+
+use crate::exec::InsituScanExec;
+use crate::source::{TableSource, arrow_schema};
+use crate::translate::{filter_to_preds, filters_to_preds};
+
+/// A typed insitu table registered with DataFusion.
+#[derive(Debug)]
+pub struct InsituTable {
+    /// The cluster side of the table.
+    source: Arc<dyn TableSource>,
+    /// `arrow_schema(source.schema())`, computed once.
+    schema: SchemaRef,
+}
+
+impl InsituTable {
+    pub fn new(source: Arc<dyn TableSource>) -> Self {
+        let schema = arrow_schema(source.schema());
+        Self { source, schema }
+    }
+
+    /// The cluster side of the table.
+    pub fn source(&self) -> &Arc<dyn TableSource> {
+        &self.source
+    }
+}
+
+#[async_trait]
+impl TableProvider for InsituTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // Every filter pushed joins one program (ANDed); keep the whole
+        // program within the servers' limit: once it would overflow, the
+        // remaining filters stay in DataFusion.
+        let mut steps = 0usize;
+        Ok(filters
+            .iter()
+            .map(|f| match filter_to_preds(f, self.source.schema()) {
+                Ok(p) if steps + p.len() < MAX_PRED_OPS => {
+                    steps += p.len() + 1;
+                    TableProviderFilterPushDown::Exact
+                }
+                _ => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.source.schema();
+        let filter = filters_to_preds(filters, schema).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "a filter accepted for table {} no longer translates: {e}",
+                self.source.name()
+            ))
+        })?;
+        let all: Vec<usize> = (0..schema.columns.len()).collect();
+        let wanted = projection.unwrap_or(&all);
+        // With no column wanted (count(*)), ask for the first key column and
+        // drop it: the row count is what matters.
+        let drop_columns = wanted.is_empty();
+        let asked: Vec<u16> = if drop_columns {
+            vec![*schema.key.first().ok_or_else(|| {
+                DataFusionError::Plan(format!("table {} has no key", self.source.name()))
+            })?]
+        } else {
+            wanted.iter().map(|&i| i as u16).collect()
+        };
+        let out_schema = Arc::new(self.schema.project(wanted)?);
+        let plan = QueryPlan {
+            filter,
+            output: QueryOutput::Rows {
+                columns: asked.clone(),
+                order_by: vec![],
+                limit: limit.map(|l| l as u64),
+            },
+        };
+        let names = asked
+            .iter()
+            .map(|&i| schema.columns[i as usize].name.clone())
+            .collect();
+        Ok(Arc::new(InsituScanExec::new(
+            self.source.clone(),
+            plan,
+            out_schema,
+            drop_columns,
+            limit,
+            filters.iter().map(|f| f.to_string()).collect(),
+            names,
+        )))
+    }
+}

@@ -1,0 +1,26 @@
+//! The boundary between the SQL front end and the cluster: a typed table that
+//! runs query plans on all its tablets. The cluster client implements it; the
+//! tests implement it over rows in memory.
+
+use arrow_array::RecordBatch;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use insitu_protocol::query::{GroupPartial, QueryPlan};
+use insitu_protocol::schema::Schema;
+
+pub use insitu_rows::arrow::arrow_schema;
+
+/// A typed table the SQL engine can scan and aggregate.
+pub trait TableSource: Send + Sync + std::fmt::Debug {
+    /// The table's name (as SQL names it).
+    fn name(&self) -> &str;
+    /// The table's schema.
+    fn schema(&self) -> &Schema;
+    /// Run a `Rows` plan on every tablet; a stream of Arrow batches whose
+    /// schema is the projection (columns in plan order) of
+    /// `arrow_schema(schema)`.
+    fn rows(&self, plan: QueryPlan) -> BoxStream<'static, Result<RecordBatch, String>>;
+    /// Run an `Aggregate` plan on every tablet and merge the partials: one
+    /// `GroupPartial` per group.
+    fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>>;
+}

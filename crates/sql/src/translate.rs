@@ -1,0 +1,641 @@
+//! DataFusion expressions → insitu query programs.
+//!
+//! A WHERE clause becomes a postfix `Vec<Pred>` only when the servers will
+//! give *exactly* the answer DataFusion would: same three-valued logic, every
+//! literal converted to the column's own type without loss, and a cast on a
+//! column unwrapped only when it widens within one type family (so it cannot
+//! change how two values compare). Anything else is refused with the reason,
+//! and DataFusion evaluates it on the client.
+//!
+//! An aggregate's argument becomes a postfix `Vec<ValueOp>` (columns,
+//! literals, `+ - *`, unary minus), with the decimal scale of its result.
+
+use arrow_schema::DataType;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::expr::{Between, InList, Like};
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
+use insitu_protocol::plan::{CmpOp, MAX_PRED_OPS};
+use insitu_protocol::query::{MAX_AGGS, MAX_IN_LIST, MAX_PATTERN_BYTES, Pred, Scalar, ValueOp};
+use insitu_protocol::schema::{ColumnType, Schema};
+
+/// Why an expression was not translated (shown by tests and logs).
+pub type Refusal = String;
+
+/// A column reference, possibly under casts that were proven harmless.
+#[derive(Clone, Copy, Debug)]
+struct ColRef {
+    /// Index of the column in the table's schema.
+    idx: u16,
+    /// The column's stored type (what the server compares with).
+    ty: ColumnType,
+}
+
+/// Translate one filter expression to a postfix program of at most
+/// `MAX_PRED_OPS` steps.
+pub fn filter_to_preds(expr: &Expr, schema: &Schema) -> Result<Vec<Pred>, Refusal> {
+    let mut out = Vec::new();
+    pred(expr, schema, &mut out)?;
+    if out.len() > MAX_PRED_OPS {
+        return Err(format!(
+            "filter of {} steps: more than the limit of {MAX_PRED_OPS}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Translate several filters (all must hold) into one program.
+pub fn filters_to_preds(exprs: &[Expr], schema: &Schema) -> Result<Vec<Pred>, Refusal> {
+    let mut out = Vec::new();
+    for (i, e) in exprs.iter().enumerate() {
+        pred(e, schema, &mut out)?;
+        if i > 0 {
+            out.push(Pred::And);
+        }
+    }
+    if out.len() > MAX_PRED_OPS {
+        return Err(format!(
+            "filters of {} steps: more than the limit of {MAX_PRED_OPS}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+fn pred(expr: &Expr, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
+    match expr {
+        Expr::Alias(a) => pred(&a.expr, schema, out),
+        Expr::BinaryExpr(b) => binary(b, schema, out),
+        Expr::Not(inner) => {
+            pred(inner, schema, out)?;
+            out.push(Pred::Not);
+            Ok(())
+        }
+        Expr::IsNull(inner) => {
+            let c = col_ref(inner, schema)?;
+            out.push(Pred::IsNull { col: c.idx });
+            Ok(())
+        }
+        Expr::IsNotNull(inner) => {
+            let c = col_ref(inner, schema)?;
+            out.push(Pred::IsNull { col: c.idx });
+            out.push(Pred::Not);
+            Ok(())
+        }
+        Expr::Between(b) => between(b, schema, out),
+        Expr::InList(l) => in_list(l, schema, out),
+        Expr::Like(l) => like(l, schema, out),
+        Expr::Column(_) | Expr::Cast(_) | Expr::TryCast(_) => {
+            // A bare boolean column: `WHERE flag` is `flag = true` (NULL stays unknown).
+            let c = col_ref(expr, schema)?;
+            if c.ty != ColumnType::Bool {
+                return Err(format!("{expr} is not a boolean column"));
+            }
+            out.push(Pred::Cmp {
+                col: c.idx,
+                op: CmpOp::Eq,
+                value: Scalar::Bool(true),
+            });
+            Ok(())
+        }
+        Expr::ScalarFunction(f) if f.name() == "regexp_like" => {
+            let (col, pattern, flags) = match f.args.as_slice() {
+                [c, p] => (c, p, None),
+                [c, p, fl] => (c, p, Some(fl)),
+                _ => return Err("regexp_like takes 2 or 3 arguments".into()),
+            };
+            let case_insensitive = match flags {
+                None => false,
+                Some(fl) => match literal_str(fl)?.as_str() {
+                    "" => false,
+                    "i" => true,
+                    other => {
+                        return Err(format!("regexp_like flags {other:?}: only 'i' is pushed"));
+                    }
+                },
+            };
+            regex(col, pattern, case_insensitive, false, schema, out)
+        }
+        other => Err(format!("{other} is not a pushable filter")),
+    }
+}
+
+fn binary(b: &BinaryExpr, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
+    let (l, r) = (b.left.as_ref(), b.right.as_ref());
+    match b.op {
+        Operator::And | Operator::Or => {
+            pred(l, schema, out)?;
+            pred(r, schema, out)?;
+            out.push(if b.op == Operator::And {
+                Pred::And
+            } else {
+                Pred::Or
+            });
+            Ok(())
+        }
+        Operator::Eq
+        | Operator::NotEq
+        | Operator::Lt
+        | Operator::LtEq
+        | Operator::Gt
+        | Operator::GtEq => compare(l, b.op, r, schema, out),
+        Operator::RegexMatch => regex(l, r, false, false, schema, out),
+        Operator::RegexIMatch => regex(l, r, true, false, schema, out),
+        Operator::RegexNotMatch => regex(l, r, false, true, schema, out),
+        Operator::RegexNotIMatch => regex(l, r, true, true, schema, out),
+        Operator::LikeMatch => like_parts(l, r, false, false, schema, out),
+        Operator::ILikeMatch => like_parts(l, r, true, false, schema, out),
+        Operator::NotLikeMatch => like_parts(l, r, false, true, schema, out),
+        Operator::NotILikeMatch => like_parts(l, r, true, true, schema, out),
+        op => Err(format!("operator {op} is not pushed")),
+    }
+}
+
+fn cmp_op(op: Operator) -> CmpOp {
+    match op {
+        Operator::Eq => CmpOp::Eq,
+        Operator::NotEq => CmpOp::Ne,
+        Operator::Lt => CmpOp::Lt,
+        Operator::LtEq => CmpOp::Le,
+        Operator::Gt => CmpOp::Gt,
+        _ => CmpOp::Ge,
+    }
+}
+
+/// `a OP b` is `b flip(OP) a`.
+fn flip(op: CmpOp) -> CmpOp {
+    match op {
+        CmpOp::Lt => CmpOp::Gt,
+        CmpOp::Le => CmpOp::Ge,
+        CmpOp::Gt => CmpOp::Lt,
+        CmpOp::Ge => CmpOp::Le,
+        same => same,
+    }
+}
+
+fn compare(
+    l: &Expr,
+    op: Operator,
+    r: &Expr,
+    schema: &Schema,
+    out: &mut Vec<Pred>,
+) -> Result<(), Refusal> {
+    let op = cmp_op(op);
+    match (literal(l), literal(r)) {
+        (None, Some(v)) => {
+            let c = col_ref(l, schema)?;
+            out.push(Pred::Cmp {
+                col: c.idx,
+                op,
+                value: scalar_for(c.ty, v)?,
+            });
+        }
+        (Some(v), None) => {
+            let c = col_ref(r, schema)?;
+            out.push(Pred::Cmp {
+                col: c.idx,
+                op: flip(op),
+                value: scalar_for(c.ty, v)?,
+            });
+        }
+        (None, None) => {
+            let (a, b) = (col_ref(l, schema)?, col_ref(r, schema)?);
+            if !comparable(a.ty, b.ty) {
+                return Err(format!(
+                    "columns of types {} and {} are not compared on the servers",
+                    a.ty, b.ty
+                ));
+            }
+            out.push(Pred::CmpCols {
+                left: a.idx,
+                op,
+                right: b.idx,
+            });
+        }
+        (Some(_), Some(_)) => return Err("a comparison of two literals".into()),
+    }
+    Ok(())
+}
+
+/// Whether two stored types compare exactly as DataFusion compares them
+/// after its coercion (same type, or two integer widths).
+fn comparable(a: ColumnType, b: ColumnType) -> bool {
+    let int = |t| matches!(t, ColumnType::Int32 | ColumnType::Int64);
+    a == b || (int(a) && int(b))
+}
+
+fn between(b: &Between, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
+    let c = col_ref(&b.expr, schema)?;
+    let (Some(lo), Some(hi)) = (literal(&b.low), literal(&b.high)) else {
+        return Err("BETWEEN bounds must be literals".into());
+    };
+    out.push(Pred::Between {
+        col: c.idx,
+        lo: scalar_for(c.ty, lo)?,
+        hi: scalar_for(c.ty, hi)?,
+    });
+    if b.negated {
+        out.push(Pred::Not);
+    }
+    Ok(())
+}
+
+fn in_list(l: &InList, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
+    let c = col_ref(&l.expr, schema)?;
+    if l.list.is_empty() || l.list.len() > MAX_IN_LIST {
+        return Err(format!(
+            "IN list of {} items (1 to {MAX_IN_LIST} are pushed)",
+            l.list.len()
+        ));
+    }
+    let mut values = Vec::with_capacity(l.list.len());
+    for item in &l.list {
+        let v = literal(item).ok_or_else(|| format!("IN list item {item} is not a literal"))?;
+        // A NULL item makes a non-matching row unknown instead of false;
+        // scalar_for refuses NULL, so such lists stay in DataFusion.
+        values.push(scalar_for(c.ty, v)?);
+    }
+    out.push(Pred::In { col: c.idx, values });
+    if l.negated {
+        out.push(Pred::Not);
+    }
+    Ok(())
+}
+
+fn like(l: &Like, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
+    // DataFusion's LIKE escapes with `\` and refuses any other escape
+    // character; the servers use the same default.
+    if l.escape_char.is_some_and(|c| c != '\\') {
+        return Err("LIKE with an escape character other than \\".into());
+    }
+    like_parts(
+        &l.expr,
+        &l.pattern,
+        l.case_insensitive,
+        l.negated,
+        schema,
+        out,
+    )
+}
+
+fn like_parts(
+    col: &Expr,
+    pattern: &Expr,
+    case_insensitive: bool,
+    negated: bool,
+    schema: &Schema,
+    out: &mut Vec<Pred>,
+) -> Result<(), Refusal> {
+    let c = text_col(col, schema)?;
+    let pattern = literal_str(pattern)?;
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(format!(
+            "LIKE pattern of {} bytes: more than {MAX_PATTERN_BYTES}",
+            pattern.len()
+        ));
+    }
+    out.push(Pred::Like {
+        col: c.idx,
+        pattern,
+        case_insensitive,
+    });
+    if negated {
+        out.push(Pred::Not);
+    }
+    Ok(())
+}
+
+fn regex(
+    col: &Expr,
+    pattern: &Expr,
+    case_insensitive: bool,
+    negated: bool,
+    schema: &Schema,
+    out: &mut Vec<Pred>,
+) -> Result<(), Refusal> {
+    let c = text_col(col, schema)?;
+    let pattern = literal_str(pattern)?;
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(format!(
+            "regex of {} bytes: more than {MAX_PATTERN_BYTES}",
+            pattern.len()
+        ));
+    }
+    out.push(Pred::Regex {
+        col: c.idx,
+        pattern,
+        case_insensitive,
+    });
+    if negated {
+        out.push(Pred::Not);
+    }
+    Ok(())
+}
+
+fn text_col(e: &Expr, schema: &Schema) -> Result<ColRef, Refusal> {
+    let c = col_ref(e, schema)?;
+    if c.ty != ColumnType::Utf8 {
+        return Err(format!("{e} is not a text column"));
+    }
+    Ok(c)
+}
+
+/// The value of a literal expression (through aliases), if it is one.
+fn literal(e: &Expr) -> Option<&ScalarValue> {
+    match e {
+        Expr::Literal(v, _) => Some(v),
+        Expr::Alias(a) => literal(&a.expr),
+        _ => None,
+    }
+}
+
+fn literal_str(e: &Expr) -> Result<String, Refusal> {
+    match literal(e) {
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(s.clone()),
+        _ => Err(format!("{e} is not a text literal")),
+    }
+}
+
+/// The column `e` reads, when `e` is a column under zero or more casts that
+/// cannot change comparisons or arithmetic values.
+fn col_ref(e: &Expr, schema: &Schema) -> Result<ColRef, Refusal> {
+    match e {
+        Expr::Column(c) => {
+            let idx = schema
+                .column_index(&c.name)
+                .ok_or_else(|| format!("unknown column {}", c.name))?;
+            let ty = schema.columns[idx].ty;
+            Ok(ColRef {
+                idx: idx as u16,
+                ty,
+            })
+        }
+        Expr::Alias(a) => col_ref(&a.expr, schema),
+        Expr::Cast(c) => widened(col_ref(&c.expr, schema)?, c.field.data_type(), e),
+        Expr::TryCast(c) => widened(col_ref(&c.expr, schema)?, c.field.data_type(), e),
+        other => Err(format!("{other} is not a column")),
+    }
+}
+
+/// `c` seen through a cast to `to`, if that cast widens within the column's
+/// type family (every value maps to the same number or text, order kept).
+fn widened(c: ColRef, to: &DataType, e: &Expr) -> Result<ColRef, Refusal> {
+    let ok = match (c.ty, to) {
+        (ColumnType::Int32, DataType::Int32 | DataType::Int64) => true,
+        (ColumnType::Int64, DataType::Int64) => true,
+        (ColumnType::Float64, DataType::Float64) => true,
+        (ColumnType::Date32, DataType::Date32) => true,
+        (ColumnType::Bool, DataType::Boolean) => true,
+        (ColumnType::Utf8, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => true,
+        (ColumnType::Decimal { precision, scale }, DataType::Decimal128(p, s)) => {
+            // More fraction digits and at least as many integer digits.
+            *s >= 0
+                && (*s as u8) >= scale
+                && (*p as i32 - *s as i32) >= (precision as i32 - scale as i32)
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(c)
+    } else {
+        Err(format!("{e}: the cast may change comparisons"))
+    }
+}
+
+/// `v` as a value of a column of type `ty`, exactly, or a refusal.
+fn scalar_for(ty: ColumnType, v: &ScalarValue) -> Result<Scalar, Refusal> {
+    if v.is_null() {
+        return Err("a comparison with NULL".into());
+    }
+    let int = int_value(v);
+    let s = match (ty, v) {
+        (ColumnType::Int32 | ColumnType::Int64, _) if int.is_some() => int.map(Scalar::Int),
+        (ColumnType::Float64, ScalarValue::Float64(Some(f))) if !f.is_nan() => {
+            Some(Scalar::Float(*f))
+        }
+        (ColumnType::Float64, ScalarValue::Float32(Some(f))) if !f.is_nan() => {
+            Some(Scalar::Float(*f as f64))
+        }
+        (ColumnType::Decimal { scale, .. }, ScalarValue::Decimal128(Some(x), _, s)) => {
+            rescale(*x, *s, scale).map(|value| Scalar::Decimal { value, scale })
+        }
+        (ColumnType::Decimal { scale, .. }, _) if int.is_some() => int
+            .and_then(|i| rescale(i as i128, 0, scale))
+            .map(|value| Scalar::Decimal { value, scale }),
+        (ColumnType::Date32, ScalarValue::Date32(Some(d))) => Some(Scalar::Date(*d)),
+        (
+            ColumnType::Utf8,
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Some(Scalar::Str(s.clone())),
+        (ColumnType::Bool, ScalarValue::Boolean(Some(b))) => Some(Scalar::Bool(*b)),
+        _ => None,
+    };
+    s.ok_or_else(|| format!("literal {v} is not exactly a {ty} value"))
+}
+
+/// An integer literal's value, if it is an integer that fits i64.
+fn int_value(v: &ScalarValue) -> Option<i64> {
+    match v {
+        ScalarValue::Int8(Some(x)) => Some(*x as i64),
+        ScalarValue::Int16(Some(x)) => Some(*x as i64),
+        ScalarValue::Int32(Some(x)) => Some(*x as i64),
+        ScalarValue::Int64(Some(x)) => Some(*x),
+        ScalarValue::UInt8(Some(x)) => Some(*x as i64),
+        ScalarValue::UInt16(Some(x)) => Some(*x as i64),
+        ScalarValue::UInt32(Some(x)) => Some(*x as i64),
+        ScalarValue::UInt64(Some(x)) => i64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+/// The unscaled value `x / 10^from` at scale `to`, if exact and within i64.
+fn rescale(x: i128, from: i8, to: u8) -> Option<i64> {
+    let (from, to) = (from as i32, to as i32);
+    let v = if to >= from {
+        x.checked_mul(10i128.checked_pow((to - from) as u32)?)?
+    } else {
+        let d = 10i128.checked_pow((from - to) as u32)?;
+        if x % d != 0 {
+            return None;
+        }
+        x / d
+    };
+    i64::try_from(v).ok()
+}
+
+/// An aggregate argument as a postfix arithmetic program, with its numeric
+/// class: the decimal scale of an exact (integer/decimal) result, or None
+/// for a float result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueProgram {
+    pub ops: Vec<ValueOp>,
+    /// Scale of the exact result (0 for integers), or None when any operand
+    /// is a float (the servers then compute in f64).
+    pub scale: Option<u8>,
+    /// Whether every operand is an integer column or literal (scale 0, no
+    /// decimal column involved).
+    pub integer: bool,
+    /// For a single column argument: its type (MIN/MAX of text, dates...).
+    pub column: Option<ColumnType>,
+}
+
+/// Translate an aggregate's argument.
+pub fn value_program(expr: &Expr, schema: &Schema) -> Result<ValueProgram, Refusal> {
+    let mut ops = Vec::new();
+    let num = value(expr, schema, &mut ops)?;
+    if ops.len() > MAX_AGGS {
+        return Err(format!(
+            "argument of {} steps: more than the limit of {MAX_AGGS}",
+            ops.len()
+        ));
+    }
+    let column = match ops.as_slice() {
+        [ValueOp::Col(c)] => Some(schema.columns[*c as usize].ty),
+        _ => None,
+    };
+    let (scale, integer) = match num {
+        Num::Exact { scale, integer } => (Some(scale), integer),
+        Num::Float | Num::Other => (None, false),
+    };
+    Ok(ValueProgram {
+        ops,
+        scale,
+        integer,
+        column,
+    })
+}
+
+/// The numeric class of an argument's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Num {
+    /// Exact, at this decimal scale; `integer` when no decimal is involved.
+    Exact {
+        scale: u8,
+        integer: bool,
+    },
+    Float,
+    /// A bare non-numeric column (MIN/MAX of text, dates, booleans).
+    Other,
+}
+
+/// Push `e`'s steps and return its class.
+fn value(e: &Expr, schema: &Schema, out: &mut Vec<ValueOp>) -> Result<Num, Refusal> {
+    match e {
+        Expr::Alias(a) => value(&a.expr, schema, out),
+        // A widening cast of an expression (DataFusion sums int32 as
+        // int64): the value is unchanged, so the program is the inner one.
+        Expr::Cast(c) if !matches!(c.expr.as_ref(), Expr::Column(_)) => {
+            let num = value(&c.expr, schema, out)?;
+            let ok = match (num, c.field.data_type()) {
+                (Num::Exact { integer: true, .. }, DataType::Int64) => true,
+                (Num::Exact { scale, .. }, DataType::Decimal128(_, t)) => {
+                    *t >= 0 && *t as u8 >= scale
+                }
+                (Num::Float, DataType::Float64) => true,
+                _ => false,
+            };
+            if !ok {
+                return Err(format!("{e}: the cast may change values"));
+            }
+            Ok(num)
+        }
+        Expr::Column(_) | Expr::Cast(_) | Expr::TryCast(_) => {
+            let c = col_ref(e, schema)?;
+            out.push(ValueOp::Col(c.idx));
+            Ok(match c.ty {
+                ColumnType::Int32 | ColumnType::Int64 => Num::Exact {
+                    scale: 0,
+                    integer: true,
+                },
+                ColumnType::Decimal { scale, .. } => Num::Exact {
+                    scale,
+                    integer: false,
+                },
+                ColumnType::Float64 => Num::Float,
+                _ => Num::Other,
+            })
+        }
+        Expr::Literal(v, _) => {
+            let (s, r) = match v {
+                ScalarValue::Decimal128(Some(x), _, s) if *s >= 0 => {
+                    let value = i64::try_from(*x).map_err(|_| format!("literal {v} overflows"))?;
+                    let scale = *s as u8;
+                    (
+                        Scalar::Decimal { value, scale },
+                        Num::Exact {
+                            scale,
+                            integer: false,
+                        },
+                    )
+                }
+                ScalarValue::Float64(Some(f)) => (Scalar::Float(*f), Num::Float),
+                _ => match int_value(v) {
+                    Some(i) => (
+                        Scalar::Int(i),
+                        Num::Exact {
+                            scale: 0,
+                            integer: true,
+                        },
+                    ),
+                    None => return Err(format!("literal {v} in an aggregate argument")),
+                },
+            };
+            out.push(ValueOp::Lit(s));
+            Ok(r)
+        }
+        Expr::Negative(inner) => {
+            let r = value(inner, schema, out)?;
+            if r == Num::Other {
+                return Err(format!("{e}: negation of a non-number"));
+            }
+            out.push(ValueOp::Neg);
+            Ok(r)
+        }
+        Expr::BinaryExpr(b) => {
+            let step = match b.op {
+                Operator::Plus => ValueOp::Add,
+                Operator::Minus => ValueOp::Sub,
+                Operator::Multiply => ValueOp::Mul,
+                op => return Err(format!("operator {op} in an aggregate argument")),
+            };
+            let l = value(&b.left, schema, out)?;
+            let r = value(&b.right, schema, out)?;
+            let num = match (l, r) {
+                (Num::Other, _) | (_, Num::Other) => {
+                    return Err(format!("{e}: arithmetic on a non-number"));
+                }
+                (
+                    Num::Exact {
+                        scale: a,
+                        integer: ai,
+                    },
+                    Num::Exact {
+                        scale: c,
+                        integer: ci,
+                    },
+                ) => {
+                    let scale = if step == ValueOp::Mul {
+                        a.checked_add(c).filter(|s| *s <= 38)
+                    } else {
+                        Some(a.max(c))
+                    };
+                    let scale = scale.ok_or_else(|| format!("{e}: scale above 38"))?;
+                    Num::Exact {
+                        scale,
+                        integer: ai && ci,
+                    }
+                }
+                _ => Num::Float,
+            };
+            out.push(step);
+            Ok(num)
+        }
+        other => Err(format!("{other} in an aggregate argument")),
+    }
+}

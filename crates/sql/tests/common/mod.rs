@@ -1,0 +1,432 @@
+//! A `TableSource` over rows held in memory, with a small evaluator of
+//! `QueryPlan`s written to be obviously right (not fast): the reference the
+//! SQL front end's pushdown is checked against. It splits the rows into two
+//! "tablets" (even and odd row numbers) so per-tablet limits and merged
+//! partials are exercised.
+
+#![allow(dead_code)]
+
+use std::cmp::Ordering;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::builder::{
+    BooleanBuilder, Date32Builder, Decimal128Builder, Float64Builder, Int32Builder, Int64Builder,
+    StringBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use insitu_protocol::plan::CmpOp;
+use insitu_protocol::query::{
+    AggFunc, AggState, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, ValueOp,
+};
+use insitu_protocol::schema::{ColumnType, Schema};
+use insitu_sql::{TableSource, arrow_schema};
+
+/// Rows per batch the fake servers send (small: many batches).
+const BATCH_ROWS: usize = 4;
+
+#[derive(Debug)]
+pub struct MemSource {
+    pub name: String,
+    pub schema: Schema,
+    pub rows: Vec<Vec<Scalar>>,
+    /// Every plan received, to check what was pushed.
+    pub plans: Mutex<Vec<QueryPlan>>,
+}
+
+impl MemSource {
+    pub fn new(name: &str, schema: Schema, rows: Vec<Vec<Scalar>>) -> Arc<Self> {
+        schema.check().unwrap();
+        Arc::new(Self {
+            name: name.into(),
+            schema,
+            rows,
+            plans: Mutex::new(vec![]),
+        })
+    }
+
+    /// The rows of each fake tablet.
+    fn tablets(&self) -> [Vec<&Vec<Scalar>>; 2] {
+        let mut t = [vec![], vec![]];
+        for (i, r) in self.rows.iter().enumerate() {
+            t[i % 2].push(r);
+        }
+        t
+    }
+
+    /// All rows as one batch (for the reference MemTable).
+    pub fn batch(&self) -> RecordBatch {
+        let all: Vec<usize> = (0..self.schema.columns.len()).collect();
+        let rows: Vec<&Vec<Scalar>> = self.rows.iter().collect();
+        to_batch(&self.schema, &all, &rows)
+    }
+}
+
+impl TableSource for MemSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    fn rows(&self, plan: QueryPlan) -> BoxStream<'static, Result<RecordBatch, String>> {
+        self.plans.lock().unwrap().push(plan.clone());
+        let QueryOutput::Rows {
+            columns,
+            order_by,
+            limit,
+        } = &plan.output
+        else {
+            panic!("rows() with a non-Rows plan");
+        };
+        assert!(order_by.is_empty(), "no top-k expected");
+        let cols: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
+        let mut batches = vec![];
+        for tablet in self.tablets() {
+            let mut kept: Vec<&Vec<Scalar>> = tablet
+                .into_iter()
+                .filter(|r| eval_filter(&plan.filter, r) == Some(true))
+                .collect();
+            if let Some(l) = limit {
+                kept.truncate(*l as usize);
+            }
+            for chunk in kept.chunks(BATCH_ROWS) {
+                batches.push(Ok(to_batch(&self.schema, &cols, chunk)));
+            }
+        }
+        Box::pin(futures::stream::iter(batches))
+    }
+
+    fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
+        self.plans.lock().unwrap().push(plan.clone());
+        let QueryOutput::Aggregate { group_by, aggs } = &plan.output else {
+            panic!("aggregate() with a non-Aggregate plan");
+        };
+        let mut groups: Vec<GroupPartial> = vec![];
+        for r in &self.rows {
+            if eval_filter(&plan.filter, r) != Some(true) {
+                continue;
+            }
+            let key: Vec<Scalar> = group_by.iter().map(|&c| r[c as usize].clone()).collect();
+            let gi = match groups.iter().position(|g| g.key == key) {
+                Some(i) => i,
+                None => {
+                    groups.push(GroupPartial {
+                        key,
+                        states: aggs.iter().map(|_| empty_state()).collect(),
+                    });
+                    groups.len() - 1
+                }
+            };
+            for (a, st) in aggs.iter().zip(groups[gi].states.iter_mut()) {
+                if a.func == AggFunc::CountStar {
+                    st.count += 1;
+                    continue;
+                }
+                let v = eval_value(&a.arg, r);
+                if v == Scalar::Null {
+                    continue;
+                }
+                st.count += 1;
+                match &v {
+                    Scalar::Int(i) => st.sum_int += *i as i128,
+                    Scalar::Decimal { value, .. } => st.sum_int += *value as i128,
+                    Scalar::Float(f) => st.sum_float += f,
+                    _ => {}
+                }
+                if st.min == Scalar::Null || cmp(&v, &st.min) == Some(Ordering::Less) {
+                    st.min = v.clone();
+                }
+                if st.max == Scalar::Null || cmp(&v, &st.max) == Some(Ordering::Greater) {
+                    st.max = v.clone();
+                }
+            }
+        }
+        Box::pin(futures::future::ready(Ok(groups)))
+    }
+}
+
+fn empty_state() -> AggState {
+    AggState {
+        count: 0,
+        sum_int: 0,
+        sum_float: 0.0,
+        min: Scalar::Null,
+        max: Scalar::Null,
+    }
+}
+
+/// Compare two non-NULL values of compatible types; None if either is NULL.
+pub fn cmp(a: &Scalar, b: &Scalar) -> Option<Ordering> {
+    use Scalar::*;
+    match (a, b) {
+        (Null, _) | (_, Null) => None,
+        (Int(x), Int(y)) => Some(x.cmp(y)),
+        (Float(x), Float(y)) => x.partial_cmp(y),
+        (Decimal { value: x, scale: s }, Decimal { value: y, scale: t }) => {
+            let (x, y) = align(*x as i128, *s, *y as i128, *t);
+            Some(x.cmp(&y))
+        }
+        (Date(x), Date(y)) => Some(x.cmp(y)),
+        (Str(x), Str(y)) => Some(x.cmp(y)),
+        (Bool(x), Bool(y)) => Some(x.cmp(y)),
+        _ => panic!("comparison of mismatched types {a:?} and {b:?}"),
+    }
+}
+
+fn align(x: i128, s: u8, y: i128, t: u8) -> (i128, i128) {
+    let m = s.max(t);
+    (
+        x * 10i128.pow((m - s) as u32),
+        y * 10i128.pow((m - t) as u32),
+    )
+}
+
+fn cmp_truth(o: Option<Ordering>, op: CmpOp) -> Option<bool> {
+    let o = o?;
+    Some(match op {
+        CmpOp::Eq => o == Ordering::Equal,
+        CmpOp::Ne => o != Ordering::Equal,
+        CmpOp::Lt => o == Ordering::Less,
+        CmpOp::Le => o != Ordering::Greater,
+        CmpOp::Gt => o == Ordering::Greater,
+        CmpOp::Ge => o != Ordering::Less,
+    })
+}
+
+/// SQL LIKE as an anchored regex (`\` escapes the next character).
+fn like_regex(pattern: &str, ci: bool) -> regex::Regex {
+    let mut re = String::from(if ci { "(?is)^" } else { "(?s)^" });
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' => re.push_str(".*"),
+            '_' => re.push('.'),
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    re.push_str(&regex::escape(&n.to_string()));
+                }
+            }
+            c => re.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    re.push('$');
+    regex::Regex::new(&re).unwrap()
+}
+
+/// The filter's truth value for one row (Kleene logic; None = unknown).
+pub fn eval_filter(filter: &[Pred], row: &[Scalar]) -> Option<bool> {
+    if filter.is_empty() {
+        return Some(true);
+    }
+    let mut st: Vec<Option<bool>> = vec![];
+    for p in filter {
+        let v = match p {
+            Pred::Cmp { col, op, value } => cmp_truth(cmp(&row[*col as usize], value), *op),
+            Pred::CmpCols { left, op, right } => {
+                cmp_truth(cmp(&row[*left as usize], &row[*right as usize]), *op)
+            }
+            Pred::Between { col, lo, hi } => {
+                let v = &row[*col as usize];
+                let a = cmp_truth(cmp(v, lo), CmpOp::Ge);
+                let b = cmp_truth(cmp(v, hi), CmpOp::Le);
+                and(a, b)
+            }
+            Pred::In { col, values } => {
+                let v = &row[*col as usize];
+                if *v == Scalar::Null {
+                    None
+                } else {
+                    Some(values.iter().any(|x| cmp(v, x) == Some(Ordering::Equal)))
+                }
+            }
+            Pred::IsNull { col } => Some(row[*col as usize] == Scalar::Null),
+            Pred::Like {
+                col,
+                pattern,
+                case_insensitive,
+            } => match &row[*col as usize] {
+                Scalar::Str(s) => Some(like_regex(pattern, *case_insensitive).is_match(s)),
+                _ => None,
+            },
+            Pred::Regex {
+                col,
+                pattern,
+                case_insensitive,
+            } => match &row[*col as usize] {
+                Scalar::Str(s) => {
+                    let p = if *case_insensitive {
+                        format!("(?i){pattern}")
+                    } else {
+                        pattern.clone()
+                    };
+                    Some(regex::Regex::new(&p).unwrap().is_match(s))
+                }
+                _ => None,
+            },
+            Pred::And => {
+                let b = st.pop().unwrap();
+                let a = st.pop().unwrap();
+                and(a, b)
+            }
+            Pred::Or => {
+                let b = st.pop().unwrap();
+                let a = st.pop().unwrap();
+                match (a, b) {
+                    (Some(true), _) | (_, Some(true)) => Some(true),
+                    (Some(false), Some(false)) => Some(false),
+                    _ => None,
+                }
+            }
+            Pred::Not => st.pop().unwrap().map(|x| !x),
+        };
+        st.push(v);
+    }
+    assert_eq!(st.len(), 1, "filter program leaves one value");
+    st[0]
+}
+
+fn and(a: Option<bool>, b: Option<bool>) -> Option<bool> {
+    match (a, b) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (Some(true), Some(true)) => Some(true),
+        _ => None,
+    }
+}
+
+/// An aggregate argument's value for one row: Int, Decimal (exact, at the
+/// tracked scale), Float, Null, or the column's own value.
+pub fn eval_value(prog: &[ValueOp], row: &[Scalar]) -> Scalar {
+    let mut st: Vec<Scalar> = vec![];
+    for op in prog {
+        match op {
+            ValueOp::Col(c) => st.push(row[*c as usize].clone()),
+            ValueOp::Lit(v) => st.push(v.clone()),
+            ValueOp::Neg => {
+                let v = st.pop().unwrap();
+                st.push(match v {
+                    Scalar::Int(i) => Scalar::Int(-i),
+                    Scalar::Decimal { value, scale } => Scalar::Decimal {
+                        value: -value,
+                        scale,
+                    },
+                    Scalar::Float(f) => Scalar::Float(-f),
+                    other => other,
+                });
+            }
+            ValueOp::Add | ValueOp::Sub | ValueOp::Mul => {
+                let b = st.pop().unwrap();
+                let a = st.pop().unwrap();
+                st.push(arith(op, a, b));
+            }
+        }
+    }
+    st.pop().unwrap()
+}
+
+fn exact(v: &Scalar) -> Option<(i128, u8)> {
+    match v {
+        Scalar::Int(i) => Some((*i as i128, 0)),
+        Scalar::Decimal { value, scale } => Some((*value as i128, *scale)),
+        _ => None,
+    }
+}
+
+fn float(v: &Scalar) -> f64 {
+    match v {
+        Scalar::Float(f) => *f,
+        Scalar::Int(i) => *i as f64,
+        Scalar::Decimal { value, scale } => *value as f64 / 10f64.powi(*scale as i32),
+        _ => panic!("not a number: {v:?}"),
+    }
+}
+
+fn arith(op: &ValueOp, a: Scalar, b: Scalar) -> Scalar {
+    if a == Scalar::Null || b == Scalar::Null {
+        return Scalar::Null;
+    }
+    match (exact(&a), exact(&b)) {
+        (Some((x, s)), Some((y, t))) => {
+            let (v, scale) = match op {
+                ValueOp::Mul => (x * y, s + t),
+                _ => {
+                    let (x, y) = align(x, s, y, t);
+                    (if *op == ValueOp::Add { x + y } else { x - y }, s.max(t))
+                }
+            };
+            let both_int = matches!(a, Scalar::Int(_)) && matches!(b, Scalar::Int(_));
+            if both_int {
+                Scalar::Int(v as i64)
+            } else {
+                Scalar::Decimal {
+                    value: v as i64,
+                    scale,
+                }
+            }
+        }
+        _ => {
+            let (x, y) = (float(&a), float(&b));
+            Scalar::Float(match op {
+                ValueOp::Add => x + y,
+                ValueOp::Sub => x - y,
+                _ => x * y,
+            })
+        }
+    }
+}
+
+/// Arrow arrays of `cols` of `rows`, typed by the schema.
+pub fn to_batch(schema: &Schema, cols: &[usize], rows: &[&Vec<Scalar>]) -> RecordBatch {
+    let full = arrow_schema(schema);
+    let projected = Arc::new(full.project(cols).unwrap());
+    let arrays: Vec<ArrayRef> = cols
+        .iter()
+        .map(|&c| column(schema.columns[c].ty, rows.iter().map(|r| &r[c])))
+        .collect();
+    RecordBatch::try_new(projected, arrays).unwrap()
+}
+
+fn column<'a>(ty: ColumnType, vals: impl Iterator<Item = &'a Scalar>) -> ArrayRef {
+    macro_rules! build {
+        ($b:expr, $pat:pat => $v:expr) => {{
+            let mut b = $b;
+            for v in vals {
+                match v {
+                    Scalar::Null => b.append_null(),
+                    $pat => b.append_value($v),
+                    other => panic!("{other:?} in a {ty} column"),
+                }
+            }
+            Arc::new(b.finish()) as ArrayRef
+        }};
+    }
+    match ty {
+        ColumnType::Int32 => build!(Int32Builder::new(), Scalar::Int(i) => *i as i32),
+        ColumnType::Int64 => build!(Int64Builder::new(), Scalar::Int(i) => *i),
+        ColumnType::Float64 => build!(Float64Builder::new(), Scalar::Float(f) => *f),
+        ColumnType::Decimal { precision, scale } => {
+            let mut b = Decimal128Builder::new();
+            for v in vals {
+                match v {
+                    Scalar::Null => b.append_null(),
+                    Scalar::Decimal { value, scale: s } => {
+                        assert_eq!(*s, scale);
+                        b.append_value(*value as i128)
+                    }
+                    other => panic!("{other:?} in a decimal column"),
+                }
+            }
+            Arc::new(
+                b.finish()
+                    .with_precision_and_scale(precision, scale as i8)
+                    .unwrap(),
+            )
+        }
+        ColumnType::Date32 => build!(Date32Builder::new(), Scalar::Date(d) => *d),
+        ColumnType::Utf8 => build!(StringBuilder::new(), Scalar::Str(s) => s),
+        ColumnType::Bool => build!(BooleanBuilder::new(), Scalar::Bool(x) => *x),
+    }
+}
