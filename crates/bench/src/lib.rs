@@ -14,3 +14,4 @@ pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod recovery;
 pub mod resp;
+pub mod tpch;

@@ -129,6 +129,8 @@ enum BenchCmd {
     Gradient(insitu_bench::gradient::Args),
     /// Point-read p50/p99 on one shard, idle and while count, aggregate, update, enumerate and a tablet move run.
     Interference(insitu_bench::interference::Args),
+    /// TPC-H lineitem: range filter, point lookup, regex, Q1 and Q6 read out vs pushed down, and DuckDB.
+    Tpch(insitu_bench::tpch::Args),
     /// Crash recovery: load N MB into one server of S, kill it (-9), time detection and recovery.
     Recovery(insitu_bench::recovery::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
@@ -329,6 +331,10 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCmd::Aggregate(args)) => {
             init_tracing("warn");
             insitu_bench::aggregate::run(&args)
+        }
+        Command::Bench(BenchCmd::Tpch(args)) => {
+            init_tracing("warn");
+            insitu_bench::tpch::run(&args)
         }
         Command::Bench(BenchCmd::Count(args)) => {
             init_tracing("warn");

@@ -27,10 +27,7 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         .context("cannot start the tokio runtime")?;
     let ctx = rt.block_on(async {
         let client = crate::data::connect(cluster).await?;
-        let tables = insitu_sql::cluster::cluster_tables(&client)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        insitu_sql::context(tables)
+        insitu_sql::cluster::cluster_context(&client)
             .await
             .map_err(anyhow::Error::from)
     })?;

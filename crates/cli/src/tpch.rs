@@ -94,46 +94,24 @@ async fn load(
     );
     let started = Instant::now();
     let loaded = Arc::new(AtomicU64::new(0));
+    let opts = insitu_tpch::load::LoadOptions {
+        sf,
+        tablets,
+        batch,
+        parallel,
+    };
+    let progress = {
+        let (bar, loaded) = (bar.clone(), loaded.clone());
+        Arc::new(move |n: u64| {
+            bar.inc(n);
+            loaded.fetch_add(n, Ordering::Relaxed);
+        })
+    };
     for name in insitu_tpch::TABLES {
-        let schema = insitu_tpch::schema(name).context("a TPC-H table without a schema")?;
-        let info = client
-            .create_table_with(name, tablets, Some(schema))
-            .await
-            .with_context(|| format!("creating table {name}"))?;
         bar.set_message(name.to_string());
-        let parts = if insitu_tpch::row_count(name, sf) < 10_000 {
-            1
-        } else {
-            parallel
-        };
-        let mut tasks = Vec::new();
-        for part in 0..parts {
-            let client = client.clone();
-            let bar = bar.clone();
-            let loaded = loaded.clone();
-            let table = info.id;
-            tasks.push(tokio::spawn(async move {
-                let mut rows =
-                    insitu_tpch::rows(name, sf, part, parts).map_err(|e| anyhow::anyhow!("{e}"))?;
-                loop {
-                    let chunk: Vec<_> = rows.by_ref().take(batch).collect();
-                    if chunk.is_empty() {
-                        return anyhow::Ok(());
-                    }
-                    let results = client.put_rows(table, &chunk).await?;
-                    for r in results {
-                        if let Err(e) = r {
-                            bail!("writing {name}: {e}");
-                        }
-                    }
-                    bar.inc(chunk.len() as u64);
-                    loaded.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.context("a loader task failed")??;
-        }
+        insitu_tpch::load::load_table(client, name, opts, progress.clone())
+            .await
+            .map_err(anyhow::Error::msg)?;
     }
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();

@@ -91,3 +91,13 @@ pub async fn cluster_tables(client: &Client) -> Result<Vec<Arc<dyn TableSource>>
         })
         .collect())
 }
+
+/// A SQL session over every typed table of the cluster `client` reaches.
+pub async fn cluster_context(
+    client: &Client,
+) -> Result<datafusion::prelude::SessionContext, crate::SqlError> {
+    let tables = cluster_tables(client)
+        .await
+        .map_err(|e| crate::SqlError::Execution(format!("listing the cluster's tables: {e}")))?;
+    crate::context(tables).await
+}

@@ -24,6 +24,8 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+/// The DataFusion this crate is built on (for callers that register their own tables).
+pub use datafusion;
 pub use format::{Format, write_batches};
 pub use provider::InsituTable;
 pub use source::{TableSource, arrow_schema};
@@ -49,10 +51,8 @@ pub enum SqlError {
 /// (and DuckDB), not as a float, so that comparing a decimal column with it
 /// stays exact (and can be pushed to the servers).
 pub async fn context(tables: Vec<Arc<dyn TableSource>>) -> Result<SessionContext, SqlError> {
-    let mut config = SessionConfig::new();
-    config.options_mut().sql_parser.parse_float_as_decimal = true;
     let state = SessionStateBuilder::new()
-        .with_config(config)
+        .with_config(config())
         .with_default_features()
         .with_optimizer_rule(Arc::new(aggregate::AggregatePushdown))
         .with_query_planner(Arc::new(aggregate_exec::InsituQueryPlanner))
@@ -64,6 +64,20 @@ pub async fn context(tables: Vec<Arc<dyn TableSource>>) -> Result<SessionContext
             .map_err(|e| SqlError::Plan(format!("registering table {name}: {e}")))?;
     }
     Ok(ctx)
+}
+
+/// The session settings every insitu SQL session uses (see `context`).
+fn config() -> SessionConfig {
+    let mut config = SessionConfig::new();
+    config.options_mut().sql_parser.parse_float_as_decimal = true;
+    config
+}
+
+/// A session with insitu's SQL settings but no insitu tables: the same SQL
+/// with the same meaning over data already in this process (the benchmarks'
+/// "read everything, then query on the client" side).
+pub fn local_context() -> SessionContext {
+    SessionContext::new_with_config(config())
 }
 
 /// Run one SQL statement; its result schema and batches.
