@@ -29,6 +29,23 @@ async fn start_server(coordinator: &str, dir: &Path) -> anyhow::Result<ServerHan
     insitu_server::start(config).await
 }
 
+/// `call`, repeated while the service answers `Retry`: its replica store
+/// opens once the server has enlisted, which can be a moment after `start`
+/// returns (seen in CI right after a restart).
+async fn call_when_open(
+    conn: &RpcConn,
+    request: &Request<'_>,
+) -> (Status, Response<'static>, String) {
+    let deadline = tokio::time::Instant::now() + SAFETY;
+    loop {
+        let reply = call(conn, request).await;
+        if reply.0 != Status::Retry || tokio::time::Instant::now() > deadline {
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn call(conn: &RpcConn, request: &Request<'_>) -> (Status, Response<'static>, String) {
     let reply = tokio::time::timeout(SAFETY, conn.call(request))
         .await
@@ -115,7 +132,7 @@ async fn replicas_are_written_read_kept_across_a_restart_and_verified() {
         call(&conn, &Request::Ping).await.1,
         Response::Pong
     ));
-    let (status, _, _) = call(&conn, &write_request(cluster, &data)).await;
+    let (status, _, _) = call_when_open(&conn, &write_request(cluster, &data)).await;
     assert_eq!(status, Status::Ok);
     match call(&conn, &read_request(cluster)).await {
         (Status::Ok, Response::BackupBytes { bytes, end }, _) => {
@@ -150,7 +167,7 @@ async fn replicas_are_written_read_kept_across_a_restart_and_verified() {
         master: MASTER,
         fence: false,
     };
-    match call(&conn, &list).await {
+    match call_when_open(&conn, &list).await {
         (Status::Ok, Response::BackupReplicas { replicas }, _) => {
             assert_eq!(replicas.len(), 2, "{replicas:?}");
             let r = &replicas[0];
