@@ -26,7 +26,7 @@ use insitu_protocol::plan::{
     AggPartial, Field, GradPartial, KeyRange, Op, Partial, PointLayout, PredOp, ScanPlan,
     ScanResult, Source, UpdateAction,
 };
-use insitu_protocol::{Request, Response, Status};
+use insitu_protocol::{Request, Response, Status, TabletInfo};
 
 use crate::client::{Client, decode};
 use crate::error::ClientError;
@@ -181,46 +181,29 @@ impl Client {
         op_id: u64,
         deadline: Instant,
     ) -> Result<ScanResult, LayoutOr> {
-        let got = self
-            .routed(
+        self.tablet_op(
+            table,
+            (start, end),
+            // Read-only, or an update the shard deduplicates by `op_id`.
+            |t| Request::Scan {
                 table,
-                start,
-                // Read-only, or an update the shard deduplicates by `op_id`.
-                true,
-                |t| Request::Scan {
-                    table,
-                    start_hash: t.start_hash,
-                    end_hash: t.end_hash,
-                    map_version: t.map_version,
-                    plan: plan.clone(),
-                    op_id,
-                    budget_ms: deadline
-                        .saturating_duration_since(Instant::now())
-                        .as_millis()
-                        .clamp(1, u32::MAX as u128) as u32,
-                },
-                |reply, t, addr| {
-                    if (t.start_hash, t.end_hash) != (start, end) {
-                        return Ok(Err(format!(
-                            "tablet {start:#x}..={end:#x} is now {:#x}..={:#x}",
-                            t.start_hash, t.end_hash
-                        )));
-                    }
-                    if reply.status != Status::Ok {
-                        return Err(ClientError::Status(reply.status, reply.error_message()));
-                    }
-                    match decode(&reply, addr)? {
-                        Response::Scan(r) => Ok(Ok(r)),
-                        other => Err(ClientError::unexpected(addr, format!("{other:?} to Scan"))),
-                    }
-                },
-            )
-            .await;
-        match got {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(why)) => Err(LayoutOr::Layout(why)),
-            Err(e) => Err(LayoutOr::Error(e)),
-        }
+                start_hash: t.start_hash,
+                end_hash: t.end_hash,
+                map_version: t.map_version,
+                plan: plan.clone(),
+                op_id,
+                budget_ms: deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .clamp(1, u32::MAX as u128) as u32,
+            },
+            "Scan",
+            |r| match r {
+                Response::Scan(r) => Ok(r),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await
     }
 
     /// Number of objects of `table` in the selection.
@@ -397,9 +380,53 @@ fn partial_update_error(
     ClientError::Status(first.status().unwrap_or(Status::Internal), msg)
 }
 
-enum LayoutOr {
+/// How one tablet's part of a whole-table operation failed.
+pub(crate) enum LayoutOr {
+    /// The tablet layout changed since the operation was planned: run the
+    /// whole operation again.
     Layout(String),
     Error(ClientError),
+}
+
+impl Client {
+    /// One call to the tablet `range` of `table` (found by its start hash,
+    /// with the retry policy of `routed`; the request is read-only or
+    /// deduplicated, so it may be sent again), for the whole-table
+    /// operations (pushdown scans, typed queries). A reply from a tablet
+    /// whose range is no longer `range` is a layout change; a status other
+    /// than Ok is an error; `pick` takes the expected response or describes
+    /// the one that came instead (`what` names the request in that error).
+    pub(crate) async fn tablet_op<'r, T>(
+        &self,
+        table: u64,
+        range: (u64, u64),
+        make: impl Fn(&TabletInfo) -> Request<'r>,
+        what: &str,
+        pick: impl FnOnce(Response<'_>) -> Result<T, String>,
+    ) -> Result<T, LayoutOr> {
+        let (start, end) = range;
+        let got = self
+            .routed(table, start, true, make, |reply, t, addr| {
+                if (t.start_hash, t.end_hash) != (start, end) {
+                    return Ok(Err(format!(
+                        "tablet {start:#x}..={end:#x} is now {:#x}..={:#x}",
+                        t.start_hash, t.end_hash
+                    )));
+                }
+                if reply.status != Status::Ok {
+                    return Err(ClientError::Status(reply.status, reply.error_message()));
+                }
+                pick(decode(&reply, addr)?)
+                    .map(Ok)
+                    .map_err(|other| ClientError::unexpected(addr, format!("{other} to {what}")))
+            })
+            .await;
+        match got {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(why)) => Err(LayoutOr::Layout(why)),
+            Err(e) => Err(LayoutOr::Error(e)),
+        }
+    }
 }
 
 fn wrong_kind(p: Partial) -> ClientError {

@@ -23,9 +23,10 @@ use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status};
 use insitu_rows::{RowLayout, encode_key, encode_row};
 
+use crate::client::Client;
 use crate::client::PerItem;
-use crate::client::{Client, decode};
 use crate::error::ClientError;
+use crate::ops::LayoutOr;
 
 /// Layout changes tolerated before a query gives up.
 const MAX_LAYOUT_RETRIES: u32 = 20;
@@ -127,8 +128,8 @@ impl Client {
             for r in results {
                 match r {
                     Ok(p) => pages.extend(p),
-                    Err(Paged::Layout(why)) => layout_changed = Some(why),
-                    Err(Paged::Error(e)) => return Err(e),
+                    Err(LayoutOr::Layout(why)) => layout_changed = Some(why),
+                    Err(LayoutOr::Error(e)) => return Err(e),
                 }
             }
             if let Some(why) = layout_changed {
@@ -151,7 +152,7 @@ impl Client {
         end: u64,
         schema: &Schema,
         plan: &QueryPlan,
-    ) -> Result<Vec<QueryResult>, Paged> {
+    ) -> Result<Vec<QueryResult>, LayoutOr> {
         let limit = match &plan.output {
             QueryOutput::Rows {
                 order_by, limit, ..
@@ -163,7 +164,7 @@ impl Client {
         let mut rows = 0u64;
         loop {
             if pages.len() as u32 >= MAX_PAGES {
-                return Err(Paged::Error(status(
+                return Err(LayoutOr::Error(status(
                     Status::Internal,
                     format!("tablet {start:#x}: more than {MAX_PAGES} pages"),
                 )));
@@ -191,50 +192,27 @@ impl Client {
         schema: &Schema,
         plan: &QueryPlan,
         resume: Option<u64>,
-    ) -> Result<QueryResult, Paged> {
-        let got = self
-            .routed(
+    ) -> Result<QueryResult, LayoutOr> {
+        self.tablet_op(
+            table,
+            (start, end),
+            |t| Request::Query {
                 table,
-                start,
-                true, // read-only
-                |t| Request::Query {
-                    table,
-                    start_hash: t.start_hash,
-                    end_hash: t.end_hash,
-                    map_version: t.map_version,
-                    schema: schema.clone(),
-                    plan: plan.clone(),
-                    resume,
-                },
-                |reply, t, addr| {
-                    if (t.start_hash, t.end_hash) != (start, end) {
-                        return Ok(Err(format!(
-                            "tablet {start:#x}..={end:#x} is now {:#x}..={:#x}",
-                            t.start_hash, t.end_hash
-                        )));
-                    }
-                    if reply.status != Status::Ok {
-                        return Err(ClientError::Status(reply.status, reply.error_message()));
-                    }
-                    match decode(&reply, addr)? {
-                        Response::Query(r) => Ok(Ok(r)),
-                        other => Err(ClientError::unexpected(addr, format!("{other:?} to Query"))),
-                    }
-                },
-            )
-            .await;
-        match got {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(why)) => Err(Paged::Layout(why)),
-            Err(e) => Err(Paged::Error(e)),
-        }
+                start_hash: t.start_hash,
+                end_hash: t.end_hash,
+                map_version: t.map_version,
+                schema: schema.clone(),
+                plan: plan.clone(),
+                resume,
+            },
+            "Query",
+            |r| match r {
+                Response::Query(r) => Ok(r),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await
     }
-}
-
-enum Paged {
-    /// The tablet layout changed: run the whole query again.
-    Layout(String),
-    Error(ClientError),
 }
 
 fn merge_pages(
