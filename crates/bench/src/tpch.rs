@@ -125,7 +125,14 @@ fn run_servers(args: &Args, servers: usize) -> anyhow::Result<Value> {
         "fetched {} rows of {n}",
         rows_of(&fetched)
     );
-    let arrow_bytes: usize = fetched.iter().map(|b| b.get_array_memory_size()).sum();
+    // The bytes the columns' values take (buffers as sliced, not the
+    // builders' spare capacity): what the same rows cost as Arrow.
+    let mut arrow_bytes = 0usize;
+    for b in &fetched {
+        for c in b.columns() {
+            arrow_bytes += c.to_data().get_slice_memory_size()?;
+        }
+    }
     let local = c.rt.block_on(async {
         let local = insitu_sql::local_context();
         let schema = insitu_tpch::schema("lineitem").context("lineitem schema")?;
@@ -223,6 +230,7 @@ const DUCKDB_SCRIPT: &str = r#"
 import json, sys, time, duckdb
 path, ddl, repeats, queries = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 con = duckdb.connect()
+con.execute("set enable_progress_bar = false")  # stdout carries the report
 con.execute(f"create table lineitem ({ddl})")
 con.execute(f"copy lineitem from '{path}' (header true)")
 def fetch(r):
@@ -269,7 +277,11 @@ fn duckdb(args: &Args) -> anyhow::Result<Option<Value>> {
     );
     let _ = std::fs::remove_file(&path);
     Ok(match out {
-        Some(text) => Some(serde_json::from_str(&text).context("DuckDB's report")?),
+        // The report is the last line (anything DuckDB printed comes before).
+        Some(text) => Some(
+            serde_json::from_str(text.lines().last().unwrap_or_default())
+                .context("DuckDB's report")?,
+        ),
         None => None,
     })
 }
