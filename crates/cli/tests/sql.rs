@@ -5,17 +5,7 @@
 
 mod common;
 
-use common::Cluster;
-
-fn ok(out: (i32, String, String)) -> String {
-    assert_eq!(out.0, 0, "stdout: {}\nstderr: {}", out.1, out.2);
-    out.1
-}
-
-fn fails(out: (i32, String, String)) -> String {
-    assert_ne!(out.0, 0, "expected a failure; stdout: {}", out.1);
-    out.2
-}
+use common::{Cluster, fails, ok, users_table};
 
 fn sql_csv(cluster: &Cluster, sql: &str) -> String {
     ok(cluster.cli(&["sql", "--format", "csv", sql]))
@@ -24,17 +14,7 @@ fn sql_csv(cluster: &Cluster, sql: &str) -> String {
 #[test]
 fn sql_over_typed_tables() {
     let cluster = Cluster::start(2, 2);
-    ok(cluster.cli(&[
-        "table",
-        "create",
-        "users",
-        "--schema",
-        "id int64, name utf8, age int32 null, score decimal(10,2)",
-        "--key",
-        "id",
-        "--tablets",
-        "4",
-    ]));
+    users_table(&cluster);
     ok(cluster.cli(&[
         "table",
         "create",
@@ -46,13 +26,6 @@ fn sql_over_typed_tables() {
     ]));
     // An untyped table has no columns: SQL does not list it.
     ok(cluster.cli(&["table", "create", "blobs"]));
-    ok(cluster.cli(&[
-        "insert",
-        "users",
-        "1,alice,31,10.50",
-        "2,bob,,3.25",
-        "3,carol,45,-1",
-    ]));
     ok(cluster.cli(&[
         "insert",
         "orders",

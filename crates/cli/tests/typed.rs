@@ -6,41 +6,14 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{Cluster, rt};
+use common::{Cluster, fails, ok, rt, users_table};
 use insitu_client::{Client, QueryAnswer};
 use insitu_protocol::query::{QueryOutput, QueryPlan, Scalar};
-
-fn ok(out: (i32, String, String)) -> String {
-    assert_eq!(out.0, 0, "stdout: {}\nstderr: {}", out.1, out.2);
-    out.1
-}
-
-fn fails(out: (i32, String, String)) -> String {
-    assert_ne!(out.0, 0, "expected a failure; stdout: {}", out.1);
-    out.2
-}
 
 #[test]
 fn typed_table_from_the_cli() {
     let mut cluster = Cluster::start(2, 2);
-    ok(cluster.cli(&[
-        "table",
-        "create",
-        "users",
-        "--schema",
-        "id int64, name utf8, age int32 null, score decimal(10,2)",
-        "--key",
-        "id",
-        "--tablets",
-        "4",
-    ]));
-    ok(cluster.cli(&[
-        "insert",
-        "users",
-        "1,alice,31,10.50",
-        "2,bob,,3.25",
-        "3,carol,45,-1",
-    ]));
+    users_table(&cluster);
     assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "3");
     assert_eq!(
         ok(cluster.cli(&["count", "users", "--where", "age > 30"])).trim(),

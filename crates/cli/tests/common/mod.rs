@@ -172,3 +172,39 @@ pub fn start_up(servers: usize, memory_mb: usize) -> (Proc, String, String, temp
     );
     (up, line, format!("127.0.0.1:{port}"), dir)
 }
+
+/// The stdout of a command that must succeed (its output shown if not).
+pub fn ok(out: (i32, String, String)) -> String {
+    assert_eq!(out.0, 0, "stdout: {}\nstderr: {}", out.1, out.2);
+    out.1
+}
+
+/// The stderr of a command that must fail.
+pub fn fails(out: (i32, String, String)) -> String {
+    assert_ne!(out.0, 0, "expected a failure; stdout: {}", out.1);
+    out.2
+}
+
+/// A typed table `users` (id, name, age NULL-able, score decimal) over 4
+/// tablets with three rows: alice (31, 10.50), bob (NULL age, 3.25),
+/// carol (45, -1).
+pub fn users_table(cluster: &Cluster) {
+    ok(cluster.cli(&[
+        "table",
+        "create",
+        "users",
+        "--schema",
+        "id int64, name utf8, age int32 null, score decimal(10,2)",
+        "--key",
+        "id",
+        "--tablets",
+        "4",
+    ]));
+    ok(cluster.cli(&[
+        "insert",
+        "users",
+        "1,alice,31,10.50",
+        "2,bob,,3.25",
+        "3,carol,45,-1",
+    ]));
+}
