@@ -213,6 +213,23 @@ impl Client {
         }
     }
 
+    /// The hash ranges of every tablet of `table` and the map version they
+    /// come from: what a whole-table operation fans out over.
+    pub(crate) async fn tablet_ranges(
+        &self,
+        table: u64,
+        deadline: Instant,
+    ) -> Result<(Vec<(u64, u64)>, u64), ClientError> {
+        let route = self.route(table, deadline).await?;
+        let ranges = route
+            .info
+            .tablets
+            .iter()
+            .map(|t| (t.start_hash, t.end_hash))
+            .collect();
+        Ok((ranges, route.map_version()))
+    }
+
     /// Whether the error of a map refresh is worth another try.
     pub(crate) fn refresh_error_is_transient(e: &ClientError) -> bool {
         e.is_connection()

@@ -110,15 +110,7 @@ impl Client {
         let deadline = Instant::now() + self.inner.config.op_timeout;
         let mut layout_retries = 0;
         loop {
-            let route = self.route(table, deadline).await?;
-            let ranges: Vec<(u64, u64)> = route
-                .info
-                .tablets
-                .iter()
-                .map(|t| (t.start_hash, t.end_hash))
-                .collect();
-            let seen = route.map_version();
-            drop(route);
+            let (ranges, seen) = self.tablet_ranges(table, deadline).await?;
             let calls = ranges
                 .iter()
                 .map(|&(s, e)| self.query_tablet(table, s, e, &schema, plan));

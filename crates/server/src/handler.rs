@@ -65,7 +65,9 @@ fn reply_engine_error(out: &mut BytesMut, id: u64, e: &EngineError) {
     encode_error(out, id, engine_status(e), e.to_string());
 }
 
-fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
+/// Encode `response` as the Ok reply to request `id` (an Internal error if it
+/// cannot be encoded).
+pub(crate) fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
     if let Err(e) = encode_response(out, id, Status::Ok, response) {
         encode_error(
             out,

@@ -27,7 +27,7 @@ use bytes::BytesMut;
 use insitu_protocol::plan::Source;
 use insitu_protocol::query::{QueryPlan, QueryResult};
 use insitu_protocol::schema::Schema;
-use insitu_protocol::{Response, Status, encode_error, encode_response};
+use insitu_protocol::{Response, Status, encode_error};
 use insitu_query::{Compiled, Sink, compile};
 use insitu_rows::RowRef;
 
@@ -235,16 +235,7 @@ pub async fn handle(
     )
     .await;
     match result {
-        Ok(result) => {
-            if let Err(e) = encode_response(out, id, Status::Ok, &Response::Query(result)) {
-                encode_error(
-                    out,
-                    id,
-                    Status::Internal,
-                    format!("cannot encode reply: {e}"),
-                );
-            }
-        }
+        Ok(result) => crate::handler::reply(out, id, &Response::Query(result)),
         Err((status, message)) => encode_error(out, id, status, message),
     }
 }

@@ -28,7 +28,7 @@ use insitu_compute::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use insitu_compute::validate::describe_need;
 use insitu_compute::{GradAcc, apply_update, eval, new_value, validate_plan};
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult, UpdateAction};
-use insitu_protocol::{Response, Status, encode_error, encode_response};
+use insitu_protocol::{Response, Status, encode_error};
 
 use crate::handler::engine_status;
 use crate::hold::Hold;
@@ -366,16 +366,7 @@ pub async fn handle(
         }
     };
     match result {
-        Ok(result) => {
-            if let Err(e) = encode_response(out, id, Status::Ok, &Response::Scan(result)) {
-                encode_error(
-                    out,
-                    id,
-                    Status::Internal,
-                    format!("cannot encode reply: {e}"),
-                );
-            }
-        }
+        Ok(result) => crate::handler::reply(out, id, &Response::Scan(result)),
         Err((status, message)) => encode_error(out, id, status, message),
     }
 }
