@@ -117,7 +117,7 @@ fn for_status(status: Status, msg: String) -> PyErr {
         OutOfMemory | NoSpace => self::OutOfMemory::new_err(msg),
         KeyTooLarge | ValueTooLarge => TooLarge::new_err(msg),
         BadRequest | EmptyKey | NotANumber => self::BadRequest::new_err(msg),
-        Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced => {
+        Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired => {
             Unavailable::new_err(msg)
         }
         Ok | Internal | Truncated | UnknownServer => Error::new_err(msg),

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use insitu_protocol::query::Scalar;
-use insitu_protocol::query::{GroupPartial, QueryData, QueryOutput, QueryPlan, QueryResult};
+use insitu_protocol::query::{
+    GroupPartial, QueryData, QueryOutput, QueryPlan, QueryResult, QueryResume,
+};
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status};
 use insitu_rows::{RowLayout, encode_key, encode_row};
@@ -32,6 +34,9 @@ use crate::ops::LayoutOr;
 const MAX_LAYOUT_RETRIES: u32 = 20;
 /// Most pages one tablet may answer a query with (at ~1 MiB a page: 64 GiB).
 const MAX_PAGES: u32 = 65_536;
+/// Times one tablet's answer is started over because the shard dropped the
+/// pages it held (`Status::CursorExpired`) before the query gives up.
+const MAX_CURSOR_RESTARTS: u32 = 3;
 
 /// What a query returned.
 #[derive(Debug)]
@@ -154,6 +159,7 @@ impl Client {
         let mut pages = Vec::new();
         let mut resume = None;
         let mut rows = 0u64;
+        let mut restarts = 0;
         loop {
             if pages.len() as u32 >= MAX_PAGES {
                 return Err(LayoutOr::Error(status(
@@ -161,9 +167,22 @@ impl Client {
                     format!("tablet {start:#x}: more than {MAX_PAGES} pages"),
                 )));
             }
-            let page = self
+            let page = match self
                 .query_page(table, start, end, schema, plan, resume)
-                .await?;
+                .await
+            {
+                Ok(page) => page,
+                // The shard dropped the pages it held for us (expired or
+                // evicted by other queries): this tablet's answer starts over.
+                Err(LayoutOr::Error(ClientError::Status(Status::CursorExpired, _)))
+                    if restarts < MAX_CURSOR_RESTARTS =>
+                {
+                    restarts += 1;
+                    (pages, resume, rows) = (Vec::new(), None, 0);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             resume = page.resume;
             if let QueryData::Rows(_) = &page.data {
                 rows += page.matched;
@@ -183,7 +202,7 @@ impl Client {
         end: u64,
         schema: &Schema,
         plan: &QueryPlan,
-        resume: Option<u64>,
+        resume: Option<QueryResume>,
     ) -> Result<QueryResult, LayoutOr> {
         self.tablet_op(
             table,

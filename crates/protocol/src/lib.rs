@@ -53,12 +53,15 @@ pub enum Status {
     /// The tablet's objects were lost (its server died with no replicas,
     /// R = 0) and an operator has not acknowledged it yet.
     DataLost = 21,
+    /// A paged query's held pages are gone (expired or evicted): run that
+    /// tablet's query again from its start.
+    CursorExpired = 22,
 }
 
 impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
-        const ALL: [Status; 22] = [
+        const ALL: [Status; 23] = [
             Ok,
             UnknownTablet,
             ObjectDoesntExist,
@@ -81,6 +84,7 @@ impl Status {
             Fenced,
             NoSpace,
             DataLost,
+            CursorExpired,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -115,6 +119,7 @@ impl std::fmt::Display for Status {
             Status::Fenced => "this master was declared dead; its writes are refused",
             Status::NoSpace => "the backup has no room for the replica",
             Status::DataLost => "the tablet's objects were lost with its server (no replicas)",
+            Status::CursorExpired => "the query's held pages expired; run it again",
         };
         f.write_str(s)
     }

@@ -380,8 +380,8 @@ pub enum Request<'a> {
         budget_ms: u32,
     },
     /// Run a query over the tablet `start_hash..=end_hash` of a typed table
-    /// (checked like `Scan`). `resume`: continue a paged answer from this
-    /// key hash (the previous page's `resume`).
+    /// (checked like `Scan`). `resume`: continue a paged answer (the
+    /// previous page's `resume`).
     Query {
         table: u64,
         start_hash: u64,
@@ -392,7 +392,7 @@ pub enum Request<'a> {
         /// shard compiles the plan against it and reads rows with it.
         schema: crate::schema::Schema,
         plan: crate::query::QueryPlan,
-        resume: Option<u64>,
+        resume: Option<crate::query::QueryResume>,
     },
 }
 

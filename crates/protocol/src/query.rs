@@ -198,9 +198,22 @@ pub struct QueryResult {
     pub matched: u64,
     /// Server time on this page, in nanoseconds.
     pub server_nanos: u64,
-    /// Where to continue (ask again with `resume: Some(hash)`), or None when
-    /// the tablet is done. Pages walk the tablet in key-hash order, with the
-    /// guarantee of `Enumerate`: a row present and unchanged during the whole
-    /// query is returned exactly once.
-    pub resume: Option<u64>,
+    /// Where to continue (ask again with this `resume`), or None when the
+    /// tablet is done.
+    pub resume: Option<QueryResume>,
+}
+
+/// How a paged answer continues.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryResume {
+    /// The shard walked the whole tablet in one go (one instant of the
+    /// tablet) and holds the remaining pages: ask for page `page` (1, 2, ..)
+    /// of `cursor`. Asking again for the same page is allowed (a resent
+    /// request); asking for page `p` frees the pages before it. Held pages
+    /// expire (`Status::CursorExpired`: run the tablet's query again).
+    Held { cursor: u64, page: u32 },
+    /// The answer was too large to hold: the tablet is paged in key-hash
+    /// order from this hash, with the guarantee of `Enumerate`: a row present
+    /// and unchanged during the whole query is returned exactly once.
+    Hash(u64),
 }

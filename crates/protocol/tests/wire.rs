@@ -131,7 +131,8 @@ fn status_codes_round_trip() {
     }
     assert_eq!(Status::from_u16(18), Some(Status::StaleMap));
     assert_eq!(Status::from_u16(21), Some(Status::DataLost));
-    assert_eq!(Status::from_u16(22), None);
+    assert_eq!(Status::from_u16(22), Some(Status::CursorExpired));
+    assert_eq!(Status::from_u16(23), None);
 }
 
 proptest! {

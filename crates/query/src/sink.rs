@@ -122,6 +122,22 @@ impl Sink {
         self.len() == 0
     }
 
+    /// Rows output without ORDER BY: end the page here and return its Arrow
+    /// IPC bytes and row count; the sink goes on empty, the plan's limit
+    /// still counting the rows already taken. Other outputs are one page
+    /// each: `None`.
+    pub fn take_page(&mut self) -> Result<Option<(Vec<u8>, u64)>, QueryError> {
+        match &mut self.kind {
+            Kind::Rows(s) => {
+                let rows = s.builder.rows() as u64;
+                let batch = s.builder.finish();
+                s.limit = s.limit.map(|l| l.saturating_sub(rows));
+                Ok(Some((to_ipc(&s.arrow_schema, &[batch])?, rows)))
+            }
+            Kind::TopK(_) | Kind::Groups(_) => Ok(None),
+        }
+    }
+
     /// Forget everything pushed (the server's scan restarted).
     pub fn reset(&mut self) {
         match &mut self.kind {

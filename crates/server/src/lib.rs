@@ -8,6 +8,7 @@ mod backup_service;
 mod conn;
 mod enumerate;
 mod handler;
+mod held;
 mod hold;
 mod identity;
 mod limits;

@@ -4,20 +4,22 @@
 //!
 //! Two ways through a tablet:
 //! - A first request (`resume: None`) walks the tablet's log with the scan
-//!   driver (`scan_run.rs`): sequential reads, exact for the tablet (the
-//!   driver restarts holding the tablet if it changed between chunks), and
-//!   yielding every ~1 ms. Most queries end here: aggregates (bounded by
-//!   `MAX_GROUPS`), top-k (bounded by `MAX_TOP_K`), and rows that fit one
-//!   page (a LIMIT, or a selective filter).
-//! - When the rows outgrow one page (`PAGE_BYTES`) the log walk stops and its
-//!   rows are dropped, and the answer is paged in key-hash order instead
-//!   (the walk `Enumerate` uses, `enumerate.rs`): each page ends at a hash
-//!   boundary and names the hash to resume from. The guarantee is
+//!   driver (`scan_run.rs`): sequential reads, exact for one instant of the
+//!   tablet (the driver restarts holding the tablet if it changed between
+//!   chunks), and yielding every ~1 ms. Rows that outgrow one page
+//!   (`PAGE_BYTES`) are cut into pages as the walk goes; the first page is
+//!   the reply and the shard holds the rest for the client to fetch
+//!   (`held.rs`, `QueryResume::Held`). Aggregates (bounded by `MAX_GROUPS`)
+//!   and top-k (bounded by `MAX_TOP_K`) are always one page.
+//! - Only when the held pages would pass `MAX_HELD_BYTES`, or the memory
+//!   budget refuses them, is the walk abandoned (its rows dropped) and the
+//!   answer paged in key-hash order instead (the walk `Enumerate` uses,
+//!   `enumerate.rs`; `QueryResume::Hash`): each page ends at a hash boundary
+//!   and names the hash to resume from. The guarantee is then
 //!   `Enumerate`'s: a row present and unchanged during the whole query is
 //!   returned exactly once; a row written meanwhile may be returned with
 //!   either value, or not at all if created after its page's list was taken.
-//!   The wasted log-walk work is bounded by one page of output.
-//!
+
 //! A row that does not decode with the schema (written by other means than
 //! a typed client) fails the query with its key named; it never panics.
 
@@ -25,30 +27,43 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use insitu_protocol::plan::Source;
-use insitu_protocol::query::{QueryPlan, QueryResult};
+use insitu_protocol::query::{QueryData, QueryPlan, QueryResult, QueryResume};
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Response, Status, encode_error};
 use insitu_query::{Compiled, Sink, compile};
 use insitu_rows::RowRef;
 
+use crate::held::{MAX_HELD_BYTES, Page};
 use crate::scan_run::{CHUNK, ObjectSink, Refusal, Run, engine_refusal, show_key};
 use crate::shard::ShardState;
 
 /// Arrow bytes of rows per reply page. Why 1 MiB: a frame carries 4 MiB; a
-/// page may overshoot by one hash-walk batch (`WALK_BATCH_BYTES` of input).
+/// page may overshoot by one row, or by one hash-walk batch
+/// (`WALK_BATCH_BYTES` of input) when paging in hash order.
 const PAGE_BYTES: usize = 1 << 20;
 /// Raw object bytes one step of the hash-order walk takes before the page
 /// checks its size and yields.
 const WALK_BATCH_BYTES: usize = 256 << 10;
 
+/// Pages cut from a log walk, to be held (`held.rs`).
+#[derive(Default)]
+struct Cut {
+    pages: Vec<Page>,
+    bytes: usize,
+    /// The pages would pass MAX_HELD_BYTES or the budget refused one: the
+    /// walk stops and the answer is paged in hash order instead.
+    overflow: bool,
+}
+
 /// Rows offered to a query: decode, filter, sink.
 struct QueryVisit<'c> {
     compiled: &'c Compiled,
+    /// The engine whose budget held pages are charged to.
+    state: &'c ShardState,
     sink: Sink,
-    /// Log walk: stop taking rows once the page is full (the walk then
-    /// switches to paging). Hash walk: take every row of the batch, so a
-    /// page never ends in the middle of a hash.
-    stop_when_full: bool,
+    /// Log walk: full pages are cut off into here. Hash walk: `None`, the
+    /// sink takes every row of a batch (a page never ends inside a hash).
+    cut: Option<Cut>,
     visited: u64,
     matched: u64,
     /// The first row that did not decode or convert: (key, why).
@@ -56,11 +71,12 @@ struct QueryVisit<'c> {
 }
 
 impl<'c> QueryVisit<'c> {
-    fn new(compiled: &'c Compiled, stop_when_full: bool) -> QueryVisit<'c> {
+    fn new(compiled: &'c Compiled, state: &'c ShardState, cut: bool) -> QueryVisit<'c> {
         QueryVisit {
             compiled,
+            state,
             sink: compiled.sink(PAGE_BYTES),
-            stop_when_full,
+            cut: cut.then(Cut::default),
             visited: 0,
             matched: 0,
             bad: None,
@@ -75,12 +91,48 @@ impl<'c> QueryVisit<'c> {
             )
         })
     }
+
+    fn overflowed(&self) -> bool {
+        self.cut.as_ref().is_some_and(|c| c.overflow)
+    }
+
+    /// The sink's page is full: cut it off and keep it, charged to the budget.
+    fn cut_page(&mut self) {
+        let Some(cut) = self.cut.as_mut() else { return };
+        let (data, rows) = match self.sink.take_page() {
+            Ok(Some(page)) => page,
+            Ok(None) => return,
+            Err(e) => {
+                self.bad = Some((Vec::new(), e.to_string()));
+                return;
+            }
+        };
+        let charge = self
+            .state
+            .engine
+            .borrow()
+            .try_charge_transient(data.len() as u64);
+        match charge {
+            Ok(charge) if cut.bytes + data.len() <= MAX_HELD_BYTES => {
+                cut.bytes += data.len();
+                cut.pages.push(Page {
+                    data,
+                    rows,
+                    _charge: charge,
+                });
+            }
+            _ => {
+                cut.overflow = true;
+                cut.pages.clear();
+            }
+        }
+    }
 }
 
 impl ObjectSink for QueryVisit<'_> {
     #[inline]
     fn object(&mut self, key: &[u8], value: &[u8]) {
-        if self.bad.is_some() || (self.stop_when_full && self.sink.is_full()) {
+        if self.done() {
             return;
         }
         self.visited += 1;
@@ -91,6 +143,11 @@ impl ObjectSink for QueryVisit<'_> {
                     self.matched += 1;
                     if let Err(e) = self.sink.push(&row) {
                         self.bad = Some((key.to_vec(), e.to_string()));
+                    } else if self.cut.is_some()
+                        && self.sink.is_full()
+                        && !self.sink.rows_limit_reached()
+                    {
+                        self.cut_page();
                     }
                 }
             }
@@ -99,73 +156,139 @@ impl ObjectSink for QueryVisit<'_> {
 
     fn reset(&mut self) {
         self.sink.reset();
+        if let Some(cut) = self.cut.as_mut() {
+            *cut = Cut::default();
+        }
         self.visited = 0;
         self.matched = 0;
         self.bad = None;
     }
 
     fn done(&self) -> bool {
-        self.bad.is_some() || (self.stop_when_full && self.sink.is_full())
+        self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached()
     }
 }
 
-#[allow(clippy::too_many_arguments)] // the fields of Request::Query
-async fn execute(
-    state: &ShardState,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
-    map_version: u64,
-    schema: &Schema,
-    plan: &QueryPlan,
-    resume: Option<u64>,
-) -> Result<QueryResult, Refusal> {
-    let started = Instant::now();
-    schema
-        .check()
-        .map_err(|e| (Status::BadRequest, format!("bad schema: {e}")))?;
-    let compiled = compile(schema, plan).map_err(|e| (Status::BadRequest, e.to_string()))?;
-    let source = Source::Log;
-    let mut run = Run {
+/// The shard's copy of a tablet's query, for the tablet checks of `Run`.
+fn run<'a>(
+    state: &'a ShardState,
+    (table, start_hash, end_hash, map_version): (u64, u64, u64, u64),
+    source: &'a Source,
+) -> Run<'a> {
+    Run {
         hold: None,
         state,
         table,
         start_hash,
         end_hash,
         map_version,
-        source: &source,
+        source,
         write: false,
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
+    }
+}
+
+fn finished(sink: Sink) -> Result<QueryData, Refusal> {
+    sink.finish().map_err(|e| (Status::Internal, e.to_string()))
+}
+
+async fn execute(
+    state: &ShardState,
+    tablet: (u64, u64, u64, u64),
+    schema: &Schema,
+    plan: &QueryPlan,
+    resume: Option<QueryResume>,
+) -> Result<QueryResult, Refusal> {
+    let started = Instant::now();
+    let (table, start_hash, ..) = tablet;
+    let source = Source::Log;
+    let mut run = run(state, tablet, &source);
+    let reply = |data, visited, matched, resume| QueryResult {
+        data,
+        visited,
+        matched,
+        server_nanos: started.elapsed().as_nanos() as u64,
+        resume,
     };
     let from = match resume {
-        Some(h) => h,
+        Some(QueryResume::Held { cursor, page }) => {
+            // The tablet must still be this shard's to answer for it.
+            run.check()?;
+            let got = state
+                .held
+                .borrow_mut()
+                .fetch(cursor, table, start_hash, page);
+            let Some((data, rows, last)) = got else {
+                return Err((
+                    Status::CursorExpired,
+                    format!(
+                        "query pages {cursor}/{page} of tablet {table}/{start_hash:#x} are gone"
+                    ),
+                ));
+            };
+            let next = (!last).then(|| QueryResume::Held {
+                cursor,
+                page: page + 1,
+            });
+            return Ok(reply(QueryData::Rows(data), 0, rows, next));
+        }
+        Some(QueryResume::Hash(h)) => h,
         None => {
-            let mut visit = QueryVisit::new(&compiled, true);
+            schema
+                .check()
+                .map_err(|e| (Status::BadRequest, format!("bad schema: {e}")))?;
+            let compiled =
+                compile(schema, plan).map_err(|e| (Status::BadRequest, e.to_string()))?;
+            let mut visit = QueryVisit::new(&compiled, state, true);
             run.scan(&mut visit).await?;
             if let Some(r) = visit.refusal() {
                 return Err(r);
             }
-            if !visit.sink.is_full() || visit.sink.rows_limit_reached() {
+            if !visit.overflowed() {
                 let (visited, matched) = (visit.visited, visit.matched);
-                let data = visit
-                    .sink
-                    .finish()
-                    .map_err(|e| (Status::Internal, e.to_string()))?;
-                return Ok(QueryResult {
-                    data,
-                    visited,
-                    matched,
-                    server_nanos: started.elapsed().as_nanos() as u64,
-                    resume: None,
-                });
+                let mut pages = visit.cut.take().map(|c| c.pages).unwrap_or_default();
+                let last_rows = visit.sink.len() as u64;
+                let last = finished(visit.sink)?;
+                if pages.is_empty() {
+                    return Ok(reply(last, visited, matched, None));
+                }
+                // Page 0 is this reply; the shard holds the rest.
+                let QueryData::Rows(data) = last else {
+                    return Err((Status::Internal, "rows pages ended in groups".into()));
+                };
+                let charge = state
+                    .engine
+                    .borrow()
+                    .try_charge_transient(data.len() as u64);
+                // A refused charge pages in hash order, like any overflow.
+                if let Ok(charge) = charge {
+                    pages.push(Page {
+                        data,
+                        rows: last_rows,
+                        _charge: charge,
+                    });
+                    let first = pages.remove(0);
+                    let cursor = state.held.borrow_mut().hold(table, start_hash, pages);
+                    let next = QueryResume::Held { cursor, page: 1 };
+                    return Ok(reply(
+                        QueryData::Rows(first.data),
+                        visited,
+                        first.rows,
+                        Some(next),
+                    ));
+                }
             }
-            // Too many rows for one page: page in hash order from the start.
+            // Too many rows to hold: page in hash order from the start.
             0
         }
     };
     drop(run.hold.take());
-    let mut visit = QueryVisit::new(&compiled, false);
+    schema
+        .check()
+        .map_err(|e| (Status::BadRequest, format!("bad schema: {e}")))?;
+    let compiled = compile(schema, plan).map_err(|e| (Status::BadRequest, e.to_string()))?;
+    let mut visit = QueryVisit::new(&compiled, state, false);
     let mut cursor = from;
     let mut chunk_start = Instant::now();
     let resume = loop {
@@ -186,7 +309,7 @@ async fn execute(
         match next {
             None => break None,
             Some(_) if visit.sink.rows_limit_reached() => break None,
-            Some(h) if visit.sink.is_full() => break Some(h),
+            Some(h) if visit.sink.is_full() => break Some(QueryResume::Hash(h)),
             Some(h) => cursor = h,
         }
         if chunk_start.elapsed() >= CHUNK {
@@ -197,17 +320,7 @@ async fn execute(
     };
     run.check()?;
     let (visited, matched) = (visit.visited, visit.matched);
-    let data = visit
-        .sink
-        .finish()
-        .map_err(|e| (Status::Internal, e.to_string()))?;
-    Ok(QueryResult {
-        data,
-        visited,
-        matched,
-        server_nanos: started.elapsed().as_nanos() as u64,
-        resume,
-    })
+    Ok(reply(finished(visit.sink)?, visited, matched, resume))
 }
 
 #[allow(clippy::too_many_arguments)] // the fields of Request::Query
@@ -220,20 +333,11 @@ pub async fn handle(
     map_version: u64,
     schema: Schema,
     plan: QueryPlan,
-    resume: Option<u64>,
+    resume: Option<QueryResume>,
     out: &mut BytesMut,
 ) {
-    let result = execute(
-        state,
-        table,
-        start_hash,
-        end_hash,
-        map_version,
-        &schema,
-        &plan,
-        resume,
-    )
-    .await;
+    let tablet = (table, start_hash, end_hash, map_version);
+    let result = execute(state, tablet, &schema, &plan, resume).await;
     match result {
         Ok(result) => crate::handler::reply(out, id, &Response::Query(result)),
         Err((status, message)) => encode_error(out, id, status, message),

@@ -84,6 +84,8 @@ pub struct ShardState {
     pub connections: Cell<usize>,
     /// Enumerations in progress, so each batch costs O(batch) (enumerate.rs).
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
+    /// Typed-query answers whose pages the clients are still fetching (held.rs).
+    pub held: RefCell<crate::held::HeldQueries>,
     /// Last migration id handed out on this shard (see `TabletMeta::migration`).
     pub migrations: Cell<u64>,
     /// Woken whenever a hold is released (`hold.rs`): scans, updates and moves
@@ -173,6 +175,7 @@ pub fn run_shard(
         unusual_tablets: Cell::new(0),
         connections: Cell::new(0),
         enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
+        held: RefCell::new(crate::held::HeldQueries::default()),
         migrations: Cell::new(0),
         holds_released: tokio::sync::Notify::new(),
         limits,
@@ -192,6 +195,7 @@ pub fn run_shard(
             }
         };
         tokio::task::spawn_local(crate::replicate::run(state.clone()));
+        tokio::task::spawn_local(crate::held::sweep(state.clone()));
         loop {
             tokio::select! {
                 _ = stop.changed() => break,
