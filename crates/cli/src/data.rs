@@ -261,7 +261,8 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         | Command::Update(_)
         | Command::Train(_)
         | Command::Tpch(_)
-        | Command::Sql(_) => {
+        | Command::Sql(_)
+        | Command::Index(_) => {
             unreachable!("dispatched in main")
         }
     }

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod data;
+mod index;
 mod ops;
 mod sql;
 mod status;
@@ -51,6 +52,9 @@ enum Command {
     /// Move tablets between servers.
     #[command(subcommand)]
     Tablet(data::TabletCmd),
+    /// Create, drop or list secondary indexes of typed tables.
+    #[command(subcommand)]
+    Index(index::IndexCmd),
     /// Write a value under KEY: the VALUE argument, `-` for standard input, or --file.
     Put {
         /// The table (see `insitu table list`).
@@ -375,6 +379,10 @@ fn main() -> std::process::ExitCode {
         Command::Sql(args) => {
             init_tracing("warn");
             sql::run(args, cluster)
+        }
+        Command::Index(cmd) => {
+            init_tracing("warn");
+            index::run(cmd, cluster)
         }
         other => {
             init_tracing("warn");

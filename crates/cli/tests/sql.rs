@@ -98,6 +98,59 @@ fn sql_over_typed_tables() {
 }
 
 #[test]
+fn indexed_columns_are_probed_and_explain_says_so() {
+    let cluster = Cluster::start(1, 2);
+    users_table(&cluster);
+    let out = ok(cluster.cli(&["index", "create", "users", "age"]));
+    assert!(out.contains("created index on users.age"), "{out}");
+    ok(cluster.cli(&["index", "create", "users", "name"]));
+    assert_eq!(
+        ok(cluster.cli(&["index", "list"])),
+        "users\tname\nusers\tage\n"
+    );
+    let plan = sql_csv(&cluster, "explain select name from users where age = 31");
+    assert!(plan.contains("index=[age = 31]"), "{plan}");
+    assert_eq!(
+        sql_csv(&cluster, "select name from users where age = 31"),
+        "name\nalice\n"
+    );
+    // Written after the index was built: found through it.
+    ok(cluster.cli(&["insert", "users", "4,dave,31,2"]));
+    assert_eq!(
+        sql_csv(
+            &cluster,
+            "select name from users where age = 31 order by name"
+        ),
+        "name\nalice\ndave\n"
+    );
+    let plan = sql_csv(
+        &cluster,
+        "explain select id from users where name in ('bob', 'dave')",
+    );
+    assert!(plan.contains("index=[name IN ('bob', 'dave')]"), "{plan}");
+    assert_eq!(
+        sql_csv(
+            &cluster,
+            "select id from users where name in ('bob', 'dave') order by id"
+        ),
+        "id\n2\n4\n"
+    );
+    let plan = sql_csv(
+        &cluster,
+        "explain select id from users where age between 30 and 40",
+    );
+    assert!(plan.contains("index=[30 <= age <= 40]"), "{plan}");
+    // A one-sided range is not selective enough to probe.
+    let plan = sql_csv(&cluster, "explain select id from users where age > 30");
+    assert!(!plan.contains("index="), "{plan}");
+    let e = fails(cluster.cli(&["index", "create", "users", "score2"]));
+    assert!(e.contains("no column \"score2\""), "{e}");
+    ok(cluster.cli(&["index", "drop", "users", "age"]));
+    let plan = sql_csv(&cluster, "explain select name from users where age = 31");
+    assert!(!plan.contains("index="), "{plan}");
+}
+
+#[test]
 fn tpch_queries_match_the_stored_answers() {
     let cluster = Cluster::start(2, 2);
     let out = ok(cluster.cli(&["tpch", "load", "--sf", "0.01"]));

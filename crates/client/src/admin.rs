@@ -77,6 +77,32 @@ impl Client {
         self.expect_done(&reply)
     }
 
+    /// Declare (`create`) or remove a secondary index on `column` of typed
+    /// table `table`. Not retried after a dropped connection.
+    pub async fn set_index(
+        &self,
+        table: &str,
+        column: &str,
+        create: bool,
+    ) -> Result<(), ClientError> {
+        let (table, column) = (table.to_string(), column.to_string());
+        let request = if create {
+            Request::CreateIndex {
+                table: table.clone(),
+                column,
+            }
+        } else {
+            Request::DropIndex {
+                table: table.clone(),
+                column,
+            }
+        };
+        let reply = self.coord_call(&request, false, self.deadline()).await?;
+        // The cached map carries the old list of indexes.
+        self.inner.routes.evict_name(&table);
+        self.expect_done(&reply)
+    }
+
     pub async fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
         let reply = self
             .coord_call(&Request::ListTables, true, self.deadline())

@@ -330,6 +330,7 @@ mod tests {
                 .collect(),
             map_version: 5,
             schema: None,
+            indexes: Vec::new(),
         }
     }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use insitu_protocol::query::Scalar;
 use insitu_protocol::query::{
-    GroupPartial, QueryData, QueryOutput, QueryPlan, QueryResult, QueryResume,
+    GroupPartial, IndexProbe, QueryData, QueryOutput, QueryPlan, QueryResult, QueryResume,
 };
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status};
@@ -108,6 +108,19 @@ impl Client {
 
     /// Run `plan` on every tablet of typed table `table`.
     pub async fn query(&self, table: u64, plan: &QueryPlan) -> Result<QueryOutcome, ClientError> {
+        self.query_with(table, plan, None).await
+    }
+
+    /// Run `plan` on every tablet of typed table `table`, finding each
+    /// tablet's candidate rows through its secondary index as `index` says
+    /// (a column declared with `create_index`). The filter still decides
+    /// which rows pass, so the answer is the same as without the probe.
+    pub async fn query_with(
+        &self,
+        table: u64,
+        plan: &QueryPlan,
+        index: Option<&IndexProbe>,
+    ) -> Result<QueryOutcome, ClientError> {
         let schema = self.typed_schema(table).await?;
         // Refuse a bad plan here with the servers' own check.
         insitu_query::compile(&schema, plan)
@@ -118,7 +131,7 @@ impl Client {
             let (ranges, seen) = self.tablet_ranges(table, deadline).await?;
             let calls = ranges
                 .iter()
-                .map(|&(s, e)| self.query_tablet(table, s, e, &schema, plan));
+                .map(|&(s, e)| self.query_tablet(table, (s, e), &schema, plan, index));
             let results = futures::future::join_all(calls).await;
             let mut pages = Vec::new();
             let mut layout_changed = None;
@@ -145,10 +158,10 @@ impl Client {
     async fn query_tablet(
         &self,
         table: u64,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         schema: &Schema,
         plan: &QueryPlan,
+        index: Option<&IndexProbe>,
     ) -> Result<Vec<QueryResult>, LayoutOr> {
         let limit = match &plan.output {
             QueryOutput::Rows {
@@ -168,7 +181,7 @@ impl Client {
                 )));
             }
             let page = match self
-                .query_page(table, start, end, schema, plan, resume)
+                .query_page(table, (start, end), schema, plan, (resume, index))
                 .await
             {
                 Ok(page) => page,
@@ -198,11 +211,10 @@ impl Client {
     async fn query_page(
         &self,
         table: u64,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         schema: &Schema,
         plan: &QueryPlan,
-        resume: Option<QueryResume>,
+        (resume, index): (Option<QueryResume>, Option<&IndexProbe>),
     ) -> Result<QueryResult, LayoutOr> {
         self.tablet_op(
             table,
@@ -215,6 +227,7 @@ impl Client {
                 schema: schema.clone(),
                 plan: plan.clone(),
                 resume,
+                index: index.cloned(),
             },
             "Query",
             |r| match r {

@@ -69,6 +69,8 @@ pub struct Table {
     pub tablets: Vec<Tablet>,
     /// A typed table's schema (checked at create); None = untyped.
     pub schema: Option<insitu_protocol::schema::Schema>,
+    /// Columns with a secondary index, ascending (typed tables only).
+    pub indexes: Vec<u16>,
 }
 
 /// Names of the rows of the `counters` table.
@@ -107,6 +109,8 @@ pub enum Op {
     },
     /// Remove a table and all its tablets.
     DeleteTable { id: u64 },
+    /// Set the indexed columns of a table (ascending; empty: none).
+    PutIndexes { table: u64, columns: Vec<u16> },
     /// Insert or replace tablet `index` of `table` (index <= current count).
     PutTablet {
         table: u64,
@@ -240,8 +244,14 @@ impl Model {
                             name: name.clone(),
                             tablets: Vec::new(),
                             schema: schema.clone(),
+                            indexes: Vec::new(),
                         },
                     );
+                }
+                Op::PutIndexes { table, columns } => {
+                    if let Some(t) = self.tables.get_mut(table) {
+                        t.indexes = columns.clone();
+                    }
                 }
                 Op::DeleteTable { id } => {
                     if let Some(table) = self.tables.remove(id) {
@@ -450,6 +460,7 @@ impl Model {
             tablets,
             map_version: self.map_version,
             schema: table.schema.clone(),
+            indexes: table.indexes.clone(),
         })
     }
 

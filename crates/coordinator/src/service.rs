@@ -145,6 +145,8 @@ impl Coordinator {
                 schema,
             } => self.create_table(name, tablets, schema).await,
             Request::DropTable { name } => self.drop_table(name).await,
+            Request::CreateIndex { table, column } => self.set_index(table, column, true).await,
+            Request::DropIndex { table, column } => self.set_index(table, column, false).await,
             Request::OpenTable { name } => {
                 let model = self.model();
                 let id = *model
@@ -285,6 +287,8 @@ fn request_name(request: &Request<'_>) -> &'static str {
         Request::Enlist { .. } => "Enlist",
         Request::CreateTable { .. } => "CreateTable",
         Request::DropTable { .. } => "DropTable",
+        Request::CreateIndex { .. } => "CreateIndex",
+        Request::DropIndex { .. } => "DropIndex",
         Request::OpenTable { .. } => "OpenTable",
         Request::TableMap { .. } => "TableMap",
         Request::ListTables => "ListTables",

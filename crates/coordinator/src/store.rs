@@ -8,6 +8,7 @@
 //! | `servers`  | `u64` server id              | `Vec<&str>`: one `host:port` per shard, by shard index     |
 //! | `tables`   | `u64` table id               | `&str` table name                                          |
 //! | `table_schemas` | `u64` table id          | `&[u8]`: a typed table's `Schema`, postcard (no row: untyped) |
+//! | `table_indexes` | `u64` table id         | `&[u8]`: the indexed columns, postcard `Vec<u16>` ascending (no row: none) |
 //! | `tablets`  | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 server_id, u32 shard, u64 map_version)` |
 //! | `server_identities` | `u64` server id     | `&str`: the identity the server keeps in its `--dir`         |
 //! | `server_backup_addrs` | `u64` server id | `&str`: its backup service's `host:port` (no row: none) |
@@ -43,7 +44,7 @@
 //! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
 //! transaction that orphans a dead server's tablet until its recovered copy
 //! is activated on its new owner (see `recovery.rs`). `server_identities`,
-//! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from` and `table_schemas` were added
+//! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from`, `table_schemas` and `table_indexes` were added
 //! without changing the layout version: an older database simply has none,
 //! and they are created empty on open (likewise the `cluster_id` and
 //! `replicas` counters).
@@ -83,6 +84,8 @@ const DEAD: TableDefinition<u64, ()> = TableDefinition::new("dead_servers");
 const LOST_FROM: TableDefinition<TabletKey, u64> = TableDefinition::new("lost_from");
 /// A typed table's schema, postcard-encoded (`insitu_protocol::schema::Schema`).
 const SCHEMAS: TableDefinition<u64, &[u8]> = TableDefinition::new("table_schemas");
+/// A typed table's indexed columns, postcard-encoded `Vec<u16>`.
+const INDEXES: TableDefinition<u64, &[u8]> = TableDefinition::new("table_indexes");
 
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
@@ -158,6 +161,7 @@ impl Store {
             txn.open_table(SERVERS)?;
             txn.open_table(TABLES)?;
             txn.open_table(SCHEMAS)?;
+            txn.open_table(INDEXES)?;
             txn.open_table(TABLETS)?;
             txn.open_table(IDENTITIES)?;
             txn.open_table(MOVES)?;
@@ -210,6 +214,7 @@ impl Store {
                     name,
                     tablets: Vec::new(),
                     schema: None,
+                    indexes: Vec::new(),
                 },
             );
         }
@@ -226,6 +231,21 @@ impl Store {
                 bail!("a schema for table {id}, which does not exist");
             };
             table.schema = Some(schema);
+        }
+
+        for row in txn.open_table(INDEXES)?.iter()? {
+            let (id, bytes) = row?;
+            let id = id.value();
+            let columns: Vec<u16> = postcard::from_bytes(bytes.value())
+                .with_context(|| format!("the indexes of table {id} do not decode"))?;
+            let Some(table) = model.tables.get_mut(&id) else {
+                bail!("indexes for table {id}, which does not exist");
+            };
+            let width = table.schema.as_ref().map_or(0, |s| s.columns.len());
+            if columns.iter().any(|&c| c as usize >= width) || !columns.is_sorted() {
+                bail!("the indexes of table {id} name columns it does not have: {columns:?}");
+            }
+            table.indexes = columns;
         }
 
         for row in txn.open_table(TABLETS)?.iter()? {
@@ -308,6 +328,7 @@ impl Store {
             let mut servers = txn.open_table(SERVERS)?;
             let mut tables = txn.open_table(TABLES)?;
             let mut schemas = txn.open_table(SCHEMAS)?;
+            let mut indexes = txn.open_table(INDEXES)?;
             let mut tablets = txn.open_table(TABLETS)?;
             let mut identities = txn.open_table(IDENTITIES)?;
             let mut moves = txn.open_table(MOVES)?;
@@ -389,9 +410,18 @@ impl Store {
                             schemas.insert(*id, bytes.as_slice())?;
                         }
                     }
+                    Op::PutIndexes { table, columns } => {
+                        if columns.is_empty() {
+                            indexes.remove(*table)?;
+                        } else {
+                            let bytes = postcard::to_stdvec(columns)?;
+                            indexes.insert(*table, bytes.as_slice())?;
+                        }
+                    }
                     Op::DeleteTable { id } => {
                         tables.remove(*id)?;
                         schemas.remove(*id)?;
+                        indexes.remove(*id)?;
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         lost_from.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;

@@ -223,3 +223,63 @@ impl Coordinator {
             .collect()
     }
 }
+
+impl Coordinator {
+    /// Add (`create`) or remove a secondary index on `column` of `table`.
+    /// Only the declaration is stored: shards build a tablet's index on its
+    /// first probe and keep it in memory.
+    pub(crate) async fn set_index(&self, table: String, column: String, create: bool) -> Reply {
+        let guard = self.meta_lock.lock().await;
+        let (id, columns, col) = {
+            let model = self.model();
+            let id = *model
+                .by_name
+                .get(&table)
+                .ok_or_else(|| unknown_table(&table))?;
+            let t = model.tables.get(&id).ok_or_else(|| unknown_table(&table))?;
+            let Some(schema) = &t.schema else {
+                return Err(Reject::bad(format!(
+                    "table {table:?} is untyped: indexes need a typed table (created with --schema)"
+                )));
+            };
+            let Some(col) = schema.columns.iter().position(|c| c.name == column) else {
+                let names: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+                return Err(Reject::bad(format!(
+                    "table {table:?} has no column {column:?} (columns: {})",
+                    names.join(", ")
+                )));
+            };
+            let col = col as u16;
+            let ty = schema.columns[col as usize].ty;
+            if create && ty == insitu_protocol::schema::ColumnType::Float64 {
+                return Err(Reject::bad(format!(
+                    "column {column:?} is float64: indexes are for exact values \
+                     (integers, decimals, dates, text, bool)"
+                )));
+            }
+            let mut columns = t.indexes.clone();
+            match (create, columns.binary_search(&col)) {
+                (true, Ok(_)) => {
+                    return Err(Reject::bad(format!(
+                        "column {column:?} of table {table:?} is already indexed"
+                    )));
+                }
+                (true, Err(at)) => columns.insert(at, col),
+                (false, Ok(at)) => {
+                    columns.remove(at);
+                }
+                (false, Err(_)) => {
+                    return Err(Reject::bad(format!(
+                        "column {column:?} of table {table:?} has no index"
+                    )));
+                }
+            }
+            (id, columns, col)
+        };
+        self.commit(&guard, vec![Op::PutIndexes { table: id, columns }])
+            .await?;
+        drop(guard);
+        info!(table = %table, column = %column, col, create, "index declaration changed");
+        Ok(Response::Done)
+    }
+}

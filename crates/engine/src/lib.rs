@@ -54,6 +54,7 @@ pub struct ObjectRef<'a> {
     pub version: u64,
 }
 
+mod changes;
 mod cleaner;
 mod config;
 mod entry;
@@ -71,6 +72,7 @@ mod stats;
 mod tablet;
 mod visit;
 
+pub use changes::{Changes, MAX_CHANGES};
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
 pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};

@@ -44,6 +44,10 @@ pub(crate) struct Tablet {
     /// Scans holding this tablet's log positions fixed (`Engine::hold_cleaner`):
     /// while > 0 the cleaner leaves the tablet alone.
     pub clean_holds: u32,
+    /// Hashes of the keys written or removed since the last
+    /// `Engine::take_changes`, while someone watches (`Engine::watch`): what
+    /// a shard's secondary indexes catch up from. None: not watched.
+    pub changes: Option<crate::changes::ChangeLog>,
 }
 
 impl Tablet {
@@ -65,6 +69,7 @@ impl Tablet {
             generation: crate::scan::next_generation(),
             clean_epoch: 0,
             clean_holds: 0,
+            changes: None,
         }
     }
 
@@ -265,6 +270,9 @@ impl Tablet {
         let at = seg.append(KIND_OBJECT, self.table, version, key, value, budget.clock);
         seg.live_bytes += len as u64;
         let new_loc = loc(h, at);
+        if let Some(c) = &mut self.changes {
+            c.record(hash);
+        }
         match old {
             Some(old) => {
                 self.live_bytes -= self.kill(old);
@@ -311,6 +319,9 @@ impl Tablet {
         seg.max_tombstone_segment = seg.max_tombstone_segment.max(newest);
         self.live_bytes -= self.kill(old);
         self.object_count -= 1;
+        if let Some(c) = &mut self.changes {
+            c.record(hash);
+        }
         match self.index.find_entry(probe_hash(hash), |e| e.loc == old) {
             Ok(e) => {
                 e.remove();

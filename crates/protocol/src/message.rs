@@ -56,6 +56,10 @@ pub struct TableInfo {
     pub map_version: u64,
     /// The schema of a typed table; None = untyped.
     pub schema: Option<crate::schema::Schema>,
+    /// Columns of a typed table with a secondary index (ascending): the
+    /// planner may probe them (`Request::Query::index`).
+    #[serde(deserialize_with = "crate::limits::columns")]
+    pub indexes: Vec<u16>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -346,6 +350,16 @@ pub enum Request<'a> {
     DropTable {
         name: String,
     },
+    /// Declare a secondary index on `column` (by name) of typed table `table`
+    /// (by name). Shards build it on first use and keep it up to date.
+    CreateIndex {
+        table: String,
+        column: String,
+    },
+    DropIndex {
+        table: String,
+        column: String,
+    },
     OpenTable {
         name: String,
     },
@@ -393,6 +407,10 @@ pub enum Request<'a> {
         schema: crate::schema::Schema,
         plan: crate::query::QueryPlan,
         resume: Option<crate::query::QueryResume>,
+        /// Find the candidate rows through the tablet's secondary index on a
+        /// column instead of walking the log (the filter is still applied to
+        /// every candidate, so the answer is the same either way).
+        index: Option<crate::query::IndexProbe>,
     },
 }
 

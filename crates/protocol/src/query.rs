@@ -203,6 +203,32 @@ pub struct QueryResult {
     pub resume: Option<QueryResume>,
 }
 
+/// Which rows of a secondary index a query wants: a superset of the rows
+/// its filter passes (the server applies the filter to each).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub enum IndexProbe {
+    /// `column = v` for any `v` of `values` (one value, or an IN list).
+    Eq {
+        col: u16,
+        #[serde(deserialize_with = "crate::limits::in_list")]
+        values: Vec<Scalar>,
+    },
+    /// `lo <= column <= hi` (each bound inclusive or not, or absent).
+    Range {
+        col: u16,
+        lo: Option<(Scalar, bool)>,
+        hi: Option<(Scalar, bool)>,
+    },
+}
+
+impl IndexProbe {
+    pub fn col(&self) -> u16 {
+        match self {
+            IndexProbe::Eq { col, .. } | IndexProbe::Range { col, .. } => *col,
+        }
+    }
+}
+
 /// How a paged answer continues.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueryResume {

@@ -397,6 +397,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             schema,
             plan,
             resume,
+            index,
         } => {
             crate::query::handle(
                 state,
@@ -408,6 +409,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 schema,
                 plan,
                 resume,
+                index,
                 out,
             )
             .await
@@ -415,6 +417,8 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }
+        | Request::CreateIndex { .. }
+        | Request::DropIndex { .. }
         | Request::OpenTable { .. }
         | Request::TableMap { .. }
         | Request::ListTables

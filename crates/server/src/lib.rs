@@ -19,6 +19,7 @@ mod replicate;
 mod scan;
 mod scan_run;
 mod shard;
+mod sindex;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use insitu_protocol::plan::Source;
-use insitu_protocol::query::{QueryData, QueryPlan, QueryResult, QueryResume};
+use insitu_protocol::query::{IndexProbe, QueryData, QueryPlan, QueryResult, QueryResume};
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Response, Status, encode_error};
 use insitu_query::{Compiled, Sink, compile};
@@ -193,12 +193,46 @@ fn finished(sink: Sink) -> Result<QueryData, Refusal> {
     sink.finish().map_err(|e| (Status::Internal, e.to_string()))
 }
 
+/// Feed the objects with `hashes` (a secondary index's candidates) to
+/// `visit`, yielding every ~1 ms and checking the tablet after each yield.
+/// Each hash is read once, so a row is returned at most once; a row changed
+/// during the walk may be seen with either value.
+async fn index_walk(
+    run: &Run<'_>,
+    visit: &mut QueryVisit<'_>,
+    hashes: &[u64],
+) -> Result<(), Refusal> {
+    let mut chunk_start = Instant::now();
+    for chunk in hashes.chunks(256) {
+        {
+            let engine = run.state.engine.borrow();
+            for &h in chunk {
+                engine
+                    .objects_with_hash(run.table, run.start_hash, h, |o| {
+                        visit.object(o.key, o.value)
+                    })
+                    .map_err(engine_refusal)?;
+            }
+        }
+        if visit.done() {
+            break;
+        }
+        if chunk_start.elapsed() >= CHUNK {
+            tokio::task::yield_now().await;
+            run.check()?;
+            chunk_start = Instant::now();
+        }
+    }
+    run.check()
+}
+
 async fn execute(
     state: &ShardState,
     tablet: (u64, u64, u64, u64),
     schema: &Schema,
     plan: &QueryPlan,
     resume: Option<QueryResume>,
+    index: Option<&IndexProbe>,
 ) -> Result<QueryResult, Refusal> {
     let started = Instant::now();
     let (table, start_hash, ..) = tablet;
@@ -241,7 +275,17 @@ async fn execute(
             let compiled =
                 compile(schema, plan).map_err(|e| (Status::BadRequest, e.to_string()))?;
             let mut visit = QueryVisit::new(&compiled, state, true);
-            run.scan(&mut visit).await?;
+            run.check()?;
+            let candidates = match index {
+                Some(probe) => {
+                    crate::sindex::candidates(state, table, start_hash, schema, probe).await?
+                }
+                None => None,
+            };
+            match candidates {
+                Some(hashes) => index_walk(&run, &mut visit, &hashes).await?,
+                None => run.scan(&mut visit).await?,
+            }
             if let Some(r) = visit.refusal() {
                 return Err(r);
             }
@@ -334,10 +378,11 @@ pub async fn handle(
     schema: Schema,
     plan: QueryPlan,
     resume: Option<QueryResume>,
+    index: Option<IndexProbe>,
     out: &mut BytesMut,
 ) {
     let tablet = (table, start_hash, end_hash, map_version);
-    let result = execute(state, tablet, &schema, &plan, resume).await;
+    let result = execute(state, tablet, &schema, &plan, resume, index.as_ref()).await;
     match result {
         Ok(result) => crate::handler::reply(out, id, &Response::Query(result)),
         Err((status, message)) => encode_error(out, id, status, message),

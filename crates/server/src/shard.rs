@@ -86,6 +86,8 @@ pub struct ShardState {
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
     /// Typed-query answers whose pages the clients are still fetching (held.rs).
     pub held: RefCell<crate::held::HeldQueries>,
+    /// Secondary indexes of this shard's typed tablets (sindex.rs).
+    pub sindex: RefCell<crate::sindex::SecondaryIndexes>,
     /// Last migration id handed out on this shard (see `TabletMeta::migration`).
     pub migrations: Cell<u64>,
     /// Woken whenever a hold is released (`hold.rs`): scans, updates and moves
@@ -176,6 +178,7 @@ pub fn run_shard(
         connections: Cell::new(0),
         enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
         held: RefCell::new(crate::held::HeldQueries::default()),
+        sindex: RefCell::new(crate::sindex::SecondaryIndexes::default()),
         migrations: Cell::new(0),
         holds_released: tokio::sync::Notify::new(),
         limits,
@@ -196,6 +199,7 @@ pub fn run_shard(
         };
         tokio::task::spawn_local(crate::replicate::run(state.clone()));
         tokio::task::spawn_local(crate::held::sweep(state.clone()));
+        tokio::task::spawn_local(crate::sindex::keep_up(state.clone()));
         loop {
             tokio::select! {
                 _ = stop.changed() => break,

@@ -102,6 +102,7 @@ async fn page(
             schema: c.schema.clone(),
             plan: all_rows(),
             resume,
+            index: None,
         })
         .await
         .unwrap();

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use insitu_client::{Client, QueryAnswer};
-use insitu_protocol::query::{GroupPartial, QueryPlan};
+use insitu_protocol::query::{GroupPartial, IndexProbe, QueryPlan};
 use insitu_protocol::schema::Schema;
 
 use crate::source::TableSource;
@@ -21,6 +21,8 @@ pub struct ClusterTable {
     id: u64,
     name: String,
     schema: Schema,
+    /// Columns with a secondary index, as the coordinator listed them.
+    indexes: Vec<u16>,
 }
 
 impl std::fmt::Debug for ClusterTable {
@@ -42,21 +44,19 @@ impl TableSource for ClusterTable {
         &self,
         plan: QueryPlan,
     ) -> BoxStream<'static, Result<arrow_array::RecordBatch, String>> {
-        let (client, id) = (self.client.clone(), self.id);
-        futures::stream::once(async move { client.query(id, &plan).await })
-            .flat_map(|r| match r {
-                Ok(out) => match out.answer {
-                    QueryAnswer::Rows(batches) => {
-                        futures::stream::iter(batches.into_iter().map(Ok)).boxed()
-                    }
-                    QueryAnswer::Groups(_) => futures::stream::iter([Err(
-                        "the servers answered a rows query with groups".to_string(),
-                    )])
-                    .boxed(),
-                },
-                Err(e) => futures::stream::iter([Err(e.to_string())]).boxed(),
-            })
-            .boxed()
+        self.rows_with(plan, None)
+    }
+
+    fn indexes(&self) -> &[u16] {
+        &self.indexes
+    }
+
+    fn rows_probed(
+        &self,
+        plan: QueryPlan,
+        probe: IndexProbe,
+    ) -> BoxStream<'static, Result<arrow_array::RecordBatch, String>> {
+        self.rows_with(plan, Some(probe))
     }
 
     fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
@@ -75,6 +75,30 @@ impl TableSource for ClusterTable {
     }
 }
 
+impl ClusterTable {
+    fn rows_with(
+        &self,
+        plan: QueryPlan,
+        probe: Option<IndexProbe>,
+    ) -> BoxStream<'static, Result<arrow_array::RecordBatch, String>> {
+        let (client, id) = (self.client.clone(), self.id);
+        futures::stream::once(async move { client.query_with(id, &plan, probe.as_ref()).await })
+            .flat_map(|r| match r {
+                Ok(out) => match out.answer {
+                    QueryAnswer::Rows(batches) => {
+                        futures::stream::iter(batches.into_iter().map(Ok)).boxed()
+                    }
+                    QueryAnswer::Groups(_) => futures::stream::iter([Err(
+                        "the servers answered a rows query with groups".to_string(),
+                    )])
+                    .boxed(),
+                },
+                Err(e) => futures::stream::iter([Err(e.to_string())]).boxed(),
+            })
+            .boxed()
+    }
+}
+
 /// Every typed table of the cluster (untyped tables have no columns to query).
 pub async fn cluster_tables(client: &Client) -> Result<Vec<Arc<dyn TableSource>>, String> {
     let tables = client.list_tables().await.map_err(|e| e.to_string())?;
@@ -87,6 +111,7 @@ pub async fn cluster_tables(client: &Client) -> Result<Vec<Arc<dyn TableSource>>
                 id: t.id,
                 name: t.name,
                 schema,
+                indexes: t.indexes,
             }) as Arc<dyn TableSource>)
         })
         .collect())

@@ -17,7 +17,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
-use insitu_protocol::query::QueryPlan;
+use insitu_protocol::query::{IndexProbe, QueryPlan};
 
 use crate::source::TableSource;
 
@@ -28,6 +28,8 @@ pub struct InsituScanExec {
     source: Arc<dyn TableSource>,
     /// What every tablet is asked (a `Rows` plan).
     plan: QueryPlan,
+    /// The secondary index each tablet finds its candidate rows with.
+    probe: Option<IndexProbe>,
     /// The batches' schema as this node outputs it.
     schema: SchemaRef,
     /// The columns asked for are dropped from each batch (only the row
@@ -49,7 +51,7 @@ impl InsituScanExec {
     /// A scan running `plan` on `source`, producing batches of `schema`.
     pub fn new(
         source: Arc<dyn TableSource>,
-        plan: QueryPlan,
+        (plan, probe): (QueryPlan, Option<IndexProbe>),
         schema: SchemaRef,
         drop_columns: bool,
         limit: Option<usize>,
@@ -65,6 +67,7 @@ impl InsituScanExec {
         Self {
             source,
             plan,
+            probe,
             schema,
             drop_columns,
             limit,
@@ -97,6 +100,13 @@ impl DisplayAs for InsituScanExec {
                 ", pushed_filter=[{}] ({} steps)",
                 self.filter_text.join(" AND "),
                 self.plan.filter.len()
+            )?;
+        }
+        if let Some(probe) = &self.probe {
+            write!(
+                f,
+                ", index=[{}]",
+                crate::probe::describe(probe, self.source.schema())
             )?;
         }
         if let Some(l) = self.limit {
@@ -151,7 +161,10 @@ impl ExecutionPlan for InsituScanExec {
         let schema = self.schema.clone();
         let drop_columns = self.drop_columns;
         let table = self.source.name().to_string();
-        let inner = self.source.rows(self.plan.clone());
+        let inner = match &self.probe {
+            Some(probe) => self.source.rows_probed(self.plan.clone(), probe.clone()),
+            None => self.source.rows(self.plan.clone()),
+        };
         // State: the servers' stream and the rows still wanted; the stream
         // ends as soon as the limit is reached (no further page is asked).
         let stream = futures::stream::unfold((inner, self.limit), move |(mut inner, left)| {

@@ -11,6 +11,7 @@ pub mod aggregate_exec;
 pub mod cluster;
 pub mod exec;
 pub mod format;
+pub mod probe;
 pub mod provider;
 pub mod shell;
 pub mod source;

@@ -108,9 +108,10 @@ impl TableProvider for InsituTable {
             .iter()
             .map(|&i| schema.columns[i as usize].name.clone())
             .collect();
+        let probe = crate::probe::choose(filters, schema, self.source.indexes());
         Ok(Arc::new(InsituScanExec::new(
             self.source.clone(),
-            plan,
+            (plan, probe),
             out_schema,
             drop_columns,
             limit,

@@ -5,7 +5,7 @@
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use insitu_protocol::query::{GroupPartial, QueryPlan};
+use insitu_protocol::query::{GroupPartial, IndexProbe, QueryPlan};
 use insitu_protocol::schema::Schema;
 
 pub use insitu_rows::arrow::arrow_schema;
@@ -20,6 +20,22 @@ pub trait TableSource: Send + Sync + std::fmt::Debug {
     /// schema is the projection (columns in plan order) of
     /// `arrow_schema(schema)`.
     fn rows(&self, plan: QueryPlan) -> BoxStream<'static, Result<RecordBatch, String>>;
+    /// Columns with a secondary index (ascending): the planner may probe
+    /// one of them (`rows_probed`).
+    fn indexes(&self) -> &[u16] {
+        &[]
+    }
+    /// `rows`, with each tablet's candidate rows found through the index
+    /// `probe` names. The answer is the same as `rows(plan)`'s (the plan's
+    /// filter still decides), so a source without indexes just runs `rows`.
+    fn rows_probed(
+        &self,
+        plan: QueryPlan,
+        probe: IndexProbe,
+    ) -> BoxStream<'static, Result<RecordBatch, String>> {
+        let _ = probe;
+        self.rows(plan)
+    }
     /// Run an `Aggregate` plan on every tablet and merge the partials: one
     /// `GroupPartial` per group.
     fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>>;

@@ -45,6 +45,8 @@ fn op_name(r: &Request<'_>) -> &'static str {
         Request::TableMap { .. } => "TableMap",
         Request::CreateTable { .. } => "CreateTable",
         Request::DropTable { .. } => "DropTable",
+        Request::CreateIndex { .. } => "CreateIndex",
+        Request::DropIndex { .. } => "DropIndex",
         Request::ListTables => "ListTables",
         Request::ListServers => "ListServers",
         Request::MoveTablet { .. } => "MoveTablet",
@@ -664,6 +666,7 @@ fn coord_handle(
                     name: name.clone(),
                     tablets,
                     schema: None,
+                    indexes: Vec::new(),
                     map_version: st.map_version,
                 };
                 st.tables.push(info.clone());

@@ -1,0 +1,277 @@
+//! Secondary indexes on a real server: a probed query returns exactly what
+//! the same query without the probe returns (the log walk), through random
+//! inserts, overwrites that move rows between index values, and removes;
+//! it visits only the candidate rows; and it survives a table's re-creation.
+
+use std::collections::BTreeMap;
+
+use insitu_client::{Client, QueryAnswer};
+use insitu_coordinator::CoordinatorConfig;
+use insitu_protocol::plan::CmpOp;
+use insitu_protocol::query::{IndexProbe, Pred, QueryOutput, QueryPlan, Scalar};
+use insitu_protocol::schema::Schema;
+use insitu_server::ServerConfig;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    _coordinator: insitu_coordinator::CoordinatorHandle,
+    _server: insitu_server::ServerHandle,
+    client: Client,
+}
+
+async fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let coordinator =
+        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
+            .await
+            .unwrap();
+    let addr = coordinator.addr().to_string();
+    let mut config = ServerConfig::new(addr.clone(), dir.path().join("s"));
+    config.shards = 2;
+    let server = insitu_server::start(config).await.unwrap();
+    let client = Client::connect(&addr).await.unwrap();
+    Cluster {
+        _dir: dir,
+        _coordinator: coordinator,
+        _server: server,
+        client,
+    }
+}
+
+fn schema() -> Schema {
+    insitu_rows::text::parse_schema(
+        "id int64, grp int64, name utf8, price decimal(10,2) null",
+        "id",
+    )
+    .unwrap()
+}
+
+/// (grp, name, price) of a row.
+type Row = (i64, String, Option<i64>);
+
+fn row(id: i64, r: &Row) -> Vec<Scalar> {
+    vec![
+        Scalar::Int(id),
+        Scalar::Int(r.0),
+        Scalar::Str(r.1.clone()),
+        r.2.map_or(Scalar::Null, |value| Scalar::Decimal { value, scale: 2 }),
+    ]
+}
+
+fn ids_plan(filter: Vec<Pred>) -> QueryPlan {
+    QueryPlan {
+        filter,
+        output: QueryOutput::Rows {
+            columns: vec![0],
+            order_by: Vec::new(),
+            limit: None,
+        },
+    }
+}
+
+fn random_row(rng: &mut fastrand::Rng) -> Row {
+    (
+        rng.i64(0..20),
+        format!("n{}", rng.u8(0..6)),
+        (rng.u8(0..5) > 0).then(|| rng.i64(0..5000)),
+    )
+}
+
+/// The ids a query returns (sorted) and the rows it visited.
+async fn ids(
+    c: &Client,
+    table: u64,
+    plan: &QueryPlan,
+    probe: Option<&IndexProbe>,
+) -> (Vec<i64>, u64) {
+    let out = c.query_with(table, plan, probe).await.unwrap();
+    let QueryAnswer::Rows(batches) = out.answer else {
+        panic!("rows expected")
+    };
+    let mut ids = Vec::new();
+    for b in batches {
+        let a = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        ids.extend(a.values().iter().copied());
+    }
+    ids.sort_unstable();
+    (ids, out.visited)
+}
+
+/// Every probe shape against the model and against the unprobed query.
+async fn check(c: &Client, table: u64, model: &BTreeMap<i64, Row>) {
+    let want = |f: &dyn Fn(&Row) -> bool| -> Vec<i64> {
+        model
+            .iter()
+            .filter(|(_, r)| f(r))
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    for g in [0i64, 3, 7, 19] {
+        let filter = vec![Pred::Cmp {
+            col: 1,
+            op: CmpOp::Eq,
+            value: Scalar::Int(g),
+        }];
+        let plan = ids_plan(filter);
+        let probe = IndexProbe::Eq {
+            col: 1,
+            values: vec![Scalar::Int(g)],
+        };
+        let (got, visited) = ids(c, table, &plan, Some(&probe)).await;
+        let expected = want(&|r: &Row| r.0 == g);
+        assert_eq!(got, expected, "grp = {g}");
+        assert_eq!(
+            visited,
+            expected.len() as u64,
+            "only candidates are visited"
+        );
+        assert_eq!(ids(c, table, &plan, None).await.0, expected);
+    }
+    // IN on text, and a range on a decimal.
+    let names = vec![Scalar::Str("n1".into()), Scalar::Str("n4".into())];
+    let plan = ids_plan(vec![Pred::In {
+        col: 2,
+        values: names.clone(),
+    }]);
+    let probe = IndexProbe::Eq {
+        col: 2,
+        values: names,
+    };
+    let expected = want(&|r: &Row| r.1 == "n1" || r.1 == "n4");
+    assert_eq!(ids(c, table, &plan, Some(&probe)).await.0, expected);
+    let (lo, hi) = (
+        Scalar::Decimal {
+            value: 1000,
+            scale: 2,
+        },
+        Scalar::Decimal {
+            value: 2000,
+            scale: 2,
+        },
+    );
+    let plan = ids_plan(vec![Pred::Between {
+        col: 3,
+        lo: lo.clone(),
+        hi: hi.clone(),
+    }]);
+    let probe = IndexProbe::Range {
+        col: 3,
+        lo: Some((lo, true)),
+        hi: Some((hi, true)),
+    };
+    let expected = want(&|r: &Row| r.2.is_some_and(|p| (1000..=2000).contains(&p)));
+    let (got, visited) = ids(c, table, &plan, Some(&probe)).await;
+    assert_eq!(got, expected);
+    assert_eq!(visited, expected.len() as u64);
+    assert_eq!(ids(c, table, &plan, None).await.0, expected);
+}
+
+#[tokio::test]
+async fn probes_match_the_log_walk_through_random_writes() {
+    let c = cluster().await;
+    let table = c
+        .client
+        .create_table_with("items", 4, Some(schema()))
+        .await
+        .unwrap()
+        .id;
+    let mut rng = insitu_testkit::rng(7);
+    let mut model: BTreeMap<i64, Row> = BTreeMap::new();
+    let mut put = Vec::new();
+    for id in 0..3000 {
+        let r = random_row(&mut rng);
+        put.push(row(id, &r));
+        model.insert(id, r);
+    }
+    for r in c.client.put_rows(table, &put).await.unwrap() {
+        r.unwrap();
+    }
+    for column in ["grp", "name", "price"] {
+        c.client.set_index("items", column, true).await.unwrap();
+    }
+    check(&c.client, table, &model).await;
+
+    for round in 0..6 {
+        // Overwrites (moving rows between index values), inserts, removes.
+        let mut put = Vec::new();
+        for _ in 0..400 {
+            let id = rng.i64(0..3600);
+            let r = random_row(&mut rng);
+            put.push(row(id, &r));
+            model.insert(id, r);
+        }
+        for r in c.client.put_rows(table, &put).await.unwrap() {
+            r.unwrap();
+        }
+        for _ in 0..150 {
+            let id = rng.i64(0..3600);
+            if let Some(old) = model.remove(&id) {
+                let key = insitu_rows::encode_key(&schema(), &row(id, &old)).unwrap();
+                c.client.remove(table, &key).await.unwrap();
+            }
+        }
+        check(&c.client, table, &model).await;
+        if round == 3 {
+            // Wait past the shards' keep-up period: changes applied in the
+            // background give the same answers.
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
+
+    // A dropped and re-created table is a new tablet instance: its index
+    // is built afresh, not served from the old one.
+    c.client.drop_table("items").await.unwrap();
+    let table = c
+        .client
+        .create_table_with("items", 4, Some(schema()))
+        .await
+        .unwrap()
+        .id;
+    c.client.set_index("items", "grp", true).await.unwrap();
+    let r: Row = (7, "n1".into(), None);
+    for x in c.client.put_rows(table, &[row(1, &r)]).await.unwrap() {
+        x.unwrap();
+    }
+    let plan = ids_plan(vec![Pred::Cmp {
+        col: 1,
+        op: CmpOp::Eq,
+        value: Scalar::Int(7),
+    }]);
+    let probe = IndexProbe::Eq {
+        col: 1,
+        values: vec![Scalar::Int(7)],
+    };
+    assert_eq!(ids(&c.client, table, &plan, Some(&probe)).await.0, vec![1]);
+}
+
+#[tokio::test]
+async fn bad_declarations_are_refused_clearly() {
+    let c = cluster().await;
+    c.client
+        .create_table_with("items", 1, Some(schema()))
+        .await
+        .unwrap();
+    c.client.create_table("blobs", 1).await.unwrap();
+    let err = |e: insitu_client::ClientError| e.to_string();
+    let e = err(c.client.set_index("items", "nope", true).await.unwrap_err());
+    assert!(e.contains("no column \"nope\"") && e.contains("grp"), "{e}");
+    let e = err(c.client.set_index("blobs", "x", true).await.unwrap_err());
+    assert!(e.contains("untyped"), "{e}");
+    let e = err(c.client.set_index("missing", "x", true).await.unwrap_err());
+    assert!(e.contains("no table"), "{e}");
+    c.client.set_index("items", "grp", true).await.unwrap();
+    let e = err(c.client.set_index("items", "grp", true).await.unwrap_err());
+    assert!(e.contains("already indexed"), "{e}");
+    c.client.set_index("items", "grp", false).await.unwrap();
+    let e = err(c.client.set_index("items", "grp", false).await.unwrap_err());
+    assert!(e.contains("has no index"), "{e}");
+    let listed = c.client.open_table("items").await.unwrap();
+    assert!(listed.indexes.is_empty());
+    c.client.set_index("items", "name", true).await.unwrap();
+    assert_eq!(c.client.open_table("items").await.unwrap().indexes, vec![2]);
+}
