@@ -174,10 +174,12 @@ fn run_servers(args: &Args, servers: usize) -> anyhow::Result<Value> {
     let t = Instant::now();
     c.rt.block_on(c.client.set_index("lineitem", "l_orderkey", true))?;
     // A context lists a table's indexes when it is made: a new one.
-    let ctx = c.rt.block_on(insitu_sql::cluster::cluster_context(&c.client))?;
+    let ctx =
+        c.rt.block_on(insitu_sql::cluster::cluster_context(&c.client))?;
     best_ms(&c.rt, &ctx, qd_sql, 1)?;
     let index_build_ms = t.elapsed().as_secs_f64() * 1e3;
-    let plan = c.rt.block_on(insitu_sql::run_sql(&ctx, &format!("explain {qd_sql}")))?;
+    let plan =
+        c.rt.block_on(insitu_sql::run_sql(&ctx, &format!("explain {qd_sql}")))?;
     // The plan's text is in the batches' string columns.
     let explained = format!("{plan:?}");
     anyhow::ensure!(

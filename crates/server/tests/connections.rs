@@ -3,14 +3,15 @@
 //! closed after their (short, test-configured) timeouts; at the connection
 //! limit the longest-idle connection makes room for a new one.
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::BytesMut;
 use insitu_client::RpcConn;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::frame::{FrameKind, HEADER_BYTES, Header, check_header, put_header};
 use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
-use insitu_server::{ConnLimits, MAX_FRAME_BYTES, ServerConfig};
+use insitu_server::{ConnLimits, MAX_FRAME_BYTES};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -18,36 +19,20 @@ use tokio::net::TcpStream;
 const SAFETY: Duration = Duration::from_secs(20);
 
 struct Cluster {
-    _dir: tempfile::TempDir,
-    coordinator: insitu_coordinator::CoordinatorHandle,
-    server: insitu_server::ServerHandle,
+    node: common::Node,
     shard: String,
 }
 
 async fn cluster(limits: ConnLimits) -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
-    let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
-    config.shards = 1;
-    config.limits = limits;
-    let server = insitu_server::start(config).await.unwrap();
-    let shard = server.shard_addrs[0].to_string();
-    Cluster {
-        _dir: dir,
-        coordinator,
-        server,
-        shard,
-    }
+    let node = common::start(|c| c.limits = limits).await;
+    let shard = node.shard(0);
+    Cluster { node, shard }
 }
 
 impl Cluster {
     async fn stop(self) {
-        self.server.shutdown();
-        self.coordinator.shutdown().await;
+        self.node.server.shutdown();
+        self.node.coordinator.shutdown().await;
     }
 }
 
@@ -125,7 +110,7 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     // The shard takes what the budget allows (two frames) and no more.
     let mut full = false;
     for _ in 0..2000 {
-        let (buffered, total) = c.server.buffered_frame_bytes()[0];
+        let (buffered, total) = c.node.server.buffered_frame_bytes()[0];
         assert_eq!(total, budget);
         assert!(
             buffered <= budget,
@@ -140,12 +125,12 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     assert!(full, "the stalled frames never filled the budget");
     // A fresh client is still served.
     ping(&c.shard).await;
-    assert!(c.server.buffered_frame_bytes()[0].0 <= budget);
+    assert!(c.node.server.buffered_frame_bytes()[0].0 <= budget);
     // Closing them gives everything back.
     drop(stalled);
     let mut freed = false;
     for _ in 0..2000 {
-        if c.server.buffered_frame_bytes()[0].0 == 0 {
+        if c.node.server.buffered_frame_bytes()[0].0 == 0 {
             freed = true;
             break;
         }
@@ -182,7 +167,7 @@ async fn stalled_and_idle_connections_are_closed() {
     // Meanwhile others are served.
     ping(&c.shard).await;
     // The budget was never touched by the small frames.
-    assert_eq!(c.server.buffered_frame_bytes()[0].0, 0);
+    assert_eq!(c.node.server.buffered_frame_bytes()[0].0, 0);
     c.stop().await;
 }
 

@@ -6,12 +6,12 @@
 //! `Retry` the tablet is held; a read then answered, followed by another write
 //! still refused, proves the read was served while the scan held the tablet.
 
+mod common;
+
 use insitu_client::rpc::RpcConn;
 use insitu_client::{Client, Selection};
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, Source, UpdateAction, int_key};
 use insitu_protocol::{Number, RejectRules, Request, Response, Status, blob};
-use insitu_server::ServerConfig;
 
 const N: u64 = 200_000;
 
@@ -22,26 +22,15 @@ fn value(i: u64) -> Vec<u8> {
 }
 
 struct Cluster {
-    _dir: tempfile::TempDir,
-    coordinator: insitu_coordinator::CoordinatorHandle,
-    server: insitu_server::ServerHandle,
+    node: common::Node,
     client: Client,
     table: u64,
     shard: String,
 }
 
 async fn cluster() -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
-    let addr = coordinator.addr().to_string();
-    let mut config = ServerConfig::new(addr.clone(), dir.path().join("s"));
-    config.shards = 1;
-    let server = insitu_server::start(config).await.unwrap();
-    let client = Client::connect(&addr).await.unwrap();
+    let node = common::start(|_| {}).await;
+    let client = Client::connect(&node.addr()).await.unwrap();
     let info = client.create_table("held", 1).await.unwrap();
     let shard = info.tablets[0].addr.clone();
     let items: Vec<([u8; 8], Vec<u8>)> = (0..N).map(|i| (int_key(i), value(i))).collect();
@@ -51,9 +40,7 @@ async fn cluster() -> Cluster {
         }
     }
     Cluster {
-        _dir: dir,
-        coordinator,
-        server,
+        node,
         client,
         table: info.id,
         shard,
@@ -178,8 +165,8 @@ async fn a_restarted_scan_stays_exact_and_reads_go_on() {
     // Once the scan is done, writes go through again.
     let writer = RpcConn::connect(&c.shard).await.unwrap();
     assert_eq!(raw_write(&writer, c.table, 1, 0).await, Status::Ok);
-    c.server.shutdown();
-    c.coordinator.shutdown().await;
+    c.node.server.shutdown();
+    c.node.coordinator.shutdown().await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -233,6 +220,6 @@ async fn an_update_is_exact_and_reads_go_on_while_it_applies() {
         (N, want_sum),
         "after {rounds} rounds"
     );
-    c.server.shutdown();
-    c.coordinator.shutdown().await;
+    c.node.server.shutdown();
+    c.node.coordinator.shutdown().await;
 }

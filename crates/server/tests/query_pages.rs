@@ -5,15 +5,15 @@
 //! them the answer is paged in key-hash order instead, still with every row
 //! exactly once.
 
+mod common;
+
 use std::collections::HashMap;
 
 use insitu_client::Client;
 use insitu_client::rpc::RpcConn;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::query::{QueryData, QueryOutput, QueryPlan, QueryResult, QueryResume, Scalar};
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status, TableInfo};
-use insitu_server::ServerConfig;
 
 /// Rows of ~500 bytes: 12 000 of them are ~6 MB of Arrow, several 1 MiB pages.
 const N: i64 = 12_000;
@@ -23,31 +23,22 @@ fn pad(i: i64, round: u32) -> String {
 }
 
 struct Cluster {
-    _dir: tempfile::TempDir,
-    _coordinator: insitu_coordinator::CoordinatorHandle,
-    _server: insitu_server::ServerHandle,
     client: Client,
     info: TableInfo,
     schema: Schema,
+    _node: common::Node,
 }
 
 /// One server, one shard, a one-tablet typed table holding rows 0..N
 /// (round 0), with `memory_mb` of engine budget (None: the default).
 async fn cluster(memory_mb: Option<usize>) -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
-    let addr = coordinator.addr().to_string();
-    let mut config = ServerConfig::new(addr.clone(), dir.path().join("s"));
-    config.shards = 1;
-    if let Some(mb) = memory_mb {
-        config.engine.memory_budget_bytes = mb << 20;
-    }
-    let server = insitu_server::start(config).await.unwrap();
-    let client = Client::connect(&addr).await.unwrap();
+    let node = common::start(|c| {
+        if let Some(mb) = memory_mb {
+            c.engine.memory_budget_bytes = mb << 20;
+        }
+    })
+    .await;
+    let client = Client::connect(&node.addr()).await.unwrap();
     let schema = insitu_rows::text::parse_schema("id int64, pad utf8", "id").unwrap();
     let info = client
         .create_table_with("wide", 1, Some(schema.clone()))
@@ -55,12 +46,10 @@ async fn cluster(memory_mb: Option<usize>) -> Cluster {
         .unwrap();
     put_round(&client, info.id, 0).await;
     Cluster {
-        _dir: dir,
-        _coordinator: coordinator,
-        _server: server,
         client,
         info,
         schema,
+        _node: node,
     }
 }
 

@@ -3,39 +3,26 @@
 //! inserts, overwrites that move rows between index values, and removes;
 //! it visits only the candidate rows; and it survives a table's re-creation.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use insitu_client::{Client, QueryAnswer};
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::plan::CmpOp;
 use insitu_protocol::query::{IndexProbe, Pred, QueryOutput, QueryPlan, Scalar};
 use insitu_protocol::schema::Schema;
-use insitu_server::ServerConfig;
 
 struct Cluster {
-    _dir: tempfile::TempDir,
-    _coordinator: insitu_coordinator::CoordinatorHandle,
-    _server: insitu_server::ServerHandle,
     client: Client,
+    _node: common::Node,
 }
 
 async fn cluster() -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
-    let addr = coordinator.addr().to_string();
-    let mut config = ServerConfig::new(addr.clone(), dir.path().join("s"));
-    config.shards = 2;
-    let server = insitu_server::start(config).await.unwrap();
-    let client = Client::connect(&addr).await.unwrap();
+    let node = common::start(|c| c.shards = 2).await;
+    let client = Client::connect(&node.addr()).await.unwrap();
     Cluster {
-        _dir: dir,
-        _coordinator: coordinator,
-        _server: server,
         client,
+        _node: node,
     }
 }
 

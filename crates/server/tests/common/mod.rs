@@ -1,0 +1,48 @@
+//! What the server's integration tests share: a coordinator and one storage
+//! server started in this process on loopback.
+
+// Each test binary uses a part of this module.
+#![allow(dead_code)]
+
+use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
+use insitu_server::{ServerConfig, ServerHandle};
+
+/// A coordinator and one server; dropped in field order, the data
+/// directory last.
+pub struct Node {
+    pub coordinator: CoordinatorHandle,
+    pub server: ServerHandle,
+    pub dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// The coordinator's address, for clients.
+    pub fn addr(&self) -> String {
+        self.coordinator.addr().to_string()
+    }
+
+    /// The address of shard `i` of the server.
+    pub fn shard(&self, i: usize) -> String {
+        self.server.shard_addrs[i].to_string()
+    }
+}
+
+/// Start a coordinator and a one-shard server (data under one temporary
+/// directory), the server's configuration changed by `tweak` first.
+pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let coordinator =
+        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
+            .await
+            .unwrap();
+    let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
+    config.shards = 1;
+    tweak(&mut config);
+    let server = insitu_server::start(config).await.unwrap();
+    Node {
+        coordinator,
+        server,
+        dir,
+    }
+}
