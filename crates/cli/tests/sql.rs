@@ -140,6 +140,16 @@ fn indexed_columns_are_probed_and_explain_says_so() {
         "explain select id from users where age between 30 and 40",
     );
     assert!(plan.contains("index=[30 <= age <= 40]"), "{plan}");
+    // Aggregates pushed to the servers probe too.
+    let plan = sql_csv(
+        &cluster,
+        "explain select count(*) from users where age = 31",
+    );
+    assert!(plan.contains("index=[age = 31]"), "{plan}");
+    assert_eq!(
+        sql_csv(&cluster, "select count(*) as n from users where age = 31"),
+        "n\n2\n"
+    );
     // A one-sided range is not selective enough to probe.
     let plan = sql_csv(&cluster, "explain select id from users where age > 30");
     assert!(!plan.contains("index="), "{plan}");

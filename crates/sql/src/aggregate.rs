@@ -60,6 +60,8 @@ pub struct InsituAggregateNode {
     pub source: Arc<dyn TableSource>,
     /// An `Aggregate` plan (filter, group-by columns, partial aggregates).
     pub plan: QueryPlan,
+    /// The secondary index each tablet finds its candidate rows with.
+    pub probe: Option<insitu_protocol::query::IndexProbe>,
     /// Output column recipes, in output order.
     pub finish: Vec<Finish>,
     /// The replaced Aggregate's schema, kept exactly.
@@ -71,7 +73,13 @@ pub struct InsituAggregateNode {
 impl InsituAggregateNode {
     /// Identity for Eq/Hash/Ord: the table and what is asked of it.
     fn identity(&self) -> String {
-        format!("{} {:?} {:?}", self.source.name(), self.plan, self.finish)
+        format!(
+            "{} {:?} {:?} {:?}",
+            self.source.name(),
+            self.plan,
+            self.probe,
+            self.finish
+        )
     }
 }
 
@@ -239,12 +247,18 @@ fn pushdown(agg: &Aggregate) -> Option<InsituAggregateNode> {
             )
         }
     );
+    let probe = crate::probe::choose(&scan.filters, schema, source.indexes());
+    let text = match &probe {
+        Some(p) => format!("{text}, index=[{}]", crate::probe::describe(p, schema)),
+        None => text,
+    };
     Some(InsituAggregateNode {
         source,
         plan: QueryPlan {
             filter,
             output: QueryOutput::Aggregate { group_by, aggs },
         },
+        probe,
         finish,
         schema: agg.schema.clone(),
         text,

@@ -108,7 +108,13 @@ impl ExecutionPlan for InsituAggregateExec {
                 "InsituAggregateExec has one partition, asked for {partition}"
             )));
         }
-        let fut = self.node.source.aggregate(self.node.plan.clone());
+        let fut = match &self.node.probe {
+            Some(probe) => self
+                .node
+                .source
+                .aggregate_probed(self.node.plan.clone(), probe.clone()),
+            None => self.node.source.aggregate(self.node.plan.clone()),
+        };
         let (schema, finish) = (self.schema.clone(), self.node.finish.clone());
         let table = self.node.source.name().to_string();
         let n_keys = match &self.node.plan.output {

@@ -60,10 +60,28 @@ impl TableSource for ClusterTable {
     }
 
     fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
+        self.aggregate_with(plan, None)
+    }
+
+    fn aggregate_probed(
+        &self,
+        plan: QueryPlan,
+        probe: IndexProbe,
+    ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
+        self.aggregate_with(plan, Some(probe))
+    }
+}
+
+impl ClusterTable {
+    fn aggregate_with(
+        &self,
+        plan: QueryPlan,
+        probe: Option<IndexProbe>,
+    ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
         let (client, id) = (self.client.clone(), self.id);
         Box::pin(async move {
             match client
-                .query(id, &plan)
+                .query_with(id, &plan, probe.as_ref())
                 .await
                 .map_err(|e| e.to_string())?
                 .answer

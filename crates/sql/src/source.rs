@@ -39,4 +39,14 @@ pub trait TableSource: Send + Sync + std::fmt::Debug {
     /// Run an `Aggregate` plan on every tablet and merge the partials: one
     /// `GroupPartial` per group.
     fn aggregate(&self, plan: QueryPlan) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>>;
+    /// `aggregate`, with each tablet's candidate rows found through the
+    /// index `probe` names (the same answer; see `rows_probed`).
+    fn aggregate_probed(
+        &self,
+        plan: QueryPlan,
+        probe: IndexProbe,
+    ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
+        let _ = probe;
+        self.aggregate(plan)
+    }
 }
