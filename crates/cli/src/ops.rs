@@ -140,14 +140,18 @@ fn show(n: Number) -> String {
 }
 
 pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if let Some((client, id, schema)) = typed_table(cluster, &a.table)? {
+    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
         if a.from_key.is_some() || a.to_key.is_some() {
             bail!(
                 "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
             );
         }
-        return runtime()?
-            .block_on(async { crate::typed::count(&client, id, &schema, &a.filter).await });
+        let table = crate::typed::Typed {
+            id,
+            schema: &schema,
+            indexes: &indexes,
+        };
+        return runtime()?.block_on(async { crate::typed::count(&client, table, &a.filter).await });
     }
     let mut sel = selection(&a.filter)?;
     if a.from_key.is_some() || a.to_key.is_some() {
@@ -164,22 +168,30 @@ pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     })
 }
 
-/// The client, table id and schema of `table` if it is a typed table.
-fn typed_table(
-    cluster: &ClusterArg,
-    table: &str,
-) -> anyhow::Result<Option<(Client, u64, insitu_protocol::schema::Schema)>> {
+/// A typed table's id, schema and indexed columns.
+type TypedInfo = (u64, insitu_protocol::schema::Schema, Vec<u16>);
+
+/// The client and the typed table `table`, if it is a typed table.
+fn typed_table(cluster: &ClusterArg, table: &str) -> anyhow::Result<Option<(Client, TypedInfo)>> {
     runtime()?.block_on(async {
         let (client, info) = crate::data::open(cluster, table).await?;
-        Ok(info.schema.clone().map(|s| (client, info.id, s)))
+        Ok(info
+            .schema
+            .clone()
+            .map(|s| (client, (info.id, s, info.indexes.clone()))))
     })
 }
 
 pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if let Some((client, id, schema)) = typed_table(cluster, &a.table)? {
+    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
         let func = a.func.to_ascii_lowercase();
+        let table = crate::typed::Typed {
+            id,
+            schema: &schema,
+            indexes: &indexes,
+        };
         return runtime()?.block_on(async {
-            crate::typed::agg(&client, id, &schema, &func, &a.field, &a.filter).await
+            crate::typed::agg(&client, table, &func, &a.field, &a.filter).await
         });
     }
     let field = parse_field(&a.field).map_err(|e| {

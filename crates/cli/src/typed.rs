@@ -272,23 +272,34 @@ fn parse_filter(
     }
 }
 
+/// A typed table as `count` and `agg` need it.
+#[derive(Clone, Copy)]
+pub struct Typed<'a> {
+    pub id: u64,
+    pub schema: &'a Schema,
+    /// Columns with a secondary index: a `--where` that pins one probes it.
+    pub indexes: &'a [u16],
+}
+
 /// `count` / `agg` on a typed table: one aggregate, no groups; prints its value.
 pub async fn aggregate(
     client: &Client,
-    table: u64,
-    schema: &Schema,
+    t: Typed<'_>,
     spec: AggSpec,
     filter: &Option<String>,
 ) -> anyhow::Result<()> {
+    let (table, schema) = (t.id, t.schema);
+    let filter = parse_filter(schema, filter)?;
+    let probe = insitu_sql::probe::choose_preds(&insitu_sql::probe::conjuncts(&filter), t.indexes);
     let plan = QueryPlan {
-        filter: parse_filter(schema, filter)?,
+        filter,
         output: QueryOutput::Aggregate {
             group_by: Vec::new(),
             aggs: vec![spec],
         },
     };
     let started = Instant::now();
-    let out = client.query(table, &plan).await?;
+    let out = client.query_with(table, &plan, probe.as_ref()).await?;
     let QueryAnswer::Groups(groups) = &out.answer else {
         bail!("the servers answered an aggregate with rows");
     };
@@ -312,26 +323,24 @@ pub async fn aggregate(
 /// `insitu count TABLE [--where]` on a typed table.
 pub async fn count(
     client: &Client,
-    table: u64,
-    schema: &Schema,
+    table: Typed<'_>,
     filter: &Option<String>,
 ) -> anyhow::Result<()> {
     let spec = AggSpec {
         func: AggFunc::CountStar,
         arg: Vec::new(),
     };
-    aggregate(client, table, schema, spec, filter).await
+    aggregate(client, table, spec, filter).await
 }
 
 /// `insitu agg TABLE FUNC COLUMN [--where]` on a typed table.
 pub async fn agg(
     client: &Client,
-    table: u64,
-    schema: &Schema,
+    table: Typed<'_>,
     func: &str,
     column: &str,
     filter: &Option<String>,
 ) -> anyhow::Result<()> {
-    let spec = agg_spec(schema, func, column)?;
-    aggregate(client, table, schema, spec, filter).await
+    let spec = agg_spec(table.schema, func, column)?;
+    aggregate(client, table, spec, filter).await
 }

@@ -150,6 +150,21 @@ fn indexed_columns_are_probed_and_explain_says_so() {
         sql_csv(&cluster, "select count(*) as n from users where age = 31"),
         "n\n2\n"
     );
+    // So do `count` and `agg` with a --where that pins the column: they
+    // visit only the matching rows (the servers say how many they visited).
+    let out = cluster.cli(&["count", "users", "--where", "age = 31"]);
+    assert_eq!(ok(out.clone()), "2\n");
+    assert!(out.2.contains("2 rows matched of 2 "), "{}", out.2);
+    let out = cluster.cli(&[
+        "agg",
+        "users",
+        "sum",
+        "score",
+        "--where",
+        "age in (31, 45) and id > 1",
+    ]);
+    assert_eq!(ok(out.clone()), "1.00\n");
+    assert!(out.2.contains("2 rows matched of 3 "), "{}", out.2);
     // A one-sided range is not selective enough to probe.
     let plan = sql_csv(&cluster, "explain select id from users where age > 30");
     assert!(!plan.contains("index="), "{plan}");
