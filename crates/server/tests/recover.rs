@@ -4,17 +4,17 @@
 //! fallback from a corrupt replica and from a failing holder to another,
 //! skipping an unreachable backup, and the refusals.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use insitu_client::rpc::RpcConn;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules};
 use insitu_protocol::{
     ReplicaInfo, Request, Response, Status, blob, decode_request, encode_error, encode_response,
 };
-use insitu_server::ServerConfig;
 
 const TABLE: u64 = 77;
 const MASTER: u64 = 9;
@@ -169,20 +169,9 @@ async fn shard_with_budget(
     insitu_server::ServerHandle,
     RpcConn,
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
-    let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
-    config.shards = 1;
-    config.engine.memory_budget_bytes = memory_budget_bytes;
-    let server = insitu_server::start(config).await.unwrap();
-    let conn = RpcConn::connect(&server.shard_addrs[0].to_string())
-        .await
-        .unwrap();
-    (dir, coordinator, server, conn)
+    let node = common::start(|c| c.engine.memory_budget_bytes = memory_budget_bytes).await;
+    let conn = RpcConn::connect(&node.shard(0)).await.unwrap();
+    (node.dir, node.coordinator, node.server, conn)
 }
 
 fn recover(backups: &[String], map_version: u64) -> Request<'static> {
