@@ -86,7 +86,7 @@ pub struct ShardState {
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
     /// Typed-query answers whose pages the clients are still fetching (held.rs).
     pub held: RefCell<crate::held::HeldQueries>,
-    /// Secondary indexes of this shard's typed tablets (sindex.rs).
+    /// Secondary indexes of this shard's typed tablets (`sindex/`).
     pub sindex: RefCell<crate::sindex::SecondaryIndexes>,
     /// Last migration id handed out on this shard (see `TabletMeta::migration`).
     pub migrations: Cell<u64>,
