@@ -130,6 +130,25 @@ mod tests {
     }
 
     #[test]
+    fn past_the_limit_the_log_says_it_overflowed() {
+        let mut e = Engine::new(EngineConfig::default()).unwrap();
+        e.create_tablet(1, HashRange::FULL).unwrap();
+        let r = RejectRules::default();
+        e.watch(1, 0).unwrap();
+        for i in 0..=super::MAX_CHANGES as u64 {
+            e.write(1, &(i % 64).to_le_bytes(), b"v", &r).unwrap();
+        }
+        let got = e.take_changes(1, 0).unwrap().unwrap();
+        assert!(got.overflow);
+        assert_eq!(got.hashes.len(), super::MAX_CHANGES);
+        // Taken: the next log starts afresh.
+        e.write(1, b"k", b"v", &r).unwrap();
+        let got = e.take_changes(1, 0).unwrap().unwrap();
+        assert!(!got.overflow);
+        assert_eq!(got.hashes.len(), 1);
+    }
+
+    #[test]
     fn cleaning_moves_objects_without_recording_changes() {
         let mut e = Engine::new(EngineConfig::default()).unwrap();
         e.create_tablet(1, HashRange::FULL).unwrap();
@@ -139,7 +158,7 @@ mod tests {
                 .unwrap();
         }
         e.watch(1, 0).unwrap();
-        e.clean();
+        assert!(e.clean().segments_cleaned > 0, "the cleaner had work");
         let got = e.take_changes(1, 0).unwrap().unwrap();
         assert!(got.hashes.is_empty(), "{} hashes", got.hashes.len());
     }

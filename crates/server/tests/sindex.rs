@@ -237,6 +237,46 @@ async fn probes_match_the_log_walk_through_random_writes() {
 }
 
 #[tokio::test]
+async fn a_probe_matching_more_than_the_candidate_limit_scans_instead() {
+    let c = cluster().await;
+    let table = c
+        .client
+        .create_table_with("wide", 1, Some(schema()))
+        .await
+        .unwrap()
+        .id;
+    // One more row of grp 0 than a tablet's candidate limit, and ten of grp 1.
+    let n = 100_001i64;
+    for start in (0..n + 10).step_by(10_000) {
+        let rows: Vec<Vec<Scalar>> = (start..(start + 10_000).min(n + 10))
+            .map(|id| row(id, &(i64::from(id >= n), "n".into(), None)))
+            .collect();
+        for r in c.client.put_rows(table, &rows).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    c.client.set_index("wide", "grp", true).await.unwrap();
+    let probe = |g: i64| IndexProbe::Eq {
+        col: 1,
+        values: vec![Scalar::Int(g)],
+    };
+    let plan = |g: i64| {
+        ids_plan(vec![Pred::Cmp {
+            col: 1,
+            op: CmpOp::Eq,
+            value: Scalar::Int(g),
+        }])
+    };
+    // Selective: only the ten candidates are visited.
+    let (got, visited) = ids(&c.client, table, &plan(1), Some(&probe(1))).await;
+    assert_eq!((got.len(), visited), (10, 10));
+    // Not selective: the whole tablet is walked, with the same answer.
+    let (got, visited) = ids(&c.client, table, &plan(0), Some(&probe(0))).await;
+    assert_eq!(got.len() as i64, n);
+    assert_eq!(visited, n as u64 + 10, "a log walk visits every row");
+}
+
+#[tokio::test]
 async fn bad_declarations_are_refused_clearly() {
     let c = cluster().await;
     c.client

@@ -102,19 +102,21 @@ struct TabletIndexes {
 }
 
 impl TabletIndexes {
-    /// Index (again) the objects with `hash` in every column.
-    fn reindex(&mut self, hash: u64, objects: &[Vec<u8>]) {
+    /// Forget every entry of `hash`, before its objects are indexed again.
+    fn forget(&mut self, hash: u64) {
         for c in &mut self.columns {
             c.forget(hash);
         }
-        for value in objects {
-            let Ok(row) = RowRef::new(&self.layout, value) else {
-                continue; // a row not of this schema is never a candidate
-            };
-            for c in &mut self.columns {
-                if let Some(k) = key_of_row(&row, c.col as usize) {
-                    self.bytes += c.insert(k, hash) as u64;
-                }
+    }
+
+    /// Index `value`, an object with `hash`, in every column.
+    fn index(&mut self, hash: u64, value: &[u8]) {
+        let Ok(row) = RowRef::new(&self.layout, value) else {
+            return; // a row not of this schema is never a candidate
+        };
+        for c in &mut self.columns {
+            if let Some(k) = key_of_row(&row, c.col as usize) {
+                self.bytes += c.insert(k, hash) as u64;
             }
         }
     }
@@ -401,16 +403,14 @@ async fn catch_up(state: &ShardState, table: u64, start: u64) -> Result<bool, Re
             }
             drop(engine);
             let engine = state.engine.borrow();
-            let mut objects = Vec::new();
             for _ in 0..HASHES_PER_STEP {
                 let Some(hash) = t.pending.pop_front() else {
                     break;
                 };
-                objects.clear();
+                t.forget(hash);
                 engine
-                    .objects_with_hash(table, start, hash, |o| objects.push(o.value.to_vec()))
+                    .objects_with_hash(table, start, hash, |o| t.index(hash, o.value))
                     .map_err(engine_refusal)?;
-                t.reindex(hash, &objects);
             }
             if t.pending.is_empty() {
                 drop((engine, all));
