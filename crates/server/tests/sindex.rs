@@ -65,6 +65,28 @@ fn random_row(rng: &mut fastrand::Rng) -> Row {
     )
 }
 
+/// `grp = g` as a filter, and as the probe of the index on grp.
+fn grp_is(g: i64) -> (QueryPlan, IndexProbe) {
+    let plan = ids_plan(vec![Pred::Cmp {
+        col: 1,
+        op: CmpOp::Eq,
+        value: Scalar::Int(g),
+    }]);
+    let probe = IndexProbe::Eq {
+        col: 1,
+        values: vec![Scalar::Int(g)],
+    };
+    (plan, probe)
+}
+
+/// Create typed table `name` (the test schema) in `tablets` tablets.
+async fn create(c: &Client, name: &str, tablets: u32) -> u64 {
+    c.create_table_with(name, tablets, Some(schema()))
+        .await
+        .unwrap()
+        .id
+}
+
 /// The ids a query returns (sorted) and the rows it visited.
 async fn ids(
     c: &Client,
@@ -99,16 +121,7 @@ async fn check(c: &Client, table: u64, model: &BTreeMap<i64, Row>) {
             .collect()
     };
     for g in [0i64, 3, 7, 19] {
-        let filter = vec![Pred::Cmp {
-            col: 1,
-            op: CmpOp::Eq,
-            value: Scalar::Int(g),
-        }];
-        let plan = ids_plan(filter);
-        let probe = IndexProbe::Eq {
-            col: 1,
-            values: vec![Scalar::Int(g)],
-        };
+        let (plan, probe) = grp_is(g);
         let (got, visited) = ids(c, table, &plan, Some(&probe)).await;
         let expected = want(&|r: &Row| r.0 == g);
         assert_eq!(got, expected, "grp = {g}");
@@ -161,12 +174,7 @@ async fn check(c: &Client, table: u64, model: &BTreeMap<i64, Row>) {
 #[tokio::test]
 async fn probes_match_the_log_walk_through_random_writes() {
     let c = cluster().await;
-    let table = c
-        .client
-        .create_table_with("items", 4, Some(schema()))
-        .await
-        .unwrap()
-        .id;
+    let table = create(&c.client, "items", 4).await;
     let mut rng = insitu_testkit::rng(7);
     let mut model: BTreeMap<i64, Row> = BTreeMap::new();
     let mut put = Vec::new();
@@ -213,38 +221,20 @@ async fn probes_match_the_log_walk_through_random_writes() {
     // A dropped and re-created table is a new tablet instance: its index
     // is built afresh, not served from the old one.
     c.client.drop_table("items").await.unwrap();
-    let table = c
-        .client
-        .create_table_with("items", 4, Some(schema()))
-        .await
-        .unwrap()
-        .id;
+    let table = create(&c.client, "items", 4).await;
     c.client.set_index("items", "grp", true).await.unwrap();
     let r: Row = (7, "n1".into(), None);
     for x in c.client.put_rows(table, &[row(1, &r)]).await.unwrap() {
         x.unwrap();
     }
-    let plan = ids_plan(vec![Pred::Cmp {
-        col: 1,
-        op: CmpOp::Eq,
-        value: Scalar::Int(7),
-    }]);
-    let probe = IndexProbe::Eq {
-        col: 1,
-        values: vec![Scalar::Int(7)],
-    };
+    let (plan, probe) = grp_is(7);
     assert_eq!(ids(&c.client, table, &plan, Some(&probe)).await.0, vec![1]);
 }
 
 #[tokio::test]
 async fn a_probe_matching_more_than_the_candidate_limit_scans_instead() {
     let c = cluster().await;
-    let table = c
-        .client
-        .create_table_with("wide", 1, Some(schema()))
-        .await
-        .unwrap()
-        .id;
+    let table = create(&c.client, "wide", 1).await;
     // One more row of grp 0 than a tablet's candidate limit, and ten of grp 1.
     let n = 100_001i64;
     for start in (0..n + 10).step_by(10_000) {
@@ -256,22 +246,13 @@ async fn a_probe_matching_more_than_the_candidate_limit_scans_instead() {
         }
     }
     c.client.set_index("wide", "grp", true).await.unwrap();
-    let probe = |g: i64| IndexProbe::Eq {
-        col: 1,
-        values: vec![Scalar::Int(g)],
-    };
-    let plan = |g: i64| {
-        ids_plan(vec![Pred::Cmp {
-            col: 1,
-            op: CmpOp::Eq,
-            value: Scalar::Int(g),
-        }])
-    };
     // Selective: only the ten candidates are visited.
-    let (got, visited) = ids(&c.client, table, &plan(1), Some(&probe(1))).await;
+    let (plan, probe) = grp_is(1);
+    let (got, visited) = ids(&c.client, table, &plan, Some(&probe)).await;
     assert_eq!((got.len(), visited), (10, 10));
     // Not selective: the whole tablet is walked, with the same answer.
-    let (got, visited) = ids(&c.client, table, &plan(0), Some(&probe(0))).await;
+    let (plan, probe) = grp_is(0);
+    let (got, visited) = ids(&c.client, table, &plan, Some(&probe)).await;
     assert_eq!(got.len() as i64, n);
     assert_eq!(visited, n as u64 + 10, "a log walk visits every row");
 }
@@ -279,10 +260,7 @@ async fn a_probe_matching_more_than_the_candidate_limit_scans_instead() {
 #[tokio::test]
 async fn bad_declarations_are_refused_clearly() {
     let c = cluster().await;
-    c.client
-        .create_table_with("items", 1, Some(schema()))
-        .await
-        .unwrap();
+    create(&c.client, "items", 1).await;
     c.client.create_table("blobs", 1).await.unwrap();
     let err = |e: insitu_client::ClientError| e.to_string();
     let e = err(c.client.set_index("items", "nope", true).await.unwrap_err());
