@@ -113,7 +113,7 @@ fn for_status(status: Status, msg: String) -> PyErr {
         UnknownTable => self::UnknownTable::new_err(msg),
         TableExists => self::TableExists::new_err(msg),
         ObjectDoesntExist => NotFound::new_err(msg),
-        ObjectExists | WrongVersion => Conflict::new_err(msg),
+        ObjectExists | WrongVersion | Status::Conflict => self::Conflict::new_err(msg),
         OutOfMemory | NoSpace => self::OutOfMemory::new_err(msg),
         KeyTooLarge | ValueTooLarge => TooLarge::new_err(msg),
         BadRequest | EmptyKey | NotANumber => self::BadRequest::new_err(msg),
@@ -138,6 +138,7 @@ fn classify(e: &ClientError, msg: String) -> PyErr {
         ClientError::Protocol { .. }
         | ClientError::Unexpected { .. }
         | ClientError::NoTablet { .. }
+        | ClientError::TxnOutcomeUnknown { .. }
         | ClientError::Runtime(_) => Error::new_err(msg),
     }
 }

@@ -262,7 +262,8 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         | Command::Train(_)
         | Command::Tpch(_)
         | Command::Sql(_)
-        | Command::Index(_) => {
+        | Command::Index(_)
+        | Command::Txn(_) => {
             unreachable!("dispatched in main")
         }
     }

@@ -8,6 +8,7 @@ mod ops;
 mod sql;
 mod status;
 mod tpch;
+mod txn;
 mod typed;
 
 use std::path::PathBuf;
@@ -121,6 +122,8 @@ enum Command {
     /// SQL over the typed tables: filters, projections, limits and aggregates run on the
     /// servers, joins and sorts in this process (Apache DataFusion). Without SQL, a shell.
     Sql(sql::SqlArgs),
+    /// Run a script of get/put/del/add lines as one transaction: all of it commits or none.
+    Txn(txn::TxnArgs),
 }
 
 #[derive(Subcommand)]
@@ -383,6 +386,10 @@ fn main() -> std::process::ExitCode {
         Command::Index(cmd) => {
             init_tracing("warn");
             index::run(cmd, cluster)
+        }
+        Command::Txn(args) => {
+            init_tracing("warn");
+            txn::run(args, cluster)
         }
         other => {
             init_tracing("warn");

@@ -201,6 +201,11 @@ impl Client {
         }
     }
 
+    /// Drop the cached map of `table`: the next request fetches it again.
+    pub(crate) fn forget_map(&self, table: u64) {
+        self.inner.routes.evict_id(table);
+    }
+
     /// The cached map of `table`, fetched if not cached yet.
     pub(crate) async fn route(
         &self,

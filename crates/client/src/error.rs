@@ -66,6 +66,12 @@ pub enum ClientError {
     #[error("table {table} has no tablet covering hash {hash:#018x}")]
     NoTablet { table: u64, hash: u64 },
 
+    /// A transaction's commit may or may not have happened: the shard that
+    /// decides it did not answer. Not retried (running it again could apply
+    /// it twice); read the keys to find out.
+    #[error("transaction {txn:#x}: outcome unknown: {why}")]
+    TxnOutcomeUnknown { txn: u64, why: String },
+
     /// The blocking wrapper could not build its runtime.
     #[error("cannot start the client runtime: {0}")]
     Runtime(String),

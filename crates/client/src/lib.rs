@@ -16,6 +16,7 @@ pub mod multi;
 pub mod ops;
 pub mod routing;
 pub mod rpc;
+pub mod txn;
 pub mod typed;
 
 pub use blocking::{BlockingClient, BlockingTableCursor};
@@ -26,4 +27,5 @@ pub use insitu_protocol::{RejectRules, ServerInfo, ShardStats, Status, TableInfo
 pub use multi::MAX_ITEMS_PER_REQUEST;
 pub use ops::{PlanOutcome, Selection, TrainedModel};
 pub use rpc::{Reply, RpcConn, RpcError};
+pub use txn::Transaction;
 pub use typed::{QueryAnswer, QueryOutcome};

@@ -303,5 +303,9 @@ fn request_name(request: &Request<'_>) -> &'static str {
         Request::BackupList { .. } => "BackupList",
         Request::BackupRead { .. } => "BackupRead",
         Request::BackupForget { .. } => "BackupForget",
+        Request::TxnPrepare { .. } => "TxnPrepare",
+        Request::TxnDecide { .. } => "TxnDecide",
+        Request::TxnResolve { .. } => "TxnResolve",
+        Request::TxnInquire { .. } => "TxnInquire",
     }
 }

@@ -70,6 +70,14 @@ impl Engine {
     }
 
     #[inline]
+    /// Whether an object of this key and value length may be written: the
+    /// checks a write makes before touching anything (a transaction makes
+    /// them at prepare, so its commit does not fail on them).
+    pub fn check_object(&self, key: &[u8], value_len: usize) -> Result<(), EngineError> {
+        self.check_key(key)?;
+        self.check_value(value_len)
+    }
+
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<(), EngineError> {
         if key.is_empty() {
             return Err(EngineError::EmptyKey);

@@ -10,6 +10,7 @@ pub mod message;
 pub mod plan;
 pub mod query;
 pub mod schema;
+pub mod txn;
 
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -56,12 +57,15 @@ pub enum Status {
     /// A paged query's held pages are gone (expired or evicted): run that
     /// tablet's query again from its start.
     CursorExpired = 22,
+    /// A transaction did not commit: a key it read changed, or another
+    /// transaction holds one of its keys. Run it again.
+    Conflict = 23,
 }
 
 impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
-        const ALL: [Status; 23] = [
+        const ALL: [Status; 24] = [
             Ok,
             UnknownTablet,
             ObjectDoesntExist,
@@ -85,6 +89,7 @@ impl Status {
             NoSpace,
             DataLost,
             CursorExpired,
+            Conflict,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -120,6 +125,7 @@ impl std::fmt::Display for Status {
             Status::NoSpace => "the backup has no room for the replica",
             Status::DataLost => "the tablet's objects were lost with its server (no replicas)",
             Status::CursorExpired => "the query's held pages expired; run it again",
+            Status::Conflict => "transaction conflict: it did not commit; run it again",
         };
         f.write_str(s)
     }

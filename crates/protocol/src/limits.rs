@@ -198,3 +198,25 @@ where
 {
     bounded(d, MAX_GROUPS, "groups")
 }
+
+/// Items of one participant's share of a transaction.
+pub(crate) fn txn_items<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, crate::txn::MAX_TXN_ITEMS, "transaction items")
+}
+
+/// Participants of a transaction.
+pub(crate) fn txn_participants<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(
+        d,
+        crate::txn::MAX_TXN_PARTICIPANTS,
+        "transaction participants",
+    )
+}

@@ -412,6 +412,42 @@ pub enum Request<'a> {
         /// every candidate, so the answer is the same either way).
         index: Option<crate::query::IndexProbe>,
     },
+
+    // ---- transactions (ARCHITECTURE.md, "Transactions") ----
+    /// Validate and lock this participant's items of transaction `txn`
+    /// (client -> every participant shard). Ok (`TxnPrepared`) is a yes
+    /// vote; `Status::Conflict` a no (a key read at another version, or
+    /// locked by another transaction). A primary with no `others` is the
+    /// only participant and commits at once on a yes (`TxnDecided`).
+    TxnPrepare {
+        txn: crate::txn::TxnId,
+        /// None: this participant is the primary, which decides the outcome.
+        /// Some: the primary's address, which this participant asks when the
+        /// client goes silent.
+        primary: Option<String>,
+        /// At the primary: the other participants' addresses (whom it asks
+        /// before deciding an orphaned transaction). Empty elsewhere.
+        #[serde(deserialize_with = "crate::limits::txn_participants")]
+        others: Vec<String>,
+        #[serde(borrow, deserialize_with = "crate::limits::txn_items")]
+        items: Vec<crate::txn::TxnItem<'a>>,
+    },
+    /// The client's decision. Sent to the primary first, which records it
+    /// (or answers the decision it already took for an orphan); then to the
+    /// others with the primary's answer. Idempotent.
+    TxnDecide {
+        txn: crate::txn::TxnId,
+        commit: bool,
+    },
+    /// A participant whose prepared transaction waited too long asks the
+    /// primary for the outcome; the primary decides it if it has not.
+    TxnResolve {
+        txn: crate::txn::TxnId,
+    },
+    /// The primary, deciding an orphan, asks a participant where it stands.
+    TxnInquire {
+        txn: crate::txn::TxnId,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -490,4 +526,14 @@ pub enum Response<'a> {
     Scan(crate::plan::ScanResult),
     /// One page of one tablet's answer to a `Query`.
     Query(crate::query::QueryResult),
+
+    /// A yes vote to `TxnPrepare`: the items are validated and locked.
+    TxnPrepared,
+    /// The outcome of a transaction (`TxnDecide`, `TxnResolve`, a one-phase
+    /// `TxnPrepare`): whether it committed.
+    TxnDecided {
+        committed: bool,
+    },
+    /// Where a transaction stands on the participant asked (`TxnInquire`).
+    TxnPhase(crate::txn::TxnPhase),
 }

@@ -132,7 +132,8 @@ fn status_codes_round_trip() {
     assert_eq!(Status::from_u16(18), Some(Status::StaleMap));
     assert_eq!(Status::from_u16(21), Some(Status::DataLost));
     assert_eq!(Status::from_u16(22), Some(Status::CursorExpired));
-    assert_eq!(Status::from_u16(23), None);
+    assert_eq!(Status::from_u16(23), Some(Status::Conflict));
+    assert_eq!(Status::from_u16(24), None);
 }
 
 proptest! {

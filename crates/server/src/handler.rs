@@ -46,7 +46,11 @@ fn rules(r: &RejectRules) -> insitu_engine::RejectRules {
 
 /// Whether this shard may serve `key` of `table` now. Ok(()) to go on.
 #[inline]
-fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), Status> {
+pub(crate) fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), Status> {
+    // A key a prepared transaction will write waits for its decision.
+    if write && state.txns.is_locked(table, key) {
+        return Err(Status::Retry);
+    }
     if state.unusual_tablets.get() == 0 {
         return Ok(()); // every tablet here is plainly serving; the engine answers UnknownTablet itself
     }
@@ -61,7 +65,7 @@ fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> Result<(), 
     }
 }
 
-fn reply_engine_error(out: &mut BytesMut, id: u64, e: &EngineError) {
+pub(crate) fn reply_engine_error(out: &mut BytesMut, id: u64, e: &EngineError) {
     encode_error(out, id, engine_status(e), e.to_string());
 }
 
@@ -414,6 +418,15 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             )
             .await
         }
+        Request::TxnPrepare {
+            txn,
+            primary,
+            others,
+            items,
+        } => crate::txn::prepare(state, id, txn, primary, others, &items, out),
+        Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out),
+        Request::TxnResolve { txn } => crate::txn::resolve(state, id, txn, out).await,
+        Request::TxnInquire { txn } => crate::txn::inquire(state, id, txn, out),
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

@@ -82,7 +82,12 @@ impl<'a> Hold<'a> {
                     ));
                 };
                 let free = if update {
-                    meta.write_holds == 0 && !meta.updating
+                    // An update writes every matching object: none may be
+                    // locked by a prepared transaction (a prepare meanwhile
+                    // is refused, the tablet being held).
+                    meta.write_holds == 0
+                        && !meta.updating
+                        && crate::txn::locks_on_tablet(state, table, start_hash) == 0
                 } else {
                     !meta.updating
                 };

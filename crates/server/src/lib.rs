@@ -20,6 +20,7 @@ mod scan;
 mod scan_run;
 mod shard;
 mod sindex;
+mod txn;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

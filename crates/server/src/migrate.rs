@@ -106,6 +106,9 @@ async fn copy_out(
     // order), with the round trip of each batch between chunks, so the shard
     // serves other requests meanwhile and holds at most one chunk beside the
     // data (charged to the memory budget until the batch is acknowledged).
+    // A prepared transaction's writes land at its decision: wait for every
+    // lock on the tablet to go (no new one can come, the tablet is frozen).
+    crate::txn::wait_no_locks(state, table, start_hash).await?;
     let engine_error = |e: insitu_engine::EngineError| (engine_status(&e), e.to_string());
     let (mut cursor, next_version) = {
         let engine = state.engine.borrow();

@@ -106,6 +106,8 @@ pub struct ShardState {
     pub recovering: RefCell<HashSet<(u64, u64)>>,
     /// Replication to backups and the durable mark replies wait for.
     pub repl: crate::replicate::Replicator,
+    /// Transactions prepared here, their locks and the decisions kept (`txn.rs`).
+    pub txns: crate::txn::ShardTxns,
 }
 
 impl ShardState {
@@ -187,6 +189,7 @@ pub fn run_shard(
         next_idle_stamp: Cell::new(0),
         recovering: RefCell::new(HashSet::new()),
         repl: crate::replicate::Replicator::new(replication),
+        txns: crate::txn::ShardTxns::default(),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -200,6 +203,7 @@ pub fn run_shard(
         tokio::task::spawn_local(crate::replicate::run(state.clone()));
         tokio::task::spawn_local(crate::held::sweep(state.clone()));
         tokio::task::spawn_local(crate::sindex::keep_up(state.clone()));
+        tokio::task::spawn_local(crate::txn::sweep(state.clone()));
         loop {
             tokio::select! {
                 _ = stop.changed() => break,

@@ -1,0 +1,253 @@
+//! `insitu txn`: run a small script of get/put/del/add lines as one
+//! transaction (all or nothing, serializable), for scripting and tests.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use insitu_client::{ClientError, Status};
+
+use crate::ClusterArg;
+use crate::data::{connect, runtime};
+
+/// Most lines a script may have. Why: a transaction holds its keys locked
+/// on the servers while it commits (and the server's per-participant limit
+/// is 10 000 keys); a script is for a few keys, bulk writes have `load`.
+const MAX_SCRIPT_LINES: usize = 10_000;
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+SCRIPT lines (one operation each; blank lines and lines starting with # are skipped):
+  get TABLE KEY           print the value (or (nil)) once the transaction commits
+  put TABLE KEY VALUE     write VALUE (the rest of the line) under KEY
+  del TABLE KEY           remove KEY
+  add TABLE KEY DELTA     treat the value as a decimal integer (absent = 0) and add DELTA
+
+Reads see the transaction's own writes. On a conflict with another transaction the whole
+script runs again (up to the client's timeout); nothing is written unless all of it commits.
+
+Example, a transfer:
+  printf 'add accounts alice -10\\nadd accounts bob 10\\n' | insitu txn")]
+pub struct TxnArgs {
+    /// The script file; `-` (the default) reads it from standard input.
+    #[arg(default_value = "-")]
+    script: PathBuf,
+}
+
+/// One line of a script.
+#[derive(Clone, Debug, PartialEq)]
+enum Op {
+    Get {
+        table: String,
+        key: String,
+    },
+    Put {
+        table: String,
+        key: String,
+        value: String,
+    },
+    Del {
+        table: String,
+        key: String,
+    },
+    Add {
+        table: String,
+        key: String,
+        delta: i64,
+    },
+}
+
+impl Op {
+    fn table(&self) -> &str {
+        match self {
+            Op::Get { table, .. }
+            | Op::Put { table, .. }
+            | Op::Del { table, .. }
+            | Op::Add { table, .. } => table,
+        }
+    }
+}
+
+/// Parse a script; errors name the line.
+fn parse(script: &str) -> anyhow::Result<Vec<Op>> {
+    let mut ops = Vec::new();
+    for (n, line) in script.lines().enumerate() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if ops.len() == MAX_SCRIPT_LINES {
+            bail!("the script has more than {MAX_SCRIPT_LINES} operations");
+        }
+        let mut words = line
+            .splitn(4, char::is_whitespace)
+            .filter(|w| !w.is_empty());
+        let (verb, table, key) = (words.next(), words.next(), words.next());
+        let rest = words.next().map(str::trim_end);
+        let at = || format!("line {}: {line:?}", n + 1);
+        let (Some(verb), Some(table), Some(key)) = (verb, table, key) else {
+            bail!(
+                "{}: expected `VERB TABLE KEY ...` (see `insitu txn --help`)",
+                at()
+            );
+        };
+        let (table, key) = (table.to_string(), key.to_string());
+        let op = match (verb, rest) {
+            ("get", None) => Op::Get { table, key },
+            ("del", None) => Op::Del { table, key },
+            ("put", Some(value)) => Op::Put {
+                table,
+                key,
+                value: value.to_string(),
+            },
+            ("add", Some(delta)) => Op::Add {
+                table,
+                key,
+                delta: delta
+                    .parse()
+                    .with_context(|| format!("{}: DELTA must be an integer", at()))?,
+            },
+            ("get" | "del", Some(_)) => bail!("{}: `{verb}` takes TABLE KEY only", at()),
+            ("put" | "add", None) => bail!("{}: `{verb}` needs a value after the key", at()),
+            _ => bail!("{}: unknown operation {verb:?} (get, put, del, add)", at()),
+        };
+        ops.push(op);
+    }
+    if ops.is_empty() {
+        bail!("the script has no operations (see `insitu txn --help`)");
+    }
+    Ok(ops)
+}
+
+/// The value `add` reads: decimal text (absent = 0).
+fn as_integer(key: &str, value: Option<&Bytes>) -> Result<i64, ClientError> {
+    let Some(v) = value else { return Ok(0) };
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .ok_or_else(|| {
+            ClientError::Status(
+                Status::BadRequest,
+                format!("`add` on key {key:?}: its value is not a decimal integer"),
+            )
+        })
+}
+
+pub fn run(args: TxnArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    let mut script = String::new();
+    if args.script.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_string(&mut script)
+            .context("cannot read the script from standard input")?;
+    } else {
+        script = std::fs::read_to_string(&args.script)
+            .with_context(|| format!("cannot read {}", args.script.display()))?;
+    }
+    let ops = parse(&script)?;
+    runtime()?.block_on(async {
+        let client = connect(cluster).await?;
+        let mut tables: HashMap<String, u64> = HashMap::new();
+        for op in &ops {
+            let name = op.table();
+            if tables.contains_key(name) {
+                continue;
+            }
+            let info = match client.open_table(name).await {
+                Ok(info) => info,
+                Err(e) if e.status() == Some(Status::UnknownTable) => {
+                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if info.schema.is_some() {
+                bail!("table {name:?} is typed: transactions work on untyped tables for now");
+            }
+            tables.insert(name.to_string(), info.id);
+        }
+        let printed = client
+            .transaction(|mut tx| {
+                let (ops, tables) = (&ops, &tables);
+                async move {
+                    let mut printed = Vec::new();
+                    for op in ops {
+                        let id = tables[op.table()];
+                        match op {
+                            Op::Get { key, .. } => {
+                                let v = tx.read(id, key).await?;
+                                printed.push(match v {
+                                    Some(v) => String::from_utf8_lossy(&v).into_owned(),
+                                    None => "(nil)".to_string(),
+                                });
+                            }
+                            Op::Put { key, value, .. } => tx.write(id, key, value),
+                            Op::Del { key, .. } => tx.remove(id, key),
+                            Op::Add { key, delta, .. } => {
+                                let v = tx.read(id, key).await?;
+                                let n = as_integer(key, v.as_ref())?;
+                                let sum = n.checked_add(*delta).ok_or_else(|| {
+                                    ClientError::Status(
+                                        Status::BadRequest,
+                                        format!("`add` on key {key:?}: {n} + {delta} overflows a 64-bit integer"),
+                                    )
+                                })?;
+                                tx.write(id, key, sum.to_string());
+                            }
+                        }
+                    }
+                    Ok((tx, printed))
+                }
+            })
+            .await
+            .context("the transaction did not commit")?;
+        for line in printed {
+            crate::outln!("{line}")?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_parse_and_errors_name_the_line() {
+        let ops =
+            parse("# transfer\nadd a x -10\n\nput a y hello world\nget a y\ndel a z\n").unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                Op::Add {
+                    table: "a".into(),
+                    key: "x".into(),
+                    delta: -10
+                },
+                Op::Put {
+                    table: "a".into(),
+                    key: "y".into(),
+                    value: "hello world".into()
+                },
+                Op::Get {
+                    table: "a".into(),
+                    key: "y".into()
+                },
+                Op::Del {
+                    table: "a".into(),
+                    key: "z".into()
+                },
+            ]
+        );
+        let e = parse("get a b\nfrob a b\n").unwrap_err().to_string();
+        assert!(
+            e.contains("line 2") && e.contains("unknown operation"),
+            "{e}"
+        );
+        let e = parse("add a b x\n").unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("integer"), "{e}");
+        assert!(parse("put a b\n").is_err());
+        assert!(parse("get a b c\n").is_err());
+        assert!(parse("\n# nothing\n").is_err());
+    }
+}

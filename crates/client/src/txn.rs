@@ -1,0 +1,351 @@
+//! Multi-key transactions: reads remember the version they saw, writes wait
+//! in the transaction, and `commit` runs the two-phase commit over the
+//! shards that own the keys (ARCHITECTURE.md, "Transactions").
+//!
+//! A committed transaction is serializable: it takes effect at one instant
+//! at which every key it read still had the version it read, and its writes
+//! appear together. Conflicts (a key read changed, a key locked by another
+//! transaction) abort it with `Status::Conflict`; `Client::transaction`
+//! runs the body again until it commits.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use insitu_keyhash::key_hash;
+use insitu_protocol::txn::{TxnId, TxnItem, TxnWrite};
+use insitu_protocol::{Request, Response, Status, blob};
+
+use crate::client::{Client, decode};
+use crate::error::ClientError;
+use crate::routing::{Endpoint, call_endpoint};
+use crate::rpc::Reply;
+
+/// A transaction in progress. Made by `Client::begin` (or for the body of
+/// `Client::transaction`); nothing reaches the store before `commit`.
+pub struct Transaction {
+    client: Client,
+    /// Keys read: the version seen (0: absent) and the value, so reading a
+    /// key again returns what the transaction saw first.
+    reads: HashMap<(u64, Vec<u8>), (u64, Option<Bytes>)>,
+    /// Writes waiting for the commit: Some(value) puts, None removes.
+    /// Ordered, so the items a shard gets come in one order for every client.
+    writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
+}
+
+/// One participant shard of a commit: its endpoint and its items.
+struct Share {
+    ep: Arc<Endpoint>,
+    /// (table, key, read version, write)
+    items: Vec<(u64, Vec<u8>, Option<u64>, Option<Option<Vec<u8>>>)>,
+}
+
+/// How a participant answered the prepare.
+enum Vote {
+    Yes,
+    /// A definite no: the participant holds nothing of the transaction.
+    No(ClientError),
+    /// No answer: it may or may not be prepared.
+    Unknown(ClientError),
+}
+
+/// Whether a transaction that failed with `e` may simply be run again: it
+/// certainly did not commit, and running it again may succeed.
+pub fn is_retryable(e: &ClientError) -> bool {
+    matches!(
+        e.status(),
+        Some(Status::Conflict | Status::Retry | Status::UnknownTablet | Status::StaleMap)
+    )
+}
+
+impl Client {
+    /// Start a transaction. Prefer `transaction`, which also retries.
+    pub fn begin(&self) -> Transaction {
+        Transaction {
+            client: self.clone(),
+            reads: HashMap::new(),
+            writes: BTreeMap::new(),
+        }
+    }
+
+    /// Run `body` in a transaction and commit it; on a conflict run it again
+    /// (with a randomised back-off) until it commits or the client's
+    /// operation timeout passes. `body` must have no effects outside the
+    /// transaction that cannot be repeated. Errors other than conflicts end
+    /// it at once; `ClientError::TxnOutcomeUnknown` says the commit may or
+    /// may not have happened (the connection to the deciding shard failed).
+    ///
+    /// The body gets the transaction by value and hands it back with its
+    /// result (`|mut tx| async move { ..; Ok((tx, value)) }`): no borrow of
+    /// the transaction crosses an `.await` of the caller, so the call stays
+    /// `Send` (`tokio::spawn` works) and the body may borrow from outside
+    /// (`let key = &key;` before the closure, then `async move`).
+    pub async fn transaction<T, F, Fut>(&self, mut body: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Transaction) -> Fut,
+        Fut: std::future::Future<Output = Result<(Transaction, T), ClientError>>,
+    {
+        let start = Instant::now();
+        let deadline = self.deadline();
+        let mut attempts = 0u32;
+        let mut backoff = Duration::from_micros(200);
+        loop {
+            attempts += 1;
+            let outcome = match body(self.begin()).await {
+                Ok((tx, v)) => tx.commit().await.map(|()| v),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Err(e) if is_retryable(&e) => {
+                    if Instant::now() >= deadline {
+                        return Err(crate::client::gave_up(start, attempts, e));
+                    }
+                    // Randomised so that transactions that conflicted once do
+                    // not meet again at the same instant.
+                    let sleep = backoff.mul_f64(fastrand::f64() + 0.5);
+                    tokio::time::sleep(
+                        sleep.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
+                    backoff = (backoff * 2).min(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Transaction {
+    /// Read `key` of `table` as the transaction sees it: its own write if it
+    /// wrote the key, else the stored value (None: absent), whose version the
+    /// commit checks.
+    pub async fn read(
+        &mut self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<Bytes>, ClientError> {
+        let k = (table, key.as_ref().to_vec());
+        if let Some(w) = self.writes.get(&k) {
+            return Ok(w.as_ref().map(|v| Bytes::copy_from_slice(v)));
+        }
+        if let Some((_, v)) = self.reads.get(&k) {
+            return Ok(v.clone());
+        }
+        let found = self.client.read(table, &k.1).await?;
+        let (version, value) = match found {
+            Some((value, version)) => (version, Some(value)),
+            None => (0, None),
+        };
+        self.reads.insert(k, (version, value.clone()));
+        Ok(value)
+    }
+
+    /// Write `value` under `key` at the commit.
+    pub fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.writes.insert(
+            (table, key.as_ref().to_vec()),
+            Some(value.as_ref().to_vec()),
+        );
+    }
+
+    /// Remove `key` at the commit.
+    pub fn remove(&mut self, table: u64, key: impl AsRef<[u8]>) {
+        self.writes.insert((table, key.as_ref().to_vec()), None);
+    }
+
+    /// Commit: Ok once every write is applied as one. `Status::Conflict`
+    /// (see `is_retryable`): nothing was applied; run the transaction again.
+    pub async fn commit(self) -> Result<(), ClientError> {
+        // Nothing written and at most one key read: that read was a
+        // consistent view by itself.
+        if self.writes.is_empty() && self.reads.len() <= 1 {
+            return Ok(());
+        }
+        let deadline = self.client.deadline();
+        let shares = self.shares(deadline).await?;
+        let addrs: Vec<String> = shares.keys().cloned().collect();
+        let primary = addrs[0].clone();
+        let txn: TxnId = fastrand::u64(1..);
+
+        let prepares = shares.iter().map(|(addr, share)| {
+            let is_primary = *addr == primary;
+            let items: Vec<TxnItem<'_>> = share
+                .items
+                .iter()
+                .map(|(table, key, read_version, write)| TxnItem {
+                    table: *table,
+                    key: blob(key),
+                    read_version: *read_version,
+                    write: match write {
+                        None => TxnWrite::None,
+                        Some(Some(v)) => TxnWrite::Put(blob(v)),
+                        Some(None) => TxnWrite::Remove,
+                    },
+                })
+                .collect();
+            let request = Request::TxnPrepare {
+                txn,
+                primary: (!is_primary).then(|| primary.clone()),
+                others: if is_primary {
+                    addrs[1..].to_vec()
+                } else {
+                    Vec::new()
+                },
+                items,
+            };
+            async move {
+                let reply = call_endpoint(&share.ep, &request, false, deadline).await;
+                (addr.clone(), reply)
+            }
+        });
+        let replies = futures::future::join_all(prepares).await;
+
+        if shares.len() == 1 {
+            // One participant: its prepare committed or refused at once.
+            let (addr, reply) = replies.into_iter().next().expect("one share");
+            return match reply {
+                Ok(r) => self
+                    .after_refusal(&r, &addr)
+                    .and_then(|()| match decode(&r, &addr)? {
+                        Response::TxnDecided { committed: true } => Ok(()),
+                        Response::TxnDecided { committed: false } => Err(aborted(txn, "")),
+                        other => Err(ClientError::unexpected(
+                            &addr,
+                            format!("{other:?} to TxnPrepare"),
+                        )),
+                    }),
+                Err(e) => Err(ClientError::TxnOutcomeUnknown {
+                    txn,
+                    why: e.to_string(),
+                }),
+            };
+        }
+
+        let mut votes = Vec::with_capacity(replies.len());
+        for (addr, reply) in replies {
+            let vote = match reply {
+                Ok(r) if r.status == Status::Ok => match decode(&r, &addr) {
+                    Ok(Response::TxnPrepared) => Vote::Yes,
+                    Ok(other) => Vote::Unknown(ClientError::unexpected(
+                        &addr,
+                        format!("{other:?} to TxnPrepare"),
+                    )),
+                    Err(e) => Vote::Unknown(e),
+                },
+                Ok(r) => match self.after_refusal(&r, &addr) {
+                    Err(e) => Vote::No(e),
+                    Ok(()) => Vote::Unknown(ClientError::unexpected(&addr, "empty refusal")),
+                },
+                Err(e) => Vote::Unknown(e),
+            };
+            votes.push((addr, vote));
+        }
+        let commit = votes.iter().all(|(_, v)| matches!(v, Vote::Yes));
+        let uncertain = votes.iter().any(|(_, v)| matches!(v, Vote::Unknown(_)));
+        let first_no = votes.iter().find_map(|(_, v)| match v {
+            Vote::No(e) | Vote::Unknown(e) => Some(e.clone()),
+            Vote::Yes => None,
+        });
+
+        // The primary's decision is the outcome; then the others learn it.
+        let primary_ep = &shares[&primary].ep;
+        let decided = decide(primary_ep, txn, commit, deadline).await;
+        let committed = match decided {
+            Ok(c) => c,
+            // A definite no from someone: the primary can only abort.
+            Err(_) if !commit && !uncertain => false,
+            Err(e) => {
+                return Err(ClientError::TxnOutcomeUnknown {
+                    txn,
+                    why: format!("the deciding shard {primary} did not answer: {e}"),
+                });
+            }
+        };
+        let tell = votes
+            .iter()
+            .filter(|(addr, v)| *addr != primary && !matches!(v, Vote::No(_)))
+            .map(|(addr, _)| decide(&shares[addr].ep, txn, committed, deadline));
+        // Waiting here makes the writes visible before commit returns. A
+        // participant that does not hear it asks the primary after its
+        // timeout, so a failed call here loses nothing.
+        let _ = futures::future::join_all(tell).await;
+        if committed {
+            Ok(())
+        } else {
+            Err(first_no.unwrap_or_else(|| aborted(txn, "the deciding shard aborted it")))
+        }
+    }
+
+    /// Group the transaction's keys by the shard that owns them.
+    async fn shares(&self, deadline: Instant) -> Result<BTreeMap<String, Share>, ClientError> {
+        let mut items: BTreeMap<(u64, Vec<u8>), (Option<u64>, Option<Option<Vec<u8>>>)> =
+            BTreeMap::new();
+        for (k, (version, _)) in &self.reads {
+            items.insert(k.clone(), (Some(*version), None));
+        }
+        for (k, w) in &self.writes {
+            items.entry(k.clone()).or_insert((None, None)).1 = Some(w.clone());
+        }
+        let mut shares: BTreeMap<String, Share> = BTreeMap::new();
+        for ((table, key), (read_version, write)) in items {
+            let route = self.client.route(table, deadline).await?;
+            let hash = key_hash(table, &key);
+            let i = route
+                .locate(hash)
+                .ok_or(ClientError::NoTablet { table, hash })?;
+            let ep = route.endpoint(i).clone();
+            shares
+                .entry(ep.addr.clone())
+                .or_insert_with(|| Share {
+                    ep,
+                    items: Vec::new(),
+                })
+                .items
+                .push((table, key, read_version, write));
+        }
+        Ok(shares)
+    }
+
+    /// The error of a refused prepare; a refusal that names a stale map drops
+    /// the cached maps of the tables involved so the next run refreshes them.
+    fn after_refusal(&self, reply: &Reply, addr: &str) -> Result<(), ClientError> {
+        match reply.status {
+            Status::Ok => Ok(()),
+            Status::UnknownTablet | Status::StaleMap => {
+                for (table, _) in self.reads.keys().chain(self.writes.keys()) {
+                    self.client.forget_map(*table);
+                }
+                Err(ClientError::Status(reply.status, reply.error_message()))
+            }
+            Status::Conflict => Err(ClientError::Status(Status::Conflict, reply.error_message())),
+            s => Err(ClientError::Status(
+                s,
+                format!("{addr}: {}", reply.error_message()),
+            )),
+        }
+    }
+}
+
+/// Send the decision to one participant; its answer is the outcome there.
+async fn decide(
+    ep: &Endpoint,
+    txn: TxnId,
+    commit: bool,
+    deadline: Instant,
+) -> Result<bool, ClientError> {
+    let reply = call_endpoint(ep, &Request::TxnDecide { txn, commit }, true, deadline).await?;
+    crate::client::check_ok(&reply)?;
+    match decode(&reply, &ep.addr)? {
+        Response::TxnDecided { committed } => Ok(committed),
+        other => Err(ClientError::unexpected(
+            &ep.addr,
+            format!("{other:?} to TxnDecide"),
+        )),
+    }
+}
+
+fn aborted(txn: TxnId, why: &str) -> ClientError {
+    let why = if why.is_empty() { "aborted" } else { why };
+    ClientError::Status(Status::Conflict, format!("transaction {txn:#x}: {why}"))
+}

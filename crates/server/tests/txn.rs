@@ -1,0 +1,380 @@
+//! Transactions on a real server with several shards: no lost update under
+//! concurrent read-modify-writes, a bank's total never changes under
+//! concurrent transfers and every committed audit sees it whole, a stale read
+//! aborts the commit, and a client that vanishes mid-commit leaves no key
+//! locked for ever: prepared everywhere it commits, prepared in part it
+//! aborts (and its late prepare is refused).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use insitu_client::{Client, ClientConfig, RpcConn, Status, TableInfo};
+use insitu_keyhash::key_hash;
+use insitu_protocol::txn::{TxnItem, TxnWrite};
+use insitu_protocol::{RejectRules, Request, Response, blob};
+
+struct Cluster {
+    client: Client,
+    node: common::Node,
+}
+
+async fn cluster(shards: usize) -> Cluster {
+    let node = common::start(|c| c.shards = shards).await;
+    let config = ClientConfig {
+        // Contended transactions retry until this passes.
+        op_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    Cluster { client, node }
+}
+
+fn as_i64(v: Option<bytes::Bytes>) -> i64 {
+    v.map_or(0, |b| i64::from_le_bytes(b[..8].try_into().unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_increments_lose_no_update() {
+    let c = cluster(2).await;
+    let t = c.client.create_table("counters", 4).await.unwrap().id;
+    const TASKS: u64 = 8;
+    const EACH: u64 = 25;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let client = c.client.clone();
+            tokio::spawn(async move {
+                for _ in 0..EACH {
+                    client
+                        .transaction(|mut tx| async move {
+                            let n = as_i64(tx.read(t, "n").await?);
+                            tx.write(t, "n", (n + 1).to_le_bytes());
+                            Ok((tx, ()))
+                        })
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (v, _) = c.client.read(t, "n").await.unwrap().unwrap();
+    assert_eq!(
+        i64::from_le_bytes(v[..8].try_into().unwrap()) as u64,
+        TASKS * EACH
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bank_transfers_keep_the_total_and_audits_see_it_whole() {
+    let c = cluster(3).await;
+    let t = c.client.create_table("accounts", 6).await.unwrap().id;
+    const ACCOUNTS: u64 = 20;
+    const INITIAL: i64 = 100;
+    for a in 0..ACCOUNTS {
+        c.client
+            .write(t, format!("acct{a}"), INITIAL.to_le_bytes())
+            .await
+            .unwrap();
+    }
+    let total = INITIAL * ACCOUNTS as i64;
+    let transfers = Arc::new(AtomicU64::new(0));
+    let movers: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let client = c.client.clone();
+            let transfers = transfers.clone();
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                for _ in 0..40 {
+                    let from = format!("acct{}", rng.u64(0..ACCOUNTS));
+                    let to = format!("acct{}", rng.u64(0..ACCOUNTS));
+                    let amount = rng.i64(1..=30);
+                    let (from, to) = (&from, &to);
+                    let moved = client
+                        .transaction(|mut tx| async move {
+                            let a = as_i64(tx.read(t, from).await?);
+                            if from == to || a < amount {
+                                return Ok((tx, false));
+                            }
+                            let b = as_i64(tx.read(t, to).await?);
+                            tx.write(t, from, (a - amount).to_le_bytes());
+                            tx.write(t, to, (b + amount).to_le_bytes());
+                            Ok((tx, true))
+                        })
+                        .await
+                        .unwrap();
+                    if moved {
+                        transfers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Leave the auditor windows in which nothing moves.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        })
+        .collect();
+    let auditor = {
+        let client = c.client.clone();
+        tokio::spawn(async move {
+            let mut audits = 0u32;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while audits < 10 && Instant::now() < deadline {
+                let sum = client
+                    .transaction(|mut tx| async move {
+                        let mut sum = 0;
+                        for a in 0..ACCOUNTS {
+                            let balance = as_i64(tx.read(t, format!("acct{a}")).await?);
+                            assert!(balance >= 0, "no account goes negative");
+                            sum += balance;
+                        }
+                        Ok((tx, sum))
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(sum, total, "a committed audit sees one consistent state");
+                audits += 1;
+            }
+            audits
+        })
+    };
+    for m in movers {
+        m.await.unwrap();
+    }
+    assert_eq!(
+        auditor.await.unwrap(),
+        10,
+        "audits commit under concurrent transfers"
+    );
+    assert!(transfers.load(Ordering::Relaxed) > 20, "transfers happened");
+    let mut sum = 0;
+    for a in 0..ACCOUNTS {
+        sum += as_i64(
+            c.client
+                .read(t, format!("acct{a}"))
+                .await
+                .unwrap()
+                .map(|f| f.0),
+        );
+    }
+    assert_eq!(sum, total);
+}
+
+#[tokio::test]
+async fn a_stale_read_aborts_and_nothing_is_written() {
+    let c = cluster(2).await;
+    let t = c.client.create_table("stale", 4).await.unwrap().id;
+    c.client.write(t, "x", "1").await.unwrap();
+    let mut tx = c.client.begin();
+    assert_eq!(tx.read(t, "x").await.unwrap().as_deref(), Some(&b"1"[..]));
+    tx.write(t, "y", "written by the transaction");
+    // Someone else changes what the transaction read.
+    c.client.write(t, "x", "2").await.unwrap();
+    let e = tx.commit().await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::Conflict), "{e}");
+    assert!(e.to_string().contains("changed after it was read"), "{e}");
+    assert!(
+        c.client.read(t, "y").await.unwrap().is_none(),
+        "nothing applied"
+    );
+    // A removal and a write commit together.
+    let mut tx = c.client.begin();
+    tx.remove(t, "x");
+    tx.write(t, "y", "y");
+    tx.commit().await.unwrap();
+    assert!(c.client.read(t, "x").await.unwrap().is_none());
+    assert!(c.client.read(t, "y").await.unwrap().is_some());
+}
+
+/// Two keys of `table` owned by different shards.
+fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, String)) {
+    let addr_of = |key: &str| {
+        let h = key_hash(info.id, key.as_bytes());
+        let tablet = info
+            .tablets
+            .iter()
+            .find(|t| t.start_hash <= h && h <= t.end_hash)
+            .unwrap();
+        tablet.addr.clone()
+    };
+    let first = "k0".to_string();
+    let first_addr = addr_of(&first);
+    let second = (1..1000)
+        .map(|i| format!("k{i}"))
+        .find(|k| addr_of(k) != first_addr)
+        .expect("keys spread over both shards");
+    let second_addr = addr_of(&second);
+    ((first, first_addr), (second, second_addr))
+}
+
+fn prepare<'a>(
+    txn: u64,
+    primary: Option<&str>,
+    others: &[&str],
+    table: u64,
+    key: &'a str,
+    value: &'a str,
+) -> Request<'a> {
+    Request::TxnPrepare {
+        txn,
+        primary: primary.map(str::to_string),
+        others: others.iter().map(|s| s.to_string()).collect(),
+        items: vec![TxnItem {
+            table,
+            key: blob(key.as_bytes()),
+            read_version: None,
+            write: TxnWrite::Put(blob(value.as_bytes())),
+        }],
+    }
+}
+
+/// Wait until `key` reads `want` (None: absent), or fail after `within`.
+async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = client.read(table, key).await.unwrap().map(|(v, _)| v);
+        if got.as_deref() == want.map(str::as_bytes) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} is {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_vanished_clients_transactions_are_resolved() {
+    let c = cluster(2).await;
+    let info = c.client.create_table("orphans", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
+    let (s1, s2) = (
+        RpcConn::connect(&a1).await.unwrap(),
+        RpcConn::connect(&a2).await.unwrap(),
+    );
+
+    // Prepared on both participants, then the client is gone: every vote was
+    // yes, so the primary's resolution commits it.
+    let txn = 0xabc1;
+    let r = s1
+        .call(&prepare(txn, None, &[&a2], t, &k1, "v1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    let r = s2
+        .call(&prepare(txn, Some(&a1), &[], t, &k2, "v2"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    // While prepared, a plain write of a locked key waits (Retry).
+    let w = Request::Write {
+        table: t,
+        key: blob(k1.as_bytes()),
+        value: blob(b"plain"),
+        rules: RejectRules::default(),
+    };
+    assert_eq!(s1.call(&w).await.unwrap().status, Status::Retry);
+    let took = Instant::now();
+    wait_for(&c.client, t, &k1, Some("v1"), Duration::from_secs(10)).await;
+    wait_for(&c.client, t, &k2, Some("v2"), Duration::from_secs(10)).await;
+    assert!(
+        took.elapsed() < Duration::from_secs(8),
+        "resolved after the 2 s timeout, not much later"
+    );
+    assert_eq!(
+        s1.call(&w).await.unwrap().status,
+        Status::Ok,
+        "the lock is gone"
+    );
+
+    // Prepared only on the secondary (the primary never heard of it): the
+    // primary answers aborted, the secondary drops it and its lock.
+    let txn = 0xabc2;
+    let r = s2
+        .call(&prepare(txn, Some(&a1), &[], t, &k2, "never"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    let w2 = Request::Write {
+        table: t,
+        key: blob(k2.as_bytes()),
+        value: blob(b"after"),
+        rules: RejectRules::default(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = s2.call(&w2).await.unwrap().status;
+        if s == Status::Ok {
+            break;
+        }
+        assert_eq!(s, Status::Retry);
+        assert!(
+            Instant::now() < deadline,
+            "the orphan's lock was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(&c.client, t, &k2, Some("after"), Duration::from_secs(1)).await;
+    // Its prepare reaching the primary late is refused: it was aborted.
+    let r = s1
+        .call(&prepare(txn, None, &[&a2], t, &k1, "never"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Conflict, "{}", r.error_message());
+    // And the client's commit decision, if it came now, learns the abort.
+    let r = s1
+        .call(&Request::TxnDecide { txn, commit: true })
+        .await
+        .unwrap();
+    assert!(matches!(
+        r.decode().unwrap(),
+        Response::TxnDecided { committed: false }
+    ));
+    drop(c.node);
+}
+
+#[tokio::test]
+async fn bad_prepares_are_refused_without_locking() {
+    let c = cluster(1).await;
+    let info = c.client.create_table("bad", 2).await.unwrap();
+    let a = c.node.shard(0);
+    let s = RpcConn::connect(&a).await.unwrap();
+    // The same key twice.
+    let twice = Request::TxnPrepare {
+        txn: 1,
+        primary: None,
+        others: vec![],
+        items: vec![
+            TxnItem {
+                table: info.id,
+                key: blob(b"k"),
+                read_version: None,
+                write: TxnWrite::Remove,
+            },
+            TxnItem {
+                table: info.id,
+                key: blob(b"k"),
+                read_version: None,
+                write: TxnWrite::Remove,
+            },
+        ],
+    };
+    let r = s.call(&twice).await.unwrap();
+    assert_eq!(r.status, Status::BadRequest);
+    assert!(r.error_message().contains("twice"), "{}", r.error_message());
+    // An unknown table.
+    let r = s.call(&prepare(2, None, &[], 999, "k", "v")).await.unwrap();
+    assert_eq!(r.status, Status::UnknownTablet, "{}", r.error_message());
+    // An empty key.
+    let r = s
+        .call(&prepare(3, None, &[], info.id, "", "v"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::EmptyKey, "{}", r.error_message());
+    // Nothing stayed locked: a plain write goes through.
+    c.client.write(info.id, "k", "v").await.unwrap();
+}

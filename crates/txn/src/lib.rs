@@ -1,0 +1,8 @@
+//! Multi-key transactions: the rules every participant follows, kept free of
+//! I/O so they can be tested against a model. The server wires them to the
+//! engine and the network (`server/src/txn.rs`); the client drives a commit
+//! (`client/src/txn.rs`). ARCHITECTURE.md, "Transactions", has the flow.
+
+pub mod participant;
+
+pub use participant::{Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write};

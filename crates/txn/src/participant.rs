@@ -1,0 +1,448 @@
+//! One participant's side of a transaction's commit, without I/O: the lock
+//! table, the prepared transactions, and the decisions it remembers.
+//!
+//! The protocol (RAMCloud's, with the outcome kept by one participant):
+//! 1. The client sends every participant its items (`prepare`). A
+//!    participant says yes only if no other transaction holds a lock on any
+//!    of the keys and every key read still has the version the client read;
+//!    it then locks the keys it will write and keeps the items.
+//! 2. The client asks the *primary* participant to decide (`decide`); the
+//!    primary records the first decision it takes and answers it for ever
+//!    (within `Limits::decision_ttl_ms`). The client tells the others.
+//! 3. A participant left prepared past a timeout (the client went silent)
+//!    asks the primary (`TxnResolve`). The primary, if undecided, asks every
+//!    other participant where it stands (`phase`): one that never saw the
+//!    transaction records it aborted (so the prepare still in flight is
+//!    refused when it arrives), which makes the primary abort; if all are
+//!    prepared, every vote was yes, and it commits.
+//!
+//! Why this is atomic: a participant applies writes only on a commit
+//! decision, and every commit decision comes from the primary's one record.
+//! Why serializable: a transaction's reads are validated while its write
+//! locks are held, so it takes effect at one point (all locks held) at
+//! which everything it read was still current (RAMCloud, Lee et al. 2015).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// A transaction's id (the protocol's `TxnId`).
+pub type TxnId = u64;
+
+/// What a transaction does to one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Read only: validated, not locked.
+    None,
+    Put(Vec<u8>),
+    Remove,
+}
+
+/// One key of a prepared transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub table: u64,
+    pub key: Vec<u8>,
+    /// The key's hash: which tablet it is in (moves wait for a tablet's locks).
+    pub hash: u64,
+    /// The version the transaction read (0: absent); None for a blind write.
+    pub read_version: Option<u64>,
+    pub write: Write,
+}
+
+impl Item {
+    /// Bytes this item holds while prepared (key, value, bookkeeping).
+    fn held_bytes(&self) -> usize {
+        let value = match &self.write {
+            Write::Put(v) => v.len(),
+            _ => 0,
+        };
+        self.key.len() + value + ITEM_OVERHEAD_BYTES
+    }
+}
+
+/// Bookkeeping bytes charged per prepared item (the item, its lock entry and
+/// their share of two hash tables), on top of its key and value.
+const ITEM_OVERHEAD_BYTES: usize = 128;
+
+/// Why a prepare is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another transaction holds the lock of a key.
+    Locked { table: u64, key: Vec<u8>, by: TxnId },
+    /// A key read no longer has the version the transaction read.
+    Changed {
+        table: u64,
+        key: Vec<u8>,
+        read: u64,
+        now: u64,
+    },
+    /// The transaction is already decided here (aborted by a resolution
+    /// before this prepare arrived, or a resend after the decision).
+    Decided { committed: bool },
+    /// Prepared transactions already hold `held_bytes` here; this one's
+    /// `bytes` would pass the limit.
+    Full { held_bytes: usize, bytes: usize },
+    /// The request itself is wrong (a key twice, an id in use for other keys).
+    Bad(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Locked { table, key, by } => write!(
+                f,
+                "key {} of table {table} is locked by transaction {by:#x}",
+                show_key(key)
+            ),
+            Refusal::Changed {
+                table,
+                key,
+                read,
+                now,
+            } => write!(
+                f,
+                "key {} of table {table} changed after it was read (read version {read}, now {now})",
+                show_key(key)
+            ),
+            Refusal::Decided { committed: true } => f.write_str("transaction already committed"),
+            Refusal::Decided { committed: false } => f.write_str("transaction was aborted"),
+            Refusal::Full { held_bytes, bytes } => write!(
+                f,
+                "prepared transactions hold {held_bytes} bytes here; {bytes} more would pass the limit"
+            ),
+            Refusal::Bad(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A key as an error message shows it: text if printable, else hex (cut).
+fn show_key(key: &[u8]) -> String {
+    const SHOWN_BYTES: usize = 64;
+    let cut = &key[..key.len().min(SHOWN_BYTES)];
+    let more = if key.len() > SHOWN_BYTES { "..." } else { "" };
+    match std::str::from_utf8(cut) {
+        Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}{more}"),
+        _ => {
+            let hex: String = cut.iter().map(|b| format!("{b:02x}")).collect();
+            format!("0x{hex}{more}")
+        }
+    }
+}
+
+/// Where a transaction stands here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Prepared,
+    Committed,
+    Aborted,
+}
+
+/// A transaction validated and locked here, waiting for its decision.
+#[derive(Debug)]
+pub struct Prepared {
+    /// None: this participant is the primary. Some: the primary's address.
+    pub primary: Option<String>,
+    /// At the primary: the other participants' addresses.
+    pub others: Vec<String>,
+    pub items: Vec<Item>,
+    /// When it was prepared (the caller's clock, ms): overdue after the timeout.
+    pub since_ms: u64,
+    /// Bytes charged for it (`held_bytes`).
+    bytes: usize,
+}
+
+/// Bounds of a participant.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most bytes all prepared transactions may hold (keys, values, overhead).
+    pub max_held_bytes: usize,
+    /// How long a decision is remembered: a participant asking later than
+    /// this (partitioned away that long while prepared) gets "aborted".
+    pub decision_ttl_ms: u64,
+    /// Most decisions remembered (the oldest go first past it).
+    pub max_decisions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            // Why 64 MiB: a shard's prepared transactions are in flight for a
+            // round trip each; 64 MiB is thousands of large ones at once.
+            max_held_bytes: 64 << 20,
+            // Why 10 min: far beyond any resolution delay but a partition.
+            decision_ttl_ms: 600_000,
+            // Why 1M: ~40 MB at most; at 10k commits/s per shard it covers
+            // 100 s, still far beyond a prepared transaction's timeout.
+            max_decisions: 1_000_000,
+        }
+    }
+}
+
+/// What `decide` asks the caller to do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Apply {
+    /// Write these items (puts and removes) to the store: a commit.
+    Writes(Vec<Item>),
+    /// Nothing to apply (an abort, or a decision already taken here).
+    Nothing,
+}
+
+/// A participant's transaction state (one per shard).
+#[derive(Debug)]
+pub struct Participant {
+    limits: Limits,
+    /// (table, key) -> (holder, key hash): the write locks.
+    locks: HashMap<(u64, Vec<u8>), (TxnId, u64)>,
+    prepared: HashMap<TxnId, Prepared>,
+    /// Decisions taken or learned here, and their order for expiry.
+    decisions: HashMap<TxnId, bool>,
+    decided_order: VecDeque<(u64, TxnId)>,
+    /// Bytes all prepared transactions hold.
+    held_bytes: usize,
+}
+
+impl Participant {
+    pub fn new(limits: Limits) -> Participant {
+        Participant {
+            limits,
+            locks: HashMap::new(),
+            prepared: HashMap::new(),
+            decisions: HashMap::new(),
+            decided_order: VecDeque::new(),
+            held_bytes: 0,
+        }
+    }
+
+    /// Validate and lock `items` of `txn`. `version_of(item)` is the key's
+    /// current version in the store (0 if absent). Ok: a yes vote.
+    pub fn prepare(
+        &mut self,
+        txn: TxnId,
+        primary: Option<String>,
+        others: Vec<String>,
+        items: Vec<Item>,
+        now_ms: u64,
+        version_of: impl Fn(&Item) -> u64,
+    ) -> Result<(), Refusal> {
+        if let Some(&committed) = self.decisions.get(&txn) {
+            return Err(Refusal::Decided { committed });
+        }
+        if let Some(p) = self.prepared.get(&txn) {
+            // A resend of the same prepare is a yes again; another item set
+            // under the same id is a collision of random ids.
+            let same = p.items.len() == items.len()
+                && p.items
+                    .iter()
+                    .zip(&items)
+                    .all(|(a, b)| a.table == b.table && a.key == b.key);
+            return if same {
+                Ok(())
+            } else {
+                Err(Refusal::Bad(format!(
+                    "transaction id {txn:#x} is in use for other keys"
+                )))
+            };
+        }
+        let mut seen = HashSet::with_capacity(items.len());
+        for item in &items {
+            if !seen.insert((item.table, item.key.as_slice())) {
+                return Err(Refusal::Bad(format!(
+                    "key {} of table {} appears twice in one prepare",
+                    show_key(&item.key),
+                    item.table
+                )));
+            }
+        }
+        let bytes: usize = items.iter().map(Item::held_bytes).sum();
+        if self.held_bytes + bytes > self.limits.max_held_bytes {
+            return Err(Refusal::Full {
+                held_bytes: self.held_bytes,
+                bytes,
+            });
+        }
+        for item in &items {
+            if let Some(&(by, _)) = self.locks.get(&(item.table, item.key.clone())) {
+                return Err(Refusal::Locked {
+                    table: item.table,
+                    key: item.key.clone(),
+                    by,
+                });
+            }
+            if let Some(read) = item.read_version {
+                let now = version_of(item);
+                if now != read {
+                    return Err(Refusal::Changed {
+                        table: item.table,
+                        key: item.key.clone(),
+                        read,
+                        now,
+                    });
+                }
+            }
+        }
+        for item in items.iter().filter(|i| i.write != Write::None) {
+            self.locks
+                .insert((item.table, item.key.clone()), (txn, item.hash));
+        }
+        self.held_bytes += bytes;
+        self.prepared.insert(
+            txn,
+            Prepared {
+                primary,
+                others,
+                items,
+                since_ms: now_ms,
+                bytes,
+            },
+        );
+        Ok(())
+    }
+
+    /// Take decision `commit` for `txn` (or learn it from the primary).
+    /// The first decision recorded here stands: a later, different one is
+    /// ignored and the recorded one returned. Returns the outcome and what
+    /// to apply.
+    pub fn decide(&mut self, txn: TxnId, commit: bool, now_ms: u64) -> (bool, Apply) {
+        if let Some(&committed) = self.decisions.get(&txn) {
+            return (committed, Apply::Nothing);
+        }
+        self.record(txn, commit, now_ms);
+        let Some(p) = self.prepared.remove(&txn) else {
+            return (commit, Apply::Nothing);
+        };
+        self.held_bytes -= p.bytes;
+        for item in p.items.iter().filter(|i| i.write != Write::None) {
+            let removed = self.locks.remove(&(item.table, item.key.clone()));
+            debug_assert_eq!(
+                removed.map(|(t, _)| t),
+                Some(txn),
+                "a prepared key is locked by its transaction"
+            );
+        }
+        if !commit {
+            return (false, Apply::Nothing);
+        }
+        let writes = p
+            .items
+            .into_iter()
+            .filter(|i| i.write != Write::None)
+            .collect();
+        (true, Apply::Writes(writes))
+    }
+
+    /// The decision recorded here, if any.
+    pub fn decision(&self, txn: TxnId) -> Option<bool> {
+        self.decisions.get(&txn).copied()
+    }
+
+    /// Where `txn` stands here, for a primary deciding an orphan. A
+    /// transaction never seen is recorded aborted first, so its prepare,
+    /// if still on its way, is refused when it comes.
+    pub fn phase(&mut self, txn: TxnId, now_ms: u64) -> Phase {
+        if self.prepared.contains_key(&txn) {
+            return Phase::Prepared;
+        }
+        match self.decisions.get(&txn) {
+            Some(true) => Phase::Committed,
+            Some(false) => Phase::Aborted,
+            None => {
+                self.record(txn, false, now_ms);
+                Phase::Aborted
+            }
+        }
+    }
+
+    /// The prepared transaction `txn`, if it is prepared here.
+    pub fn prepared(&self, txn: TxnId) -> Option<&Prepared> {
+        self.prepared.get(&txn)
+    }
+
+    /// Transactions prepared at or before `now_ms - timeout_ms`: their
+    /// client went silent (or is slow); they need resolving.
+    pub fn overdue(&self, now_ms: u64, timeout_ms: u64) -> Vec<TxnId> {
+        let mut v: Vec<TxnId> = self
+            .prepared
+            .iter()
+            .filter(|(_, p)| p.since_ms + timeout_ms <= now_ms)
+            .map(|(&t, _)| t)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether a transaction holds the lock of `key` of `table`: plain
+    /// writes to it wait (the caller answers Retry).
+    pub fn is_locked(&self, table: u64, key: &[u8]) -> bool {
+        // The map is keyed by owned keys; a miss is the common case, and the
+        // caller skips this entirely while no lock is held (`lock_count`).
+        !self.locks.is_empty() && self.locks.contains_key(&(table, key.to_vec()))
+    }
+
+    /// Locks held on keys of `table` with hash in `start..=end` (a tablet):
+    /// a tablet is moved or updated in bulk only when it has none.
+    pub fn locks_in(&self, table: u64, start: u64, end: u64) -> usize {
+        self.locks
+            .iter()
+            .filter(|((t, _), (_, h))| *t == table && (start..=end).contains(h))
+            .count()
+    }
+
+    pub fn lock_count(&self) -> usize {
+        self.locks.len()
+    }
+
+    pub fn prepared_count(&self) -> usize {
+        self.prepared.len()
+    }
+
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// Forget decisions past their time to live.
+    pub fn expire(&mut self, now_ms: u64) {
+        while let Some(&(at, txn)) = self.decided_order.front() {
+            if at + self.limits.decision_ttl_ms > now_ms {
+                break;
+            }
+            self.decided_order.pop_front();
+            self.decisions.remove(&txn);
+        }
+    }
+
+    fn record(&mut self, txn: TxnId, committed: bool, now_ms: u64) {
+        if self.decided_order.len() >= self.limits.max_decisions {
+            if let Some((_, oldest)) = self.decided_order.pop_front() {
+                self.decisions.remove(&oldest);
+            }
+        }
+        self.decisions.insert(txn, committed);
+        self.decided_order.push_back((now_ms, txn));
+    }
+
+    /// Check the invariants (tests): every lock belongs to a prepared
+    /// transaction that writes the key; the held bytes add up.
+    pub fn check(&self) {
+        for ((table, key), (txn, _)) in &self.locks {
+            let p = self.prepared.get(txn).expect("a lock's holder is prepared");
+            assert!(
+                p.items
+                    .iter()
+                    .any(|i| i.table == *table && &i.key == key && i.write != Write::None),
+                "a lock's key is written by its holder"
+            );
+        }
+        let bytes: usize = self.prepared.values().map(|p| p.bytes).sum();
+        assert_eq!(bytes, self.held_bytes);
+        assert!(self.decisions.len() <= self.decided_order.len());
+        for txn in self.prepared.keys() {
+            assert!(
+                !self.decisions.contains_key(txn),
+                "prepared and decided at once"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "participant_tests.rs"]
+mod tests;

@@ -1,0 +1,320 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn item(key: &str, read: Option<u64>, write: Write) -> Item {
+    Item {
+        table: 1,
+        key: key.as_bytes().to_vec(),
+        hash: key.len() as u64,
+        read_version: read,
+        write,
+    }
+}
+
+fn put(key: &str, read: Option<u64>) -> Item {
+    item(key, read, Write::Put(b"v".to_vec()))
+}
+
+fn none(_: &Item) -> u64 {
+    0
+}
+
+#[test]
+fn a_locked_key_refuses_other_transactions_until_decided() {
+    let mut p = Participant::new(Limits::default());
+    p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    assert!(p.is_locked(1, b"a"));
+    let refused = p.prepare(2, None, vec![], vec![put("a", None)], 0, none);
+    assert!(
+        matches!(refused, Err(Refusal::Locked { by: 1, .. })),
+        "{refused:?}"
+    );
+    // A read of a locked key is refused too: it may be about to change.
+    let refused = p.prepare(
+        3,
+        None,
+        vec![],
+        vec![item("a", Some(0), Write::None)],
+        0,
+        none,
+    );
+    assert!(
+        matches!(refused, Err(Refusal::Locked { by: 1, .. })),
+        "{refused:?}"
+    );
+    let (committed, apply) = p.decide(1, true, 1);
+    assert!(committed);
+    assert_eq!(apply, Apply::Writes(vec![put("a", None)]));
+    assert!(!p.is_locked(1, b"a"));
+    p.prepare(2, None, vec![], vec![put("a", None)], 1, none)
+        .unwrap();
+    p.check();
+}
+
+#[test]
+fn a_changed_read_is_refused_and_locks_nothing() {
+    let mut p = Participant::new(Limits::default());
+    let refused = p.prepare(
+        1,
+        None,
+        vec![],
+        vec![put("b", None), item("a", Some(3), Write::None)],
+        0,
+        |i| if i.key == b"a" { 4 } else { 0 },
+    );
+    assert_eq!(
+        refused,
+        Err(Refusal::Changed {
+            table: 1,
+            key: b"a".to_vec(),
+            read: 3,
+            now: 4
+        })
+    );
+    assert_eq!(p.lock_count(), 0);
+    assert_eq!(p.held_bytes(), 0);
+    p.check();
+}
+
+#[test]
+fn reads_are_validated_but_not_locked() {
+    let mut p = Participant::new(Limits::default());
+    p.prepare(
+        1,
+        None,
+        vec![],
+        vec![item("a", Some(0), Write::None)],
+        0,
+        none,
+    )
+    .unwrap();
+    assert!(!p.is_locked(1, b"a"));
+    assert_eq!(p.decide(1, true, 0), (true, Apply::Writes(vec![])));
+}
+
+#[test]
+fn the_first_decision_stands() {
+    let mut p = Participant::new(Limits::default());
+    p.prepare(7, None, vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    assert_eq!(p.decide(7, false, 0), (false, Apply::Nothing));
+    assert_eq!(p.decide(7, true, 0), (false, Apply::Nothing));
+    assert_eq!(p.decision(7), Some(false));
+    // A resent prepare after the decision is refused with it.
+    let refused = p.prepare(7, None, vec![], vec![put("a", None)], 0, none);
+    assert_eq!(refused, Err(Refusal::Decided { committed: false }));
+}
+
+#[test]
+fn asking_about_an_unknown_transaction_aborts_its_late_prepare() {
+    let mut p = Participant::new(Limits::default());
+    assert_eq!(p.phase(9, 0), Phase::Aborted);
+    let refused = p.prepare(9, Some("x:1".into()), vec![], vec![put("a", None)], 1, none);
+    assert_eq!(refused, Err(Refusal::Decided { committed: false }));
+    assert_eq!(p.lock_count(), 0);
+}
+
+#[test]
+fn a_resent_prepare_is_a_yes_and_an_id_collision_is_refused() {
+    let mut p = Participant::new(Limits::default());
+    p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    let refused = p.prepare(1, None, vec![], vec![put("b", None)], 0, none);
+    assert!(matches!(refused, Err(Refusal::Bad(_))), "{refused:?}");
+    let refused = p.prepare(
+        2,
+        None,
+        vec![],
+        vec![put("c", None), put("c", None)],
+        0,
+        none,
+    );
+    assert!(matches!(refused, Err(Refusal::Bad(_))), "{refused:?}");
+    p.check();
+}
+
+#[test]
+fn held_bytes_are_bounded() {
+    let mut p = Participant::new(Limits {
+        max_held_bytes: 1000,
+        ..Limits::default()
+    });
+    let big = item("a", None, Write::Put(vec![0; 900]));
+    let refused = p.prepare(1, None, vec![], vec![big], 0, none);
+    assert!(matches!(refused, Err(Refusal::Full { .. })), "{refused:?}");
+    p.prepare(
+        2,
+        None,
+        vec![],
+        vec![item("a", None, Write::Put(vec![0; 500]))],
+        0,
+        none,
+    )
+    .unwrap();
+    assert!(p.held_bytes() > 500);
+    p.decide(2, false, 0);
+    assert_eq!(p.held_bytes(), 0);
+}
+
+#[test]
+fn overdue_and_expiry_follow_the_clock() {
+    let mut p = Participant::new(Limits {
+        decision_ttl_ms: 100,
+        max_decisions: 2,
+        ..Limits::default()
+    });
+    p.prepare(1, None, vec![], vec![put("a", None)], 10, none)
+        .unwrap();
+    assert!(p.overdue(50, 50).is_empty());
+    assert_eq!(p.overdue(60, 50), vec![1]);
+    p.decide(1, true, 60);
+    p.expire(159);
+    assert_eq!(p.decision(1), Some(true));
+    p.expire(160);
+    assert_eq!(p.decision(1), None);
+    // Past `max_decisions` the oldest is forgotten.
+    p.decide(2, false, 0);
+    p.decide(3, false, 0);
+    p.decide(4, false, 0);
+    assert_eq!(p.decision(2), None);
+    assert_eq!(p.decision(4), Some(false));
+}
+
+/// One step of the model test.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Transaction `txn` reads `reads` (at the versions the model had when
+    /// it started) and writes `writes`, then prepares.
+    Prepare {
+        txn: u8,
+        reads: Vec<u8>,
+        writes: Vec<u8>,
+    },
+    Decide {
+        txn: u8,
+        commit: bool,
+    },
+    /// Another participant's primary asks about `txn`.
+    Phase {
+        txn: u8,
+    },
+    /// A plain write (no transaction) to a key, allowed only when unlocked.
+    Plain {
+        key: u8,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (
+            0..6u8,
+            proptest::collection::vec(0..5u8, 0..3),
+            proptest::collection::vec(0..5u8, 0..3)
+        )
+            .prop_map(|(txn, reads, writes)| Step::Prepare { txn, reads, writes }),
+        (0..6u8, any::<bool>()).prop_map(|(txn, commit)| Step::Decide { txn, commit }),
+        (0..6u8).prop_map(|txn| Step::Phase { txn }),
+        (0..5u8).prop_map(|key| Step::Plain { key }),
+    ]
+}
+
+proptest! {
+    /// Against a store model (key -> version): a transaction commits only if
+    /// every key it read still had the version read when it prepared and
+    /// nobody wrote it between the prepare and the decision; writes apply
+    /// exactly once; no key is ever locked by two transactions; the first
+    /// decision of a transaction is the one every later call sees.
+    #[test]
+    fn commits_are_atomic_and_validated(steps in proptest::collection::vec(step(), 1..60)) {
+        let mut p = Participant::new(Limits::default());
+        let mut store: BTreeMap<u8, u64> = BTreeMap::new();
+        let mut next_version = 1u64;
+        let mut decided: BTreeMap<u8, bool> = BTreeMap::new();
+        // Versions each prepared transaction read, to check nothing it read
+        // changed before it committed.
+        let mut read_at: BTreeMap<u8, Vec<(u8, u64)>> = BTreeMap::new();
+        for (now, s) in steps.into_iter().enumerate() {
+            let now = now as u64;
+            match s {
+                Step::Prepare { txn, reads, writes } => {
+                    let mut items: Vec<Item> = Vec::new();
+                    let mut keys = std::collections::BTreeSet::new();
+                    for k in &reads {
+                        if keys.insert(*k) {
+                            let v = store.get(k).copied().unwrap_or(0);
+                            let w = if writes.contains(k) { Write::Put(vec![*k]) } else { Write::None };
+                            items.push(Item { table: 1, key: vec![*k], hash: *k as u64, read_version: Some(v), write: w });
+                        }
+                    }
+                    for k in &writes {
+                        if keys.insert(*k) {
+                            items.push(Item { table: 1, key: vec![*k], hash: *k as u64, read_version: None, write: Write::Put(vec![*k]) });
+                        }
+                    }
+                    let was_prepared = p.prepared(txn as u64).is_some();
+                    let r = p.prepare(txn as u64, None, vec![], items.clone(), now, |i| store.get(&i.key[0]).copied().unwrap_or(0));
+                    if let Some(&c) = decided.get(&txn) {
+                        prop_assert_eq!(r, Err(Refusal::Decided { committed: c }));
+                    } else if r.is_ok() && !was_prepared {
+                        read_at.insert(txn, items.iter().filter_map(|i| i.read_version.map(|v| (i.key[0], v))).collect());
+                    }
+                }
+                Step::Decide { txn, commit } => {
+                    let (outcome, apply) = p.decide(txn as u64, commit, now);
+                    match decided.get(&txn) {
+                        Some(&c) => {
+                            prop_assert_eq!(outcome, c);
+                            prop_assert_eq!(apply, Apply::Nothing);
+                        }
+                        None => {
+                            prop_assert_eq!(outcome, commit);
+                            decided.insert(txn, commit);
+                            if let Apply::Writes(items) = apply {
+                                // A key it read and writes is locked from the
+                                // prepare (where its version was validated) to
+                                // here, so it still has the version read. (A key
+                                // only read may change after the prepare: the
+                                // transaction takes effect at the prepare.)
+                                for (k, v) in read_at.remove(&txn).unwrap_or_default() {
+                                    let written_by_self = items.iter().any(|i| i.key[0] == k);
+                                    if written_by_self {
+                                        prop_assert_eq!(store.get(&k).copied().unwrap_or(0), v);
+                                    }
+                                }
+                                for i in items {
+                                    store.insert(i.key[0], next_version);
+                                    next_version += 1;
+                                }
+                            } else {
+                                read_at.remove(&txn);
+                            }
+                        }
+                    }
+                }
+                Step::Phase { txn } => {
+                    let phase = p.phase(txn as u64, now);
+                    if let Some(&c) = decided.get(&txn) {
+                        prop_assert_eq!(phase, if c { Phase::Committed } else { Phase::Aborted });
+                    } else if phase == Phase::Aborted {
+                        decided.insert(txn, false);
+                    } else {
+                        prop_assert_eq!(phase, Phase::Prepared);
+                    }
+                }
+                Step::Plain { key } => {
+                    if !p.is_locked(1, &[key]) {
+                        store.insert(key, next_version);
+                        next_version += 1;
+                    }
+                }
+            }
+            p.check();
+        }
+    }
+}
