@@ -81,6 +81,22 @@ impl Client {
     /// the transaction crosses an `.await` of the caller, so the call stays
     /// `Send` (`tokio::spawn` works) and the body may borrow from outside
     /// (`let key = &key;` before the closure, then `async move`).
+    ///
+    /// ```no_run
+    /// # async fn transfer(client: &insitu_client::Client, t: u64) -> Result<(), insitu_client::ClientError> {
+    /// let moved = client
+    ///     .transaction(|mut tx| async move {
+    ///         let alice = tx.read(t, "alice").await?; // its version is checked at commit
+    ///         if alice.is_none() {
+    ///             return Ok((tx, false)); // nothing written: commits trivially
+    ///         }
+    ///         tx.write(t, "alice", b"70");
+    ///         tx.write(t, "bob", b"80");
+    ///         Ok((tx, true))
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn transaction<T, F, Fut>(&self, mut body: F) -> Result<T, ClientError>
     where
         F: FnMut(Transaction) -> Fut,
