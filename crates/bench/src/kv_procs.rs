@@ -115,21 +115,29 @@ pub(crate) fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 // ---- Redis --------------------------------------------------------------------
 
 pub(crate) fn ensure_redis_installed() -> anyhow::Result<()> {
-    if on_path("redis-server") {
+    apt_install("redis-server", || on_path("redis-server"))
+}
+
+/// Install the Debian `package` with apt-get unless `present()` already
+/// holds; fails if it still does not hold after.
+pub(crate) fn apt_install(package: &str, present: impl Fn() -> bool) -> anyhow::Result<()> {
+    if present() {
         return Ok(());
     }
-    tracing_note("redis-server not found; installing it with apt-get");
+    tracing_note(&format!("{package} not found; installing it with apt-get"));
     let ok = Command::new("sh")
         .args([
             "-c",
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server",
+            &format!(
+                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
+            ),
         ])
         .stdout(Stdio::null())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !ok || !on_path("redis-server") {
-        bail!("redis-server is not installed and apt-get could not install it");
+    if !ok || !present() {
+        bail!("{package} is not installed and apt-get could not install it");
     }
     Ok(())
 }

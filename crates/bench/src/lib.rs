@@ -15,3 +15,5 @@ pub mod pushdown_cluster;
 pub mod recovery;
 pub mod resp;
 pub mod tpch;
+pub mod txn;
+mod txn_pg;

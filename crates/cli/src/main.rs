@@ -140,6 +140,9 @@ enum BenchCmd {
     Tpch(insitu_bench::tpch::Args),
     /// Crash recovery: load N MB into one server of S, kill it (-9), time detection and recovery.
     Recovery(insitu_bench::recovery::Args),
+    /// Transactions: a checkout workload (10 items read and decremented, an order written) and a
+    /// bank (transfers with audits) against PostgreSQL (REPEATABLE READ, pgbench).
+    Txn(insitu_bench::txn::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
     Engine {
         /// Objects to load.
@@ -358,6 +361,10 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCmd::Recovery(args)) => {
             init_tracing("warn");
             insitu_bench::recovery::run(&args)
+        }
+        Command::Bench(BenchCmd::Txn(args)) => {
+            init_tracing("warn");
+            insitu_bench::txn::run(&args)
         }
         Command::Count(args) => {
             init_tracing("warn");

@@ -157,6 +157,44 @@ impl Transaction {
         Ok(value)
     }
 
+    /// Read several keys of `table` at once (one multiRead per shard, in
+    /// parallel), as `read` does each: the results in the keys' order.
+    pub async fn read_many<K: AsRef<[u8]>>(
+        &mut self,
+        table: u64,
+        keys: &[K],
+    ) -> Result<Vec<Option<Bytes>>, ClientError> {
+        let mut out: Vec<Option<Option<Bytes>>> = vec![None; keys.len()];
+        let mut missing = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let k = (table, key.as_ref().to_vec());
+            if let Some(w) = self.writes.get(&k) {
+                out[i] = Some(w.as_ref().map(|v| Bytes::copy_from_slice(v)));
+            } else if let Some((_, v)) = self.reads.get(&k) {
+                out[i] = Some(v.clone());
+            } else {
+                missing.push(i);
+            }
+        }
+        if !missing.is_empty() {
+            let wanted: Vec<&[u8]> = missing.iter().map(|&i| keys[i].as_ref()).collect();
+            let found = self.client.multi_read(table, &wanted).await?;
+            for (&i, result) in missing.iter().zip(found) {
+                let (version, value) = match result? {
+                    Some((value, version)) => (version, Some(value)),
+                    None => (0, None),
+                };
+                self.reads
+                    .insert((table, keys[i].as_ref().to_vec()), (version, value.clone()));
+                out[i] = Some(value);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|v| v.expect("every key answered"))
+            .collect())
+    }
+
     /// Write `value` under `key` at the commit.
     pub fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
         self.writes.insert(
