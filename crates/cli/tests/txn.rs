@@ -96,7 +96,7 @@ async fn transfers(client: &Client, t: u64, accounts: u64, movers: u64, rounds: 
         .map(|m| {
             let client = client.clone();
             tokio::spawn(async move {
-                let mut rng = fastrand::Rng::with_seed(seed * 100 + m);
+                let mut rng = insitu_testkit::rng(seed * 100 + m);
                 for _ in 0..rounds {
                     let (from, to) = (rng.u64(0..accounts), rng.u64(0..accounts));
                     if from == to {

@@ -10,6 +10,8 @@ use crate::client::{Client, ClientConfig, Found, PerItem};
 use crate::cursor::{Object, TableCursor};
 use crate::error::ClientError;
 use crate::ops::{Selection, TrainedModel};
+use crate::txn::Transaction;
+use bytes::Bytes;
 
 /// The same operations as `Client`, each blocking the calling thread.
 ///
@@ -46,7 +48,54 @@ impl BlockingTableCursor {
     }
 }
 
+/// `Transaction`, blocking (`BlockingClient::begin`).
+pub struct BlockingTransaction {
+    /// The runtime the transaction's requests are driven on.
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// The async transaction.
+    tx: Transaction,
+}
+
+impl BlockingTransaction {
+    pub fn read(
+        &mut self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<Bytes>, ClientError> {
+        self.runtime.block_on(self.tx.read(table, key))
+    }
+
+    pub fn read_many<K: AsRef<[u8]>>(
+        &mut self,
+        table: u64,
+        keys: &[K],
+    ) -> Result<Vec<Option<Bytes>>, ClientError> {
+        self.runtime.block_on(self.tx.read_many(table, keys))
+    }
+
+    pub fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.tx.write(table, key, value)
+    }
+
+    pub fn remove(&mut self, table: u64, key: impl AsRef<[u8]>) {
+        self.tx.remove(table, key)
+    }
+
+    pub fn commit(self) -> Result<(), ClientError> {
+        self.runtime.block_on(self.tx.commit())
+    }
+}
+
 impl BlockingClient {
+    /// Start a transaction (see `Client::begin`; retrying on conflicts is
+    /// the caller's loop here, with `crate::txn::is_retryable`).
+    pub fn begin(&self) -> BlockingTransaction {
+        BlockingTransaction {
+            runtime: self.runtime.clone(),
+            tx: self.client.begin(),
+        }
+    }
+
     pub fn connect(coordinator_addr: &str) -> Result<BlockingClient, ClientError> {
         BlockingClient::connect_with(coordinator_addr, ClientConfig::default())
     }

@@ -19,7 +19,7 @@ pub mod rpc;
 pub mod txn;
 pub mod typed;
 
-pub use blocking::{BlockingClient, BlockingTableCursor};
+pub use blocking::{BlockingClient, BlockingTableCursor, BlockingTransaction};
 pub use client::{Client, ClientConfig, Found, PerItem};
 pub use cursor::{Object, TableCursor};
 pub use error::ClientError;

@@ -51,6 +51,18 @@ pub(crate) fn admit(state: &ShardState, table: u64, key: &[u8], write: bool) -> 
     if write && state.txns.is_locked(table, key) {
         return Err(Status::Retry);
     }
+    admit_tablet(state, table, key, write)
+}
+
+/// `admit` without the lock check: whether the key's tablet serves here (a
+/// transaction's prepare checks locks itself, refusing with `Conflict`).
+#[inline]
+pub(crate) fn admit_tablet(
+    state: &ShardState,
+    table: u64,
+    key: &[u8],
+    write: bool,
+) -> Result<(), Status> {
     if state.unusual_tablets.get() == 0 {
         return Ok(()); // every tablet here is plainly serving; the engine answers UnknownTablet itself
     }

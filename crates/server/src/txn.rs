@@ -126,7 +126,7 @@ pub fn prepare(
         let engine = state.engine.borrow();
         for it in items {
             let write = !matches!(it.write, TxnWrite::None);
-            if let Err(s) = crate::handler::admit(state, it.table, it.key, write) {
+            if let Err(s) = crate::handler::admit_tablet(state, it.table, it.key, write) {
                 return encode_error(out, id, s, format!("transaction {txn:#x}: {s}"));
             }
             let hash = key_hash(it.table, it.key);

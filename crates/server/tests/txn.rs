@@ -88,7 +88,7 @@ async fn bank_transfers_keep_the_total_and_audits_see_it_whole() {
             let client = c.client.clone();
             let transfers = transfers.clone();
             tokio::spawn(async move {
-                let mut rng = fastrand::Rng::with_seed(seed);
+                let mut rng = insitu_testkit::rng(seed);
                 for _ in 0..40 {
                     let from = format!("acct{}", rng.u64(0..ACCOUNTS));
                     let to = format!("acct{}", rng.u64(0..ACCOUNTS));
@@ -377,4 +377,71 @@ async fn bad_prepares_are_refused_without_locking() {
     assert_eq!(r.status, Status::EmptyKey, "{}", r.error_message());
     // Nothing stayed locked: a plain write goes through.
     c.client.write(info.id, "k", "v").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recorded_histories_have_no_anomaly() {
+    use insitu_txn::checker::{Recorded, check};
+    let c = cluster(2).await;
+    let t = c.client.create_table("history", 4).await.unwrap().id;
+    const KEYS: u64 = 6;
+    // Every value is the tag of the attempt that wrote it: the checker
+    // learns who wrote what each transaction read.
+    let tasks: Vec<_> = (0..4u64)
+        .map(|task| {
+            let client = c.client.clone();
+            tokio::spawn(async move {
+                let mut rng = insitu_testkit::rng(task + 7);
+                let mut history = Vec::new();
+                for _ in 0..60 {
+                    let mut keys: Vec<String> = (0..rng.usize(1..=3))
+                        .map(|_| format!("k{}", rng.u64(0..KEYS)))
+                        .collect();
+                    keys.sort();
+                    keys.dedup();
+                    let writes: Vec<String> = keys.iter().filter(|_| rng.bool()).cloned().collect();
+                    let tag = rng.u64(1..);
+                    let mut tx = client.begin();
+                    let values = tx.read_many(t, &keys).await.unwrap();
+                    let reads = keys
+                        .iter()
+                        .zip(values)
+                        .map(|(k, v)| {
+                            (
+                                k.clone().into_bytes(),
+                                v.map(|b| u64::from_le_bytes(b[..8].try_into().unwrap())),
+                            )
+                        })
+                        .collect();
+                    for k in &writes {
+                        tx.write(t, k, tag.to_le_bytes());
+                    }
+                    let committed = match tx.commit().await {
+                        Ok(()) => true,
+                        Err(e) if insitu_client::txn::is_retryable(&e) => false,
+                        Err(e) => panic!("{e}"),
+                    };
+                    history.push(Recorded {
+                        id: tag,
+                        committed,
+                        reads,
+                        writes: writes.into_iter().map(String::into_bytes).collect(),
+                    });
+                }
+                history
+            })
+        })
+        .collect();
+    let mut history = Vec::new();
+    for task in tasks {
+        history.extend(task.await.unwrap());
+    }
+    let committed = history.iter().filter(|h| h.committed).count();
+    assert!(
+        committed > 100,
+        "only {committed} of {} committed",
+        history.len()
+    );
+    let verdict = check(&history);
+    assert_eq!(verdict.serializability_anomalies(), 0, "{verdict:?}");
 }

@@ -3,6 +3,7 @@
 //! engine and the network (`server/src/txn.rs`); the client drives a commit
 //! (`client/src/txn.rs`). ARCHITECTURE.md, "Transactions", has the flow.
 
+pub mod checker;
 pub mod participant;
 
 pub use participant::{Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write};
