@@ -16,4 +16,5 @@ pub mod recovery;
 pub mod resp;
 pub mod tpch;
 pub mod txn;
+mod txn_bank;
 mod txn_pg;

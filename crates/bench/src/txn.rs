@@ -11,10 +11,10 @@
 //! Bank: `--accounts` accounts, concurrent transfers and concurrent audits
 //! (a read-only transaction summing every balance); every committed audit
 //! must see the initial total: `bank_invariant_violations` counts those that
-//! did not, plus a final total that differs.
+//! did not, plus a final total that differs; every attempt is recorded and
+//! the history checker's count is `anomalies` (`txn_bank.rs`).
 
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -89,14 +89,6 @@ impl Figures {
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
-}
-
-/// A little-endian i64 value; 0 if absent or short (the bank's accounts
-/// always hold 8 bytes: a short one shows up as a violated total).
-fn le_i64(v: Option<&[u8]>) -> i64 {
-    v.and_then(|b| b.get(..8))
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, i64::from_le_bytes)
 }
 
 fn item_key(i: u64) -> Vec<u8> {
@@ -203,99 +195,6 @@ fn checkout_pg(pg: &Postgres, range: u64, clients: usize, seconds: f64) -> anyho
         seconds: run.commits as f64 / run.tps.max(f64::MIN_POSITIVE),
         latency_us,
     })
-}
-
-/// The bank: transfers and audits for `seconds`; (violations, transfers, audits).
-async fn bank(
-    addr: &str,
-    t: u64,
-    accounts: u64,
-    movers: usize,
-    seconds: f64,
-) -> anyhow::Result<(u64, u64, u64)> {
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    const INITIAL: i64 = 1000;
-    let client = Client::connect_with(addr, config.clone()).await?;
-    let keys: Vec<Vec<u8>> = (0..accounts)
-        .map(|a| format!("acct{a:06}").into_bytes())
-        .collect();
-    let items: Vec<(Vec<u8>, Vec<u8>)> = keys
-        .iter()
-        .map(|k| (k.clone(), INITIAL.to_le_bytes().to_vec()))
-        .collect();
-    for r in client.multi_write(t, &items).await? {
-        r?;
-    }
-    let total = INITIAL * accounts as i64;
-    let keys = Rc::new(keys);
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut tasks = Vec::new();
-    for m in 0..movers {
-        let client = Client::connect_with(addr, config.clone()).await?;
-        let keys = keys.clone();
-        tasks.push(tokio::task::spawn_local(async move {
-            let mut rng = insitu_testkit::rng(1000 + m as u64);
-            let mut moved = 0u64;
-            while Instant::now() < deadline {
-                let (a, b) = (rng.usize(0..keys.len()), rng.usize(0..keys.len()));
-                if a == b {
-                    continue;
-                }
-                let amount = rng.i64(1..=50);
-                let (ka, kb) = (&keys[a], &keys[b]);
-                client
-                    .transaction(|mut tx| async move {
-                        let v = tx.read_many(t, &[ka, kb]).await?;
-                        let (x, y) = (le_i64(v[0].as_deref()), le_i64(v[1].as_deref()));
-                        tx.write(t, ka, (x - amount).to_le_bytes());
-                        tx.write(t, kb, (y + amount).to_le_bytes());
-                        Ok((tx, ()))
-                    })
-                    .await?;
-                moved += 1;
-            }
-            anyhow::Ok(moved)
-        }));
-    }
-    let auditor = {
-        let client = Client::connect_with(addr, config).await?;
-        let keys = keys.clone();
-        tokio::task::spawn_local(async move {
-            let (mut audits, mut violations) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let keys = &keys;
-                let balances = client
-                    .transaction(|mut tx| async move {
-                        let v = tx.read_many(t, keys).await?;
-                        Ok((tx, v))
-                    })
-                    .await?;
-                let sum: i64 = balances.iter().map(|v| le_i64(v.as_deref())).sum();
-                audits += 1;
-                if sum != total {
-                    violations += 1;
-                }
-            }
-            anyhow::Ok((audits, violations))
-        })
-    };
-    let mut transfers = 0;
-    for task in tasks {
-        transfers += task.await??;
-    }
-    let (audits, mut violations) = auditor.await??;
-    let last = client.multi_read(t, &keys).await?;
-    let mut sum = 0;
-    for r in last {
-        sum += le_i64(r?.as_ref().map(|(v, _)| &v[..]));
-    }
-    if sum != total {
-        violations += 1;
-    }
-    Ok((violations, transfers, audits))
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -409,13 +308,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let movers = 4;
-    let (violations, transfers, audits) = local.block_on(
+    let bank = local.block_on(
         &c.rt,
-        bank(&c.addr, accounts, args.accounts, movers, args.seconds),
+        crate::txn_bank::run(&c.addr, accounts, args.accounts, movers, args.seconds),
     )?;
+    let v = &bank.verdict;
     println!(
-        "bank: {} accounts, {movers} transferring clients and 1 auditor for {} s: {transfers} transfers, {audits} audits, {violations} invariant violations",
-        args.accounts, args.seconds
+        "bank: {} accounts, {movers} transferring clients and 1 auditor for {} s: {} transfers, {} audits, \
+         {} invariant violations; {} attempts checked: {} anomalies (G0 {}, G1a {}, G1c {}, lost updates {}, G-single {}, G2 {})",
+        args.accounts,
+        args.seconds,
+        bank.transfers,
+        bank.audits,
+        bank.violations,
+        bank.recorded,
+        v.serializability_anomalies(),
+        v.g0.len(),
+        v.g1a.len(),
+        v.g1c.len(),
+        v.lost_updates.len(),
+        v.g_single.len(),
+        v.g2.len()
     );
     c.shutdown();
     drop(pg);
@@ -432,8 +345,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "runs": runs,
         // The lowest over the uniform checkout's client counts (target >= 10).
         "checkout_tps_vs_postgres": if uniform_ratios.is_empty() { Value::Null } else { json!(lowest) },
-        "bank": { "accounts": args.accounts, "transferring_clients": movers, "transfers": transfers, "audits": audits },
-        "bank_invariant_violations": violations,
+        "bank": {
+            "accounts": args.accounts,
+            "transferring_clients": movers,
+            "transfers": bank.transfers,
+            "audits": bank.audits,
+            "recorded_attempts": bank.recorded,
+        },
+        "bank_invariant_violations": bank.violations,
+        // The history checker's verdict on every recorded bank attempt:
+        // serializability anomalies (target 0), and by class.
+        "anomalies": v.serializability_anomalies(),
+        "anomalies_by_class": {
+            "g0": v.g0.len(), "g1a": v.g1a.len(), "g1c": v.g1c.len(),
+            "lost_update": v.lost_updates.len(), "g_single": v.g_single.len(), "g2_write_skew": v.g2.len(),
+        },
     });
     if let Some(path) = &args.json {
         write_json(path, &report)?;
@@ -480,6 +406,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(report["bank_invariant_violations"], 0);
+        assert_eq!(report["anomalies"], 0);
+        assert!(report["bank"]["recorded_attempts"].as_u64().unwrap() > 0);
         assert!(report["bank"]["audits"].as_u64().unwrap() > 0);
         let runs = report["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2);

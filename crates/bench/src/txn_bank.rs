@@ -1,0 +1,189 @@
+//! The bank workload of `insitu bench txn`: concurrent transfers between
+//! accounts and concurrent audits (a read-only transaction over every
+//! account), every attempt recorded for the history checker.
+//!
+//! A balance is stored as 16 bytes: the balance (i64, little-endian), then
+//! the tag of the attempt that wrote it (0: the initial value). Tags make
+//! the history checkable: each read names the transaction whose write it
+//! saw (`insitu_txn::checker`).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use insitu_client::txn::is_retryable;
+use insitu_client::{Client, ClientConfig};
+use insitu_txn::checker::{Recorded, Verdict, check};
+
+/// Every account's balance at the start.
+const INITIAL: i64 = 1000;
+
+/// What the bank run found.
+pub struct BankOutcome {
+    /// Committed audits whose sum was not the initial total, plus one if the
+    /// final total differs.
+    pub violations: u64,
+    pub transfers: u64,
+    pub audits: u64,
+    /// Attempts recorded (committed or not).
+    pub recorded: usize,
+    pub verdict: Verdict,
+}
+
+fn encode(balance: i64, tag: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&balance.to_le_bytes());
+    v[8..].copy_from_slice(&tag.to_le_bytes());
+    v
+}
+
+/// (balance, writer) of a stored value; a missing or short one reads as
+/// (0, initial), which shows up as a violated total.
+fn decode(v: Option<&[u8]>) -> (i64, Option<u64>) {
+    let Some(v) = v.filter(|v| v.len() >= 16) else {
+        return (0, None);
+    };
+    let balance = i64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8]));
+    let tag = u64::from_le_bytes(v[8..16].try_into().unwrap_or([0; 8]));
+    (balance, (tag != 0).then_some(tag))
+}
+
+/// Run `movers` transferring clients and one auditor for `seconds` over
+/// `accounts` accounts of table `t`.
+pub async fn run(
+    addr: &str,
+    t: u64,
+    accounts: u64,
+    movers: usize,
+    seconds: f64,
+) -> anyhow::Result<BankOutcome> {
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(addr, config.clone()).await?;
+    let keys: Vec<Vec<u8>> = (0..accounts)
+        .map(|a| format!("acct{a:06}").into_bytes())
+        .collect();
+    let items: Vec<(Vec<u8>, [u8; 16])> = keys
+        .iter()
+        .map(|k| (k.clone(), encode(INITIAL, 0)))
+        .collect();
+    for r in client.multi_write(t, &items).await? {
+        r?;
+    }
+    let total = INITIAL * accounts as i64;
+    let keys = Rc::new(keys);
+    let history = Rc::new(RefCell::new(Vec::new()));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for m in 0..movers {
+        let client = Client::connect_with(addr, config.clone()).await?;
+        let (keys, history) = (keys.clone(), history.clone());
+        tasks.push(tokio::task::spawn_local(async move {
+            let mut rng = insitu_testkit::rng(1000 + m as u64);
+            let mut moved = 0u64;
+            while Instant::now() < deadline {
+                let (a, b) = (rng.usize(0..keys.len()), rng.usize(0..keys.len()));
+                if a == b {
+                    continue;
+                }
+                let amount = rng.i64(1..=50);
+                let (ka, kb) = (&keys[a], &keys[b]);
+                loop {
+                    let tag = rng.u64(1..);
+                    let mut tx = client.begin();
+                    let v = tx.read_many(t, &[ka, kb]).await?;
+                    let ((x, wx), (y, wy)) = (decode(v[0].as_deref()), decode(v[1].as_deref()));
+                    tx.write(t, ka, encode(x - amount, tag));
+                    tx.write(t, kb, encode(y + amount, tag));
+                    let outcome = tx.commit().await;
+                    history.borrow_mut().push(Recorded {
+                        id: tag,
+                        committed: outcome.is_ok(),
+                        reads: vec![(ka.clone(), wx), (kb.clone(), wy)],
+                        writes: vec![ka.clone(), kb.clone()],
+                    });
+                    match outcome {
+                        Ok(()) => break,
+                        Err(e) if is_retryable(&e) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                moved += 1;
+            }
+            anyhow::Ok(moved)
+        }));
+    }
+    let auditor = {
+        let client = Client::connect_with(addr, config).await?;
+        let (keys, history) = (keys.clone(), history.clone());
+        tokio::task::spawn_local(async move {
+            let mut rng = insitu_testkit::rng(7);
+            let (mut audits, mut violations) = (0u64, 0u64);
+            while Instant::now() < deadline {
+                let mut tx = client.begin();
+                let values = tx.read_many(t, &keys).await?;
+                let seen: Vec<(i64, Option<u64>)> =
+                    values.iter().map(|v| decode(v.as_deref())).collect();
+                let outcome = tx.commit().await;
+                history.borrow_mut().push(Recorded {
+                    id: rng.u64(1..),
+                    committed: outcome.is_ok(),
+                    reads: keys
+                        .iter()
+                        .zip(&seen)
+                        .map(|(k, (_, w))| (k.clone(), *w))
+                        .collect(),
+                    writes: Vec::new(),
+                });
+                match outcome {
+                    Ok(()) => {
+                        audits += 1;
+                        if seen.iter().map(|(b, _)| b).sum::<i64>() != total {
+                            violations += 1;
+                        }
+                    }
+                    Err(e) if is_retryable(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            anyhow::Ok((audits, violations))
+        })
+    };
+    let mut transfers = 0;
+    for task in tasks {
+        transfers += task.await??;
+    }
+    let (audits, mut violations) = auditor.await??;
+    let last = client.multi_read(t, &keys).await?;
+    let mut sum = 0;
+    for r in last {
+        sum += decode(r?.as_ref().map(|(v, _)| &v[..])).0;
+    }
+    if sum != total {
+        violations += 1;
+    }
+    let history = history.take();
+    let verdict = check(&history);
+    Ok(BankOutcome {
+        violations,
+        transfers,
+        audits,
+        recorded: history.len(),
+        verdict,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balances_round_trip_with_their_writer() {
+        assert_eq!(decode(Some(&encode(-5, 9))), (-5, Some(9)));
+        assert_eq!(decode(Some(&encode(1000, 0))), (1000, None));
+        assert_eq!(decode(Some(b"short")), (0, None));
+        assert_eq!(decode(None), (0, None));
+    }
+}
