@@ -1,6 +1,6 @@
 """Type stubs of the native module ``insitu._insitu`` (re-exported by ``insitu``)."""
 
-from typing import Iterable, Iterator, Mapping, Optional, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -9,6 +9,8 @@ __version__: str
 
 #: A key or a value: bytes as is, str encoded as UTF-8.
 BytesLike = Union[bytes, str]
+
+T = TypeVar("T")
 
 def connect(addr: str = "127.0.0.1:7070", timeout: float = 10.0) -> Client:
     """Connect to the coordinator at ``addr`` ("host:port").
@@ -67,6 +69,37 @@ class Client:
         label_offset: Optional[int] = None,
     ) -> TrainedModel:
         """``train_logreg``, returning the weights, the bias and the loss history."""
+    def transaction(self) -> Transaction:
+        """A new transaction. ``with c.transaction() as tx:`` commits when the
+        block ends (raising ``Conflict`` if it conflicted: nothing is applied)
+        and discards it when the block raises."""
+    def run_transaction(self, body: Callable[[Transaction], T]) -> T:
+        """Call ``body(tx)`` in a new transaction and commit it; on a conflict
+        run it again (randomised back-off) until the client's timeout.
+        Returns what ``body`` returned."""
+
+class Transaction:
+    """Several keys, on any servers, changed together or not at all.
+
+    Reads return the stored value (or the transaction's own write) and their
+    versions are checked at ``commit``; writes wait until ``commit``, which
+    applies all of them at one instant or raises ``Conflict`` (nothing
+    applied: run it again). Serializable."""
+
+    def get(self, table: Table, key: BytesLike) -> Optional[bytes]:
+        """The value of ``key`` as this transaction sees it (None if absent)."""
+    def get_many(self, table: Table, keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        """The values of ``keys`` (None where absent), read at once."""
+    def put(self, table: Table, key: BytesLike, value: BytesLike) -> None:
+        """Write ``value`` under ``key`` when the transaction commits."""
+    def delete(self, table: Table, key: BytesLike) -> None:
+        """Remove ``key`` when the transaction commits."""
+    def commit(self) -> None:
+        """Apply every write at one instant, or raise ``Conflict``."""
+    def discard(self) -> None:
+        """Drop the writes; nothing was applied."""
+    def __enter__(self) -> Transaction: ...
+    def __exit__(self, exc_type: object, exc: object = None, tb: object = None) -> bool: ...
 
 class TrainedModel:
     """A logistic-regression model trained on the servers."""

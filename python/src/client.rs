@@ -191,6 +191,26 @@ impl Client {
         })
     }
 
+    /// A new transaction: `with c.transaction() as tx: ...` commits when
+    /// the block ends (raising `Conflict` if it conflicted; nothing is then
+    /// applied) and discards it when the block raises.
+    fn transaction(&self) -> crate::txn::Transaction {
+        crate::txn::Transaction::new(&self.inner)
+    }
+
+    /// Call `body(tx)` in a new transaction and commit it; on a conflict run
+    /// it again (randomised back-off) until the client's timeout. Returns
+    /// what `body` returned. `body` must do nothing outside `tx` that cannot
+    /// be repeated.
+    fn run_transaction(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        crate::txn::run(
+            py,
+            &self.inner,
+            Duration::from_secs_f64(self.timeout_s),
+            body,
+        )
+    }
+
     fn __repr__(&self) -> String {
         format!("insitu.Client({:?}, timeout={})", self.addr, self.timeout_s)
     }

@@ -30,6 +30,11 @@ pub fn collect<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>
     keys.try_iter()?.collect()
 }
 
+/// The bytes of every key in `objs` (from `collect`).
+pub fn key_slices<'a>(objs: &'a [Bound<'_, PyAny>]) -> PyResult<Vec<&'a [u8]>> {
+    objs.iter().map(|k| as_bytes(k, "key")).collect()
+}
+
 /// The (key, value) pairs of a mapping (its `items()`) or of an iterable of
 /// 2-item sequences, kept alive for `as_bytes`.
 pub fn collect_pairs<'py>(

@@ -4,7 +4,7 @@
 //! insitu.Error
 //!  +-- NotFound         an object a condition required does not exist
 //!  +-- UnknownTable     no table of that name (or it was dropped)
-//!  +-- Conflict         a conditional write refused (object exists, wrong version)
+//!  +-- Conflict         a conditional write refused (object exists, wrong version), a transaction conflict
 //!  |    +-- TableExists create_table of a name already taken
 //!  +-- Timeout          no reply, or retries did not succeed, within the timeout
 //!  +-- ConnectionError  cannot connect, or the connection dropped
@@ -42,7 +42,8 @@ pyo3::create_exception!(
     insitu,
     Conflict,
     Error,
-    "A conditional operation was refused: the object exists, or has another version."
+    "A conditional operation was refused (the object exists, or has another \
+     version), or a transaction did not commit because it conflicted: run it again."
 );
 pyo3::create_exception!(
     insitu,

@@ -6,6 +6,7 @@ mod client;
 mod convert;
 mod errors;
 mod table;
+mod txn;
 
 use pyo3::prelude::*;
 
@@ -17,6 +18,7 @@ fn _insitu(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::TrainedModel>()?;
     m.add_class::<table::Table>()?;
     m.add_class::<table::Scan>()?;
+    m.add_class::<txn::Transaction>()?;
     errors::register(m)?;
     Ok(())
 }

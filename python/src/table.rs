@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::convert::{
-    agg_op, agg_result, as_bytes, collect, collect_pairs, field, number, selection,
+    agg_op, agg_result, as_bytes, collect, collect_pairs, field, key_slices, number, selection,
 };
 use crate::errors::to_py;
 
@@ -99,10 +99,7 @@ impl Table {
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let objs = collect(keys)?;
-        let slices = objs
-            .iter()
-            .map(|k| as_bytes(k, "key"))
-            .collect::<PyResult<Vec<&[u8]>>>()?;
+        let slices = key_slices(&objs)?;
         let found = py
             .detach(|| self.client.multi_read(self.id, &slices))
             .map_err(|e| to_py(py, e))?;
