@@ -432,9 +432,10 @@ pub enum Request<'a> {
         #[serde(borrow, deserialize_with = "crate::limits::txn_items")]
         items: Vec<crate::txn::TxnItem<'a>>,
     },
-    /// The client's decision. Sent to the primary first, which records it
-    /// (or answers the decision it already took for an orphan); then to the
-    /// others with the primary's answer. Idempotent.
+    /// The decision. When every vote is known the client sends it to every
+    /// participant at once; when one is unknown, to the primary first, which
+    /// records it (or answers the decision it already took for an orphan),
+    /// then to the others with the primary's answer. Idempotent.
     TxnDecide {
         txn: crate::txn::TxnId,
         commit: bool,

@@ -128,9 +128,18 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             | Request::DropTablet { .. }
             | Request::ActivateTablet { .. }
             | Request::ServerDown { .. }
-    );
+            | Request::TxnInquire { .. }
+    ) && !is_two_phase_prepare(&request);
     dispatch(state, id, request, out).await;
     exposes
+}
+
+/// A prepare that does not commit at once writes nothing and shows nothing
+/// not already shown (the versions it checks came from replies that waited
+/// for durability): its vote need not wait for the durable mark. A one-phase
+/// prepare commits, so its reply waits like a write's.
+fn is_two_phase_prepare(request: &Request<'_>) -> bool {
+    matches!(request, Request::TxnPrepare { primary, others, .. } if primary.is_some() || !others.is_empty())
 }
 
 async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut BytesMut) {

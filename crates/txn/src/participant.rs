@@ -6,9 +6,11 @@
 //!    participant says yes only if no other transaction holds a lock on any
 //!    of the keys and every key read still has the version the client read;
 //!    it then locks the keys it will write and keeps the items.
-//! 2. The client asks the *primary* participant to decide (`decide`); the
-//!    primary records the first decision it takes and answers it for ever
-//!    (within `Limits::decision_ttl_ms`). The client tells the others.
+//! 2. With every vote known, the outcome is known (all yes: commit; a no:
+//!    abort) and the client tells every participant at once (`decide`). With
+//!    a vote unknown, it asks the *primary* participant first, which records
+//!    the first decision it takes and answers it for ever (within
+//!    `Limits::decision_ttl_ms`); then it tells the others.
 //! 3. A participant left prepared past a timeout (the client went silent)
 //!    asks the primary (`TxnResolve`). The primary, if undecided, asks every
 //!    other participant where it stands (`phase`): one that never saw the
@@ -17,7 +19,9 @@
 //!    prepared, every vote was yes, and it commits.
 //!
 //! Why this is atomic: a participant applies writes only on a commit
-//! decision, and every commit decision comes from the primary's one record.
+//! decision; a commit is decided only when every participant voted yes
+//! (by the client, which saw the votes, or by the primary, which asked),
+//! and an abort only when one did not, so the two can never both happen.
 //! Why serializable: a transaction's reads are validated while its write
 //! locks are held, so it takes effect at one point (all locks held) at
 //! which everything it read was still current (RAMCloud, Lee et al. 2015).
