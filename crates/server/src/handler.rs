@@ -4,15 +4,14 @@
 use bytes::BytesMut;
 use insitu_engine::{EngineError, HashRange, key_hash};
 use insitu_protocol::{
-    Number, Object, ReadResult, RejectRules, Request, Response, ShardStats, Status, TabletStat,
-    TabletState, WriteResult, blob, decode_request, encode_error, encode_response,
-    frame::MAX_BODY_BYTES,
+    Number, Object, RejectRules, Request, Response, ShardStats, Status, TabletStat, TabletState,
+    blob, decode_request, encode_error, encode_response, frame::MAX_BODY_BYTES,
 };
 
 use crate::shard::{ShardState, TabletMeta};
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
-const REPLY_SLACK_BYTES: usize = 64 * 1024;
+pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
 /// Most items one multi-operation request may carry.
 pub use insitu_protocol::MAX_MULTI_ITEMS;
 
@@ -209,48 +208,9 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             let result = result.map(|(value, version)| Response::Incremented { value, version });
             reply_result(out, id, result);
         }
-        Request::MultiRead { table, keys } => multi_read(state, id, table, &keys, out),
-        Request::MultiWrite { table, items } => {
-            if items.len() > MAX_MULTI_ITEMS {
-                return encode_error(
-                    out,
-                    id,
-                    Status::BadRequest,
-                    format!(
-                        "{} items exceed the limit of {MAX_MULTI_ITEMS}",
-                        items.len()
-                    ),
-                );
-            }
-            let results = items
-                .iter()
-                .map(|(key, value)| {
-                    apply_write(state, table, key, |engine| {
-                        engine.write(table, key, value, &insitu_engine::RejectRules::default())
-                    })
-                })
-                .collect();
-            reply(out, id, &Response::MultiWrite { results })
-        }
-        Request::MultiRemove { table, keys } => {
-            if keys.len() > MAX_MULTI_ITEMS {
-                return encode_error(
-                    out,
-                    id,
-                    Status::BadRequest,
-                    format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()),
-                );
-            }
-            let results = keys
-                .iter()
-                .map(|key| {
-                    apply_write(state, table, key, |engine| {
-                        engine.remove(table, key, &insitu_engine::RejectRules::default())
-                    })
-                })
-                .collect();
-            reply(out, id, &Response::MultiRemove { results })
-        }
+        Request::MultiRead { table, keys } => crate::multi::read(state, id, table, &keys, out),
+        Request::MultiWrite { table, items } => crate::multi::write(state, id, table, &items, out),
+        Request::MultiRemove { table, keys } => crate::multi::remove(state, id, table, &keys, out),
         Request::Enumerate {
             table,
             tablet_start,
@@ -512,98 +472,6 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             reply(out, id, &Response::Done)
         }
     }
-}
-
-/// One item of a multiWrite / multiRemove: admit it, run `op` on the engine,
-/// and turn the outcome into that item's status.
-fn apply_write(
-    state: &ShardState,
-    table: u64,
-    key: &[u8],
-    op: impl FnOnce(&mut insitu_engine::Engine) -> Result<u64, EngineError>,
-) -> WriteResult {
-    if let Err(status) = admit(state, table, key, true) {
-        return WriteResult { status, version: 0 };
-    }
-    match op(&mut state.engine.borrow_mut()) {
-        Ok(version) => WriteResult {
-            status: Status::Ok,
-            version,
-        },
-        Err(e) => WriteResult {
-            status: engine_status(&e),
-            version: 0,
-        },
-    }
-}
-
-fn multi_read(
-    state: &ShardState,
-    id: u64,
-    table: u64,
-    keys: &[insitu_protocol::Blob<'_>],
-    out: &mut BytesMut,
-) {
-    if keys.len() > MAX_MULTI_ITEMS {
-        return encode_error(
-            out,
-            id,
-            Status::BadRequest,
-            format!("{} keys exceed the limit of {MAX_MULTI_ITEMS}", keys.len()),
-        );
-    }
-    let engine = state.engine.borrow();
-    let budget = MAX_BODY_BYTES - REPLY_SLACK_BYTES;
-    let mut used = 0usize;
-    let mut results = Vec::with_capacity(keys.len());
-    let empty = blob(&[]);
-    for key in keys {
-        // Per-entry overhead of the encoding: status, version varint, length varint.
-        if used + 24 > budget {
-            results.push(ReadResult {
-                status: Status::Truncated,
-                version: 0,
-                value: empty,
-            });
-            continue;
-        }
-        if let Err(status) = admit(state, table, key, false) {
-            results.push(ReadResult {
-                status,
-                version: 0,
-                value: empty,
-            });
-            used += 24;
-            continue;
-        }
-        match engine.read(table, key) {
-            Ok(obj) if used + 24 + obj.value.len() > budget => {
-                results.push(ReadResult {
-                    status: Status::Truncated,
-                    version: 0,
-                    value: empty,
-                });
-                used = budget; // keep order: nothing after a truncated key is served
-            }
-            Ok(obj) => {
-                used += 24 + obj.value.len();
-                results.push(ReadResult {
-                    status: Status::Ok,
-                    version: obj.version,
-                    value: blob(obj.value),
-                });
-            }
-            Err(e) => {
-                used += 24;
-                results.push(ReadResult {
-                    status: engine_status(&e),
-                    version: 0,
-                    value: empty,
-                });
-            }
-        }
-    }
-    reply(out, id, &Response::MultiRead { results })
 }
 
 fn enumerate(

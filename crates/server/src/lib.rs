@@ -13,6 +13,7 @@ mod hold;
 mod identity;
 mod limits;
 mod migrate;
+mod multi;
 mod query;
 mod recover;
 mod replicate;

@@ -1,0 +1,143 @@
+//! Multi-operations on a shard: multiRead (stopping with `Truncated` before
+//! the reply would overflow a frame), multiWrite and multiRemove (a status
+//! per item, each item admitted on its own).
+
+use bytes::BytesMut;
+use insitu_engine::EngineError;
+use insitu_protocol::frame::MAX_BODY_BYTES;
+use insitu_protocol::{Blob, ReadResult, Response, Status, WriteResult, blob, encode_error};
+
+use crate::handler::{MAX_MULTI_ITEMS, REPLY_SLACK_BYTES, admit, engine_status, reply};
+use crate::shard::ShardState;
+
+/// Refuse a request of more than `MAX_MULTI_ITEMS` items (the decoder's
+/// limit too; checked again here so no path skips it).
+fn too_many(out: &mut BytesMut, id: u64, n: usize, what: &str) -> bool {
+    if n <= MAX_MULTI_ITEMS {
+        return false;
+    }
+    encode_error(
+        out,
+        id,
+        Status::BadRequest,
+        format!("{n} {what} exceed the limit of {MAX_MULTI_ITEMS}"),
+    );
+    true
+}
+
+pub fn write(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    items: &[(Blob<'_>, Blob<'_>)],
+    out: &mut BytesMut,
+) {
+    if too_many(out, id, items.len(), "items") {
+        return;
+    }
+    let results = items
+        .iter()
+        .map(|(key, value)| {
+            apply_write(state, table, key, |engine| {
+                engine.write(table, key, value, &insitu_engine::RejectRules::default())
+            })
+        })
+        .collect();
+    reply(out, id, &Response::MultiWrite { results })
+}
+
+pub fn remove(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mut BytesMut) {
+    if too_many(out, id, keys.len(), "keys") {
+        return;
+    }
+    let results = keys
+        .iter()
+        .map(|key| {
+            apply_write(state, table, key, |engine| {
+                engine.remove(table, key, &insitu_engine::RejectRules::default())
+            })
+        })
+        .collect();
+    reply(out, id, &Response::MultiRemove { results })
+}
+
+/// One item of a multiWrite / multiRemove: admit it, run `op` on the engine,
+/// and turn the outcome into that item's status.
+fn apply_write(
+    state: &ShardState,
+    table: u64,
+    key: &[u8],
+    op: impl FnOnce(&mut insitu_engine::Engine) -> Result<u64, EngineError>,
+) -> WriteResult {
+    if let Err(status) = admit(state, table, key, true) {
+        return WriteResult { status, version: 0 };
+    }
+    match op(&mut state.engine.borrow_mut()) {
+        Ok(version) => WriteResult {
+            status: Status::Ok,
+            version,
+        },
+        Err(e) => WriteResult {
+            status: engine_status(&e),
+            version: 0,
+        },
+    }
+}
+
+pub fn read(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mut BytesMut) {
+    if too_many(out, id, keys.len(), "keys") {
+        return;
+    }
+    let engine = state.engine.borrow();
+    let budget = MAX_BODY_BYTES - REPLY_SLACK_BYTES;
+    let mut used = 0usize;
+    let mut results = Vec::with_capacity(keys.len());
+    let empty = blob(&[]);
+    for key in keys {
+        // Per-entry overhead of the encoding: status, version varint, length varint.
+        if used + 24 > budget {
+            results.push(ReadResult {
+                status: Status::Truncated,
+                version: 0,
+                value: empty,
+            });
+            continue;
+        }
+        if let Err(status) = admit(state, table, key, false) {
+            results.push(ReadResult {
+                status,
+                version: 0,
+                value: empty,
+            });
+            used += 24;
+            continue;
+        }
+        match engine.read(table, key) {
+            Ok(obj) if used + 24 + obj.value.len() > budget => {
+                results.push(ReadResult {
+                    status: Status::Truncated,
+                    version: 0,
+                    value: empty,
+                });
+                used = budget; // keep order: nothing after a truncated key is served
+            }
+            Ok(obj) => {
+                used += 24 + obj.value.len();
+                results.push(ReadResult {
+                    status: Status::Ok,
+                    version: obj.version,
+                    value: blob(obj.value),
+                });
+            }
+            Err(e) => {
+                used += 24;
+                results.push(ReadResult {
+                    status: engine_status(&e),
+                    version: 0,
+                    value: empty,
+                });
+            }
+        }
+    }
+    reply(out, id, &Response::MultiRead { results })
+}
