@@ -24,6 +24,21 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// `servers` servers of `shards` shards each, `memory_mb` per server.
     pub fn start(servers: usize, shards: usize, memory_mb: usize) -> anyhow::Result<LocalCluster> {
+        Self::start_with(
+            servers,
+            shards,
+            memory_mb,
+            CoordinatorConfig::new(PathBuf::new()).replicas,
+        )
+    }
+
+    /// `start`, with `replicas` replicas per segment (0: in memory only).
+    pub fn start_with(
+        servers: usize,
+        shards: usize,
+        memory_mb: usize,
+        replicas: u32,
+    ) -> anyhow::Result<LocalCluster> {
         // One thread for the client (and the idle coordinator): waking a task
         // on another thread costs tens of microseconds here, more than a
         // loopback round trip, so the client's I/O tasks and the code awaiting
@@ -40,11 +55,9 @@ impl LocalCluster {
         std::fs::create_dir_all(&dir)?;
         let (coordinator, handles, addr, client) = rt.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let coordinator = insitu_coordinator::start(
-                CoordinatorConfig::new(dir.join("coordinator")),
-                listener,
-            )
-            .await?;
+            let mut config = CoordinatorConfig::new(dir.join("coordinator"));
+            config.replicas = replicas;
+            let coordinator = insitu_coordinator::start(config, listener).await?;
             let addr = coordinator.addr().to_string();
             let mut handles = Vec::new();
             for i in 0..servers {

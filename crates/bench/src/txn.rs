@@ -46,6 +46,10 @@ pub struct Args {
     /// Storage servers of the insitu cluster (one shard each).
     #[arg(long, default_value_t = 2)]
     pub servers: usize,
+    /// Replicas of every segment on the insitu side (R; 0 = in memory only,
+    /// to measure what replication costs).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u32,
     /// Accounts in the bank workload.
     #[arg(long, default_value_t = 100)]
     pub accounts: u64,
@@ -230,7 +234,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
     let memory_mb = 512;
-    let c = LocalCluster::start(args.servers, 1, memory_mb)?;
+    let c = LocalCluster::start_with(args.servers, 1, memory_mb, args.replicas)?;
     let tablets = (args.servers * 4) as u32;
     let items = c.create_table("items", tablets)?;
     let orders = c.create_table("orders", tablets)?;
@@ -340,6 +344,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "hot_items": args.hot_items,
         "seconds_per_case": args.seconds,
         "insitu_servers": args.servers,
+        "insitu_replicas": args.replicas,
         "machine_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "postgres": pg_settings(with_pg),
         "runs": runs,
@@ -400,6 +405,7 @@ mod tests {
                 clients: "2".into(),
                 seconds: 0.3,
                 servers: 2,
+                replicas: 2,
                 accounts: 10,
                 json: Some(json),
             })
