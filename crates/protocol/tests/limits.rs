@@ -170,3 +170,36 @@ fn sequences_within_the_limits_still_decode() {
     let ok = postcard::to_stdvec(&Request::Ping).unwrap();
     assert_eq!(decode_request(&ok).unwrap(), Request::Ping);
 }
+
+#[test]
+fn transaction_items_and_participants_are_bounded_while_decoding() {
+    use insitu_protocol::txn::{MAX_TXN_ITEMS, MAX_TXN_PARTICIPANTS, TxnItem, TxnWrite};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let item = TxnItem {
+        table: 1,
+        key: blob(b"k"),
+        read_version: None,
+        write: TxnWrite::Remove,
+    };
+    let prepare = |items: usize, others: usize| {
+        postcard::to_stdvec(&Request::TxnPrepare {
+            txn: 1,
+            primary: None,
+            others: vec!["h:1".to_string(); others],
+            items: vec![item.clone(); items],
+        })
+        .unwrap()
+    };
+    assert!(decode_request(&prepare(MAX_TXN_ITEMS, MAX_TXN_PARTICIPANTS)).is_ok());
+    let e = decode_request(&prepare(MAX_TXN_ITEMS + 1, 1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("limit of {MAX_TXN_ITEMS}")), "{e}");
+    let e = decode_request(&prepare(1, MAX_TXN_PARTICIPANTS + 1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("limit of {MAX_TXN_PARTICIPANTS}")),
+        "{e}"
+    );
+}
