@@ -86,7 +86,8 @@ pub fn check(history: &[Recorded]) -> Verdict {
     // and those of them that then overwrote it.
     let mut readers: BTreeMap<(Vec<u8>, Writer), Vec<u64>> = BTreeMap::new();
     let mut overwriters: BTreeMap<(Vec<u8>, Writer), Vec<u64>> = BTreeMap::new();
-    for t in committed.values() {
+    // In history order (not the map's), so the verdict is deterministic.
+    for t in history.iter().filter(|t| t.committed) {
         for (key, writer) in &t.reads {
             if let Some(w) = writer
                 && !committed.contains_key(w)
