@@ -15,6 +15,7 @@ calls for asyncio (``await aio.connect(...)``).
 """
 
 from ._insitu import (
+    AuthenticationError,
     BadRequest,
     Client,
     Conflict,
@@ -40,6 +41,7 @@ from ._insitu import (
 Error.status = None
 
 __all__ = [
+    "AuthenticationError",
     "BadRequest",
     "Client",
     "Conflict",

@@ -12,8 +12,15 @@ BytesLike = Union[bytes, str]
 
 T = TypeVar("T")
 
-def connect(addr: str = "127.0.0.1:7070", timeout: float = 10.0) -> Client:
+def connect(
+    addr: str = "127.0.0.1:7070", timeout: float = 10.0, auth_token: str | None = None
+) -> Client:
     """Connect to the coordinator at ``addr`` ("host:port").
+
+    ``auth_token`` is the cluster's client token (``insitu up`` writes it to
+    ``insitu-data/auth-token``); by default the ``INSITU_AUTH_TOKEN``
+    environment variable, else the file ``INSITU_AUTH_TOKEN_FILE`` names, or none. A wrong or missing token raises
+    ``AuthenticationError``.
 
     Every operation then fails within ``timeout`` seconds, retries included
     (raising ``Timeout`` or ``ConnectionError``) instead of waiting longer.
@@ -229,3 +236,6 @@ class TooLarge(Error):
 
 class BadRequest(Error):
     """The server refused the request as invalid (empty key, not a number, bad plan)."""
+
+class AuthenticationError(Error):
+    """The cluster refused the token (none, or not the cluster's), or the token may not send that request."""

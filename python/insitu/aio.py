@@ -29,9 +29,11 @@ from . import _insitu
 BytesLike = Union[bytes, str]
 
 
-async def connect(addr: str = "127.0.0.1:7070", timeout: float = 10.0) -> AsyncClient:
+async def connect(
+    addr: str = "127.0.0.1:7070", timeout: float = 10.0, auth_token: str | None = None
+) -> AsyncClient:
     """``insitu.connect``, awaited."""
-    return AsyncClient(await asyncio.to_thread(_insitu.connect, addr, timeout))
+    return AsyncClient(await asyncio.to_thread(_insitu.connect, addr, timeout, auth_token))
 
 
 class AsyncClient:

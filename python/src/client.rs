@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use insitu_client::{BlockingClient, ClientConfig};
+use insitu_client::{BlockingClient, ClientConfig, Token};
 use insitu_protocol::plan::{MAX_DIMS, PointLayout};
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -27,17 +27,34 @@ pub struct Client {
 
 /// Connect to the coordinator at `addr`; every operation then fails within
 /// `timeout` seconds (retries included) instead of waiting longer.
+/// `auth_token`: the cluster's client token; default: the
+/// `INSITU_AUTH_TOKEN` environment variable, else the file
+/// `INSITU_AUTH_TOKEN_FILE` names (none if neither is set).
 #[pyfunction]
-#[pyo3(signature = (addr = "127.0.0.1:7070", timeout = 10.0))]
-pub fn connect(py: Python<'_>, addr: &str, timeout: f64) -> PyResult<Client> {
+#[pyo3(signature = (addr = "127.0.0.1:7070", timeout = 10.0, auth_token = None))]
+pub fn connect(
+    py: Python<'_>,
+    addr: &str,
+    timeout: f64,
+    auth_token: Option<&str>,
+) -> PyResult<Client> {
     if !(timeout.is_finite() && timeout > 0.0 && timeout <= 86_400.0) {
         return Err(PyValueError::new_err(format!(
             "timeout must be a number of seconds in (0, 86400], not {timeout}"
         )));
     }
-    let config = ClientConfig {
+    let mut config = ClientConfig {
         op_timeout: Duration::from_secs_f64(timeout),
         ..ClientConfig::default()
+    };
+    config = match auth_token {
+        Some(text) => {
+            let token = Token::parse(text.as_bytes(), "auth_token")
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            config.auth_token = Some(token);
+            config
+        }
+        None => config.with_env_token().map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     let inner = py
         .detach(|| BlockingClient::connect_with(addr, config))

@@ -12,6 +12,7 @@
 //!  +-- OutOfMemory      a server has no room (memory or replica disk)
 //!  +-- TooLarge         key, value or request over the protocol's limits
 //!  +-- BadRequest       the server refused the request as invalid
+//!  +-- AuthenticationError  no token, a wrong one, or a client token sent a cluster-internal request
 //! ```
 //! Each exception carries `status`: the server status name (e.g.
 //! `"UnknownTable"`) when the server sent one, else `None`.
@@ -50,6 +51,13 @@ pyo3::create_exception!(
     TableExists,
     Conflict,
     "create_table of a name that is already taken."
+);
+pyo3::create_exception!(
+    insitu,
+    AuthenticationError,
+    Error,
+    "The cluster refused the connection's token (none given, or not the cluster's; \
+     see INSITU_AUTH_TOKEN), or the token may not send that request."
 );
 pyo3::create_exception!(
     insitu,
@@ -104,6 +112,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
     m.add("TooLarge", py.get_type::<TooLarge>())?;
     m.add("BadRequest", py.get_type::<BadRequest>())?;
+    m.add(
+        "AuthenticationError",
+        py.get_type::<AuthenticationError>(),
+    )?;
     Ok(())
 }
 
@@ -121,6 +133,7 @@ fn for_status(status: Status, msg: String) -> PyErr {
         Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired => {
             Unavailable::new_err(msg)
         }
+        Unauthenticated | Forbidden => AuthenticationError::new_err(msg),
         Ok | Internal | Truncated | UnknownServer => Error::new_err(msg),
     }
 }
@@ -141,6 +154,7 @@ fn classify(e: &ClientError, msg: String) -> PyErr {
         | ClientError::NoTablet { .. }
         | ClientError::TxnOutcomeUnknown { .. }
         | ClientError::Runtime(_) => Error::new_err(msg),
+        ClientError::Token(_) => AuthenticationError::new_err(msg),
     }
 }
 

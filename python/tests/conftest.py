@@ -55,6 +55,13 @@ class Cluster:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self._wait_up()
+        # `insitu up` requires authentication: the client token it wrote.
+        with open(os.path.join(self.dir.name, "auth-token")) as f:
+            self.token = f.read().strip()
+
+    def connect(self, **kwargs) -> insitu.Client:
+        """`insitu.connect` to this cluster, presenting its token."""
+        return insitu.connect(self.addr, auth_token=self.token, **kwargs)
 
     def _wait_up(self) -> None:
         """Read output until "insitu is up" (bounded by STARTUP_TIMEOUT_S)."""
@@ -110,7 +117,7 @@ def cluster():
 
 @pytest.fixture(scope="session")
 def client(cluster):
-    return insitu.connect(cluster.addr)
+    return cluster.connect()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from insitu import aio
 
 def test_aio_calls(cluster):
     async def main():
-        c = await aio.connect(cluster.addr)
+        c = await aio.connect(cluster.addr, auth_token=cluster.token)
         t = await c.create_table("py_aio", tablets=2)
         try:
             await asyncio.gather(*(t.put(f"k{i}", struct.pack("<q", i)) for i in range(100)))

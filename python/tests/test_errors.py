@@ -70,7 +70,7 @@ def test_connect_errors():
 
 
 def test_server_down_fails_within_timeout(own_cluster):
-    c = insitu.connect(own_cluster.addr, timeout=1.0)
+    c = own_cluster.connect(timeout=1.0)
     t = c.create_table("down", tablets=2)
     t.put(b"k", b"v")
     own_cluster.kill()
@@ -81,7 +81,7 @@ def test_server_down_fails_within_timeout(own_cluster):
 
 
 def test_frozen_cluster_times_out(own_cluster):
-    c = insitu.connect(own_cluster.addr, timeout=0.5)
+    c = own_cluster.connect(timeout=0.5)
     t = c.create_table("frozen", tablets=1)
     t.put(b"k", b"v")
     own_cluster.pause()
@@ -99,7 +99,7 @@ def test_calls_release_the_gil(own_cluster):
     thread resumes the cluster while the call waits, and the call succeeds.
     (Holding the GIL, the main thread could only resume it after the call's
     60 s timeout, and the call would raise Timeout.)"""
-    c = insitu.connect(own_cluster.addr, timeout=60.0)
+    c = own_cluster.connect(timeout=60.0)
     t = c.create_table("gil", tablets=1)
     t.put(b"k", b"v")
     own_cluster.pause()

@@ -6,6 +6,9 @@ use anyhow::Context;
 use insitu_coordinator::CoordinatorConfig;
 use insitu_server::{ServerConfig, SyncMode};
 
+use crate::ClusterArg;
+use crate::auth::{RoleAuthArgs, no_auth_warning};
+
 #[derive(clap::Args)]
 pub struct UpArgs {
     /// Storage servers to run.
@@ -28,6 +31,11 @@ pub struct UpArgs {
     /// keeps its replicas on its own disk).
     #[arg(long)]
     replicas: Option<u32>,
+    /// Run without authentication (a throwaway local cluster). By default
+    /// `up` creates a client token (DIR/auth-token) and a cluster credential
+    /// (DIR/cluster-token) on first start and requires them.
+    #[arg(long)]
+    no_auth: bool,
 }
 
 #[derive(clap::Args)]
@@ -48,6 +56,8 @@ pub struct CoordinatorArgs {
     /// tablets recovered.
     #[arg(long, default_value_t = 500, value_name = "MS")]
     failure_timeout_ms: u64,
+    #[command(flatten)]
+    auth: RoleAuthArgs,
 }
 
 #[derive(clap::Args)]
@@ -99,6 +109,8 @@ pub struct ServerArgs {
     /// (PORT + shards) when --port is given, else any free port.
     #[arg(long)]
     backup_port: Option<u16>,
+    #[command(flatten)]
+    auth: RoleAuthArgs,
 }
 
 /// `--sync`: see `ServerArgs::sync`.
@@ -196,6 +208,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     );
     runtime()?.block_on(async move {
         std::fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
+        let (gate, token_file) = if args.no_auth {
+            (insitu_auth::Gate::open(), None)
+        } else {
+            let (gate, path, _) = crate::auth::init_dir(&args.dir)?;
+            (gate, Some(path))
+        };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
             .await
             .with_context(|| format!("cannot listen on 127.0.0.1:{} (is another insitu running? try --port)", args.port))?;
@@ -207,6 +225,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         // they spread over all of them.
         config.rehome_after_servers = args.servers;
         config.replicas = args.replicas.unwrap_or(default_up_replicas(args.servers));
+        config.gate = gate.clone();
         let coordinator = insitu_coordinator::start(config, listener).await?;
         let kept = coordinator.awaiting_recovery_table_names();
         let replicas = coordinator.replicas();
@@ -218,6 +237,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             // (declared dead, e.g. `insitu server remove`) stops serving
             // rather than exiting the process, which would take the others.
             config.replication.exit_on_fence = false;
+            config.gate = gate.clone();
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
@@ -225,7 +245,17 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         if !kept.is_empty() {
             println!("warning: {}", kept_tables_warning(&kept, replicas));
         }
-        println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
+        match &token_file {
+            Some(path) => {
+                let path = path.display();
+                println!("  clients present the token in {path} (it stays across restarts; the cluster credential beside it is for servers only)");
+                println!("  try: insitu --cluster {addr} --auth-token-file {path} table create demo --tablets 4   (or export INSITU_CLUSTER={addr} INSITU_AUTH_TOKEN_FILE={path})");
+            }
+            None => {
+                println!("  {}", no_auth_warning());
+                println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
+            }
+        }
         println!("  Ctrl-C to stop.");
         wait_for_stop().await?;
         eprintln!("shutting down...");
@@ -236,7 +266,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     })
 }
 
-pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
+pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    let gate = crate::auth::role_gate(&args.auth, cluster)?;
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
@@ -246,6 +277,7 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
         let mut config = CoordinatorConfig::new(args.dir.clone());
         config.replicas = args.replicas;
         config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
+        config.gate = gate;
         let handle = insitu_coordinator::start(config, listener).await?;
         println!(
             "insitu coordinator at {}, metadata in {}, {}",
@@ -259,7 +291,8 @@ pub fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
     })
 }
 
-pub fn server(args: ServerArgs) -> anyhow::Result<()> {
+pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    let gate = crate::auth::role_gate(&args.auth, cluster)?;
     runtime()?.block_on(async move {
         let mut config = server_config(
             args.coordinator.clone(),
@@ -270,6 +303,7 @@ pub fn server(args: ServerArgs) -> anyhow::Result<()> {
             args.memory_mb,
         );
         config.replace = args.replace;
+        config.gate = gate;
         apply_backup_flags(&mut config, &args)?;
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();

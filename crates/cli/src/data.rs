@@ -75,7 +75,9 @@ pub(crate) async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
     if !has_port {
         bail!("--cluster {addr:?} is not an address: write HOST:PORT, e.g. 127.0.0.1:7070");
     }
-    Client::connect(addr).await.with_context(|| {
+    let mut config = insitu_client::ClientConfig::default();
+    config.auth_token = crate::auth::client_token(cluster)?;
+    Client::connect_with(addr, config).await.with_context(|| {
         format!("cannot reach the insitu cluster at {addr} (is `insitu up` running there?)")
     })
 }
@@ -254,6 +256,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         }
         Command::Up(_)
         | Command::Coordinator(_)
+        | Command::Auth(_)
         | Command::Server(_)
         | Command::Bench(_)
         | Command::Count(_)

@@ -1,6 +1,7 @@
 //! `insitu`: one binary for every role — the embedded cluster (`up`), the
 //! coordinator, a storage server, the client commands and the benchmarks.
 
+mod auth;
 mod cluster;
 mod data;
 mod index;
@@ -37,6 +38,16 @@ pub struct ClusterArg {
         value_name = "HOST:PORT"
     )]
     pub cluster: String,
+    /// File holding the client token (`insitu up` writes one under its
+    /// --dir). Default: the INSITU_AUTH_TOKEN environment variable holds the
+    /// token itself. Servers and the coordinator accept it for data requests.
+    #[arg(
+        long,
+        env = "INSITU_AUTH_TOKEN_FILE",
+        global = true,
+        value_name = "FILE"
+    )]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -47,6 +58,9 @@ enum Command {
     Coordinator(cluster::CoordinatorArgs),
     /// Run a storage server that enlists with a coordinator (or `server remove ID`: declare one dead).
     Server(cluster::ServerArgs),
+    /// Authentication: `auth init DIR` writes a client token and a cluster credential.
+    #[command(subcommand)]
+    Auth(auth::AuthCmd),
     /// Create, list or drop tables.
     #[command(subcommand)]
     Table(data::TableCmd),
@@ -274,7 +288,11 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(args) => {
             init_tracing("info");
             abort_on_panic();
-            cluster::coordinator(args)
+            cluster::coordinator(args, cluster)
+        }
+        Command::Auth(cmd) => {
+            init_tracing("warn");
+            auth::run(cmd)
         }
         Command::Server(cluster::ServerArgs {
             action: Some(cluster::ServerAction::Remove { id }),
@@ -286,7 +304,7 @@ fn main() -> std::process::ExitCode {
         Command::Server(args) => {
             init_tracing("info");
             abort_on_panic();
-            cluster::server(args)
+            cluster::server(args, cluster)
         }
         Command::Bench(BenchCmd::Engine {
             objects,

@@ -14,7 +14,12 @@
 //!   and the server's `--port 7100` becomes `--port 0` (free ports), since
 //!   tests must not take fixed ports;
 //! - the multi-machine paths under /var/lib/insitu become a temporary
-//!   directory (a test may not write there).
+//!   directory (a test may not write there);
+//! - the client token: as the README tells the reader to export
+//!   INSITU_AUTH_TOKEN_FILE (which one `sh -c` cannot pass to the next), the
+//!   client commands get it in their environment, pointing at the token
+//!   `insitu up` wrote; the "try:" hint runs without it, so the printed
+//!   `--auth-token-file` must do the work.
 //!
 //! Input files the commands read (data.csv, bob.json) are created in the
 //! temporary working directory, and the tables the data-operation examples
@@ -114,6 +119,13 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
         // Writes an example input file into the test's directory.
         return Some(line.to_string());
     }
+    if line.starts_with("export INSITU_") {
+        // What it sets must work on its own: run it (comment dropped) with a
+        // client command after it, without the harness's token (see the
+        // main loop).
+        let export = line.split(" #").next().unwrap_or(line).trim();
+        return Some(format!("{export} && insitu table list"));
+    }
     let mut line = match line.strip_prefix("cargo run --release -- ") {
         Some(rest) => format!("insitu {rest}"),
         None => line.to_string(),
@@ -142,11 +154,24 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
     Some(line.replace("/var/lib/insitu", ctx.var_dir.to_str().expect("utf-8 path")))
 }
 
+/// The client token `insitu up` (run in `ctx.cwd`, default --dir) wrote.
+fn up_token_file(ctx: &Ctx) -> PathBuf {
+    ctx.cwd.join("insitu-data").join("auth-token")
+}
+
 fn sh(line: &str, ctx: &Ctx, cluster: &str) -> Command {
+    let mut c = sh_without_token(line, ctx, cluster);
+    c.env("INSITU_AUTH_TOKEN_FILE", up_token_file(ctx));
+    c
+}
+
+fn sh_without_token(line: &str, ctx: &Ctx, cluster: &str) -> Command {
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(line)
         .current_dir(&ctx.cwd)
+        .env_remove("INSITU_AUTH_TOKEN_FILE")
+        .env_remove("INSITU_AUTH_TOKEN")
         .env("PATH", &ctx.path)
         .env("INSITU_CLUSTER", cluster)
         .env("INSITU_LOG", "warn");
@@ -194,7 +219,12 @@ fn start(line: &str, ctx: &Ctx) -> Running {
 
 /// Run a client command; it must succeed. Returns (stdout, stderr).
 fn run_ok(line: &str, ctx: &Ctx, cluster: &str) -> (String, String) {
-    let out = sh(line, ctx, cluster).output().expect("run sh");
+    output_ok(sh(line, ctx, cluster), line)
+}
+
+/// Run `command` (the shell running `line`); it must succeed.
+fn output_ok(mut command: Command, line: &str) -> (String, String) {
+    let out = command.output().expect("run sh");
     let (o, e) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -237,8 +267,14 @@ fn quoted_commands(text: &str) -> Vec<String> {
 
 /// The tables the data-operation examples use: `nums` (i64 at 0, f64 at 8,
 /// i32 at 16) and `points` (256 f32 features, then a 0/1 label byte).
-fn fill_example_tables(cluster: &str) {
-    let client = insitu_client::BlockingClient::connect(cluster).expect("connect");
+fn fill_example_tables(ctx: &Ctx) {
+    let token = insitu_client::Token::from_file(&up_token_file(ctx)).expect("up's token");
+    let config = insitu_client::ClientConfig {
+        auth_token: Some(token),
+        ..Default::default()
+    };
+    let client =
+        insitu_client::BlockingClient::connect_with(&ctx.cluster, config).expect("connect");
     let nums = client.create_table("nums", 2).expect("create nums").id;
     for i in 0..20i64 {
         let mut v = Vec::new();
@@ -312,10 +348,16 @@ fn every_readme_command_and_printed_hint_runs_as_written() {
             };
             ran += 1;
             let role = line.split_whitespace().nth(1).unwrap_or("");
-            if role == "up" {
+            if line.starts_with("export ") {
+                assert!(
+                    up.is_some(),
+                    "`{printed}` comes before `insitu up` in README.md"
+                );
+                output_ok(sh_without_token(&line, &ctx, &ctx.cluster), &line);
+            } else if role == "up" {
                 assert!(up.is_none(), "README starts `insitu up` twice");
                 let running = start(&line, &ctx);
-                fill_example_tables(&ctx.cluster);
+                fill_example_tables(&ctx);
                 up = Some(running);
             } else if ready_marker(role).is_some() {
                 block_roles.push(start(&line, &ctx));
@@ -362,13 +404,14 @@ fn try_hints_of_up(printed: &[String], ctx: &Ctx) {
         .split_once("   (")
         .expect("try: COMMAND   (or export ...)");
     let dead = format!("127.0.0.1:{}", free_port());
-    let (o, _) = run_ok(command.trim(), ctx, &dead);
+    let (o, _) = output_ok(sh_without_token(command.trim(), ctx, &dead), command);
     assert!(o.contains("created table demo"), "{o}");
     let export = rest
         .strip_prefix("or ")
         .and_then(|r| r.strip_suffix(')'))
         .expect("(or export INSITU_CLUSTER=...)");
     assert!(export.starts_with("export INSITU_CLUSTER="), "{export}");
-    let (o, _) = run_ok(&format!("{export}; insitu table list"), ctx, &dead);
+    let line = format!("{export}; insitu table list");
+    let (o, _) = output_ok(sh_without_token(&line, ctx, &dead), &line);
     assert!(o.contains("demo\t"), "{o}");
 }

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cli, free_port, insitu_bin, stop_cleanly};
+use common::{cli_with_token, free_port, insitu_bin, stop_cleanly};
 
 /// A running `insitu up` and every line it printed on stdout so far.
 struct Up {
@@ -94,6 +94,10 @@ fn up_restarted_on_its_dir_serves_the_old_tables_again() {
     let data = dir.path().join("data");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    // `up` runs with authentication (its default): the token it writes on
+    // the first start must still be the cluster's after the restart.
+    let token_file = data.join("auth-token");
+    let cli = |addr: &str, args: &[&str]| cli_with_token(addr, &token_file, args);
 
     let up = start_up(&data, port);
     assert!(

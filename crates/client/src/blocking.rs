@@ -96,8 +96,9 @@ impl BlockingClient {
         }
     }
 
+    /// Like `Client::connect`: presents `INSITU_AUTH_TOKEN` if it is set.
     pub fn connect(coordinator_addr: &str) -> Result<BlockingClient, ClientError> {
-        BlockingClient::connect_with(coordinator_addr, ClientConfig::default())
+        BlockingClient::connect_with(coordinator_addr, ClientConfig::default().with_env_token()?)
     }
 
     pub fn connect_with(

@@ -8,6 +8,8 @@ use bytes::Bytes;
 use insitu_keyhash::key_hash;
 use insitu_protocol::{Number, RejectRules, Request, Response, Status, TabletInfo, blob};
 
+use insitu_auth::Token;
+
 use crate::error::ClientError;
 use crate::routing::{Endpoint, EndpointPool, Retry, RouteCache, TableRoute, call_endpoint};
 use crate::rpc::Reply;
@@ -27,6 +29,24 @@ pub struct ClientConfig {
     pub op_timeout: Duration,
     /// How many bytes of objects one `Enumerate` RPC asks a shard for.
     pub enumerate_batch_bytes: u32,
+    /// Presented on every connection this client opens (the cluster's
+    /// client token); None for a cluster without authentication.
+    /// `Client::connect` takes it from the environment (`with_env_token`).
+    pub auth_token: Option<Token>,
+}
+
+impl ClientConfig {
+    /// `self` with `auth_token` taken from the environment if it is not set
+    /// already: `INSITU_AUTH_TOKEN` (the token), else `INSITU_AUTH_TOKEN_FILE`
+    /// (a file holding it). An unusable token is an error.
+    pub fn with_env_token(mut self) -> Result<ClientConfig, ClientError> {
+        if self.auth_token.is_none()
+            && let Some(token) = Token::client_from_env()
+        {
+            self.auth_token = Some(token.map_err(|e| ClientError::Token(Arc::new(e)))?);
+        }
+        Ok(self)
+    }
 }
 
 impl Default for ClientConfig {
@@ -34,6 +54,7 @@ impl Default for ClientConfig {
         ClientConfig {
             op_timeout: Duration::from_secs(10),
             enumerate_batch_bytes: 1 << 20,
+            auth_token: None,
         }
     }
 }
@@ -130,26 +151,33 @@ pub(crate) fn since(start: Instant, e: ClientError) -> ClientError {
 }
 
 impl Client {
-    /// Connect to the coordinator at `coordinator_addr` ("host:port").
+    /// Connect to the coordinator at `coordinator_addr` ("host:port"),
+    /// presenting the token in `INSITU_AUTH_TOKEN` if it is set.
     pub async fn connect(coordinator_addr: &str) -> Result<Client, ClientError> {
-        Client::connect_with(coordinator_addr, ClientConfig::default()).await
+        Client::connect_with(coordinator_addr, ClientConfig::default().with_env_token()?).await
     }
 
     pub async fn connect_with(
         coordinator_addr: &str,
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
-        let pool = EndpointPool::default();
+        let pool = EndpointPool::new(config.auth_token.clone());
         let coordinator = pool.get(coordinator_addr);
-        coordinator.conn(Instant::now() + config.op_timeout).await?;
-        Ok(Client {
+        let deadline = Instant::now() + config.op_timeout;
+        coordinator.conn(deadline).await?;
+        let client = Client {
             inner: Arc::new(Inner {
                 coordinator,
                 pool,
                 routes: RouteCache::default(),
                 config,
             }),
-        })
+        };
+        // One round trip, so a cluster that refuses this client (no token,
+        // or a wrong one) says so here rather than at the first operation.
+        let reply = client.coord_call(&Request::Ping, true, deadline).await?;
+        check_ok(&reply)?;
+        Ok(client)
     }
 
     pub fn config(&self) -> &ClientConfig {

@@ -75,6 +75,10 @@ pub enum ClientError {
     /// The blocking wrapper could not build its runtime.
     #[error("cannot start the client runtime: {0}")]
     Runtime(String),
+
+    /// The client's token (from `INSITU_AUTH_TOKEN` or a file) is not usable.
+    #[error("{0}")]
+    Token(Arc<insitu_auth::TokenError>),
 }
 
 fn status_text(status: Status, message: &str) -> String {
@@ -124,6 +128,11 @@ impl ClientError {
                 addr: addr.to_string(),
                 what,
             },
+            RpcError::Refused {
+                addr,
+                status,
+                message,
+            } => ClientError::Status(status, format!("{addr}: {message}")),
         }
     }
 

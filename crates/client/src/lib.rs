@@ -23,6 +23,7 @@ pub use blocking::{BlockingClient, BlockingTableCursor, BlockingTransaction};
 pub use client::{Client, ClientConfig, Found, PerItem};
 pub use cursor::{Object, TableCursor};
 pub use error::ClientError;
+pub use insitu_auth::Token;
 pub use insitu_protocol::{RejectRules, ServerInfo, ShardStats, Status, TableInfo, TabletInfo};
 pub use multi::MAX_ITEMS_PER_REQUEST;
 pub use ops::{PlanOutcome, Selection, TrainedModel};

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use insitu_auth::Token;
 use insitu_protocol::{Request, Status, TableInfo, TabletInfo};
 
 use crate::client::{Again, gave_up, since};
@@ -20,11 +21,14 @@ pub(crate) struct Endpoint {
     conn: Mutex<Option<RpcConn>>,
     /// Serialises (re)connecting so concurrent callers open one socket, not many.
     connecting: tokio::sync::Mutex<()>,
+    /// Presented in a `Hello` on every connection opened (None: no auth).
+    token: Option<Token>,
 }
 
 impl Endpoint {
-    fn new(addr: &str) -> Endpoint {
+    fn new(addr: &str, token: Option<Token>) -> Endpoint {
         Endpoint {
+            token,
             addr: addr.to_string(),
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
@@ -53,7 +57,12 @@ impl Endpoint {
             return Ok(c);
         }
         let budget = deadline.saturating_duration_since(Instant::now());
-        let conn = match tokio::time::timeout(budget, RpcConn::connect(&self.addr)).await {
+        let conn = match tokio::time::timeout(
+            budget,
+            RpcConn::open(&self.addr, self.token.as_ref()),
+        )
+        .await
+        {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(ClientError::from_rpc(&self.addr, e)),
             Err(_) => {
@@ -82,9 +91,18 @@ impl Endpoint {
 pub(crate) struct EndpointPool {
     /// Address -> endpoint; entries are never removed (an address is small).
     by_addr: RwLock<HashMap<String, Arc<Endpoint>>>,
+    /// Every endpoint presents this (the client's token).
+    token: Option<Token>,
 }
 
 impl EndpointPool {
+    pub(crate) fn new(token: Option<Token>) -> EndpointPool {
+        EndpointPool {
+            by_addr: RwLock::default(),
+            token,
+        }
+    }
+
     pub(crate) fn get(&self, addr: &str) -> Arc<Endpoint> {
         if let Some(e) = self.by_addr.read().expect("endpoint pool").get(addr) {
             return e.clone();
@@ -93,7 +111,7 @@ impl EndpointPool {
             .write()
             .expect("endpoint pool")
             .entry(addr.to_string())
-            .or_insert_with(|| Arc::new(Endpoint::new(addr)))
+            .or_insert_with(|| Arc::new(Endpoint::new(addr, self.token.clone())))
             .clone()
     }
 }
@@ -336,7 +354,7 @@ mod tests {
 
     #[test]
     fn locate_finds_the_covering_tablet() {
-        let pool = EndpointPool::default();
+        let pool = EndpointPool::new(None);
         let ranges = HashRange::split_even(4);
         let route = TableRoute::new(table(&ranges), &pool);
         for r in &ranges {
@@ -350,7 +368,7 @@ mod tests {
 
     #[test]
     fn locate_reports_gaps() {
-        let pool = EndpointPool::default();
+        let pool = EndpointPool::new(None);
         let route = TableRoute::new(
             table(&[
                 HashRange {
@@ -374,7 +392,7 @@ mod tests {
 
     #[test]
     fn one_endpoint_per_address() {
-        let pool = EndpointPool::default();
+        let pool = EndpointPool::new(None);
         let a = pool.get("127.0.0.1:1");
         let b = pool.get("127.0.0.1:1");
         assert!(Arc::ptr_eq(&a, &b));
@@ -383,7 +401,7 @@ mod tests {
 
     #[test]
     fn cache_keeps_the_newer_map() {
-        let pool = EndpointPool::default();
+        let pool = EndpointPool::new(None);
         let cache = RouteCache::default();
         let mut newer = table(&HashRange::split_even(2));
         newer.map_version = 9;

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
+use insitu_auth::Token;
 use insitu_protocol::{
-    FrameCodec, FrameKind, ProtocolError, Request, Response, Status, decode_response,
+    FrameCodec, FrameKind, ProtocolError, Request, Response, Status, blob, decode_response,
     encode_request,
 };
 use tokio::io::AsyncWriteExt;
@@ -59,6 +60,13 @@ pub enum RpcError {
     Protocol(#[from] ProtocolError),
     #[error("unexpected reply: {0}")]
     Unexpected(String),
+    /// The peer refused the connection's `Hello` (wrong or missing token).
+    #[error("{addr} refused the connection: {status}: {message}")]
+    Refused {
+        addr: String,
+        status: Status,
+        message: String,
+    },
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
@@ -84,7 +92,34 @@ struct Inner {
 }
 
 impl RpcConn {
+    /// A connection that presents no token: for clusters without
+    /// authentication (and tests of what an anonymous peer is refused).
     pub async fn connect(addr: &str) -> Result<RpcConn, RpcError> {
+        RpcConn::open(addr, None).await
+    }
+
+    /// A connection that first presents `token` (if any) in a `Hello` and
+    /// waits for the peer to accept it, so a wrong token is reported here,
+    /// as `RpcError::Refused`, not as a later request's closed connection.
+    pub async fn open(addr: &str, token: Option<&Token>) -> Result<RpcConn, RpcError> {
+        let conn = RpcConn::connect_unauthenticated(addr).await?;
+        if let Some(token) = token {
+            let hello = Request::Hello {
+                token: blob(token.as_bytes()),
+            };
+            let reply = conn.call(&hello).await?;
+            if !reply.status.is_ok() {
+                return Err(RpcError::Refused {
+                    addr: addr.to_string(),
+                    status: reply.status,
+                    message: reply.error_message(),
+                });
+            }
+        }
+        Ok(conn)
+    }
+
+    async fn connect_unauthenticated(addr: &str) -> Result<RpcConn, RpcError> {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|source| RpcError::Connect {

@@ -29,6 +29,8 @@ use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use insitu_auth::{Admission, Gate, Session};
+
 use crate::service::Coordinator;
 
 /// After a fatal framing error: how long / how much to drain before closing.
@@ -73,6 +75,8 @@ impl Default for ConnLimits {
 /// What every connection of the coordinator shares.
 pub struct Shared {
     pub limits: ConnLimits,
+    /// Who may connect and send what (`insitu_auth`).
+    gate: Gate,
     /// Bytes of big frames being received (permits = bytes).
     budget: Semaphore,
     /// Idle connections by stamp, oldest first; notifying one closes it.
@@ -82,7 +86,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(limits: ConnLimits) -> anyhow::Result<Shared> {
+    pub fn new(limits: ConnLimits, gate: Gate) -> anyhow::Result<Shared> {
         anyhow::ensure!(
             limits.max_connections > 0,
             "the connection limit must be at least 1"
@@ -93,6 +97,7 @@ impl Shared {
             limits.frame_budget_bytes
         );
         Ok(Shared {
+            gate,
             budget: Semaphore::new(limits.frame_budget_bytes),
             limits,
             idle: Mutex::new(BTreeMap::new()),
@@ -252,6 +257,8 @@ pub async fn serve(
         evict: Arc::new(Notify::new()),
     };
     let mut out = BytesMut::new();
+    // What the connection authenticated as (see `insitu_auth::Gate`).
+    let mut session = Session::default();
     loop {
         out.clear();
         let frame = match reader.next(&shutdown).await {
@@ -329,10 +336,27 @@ pub async fn serve(
                         format!("cannot decode the request: {e}"),
                     );
                 }
-                Ok(request) => match coordinator.handle(request).await {
-                    Ok(response) => encode_reply(&mut out, request_id, &response),
-                    Err(reject) => {
-                        encode_error(&mut out, request_id, reject.status, reject.message)
+                Ok(request) => match shared.gate.admit(&mut session, &request) {
+                    Admission::Proceed => match coordinator.handle(request).await {
+                        Ok(response) => encode_reply(&mut out, request_id, &response),
+                        Err(reject) => {
+                            encode_error(&mut out, request_id, reject.status, reject.message)
+                        }
+                    },
+                    Admission::Welcome { member } => {
+                        encode_reply(&mut out, request_id, &Response::Welcome { member })
+                    }
+                    Admission::Refuse {
+                        status,
+                        message,
+                        close,
+                    } => {
+                        encode_error(&mut out, request_id, status, message);
+                        if close {
+                            debug!(%peer, "closing an unauthenticated connection");
+                            let _ = write(&mut write_half, &out, stall).await;
+                            break;
+                        }
                     }
                 },
             }

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use insitu_auth::Token;
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::Request;
 use tokio::task::JoinSet;
@@ -72,7 +73,12 @@ type Conns = Arc<Mutex<HashMap<String, RpcConn>>>;
 
 /// One ping to `addr` within `timeout` (connecting if needed): whether a
 /// reply came. A failed connection is dropped, so the next ping reconnects.
-async fn ping(conns: Conns, addr: String, timeout: Duration) -> Result<(), String> {
+async fn ping(
+    conns: Conns,
+    token: Option<Token>,
+    addr: String,
+    timeout: Duration,
+) -> Result<(), String> {
     let cached = conns
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -83,7 +89,9 @@ async fn ping(conns: Conns, addr: String, timeout: Duration) -> Result<(), Strin
         let conn = match cached {
             Some(c) => c,
             None => {
-                let c = RpcConn::connect(&addr).await.map_err(|e| e.to_string())?;
+                let c = RpcConn::open(&addr, token.as_ref())
+                    .await
+                    .map_err(|e| e.to_string())?;
                 conns
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -211,8 +219,9 @@ fn round(
         if !w.in_flight {
             w.in_flight = true;
             let (conns, timeout) = (conns.clone(), timing.ping_timeout());
+            let token = coordinator.shards.token().cloned();
             pings.spawn(async move {
-                let result = ping(conns, addr.clone(), timeout).await;
+                let result = ping(conns, token, addr.clone(), timeout).await;
                 (id, addr, result, Instant::now())
             });
         }

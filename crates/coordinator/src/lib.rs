@@ -104,6 +104,7 @@ use crate::store::Store;
 
 pub use crate::conn::ConnLimits;
 pub use crate::store::DB_FILE;
+pub use insitu_auth::Gate;
 
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
@@ -129,6 +130,9 @@ pub struct CoordinatorConfig {
     /// A live server that has answered no ping for this long (and missed at
     /// least two) is declared dead. Default 500 ms.
     pub failure_timeout: Duration,
+    /// Which tokens the coordinator accepts, and the cluster credential it
+    /// presents to servers. `Gate::open()` (the default): no authentication.
+    pub gate: Gate,
 }
 
 /// Most replicas per segment a coordinator accepts: more would multiply
@@ -146,6 +150,7 @@ impl CoordinatorConfig {
             replicas: 2,
             ping_interval: Duration::from_millis(100),
             failure_timeout: Duration::from_millis(500),
+            gate: Gate::open(),
         }
     }
 
@@ -271,7 +276,10 @@ pub async fn start(
         .local_addr()
         .context("coordinator listener has no local address")?;
     config.check()?;
-    let conns = Arc::new(conn::Shared::new(config.limits.clone())?);
+    let conns = Arc::new(conn::Shared::new(
+        config.limits.clone(),
+        config.gate.clone(),
+    )?);
     let dir: PathBuf = config.dir.clone();
     let replicas = config.replicas;
     let (store, model, opened) = tokio::task::spawn_blocking(move || Store::open(&dir, replicas))
@@ -298,7 +306,12 @@ pub async fn start(
             "replicas per segment changed by configuration; segments replicated from now on get the new count"
         );
     }
-    let coordinator = Arc::new(Coordinator::new(store, model, config.rehome_after_servers));
+    let coordinator = Arc::new(Coordinator::new(
+        store,
+        model,
+        config.rehome_after_servers,
+        config.gate.member_token().cloned(),
+    ));
     if config.forget_servers {
         // Committed before the first request is served.
         let dead = coordinator.declare_all_dead().await.map_err(|e| {

@@ -308,7 +308,7 @@ async fn recover_tablet(
         master: dead,
         backups: backups.to_vec(),
     };
-    let recovered = match call_recover(addr, &request).await {
+    let recovered = match call_recover(coord, addr, &request).await {
         Ok(r) => r,
         Err(e) => {
             // It may have installed a Receiving copy (no reply, or a late
@@ -396,8 +396,12 @@ async fn recover_tablet(
 
 /// `RecoverTablet` on a connection of its own (it takes long, and a shard
 /// answers one connection's requests in order).
-async fn call_recover(addr: &str, request: &Request<'_>) -> Result<(u64, u64, u64), String> {
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+async fn call_recover(
+    coord: &Coordinator,
+    addr: &str,
+    request: &Request<'_>,
+) -> Result<(u64, u64, u64), String> {
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, coord.shards.token()))
         .await
         .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
         .map_err(|e| e.to_string())?;

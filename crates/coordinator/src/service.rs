@@ -70,7 +70,14 @@ pub struct Coordinator {
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
 
 impl Coordinator {
-    pub fn new(store: Store, model: Model, rehome_after_servers: usize) -> Coordinator {
+    /// `member_token`: what the coordinator presents to servers (None: no
+    /// authentication).
+    pub fn new(
+        store: Store,
+        model: Model,
+        rehome_after_servers: usize,
+        member_token: Option<insitu_auth::Token>,
+    ) -> Coordinator {
         Coordinator {
             rehome_after_servers,
             reconcile_wake: tokio::sync::Notify::new(),
@@ -80,7 +87,7 @@ impl Coordinator {
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
             move_lock: tokio::sync::Mutex::new(()),
-            shards: ShardPool::default(),
+            shards: ShardPool::new(member_token),
         }
     }
 
@@ -176,7 +183,7 @@ impl Coordinator {
             } => self.move_tablet(table, tablet_index, server_id).await,
             other => Err(Reject::bad(format!(
                 "{} is not a coordinator request",
-                request_name(&other)
+                other.name()
             ))),
         }
     }
@@ -264,48 +271,5 @@ pub(crate) fn validate_addr(addr: &str) -> Result<(), String> {
             Ok(())
         }
         _ => Err("expected host:port with a non-zero port".into()),
-    }
-}
-
-fn request_name(request: &Request<'_>) -> &'static str {
-    match request {
-        Request::Ping => "Ping",
-        Request::Read { .. } => "Read",
-        Request::Write { .. } => "Write",
-        Request::Remove { .. } => "Remove",
-        Request::Increment { .. } => "Increment",
-        Request::MultiRead { .. } => "MultiRead",
-        Request::MultiWrite { .. } => "MultiWrite",
-        Request::MultiRemove { .. } => "MultiRemove",
-        Request::Enumerate { .. } => "Enumerate",
-        Request::ShardStats => "ShardStats",
-        Request::TakeTablet { .. } => "TakeTablet",
-        Request::DropTablet { .. } => "DropTablet",
-        Request::MigrateTablet { .. } => "MigrateTablet",
-        Request::MigrateBatch { .. } => "MigrateBatch",
-        Request::ActivateTablet { .. } => "ActivateTablet",
-        Request::Enlist { .. } => "Enlist",
-        Request::CreateTable { .. } => "CreateTable",
-        Request::DropTable { .. } => "DropTable",
-        Request::CreateIndex { .. } => "CreateIndex",
-        Request::DropIndex { .. } => "DropIndex",
-        Request::OpenTable { .. } => "OpenTable",
-        Request::TableMap { .. } => "TableMap",
-        Request::ListTables => "ListTables",
-        Request::ListServers => "ListServers",
-        Request::MoveTablet { .. } => "MoveTablet",
-        Request::Scan { .. } => "Scan",
-        Request::Query { .. } => "Query",
-        Request::RemoveServer { .. } => "RemoveServer",
-        Request::RecoverTablet { .. } => "RecoverTablet",
-        Request::ServerDown { .. } => "ServerDown",
-        Request::BackupWrite { .. } => "BackupWrite",
-        Request::BackupList { .. } => "BackupList",
-        Request::BackupRead { .. } => "BackupRead",
-        Request::BackupForget { .. } => "BackupForget",
-        Request::TxnPrepare { .. } => "TxnPrepare",
-        Request::TxnDecide { .. } => "TxnDecide",
-        Request::TxnResolve { .. } => "TxnResolve",
-        Request::TxnInquire { .. } => "TxnInquire",
     }
 }

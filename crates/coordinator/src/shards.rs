@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use insitu_auth::Token;
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Request, Status};
 
@@ -37,8 +38,8 @@ impl std::fmt::Display for CallError {
 
 /// A new connection to `addr`, bounded by `CONNECT_TIMEOUT`: shared by the
 /// cached and the one-off connections so both report a failed connect alike.
-async fn connect(addr: &str) -> Result<RpcConn, CallError> {
-    tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
+async fn connect(addr: &str, token: Option<&Token>) -> Result<RpcConn, CallError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, token))
         .await
         .map_err(|_| {
             CallError::Transport(format!(
@@ -67,12 +68,26 @@ async fn call_ok(
     }
 }
 
-#[derive(Default)]
 pub struct ShardPool {
     conns: Mutex<HashMap<String, RpcConn>>,
+    /// The cluster credential, presented on every connection to a server
+    /// (None: the cluster runs without authentication).
+    token: Option<Token>,
 }
 
 impl ShardPool {
+    pub fn new(token: Option<Token>) -> ShardPool {
+        ShardPool {
+            conns: Mutex::default(),
+            token,
+        }
+    }
+
+    /// What the coordinator presents to servers.
+    pub fn token(&self) -> Option<&Token> {
+        self.token.as_ref()
+    }
+
     async fn conn(&self, addr: &str) -> Result<RpcConn, CallError> {
         {
             let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -82,7 +97,7 @@ impl ShardPool {
                 return Ok(conn.clone());
             }
         }
-        let conn = connect(addr).await?;
+        let conn = connect(addr, self.token.as_ref()).await?;
         self.conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -111,7 +126,7 @@ impl ShardPool {
         request: &Request<'_>,
         timeout: Duration,
     ) -> Result<(), CallError> {
-        let conn = connect(addr).await?;
+        let conn = connect(addr, self.token.as_ref()).await?;
         call_ok(&conn, addr, request, timeout).await
     }
 

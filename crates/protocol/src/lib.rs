@@ -60,12 +60,18 @@ pub enum Status {
     /// A transaction did not commit: a key it read changed, or another
     /// transaction holds one of its keys. Run it again.
     Conflict = 23,
+    /// The connection has not presented a token this cluster accepts (or
+    /// presented a wrong one): it is closed after this reply.
+    Unauthenticated = 24,
+    /// A cluster-internal request (tablet control, enlistment, replication)
+    /// from a connection that authenticated with a client token.
+    Forbidden = 25,
 }
 
 impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
-        const ALL: [Status; 24] = [
+        const ALL: [Status; 26] = [
             Ok,
             UnknownTablet,
             ObjectDoesntExist,
@@ -90,6 +96,8 @@ impl Status {
             DataLost,
             CursorExpired,
             Conflict,
+            Unauthenticated,
+            Forbidden,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -126,6 +134,10 @@ impl std::fmt::Display for Status {
             Status::DataLost => "the tablet's objects were lost with its server (no replicas)",
             Status::CursorExpired => "the query's held pages expired; run it again",
             Status::Conflict => "transaction conflict: it did not commit; run it again",
+            Status::Unauthenticated => "authentication failed",
+            Status::Forbidden => {
+                "forbidden: a cluster-internal request needs the cluster credential"
+            }
         };
         f.write_str(s)
     }

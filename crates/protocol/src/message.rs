@@ -177,6 +177,14 @@ pub struct Object<'a> {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum Request<'a> {
     Ping,
+    /// The first request of a connection to a cluster that requires
+    /// authentication: the client token (data and metadata requests) or the
+    /// cluster credential (members: also control requests). Answered
+    /// `Welcome`, or `Unauthenticated` and the connection is closed.
+    Hello {
+        #[serde(borrow)]
+        token: Blob<'a>,
+    },
 
     // ---- data: client -> storage shard ----
     Read {
@@ -451,9 +459,64 @@ pub enum Request<'a> {
     },
 }
 
+/// The request's variant name, for messages (never its contents: a `Hello`
+/// carries a secret).
+impl Request<'_> {
+    pub fn name(&self) -> &'static str {
+        use Request::*;
+        match self {
+            Ping => "Ping",
+            Hello { .. } => "Hello",
+            Read { .. } => "Read",
+            Write { .. } => "Write",
+            Remove { .. } => "Remove",
+            Increment { .. } => "Increment",
+            MultiRead { .. } => "MultiRead",
+            MultiWrite { .. } => "MultiWrite",
+            MultiRemove { .. } => "MultiRemove",
+            Enumerate { .. } => "Enumerate",
+            ShardStats => "ShardStats",
+            TakeTablet { .. } => "TakeTablet",
+            DropTablet { .. } => "DropTablet",
+            MigrateTablet { .. } => "MigrateTablet",
+            MigrateBatch { .. } => "MigrateBatch",
+            ActivateTablet { .. } => "ActivateTablet",
+            RecoverTablet { .. } => "RecoverTablet",
+            ServerDown { .. } => "ServerDown",
+            BackupWrite { .. } => "BackupWrite",
+            BackupList { .. } => "BackupList",
+            BackupRead { .. } => "BackupRead",
+            BackupForget { .. } => "BackupForget",
+            Enlist { .. } => "Enlist",
+            RemoveServer { .. } => "RemoveServer",
+            CreateTable { .. } => "CreateTable",
+            DropTable { .. } => "DropTable",
+            CreateIndex { .. } => "CreateIndex",
+            DropIndex { .. } => "DropIndex",
+            OpenTable { .. } => "OpenTable",
+            TableMap { .. } => "TableMap",
+            ListTables => "ListTables",
+            ListServers => "ListServers",
+            MoveTablet { .. } => "MoveTablet",
+            Scan { .. } => "Scan",
+            Query { .. } => "Query",
+            TxnPrepare { .. } => "TxnPrepare",
+            TxnDecide { .. } => "TxnDecide",
+            TxnResolve { .. } => "TxnResolve",
+            TxnInquire { .. } => "TxnInquire",
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum Response<'a> {
     Pong,
+    /// `Hello` accepted. `member`: the connection may send cluster-internal
+    /// requests (it presented the cluster credential, or the cluster runs
+    /// without authentication).
+    Welcome {
+        member: bool,
+    },
     /// The body of every reply whose header status is not `Ok`.
     Error {
         message: String,

@@ -133,7 +133,9 @@ fn status_codes_round_trip() {
     assert_eq!(Status::from_u16(21), Some(Status::DataLost));
     assert_eq!(Status::from_u16(22), Some(Status::CursorExpired));
     assert_eq!(Status::from_u16(23), Some(Status::Conflict));
-    assert_eq!(Status::from_u16(24), None);
+    assert_eq!(Status::from_u16(24), Some(Status::Unauthenticated));
+    assert_eq!(Status::from_u16(25), Some(Status::Forbidden));
+    assert_eq!(Status::from_u16(26), None);
 }
 
 proptest! {

@@ -31,10 +31,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bytes::{Buf, BytesMut};
+use insitu_auth::{Admission, Gate, Session};
 use insitu_backup::service::{Outcome, answer_without_store};
 use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncMode};
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
-use insitu_protocol::{FrameKind, Status, decode_request, encode_error};
+use insitu_protocol::{FrameKind, Response, Status, decode_request, encode_error, encode_response};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -65,6 +66,8 @@ pub struct BackupSettings {
     /// Disk bytes the replica files may take (u64::MAX: only the disk limits).
     pub disk_budget_bytes: u64,
     pub limits: ConnLimits,
+    /// Who may connect (backup requests need the cluster credential).
+    pub gate: Gate,
 }
 
 type Service = BackupService<FsIo>;
@@ -141,6 +144,8 @@ pub fn open_store(dir: &Path, cluster: u64, settings: &BackupSettings) -> anyhow
 /// What the connections of the backup port share (all on its thread).
 struct Shared {
     limits: ConnLimits,
+    /// Only cluster members may send backup requests (`insitu_auth`).
+    gate: Gate,
     budget: FrameBudget,
     jobs: mpsc::UnboundedSender<Job>,
     connections: Cell<usize>,
@@ -169,6 +174,7 @@ fn run(
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
     let shared = Rc::new(Shared {
         limits: settings.limits.clone(),
+        gate: settings.gate.clone(),
         budget: FrameBudget::new(FRAME_BUDGET_BYTES),
         jobs: jobs_tx,
         connections: Cell::new(0),
@@ -391,6 +397,8 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<Option
     let mut frame_started: Option<Instant> = None;
     let mut last_active = Instant::now();
     let evict = Rc::new(Notify::new());
+    // What the connection authenticated as (see `insitu_auth::Gate`).
+    let mut session = Session::default();
     loop {
         let mut job = Vec::new();
         let mut need = HEADER_BYTES;
@@ -424,7 +432,29 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<Option
                 })
             } else {
                 match decode_request(&body) {
-                    Ok(r) => answer_without_store(&r),
+                    Ok(r) => match shared.gate.admit(&mut session, &r) {
+                        Admission::Proceed => answer_without_store(&r),
+                        Admission::Welcome { member } => {
+                            let welcome = Response::Welcome { member };
+                            // A two-byte body always fits a frame.
+                            let _ =
+                                encode_response(&mut wbuf, header.request_id, Status::Ok, &welcome);
+                            continue;
+                        }
+                        Admission::Refuse {
+                            status,
+                            message,
+                            close,
+                        } => {
+                            encode_error(&mut wbuf, header.request_id, status, message);
+                            if close {
+                                crate::conn::write(&mut stream, &wbuf, limits.stall_timeout)
+                                    .await?;
+                                return Ok(Some(Closed::Unauthenticated));
+                            }
+                            continue;
+                        }
+                    },
                     Err(e) => Some(Outcome::Refused {
                         status: Status::BadRequest,
                         message: format!("malformed request: {e}"),

@@ -25,6 +25,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use insitu_auth::Session;
+
 use crate::handler;
 use crate::limits::Closed;
 use crate::shard::ShardState;
@@ -47,6 +49,8 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
     let evict = Rc::new(Notify::new());
     // Whether a reply in `wbuf` may show data (see `handler::handle`).
     let mut exposes = false;
+    // What the connection authenticated as (see `insitu_auth::Gate`).
+    let mut session = Session::default();
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
         let mut pending: Option<usize> = None;
@@ -85,7 +89,16 @@ pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result
                 );
                 continue;
             }
-            exposes |= handler::handle(state, header.request_id, body, &mut wbuf).await;
+            let handled =
+                handler::handle(state, &mut session, header.request_id, body, &mut wbuf).await;
+            exposes |= handled.exposes;
+            if handled.close {
+                // Refused at the gate: say why, then close (nothing after
+                // this frame is read).
+                replies_durable(state, &mut exposes).await?;
+                write(&mut stream, &wbuf, limits.stall_timeout).await?;
+                return Ok(Some(Closed::Unauthenticated));
+            }
             // Don't let a long pipeline of big replies pile up unbounded.
             if wbuf.len() >= MAX_BODY_BYTES {
                 replies_durable(state, &mut exposes).await?;

@@ -8,6 +8,8 @@ use insitu_protocol::{
     blob, decode_request, encode_error, encode_response, frame::MAX_BODY_BYTES,
 };
 
+use insitu_auth::{Admission, Session};
+
 use crate::shard::{ShardState, TabletMeta};
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
@@ -102,12 +104,31 @@ fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, Engine
     }
 }
 
-/// Handle one request frame. Returns whether its reply may show data (so
-/// it must wait until the shard's changes are replicated, `conn.rs`): every
-/// request but the coordinator's tablet administration, which must not wait
-/// (a server's first `TakeTablet` comes before it knows its cluster and R)
-/// and exposes nothing (a new tablet is empty until clients write to it).
-pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut) -> bool {
+/// What `handle` tells the connection loop about one request frame.
+pub struct Handled {
+    /// Whether its reply may show data (so it must wait until the shard's
+    /// changes are replicated, `conn.rs`): every request but the
+    /// coordinator's tablet administration, which must not wait (a server's
+    /// first `TakeTablet` comes before it knows its cluster and R) and
+    /// exposes nothing (a new tablet is empty until clients write to it).
+    pub exposes: bool,
+    /// Close the connection after the reply (failed authentication).
+    pub close: bool,
+}
+
+/// Handle one request frame: decode it, pass it through the server's
+/// authentication gate (`session` is the connection's state there), serve it.
+pub async fn handle(
+    state: &ShardState,
+    session: &mut Session,
+    id: u64,
+    body: &[u8],
+    out: &mut BytesMut,
+) -> Handled {
+    let quiet = Handled {
+        exposes: false,
+        close: false,
+    };
     let request = match decode_request(body) {
         Ok(r) => r,
         Err(e) => {
@@ -117,9 +138,27 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
                 Status::BadRequest,
                 format!("cannot decode request: {e}"),
             );
-            return false;
+            return quiet;
         }
     };
+    match state.gate.admit(session, &request) {
+        Admission::Proceed => {}
+        Admission::Welcome { member } => {
+            reply(out, id, &Response::Welcome { member });
+            return quiet;
+        }
+        Admission::Refuse {
+            status,
+            message,
+            close,
+        } => {
+            encode_error(out, id, status, message);
+            return Handled {
+                exposes: false,
+                close,
+            };
+        }
+    }
     let exposes = !matches!(
         request,
         Request::Ping
@@ -130,7 +169,10 @@ pub async fn handle(state: &ShardState, id: u64, body: &[u8], out: &mut BytesMut
             | Request::TxnInquire { .. }
     ) && !is_two_phase_prepare(&request);
     dispatch(state, id, request, out).await;
-    exposes
+    Handled {
+        exposes,
+        close: false,
+    }
 }
 
 /// A prepare that does not commit at once writes nothing and shows nothing
@@ -144,6 +186,9 @@ fn is_two_phase_prepare(request: &Request<'_>) -> bool {
 async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut BytesMut) {
     match request {
         Request::Ping => reply(out, id, &Response::Pong),
+        // `handle` answers every `Hello` at the gate; this arm only keeps the
+        // match exhaustive.
+        Request::Hello { .. } => reply(out, id, &Response::Welcome { member: false }),
         Request::Read { table, key } => {
             if let Err(s) = admit(state, table, key, false) {
                 return encode_error(out, id, s, s.to_string());

@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use insitu_auth::Gate;
 use insitu_client::rpc::RpcConn;
 use insitu_engine::EngineConfig;
 use insitu_protocol::{Request, Response, Status};
@@ -82,6 +83,10 @@ pub struct ServerConfig {
     pub backup_disk_budget_bytes: u64,
     /// Replication to backups: timeouts, back-off, and what a fence does.
     pub replication: ReplicationConfig,
+    /// Which tokens this server accepts, and the cluster credential it
+    /// presents to the coordinator and its peers. `Gate::open()`: no
+    /// authentication (every connection may send every request).
+    pub gate: Gate,
 }
 
 impl ServerConfig {
@@ -103,6 +108,7 @@ impl ServerConfig {
             sync_interval: Duration::from_secs(1),
             backup_disk_budget_bytes: u64::MAX,
             replication: ReplicationConfig::default(),
+            gate: Gate::open(),
         }
     }
 }
@@ -186,7 +192,8 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
     let (stop_tx, stop_rx) = watch::channel(false);
     // Created before the shards start; it learns the cluster identity once
     // this server has enlisted (replies wait for it when they must).
-    let replication = replicate::ServerReplication::new(config.replication.clone());
+    let replication =
+        replicate::ServerReplication::new(config.replication.clone(), config.gate.clone());
     let mut listeners = Vec::with_capacity(config.shards);
     for i in 0..config.shards {
         let port = if config.base_port == 0 {
@@ -226,6 +233,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         sync_interval: config.sync_interval,
         disk_budget_bytes: config.backup_disk_budget_bytes,
         limits: config.limits.clone(),
+        gate: config.gate.clone(),
     };
     let started = backup_service::start(
         &config.host,
@@ -369,10 +377,17 @@ async fn enlist_once(
     identity: String,
 ) -> Result<Enlisted, EnlistError> {
     const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-    let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::connect(&config.coordinator))
+    let token = config.gate.member_token();
+    let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::open(&config.coordinator, token))
         .await
         .map_err(|_| EnlistError::Unreachable(anyhow::anyhow!("connecting timed out")))?
-        .map_err(|e| EnlistError::Unreachable(e.into()))?;
+        .map_err(|e| match e {
+            // A refused token is final: retrying cannot make it right.
+            insitu_client::RpcError::Refused { .. } => EnlistError::Refused(anyhow::anyhow!(
+                "{e}; give this server the cluster's --cluster-token-file and --auth-token-file"
+            )),
+            e => EnlistError::Unreachable(e.into()),
+        })?;
     let request = Request::Enlist {
         shard_addrs,
         identity,

@@ -50,6 +50,8 @@ pub enum Closed {
     Stalled,
     Evicted,
     NoRoom,
+    /// No token, or a wrong one (`insitu_auth::Gate`).
+    Unauthenticated,
 }
 
 /// The bytes a shard may buffer for big frames being received.

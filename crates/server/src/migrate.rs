@@ -121,15 +121,18 @@ async fn copy_out(
             .unwrap_or(1);
         (cursor, next_version)
     };
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(dest_addr))
-        .await
-        .map_err(|_| {
-            (
-                Status::Internal,
-                format!("cannot connect to {dest_addr}: timed out after {CONNECT_TIMEOUT:?}"),
-            )
-        })?
-        .map_err(|e| (Status::Internal, e.to_string()))?;
+    let conn = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        RpcConn::open(dest_addr, state.gate.member_token()),
+    )
+    .await
+    .map_err(|_| {
+        (
+            Status::Internal,
+            format!("cannot connect to {dest_addr}: timed out after {CONNECT_TIMEOUT:?}"),
+        )
+    })?
+    .map_err(|e| (Status::Internal, e.to_string()))?;
     let mut sent = 0usize;
     let mut batches = 0usize;
     // Always send at least one batch so the destination learns next_version.

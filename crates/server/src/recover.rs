@@ -124,7 +124,7 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
     let _in_progress = InProgress { state, key };
     check_not_serving(state, req.table, req.start_hash)?;
     let cluster = cluster_id(state);
-    let (conns, listed) = list_all(&req.backups, cluster, req.master).await;
+    let (conns, listed) = list_all(state, &req.backups, cluster, req.master).await;
     let mut plans = plan_segments(&listed, req.table, req.start_hash);
     let unreachable = conns.iter().filter(|c| c.is_none()).count();
     if unreachable > 0 {
@@ -289,11 +289,17 @@ fn install(
 /// `BackupList{fence: true}` on every backup in parallel: a connection and
 /// the replicas of each backup that answered (`None`: skipped, logged).
 async fn list_all(
+    state: &ShardState,
     backups: &[String],
     cluster: u64,
     master: u64,
 ) -> (Vec<Option<RpcConn>>, Vec<Vec<ReplicaInfo>>) {
-    let answers = join_all(backups.iter().map(|addr| list_one(addr, cluster, master))).await;
+    let answers = join_all(
+        backups
+            .iter()
+            .map(|addr| list_one(state, addr, cluster, master)),
+    )
+    .await;
     let mut conns = Vec::with_capacity(backups.len());
     let mut listed = Vec::with_capacity(backups.len());
     for (addr, answer) in backups.iter().zip(answers) {
@@ -313,14 +319,18 @@ async fn list_all(
 }
 
 async fn list_one(
+    state: &ShardState,
     addr: &str,
     cluster: u64,
     master: u64,
 ) -> Result<(RpcConn, Vec<ReplicaInfo>), String> {
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::connect(addr))
-        .await
-        .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())?;
+    let conn = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        RpcConn::open(addr, state.gate.member_token()),
+    )
+    .await
+    .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
+    .map_err(|e| e.to_string())?;
     let request = Request::BackupList {
         cluster,
         master,

@@ -108,6 +108,8 @@ pub struct ShardState {
     pub repl: crate::replicate::Replicator,
     /// Transactions prepared here, their locks and the decisions kept (`txn.rs`).
     pub txns: crate::txn::ShardTxns,
+    /// Who may send what here (`insitu_auth`); checked on every request.
+    pub gate: insitu_auth::Gate,
 }
 
 impl ShardState {
@@ -155,6 +157,7 @@ pub fn run_shard(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut fenced = replication.fenced_watch();
+    let gate = replication.gate.clone();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -190,6 +193,7 @@ pub fn run_shard(
         recovering: RefCell::new(HashSet::new()),
         repl: crate::replicate::Replicator::new(replication),
         txns: crate::txn::ShardTxns::default(),
+        gate,
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {

@@ -258,7 +258,7 @@ async fn resolve_as_primary(state: &ShardState, txn: TxnId) -> Result<bool, Stri
     };
     let mut all_prepared = true;
     for addr in &others {
-        let phase = match peer_call(addr, &Request::TxnInquire { txn }).await? {
+        let phase = match peer_call(state, addr, &Request::TxnInquire { txn }).await? {
             Response::TxnPhase(p) => p,
             other => return Err(format!("{addr} answered {other:?} to TxnInquire")),
         };
@@ -312,9 +312,19 @@ fn decide_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
 }
 
 /// One request to another participant, with a bound on its time.
-async fn peer_call(addr: &str, request: &Request<'_>) -> Result<Response<'static>, String> {
+///
+/// It presents the *client* token, not the cluster credential: the address
+/// came from a client's `TxnPrepare`, so it may be anyone's, and a member
+/// credential sent there would be handed to whoever listens.
+async fn peer_call(
+    state: &ShardState,
+    addr: &str,
+    request: &Request<'_>,
+) -> Result<Response<'static>, String> {
     let call = async {
-        let conn = RpcConn::connect(addr).await.map_err(|e| e.to_string())?;
+        let conn = RpcConn::open(addr, state.gate.client_token())
+            .await
+            .map_err(|e| e.to_string())?;
         let reply = conn.call(request).await.map_err(|e| e.to_string())?;
         if reply.status != Status::Ok {
             return Err(format!("{}: {}", reply.status, reply.error_message()));
@@ -358,7 +368,7 @@ pub async fn sweep(state: Rc<ShardState>) {
             };
             let outcome = match &primary {
                 None => resolve_as_primary(&state, txn).await,
-                Some(addr) => match peer_call(addr, &Request::TxnResolve { txn }).await {
+                Some(addr) => match peer_call(&state, addr, &Request::TxnResolve { txn }).await {
                     Ok(Response::TxnDecided { committed }) => {
                         Ok(decide_and_apply(&state, txn, committed))
                     }

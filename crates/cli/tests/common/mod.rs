@@ -137,6 +137,14 @@ pub fn cli(cluster: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `cli` presenting the client token in `token_file` (`--auth-token-file`).
+pub fn cli_with_token(cluster: &str, token_file: &Path, args: &[&str]) -> (i32, String, String) {
+    let file = token_file.to_str().expect("utf-8 path");
+    let mut all = vec!["--auth-token-file", file];
+    all.extend_from_slice(args);
+    cli(cluster, &all)
+}
+
 /// The runtime the tests drive their clients on.
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -167,6 +175,9 @@ pub fn start_up(servers: usize, memory_mb: usize) -> (Proc, String, String, temp
             data.to_str().expect("utf-8 path"),
             "--memory-mb",
             &memory_mb.to_string(),
+            // These tests are about the commands, not authentication
+            // (`auth.rs` and `restart.rs` run `up` with it on).
+            "--no-auth",
         ],
         "insitu is up",
     );

@@ -24,6 +24,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use insitu_auth::Gate;
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Request, Response, Status};
 use tokio::sync::{Notify, watch};
@@ -90,6 +91,11 @@ pub struct ClusterIdentity {
 /// Shared by every shard of one server (across threads).
 pub struct ServerReplication {
     pub config: ReplicationConfig,
+    /// Who may connect to this server and what it presents to its peers
+    /// (the cluster credential, on every connection to a backup). Kept here
+    /// because this is the one object every shard and the backup service
+    /// share.
+    pub gate: Gate,
     /// Set once after enlisting; shards wait for it before replicating.
     identity: watch::Sender<Option<Arc<ClusterIdentity>>>,
     /// Set when a backup answered `Fenced` (and the process did not exit):
@@ -98,9 +104,10 @@ pub struct ServerReplication {
 }
 
 impl ServerReplication {
-    pub fn new(config: ReplicationConfig) -> Arc<ServerReplication> {
+    pub fn new(config: ReplicationConfig, gate: Gate) -> Arc<ServerReplication> {
         Arc::new(ServerReplication {
             config,
+            gate,
             identity: watch::channel(None).0,
             fenced: watch::channel(false).0,
         })
@@ -478,7 +485,8 @@ async fn connect(repl: &Replicator, addr: &Rc<str>) -> Result<RpcConn, SendError
         return Ok(c.clone());
     }
     let timeout = repl.shared.config.call_timeout;
-    let conn = match tokio::time::timeout(timeout, RpcConn::connect(addr)).await {
+    let token = repl.shared.gate.member_token();
+    let conn = match tokio::time::timeout(timeout, RpcConn::open(addr, token)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return Err(SendError::Failed(e.to_string())),
         Err(_) => {
