@@ -36,6 +36,10 @@ pub struct UpArgs {
     /// (DIR/cluster-token) on first start and requires them.
     #[arg(long)]
     no_auth: bool,
+    /// Serve Prometheus metrics (`/metrics`) and the cluster's status page
+    /// (`/`, for a browser) over HTTP on this port of 127.0.0.1.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
 }
 
 #[derive(clap::Args)]
@@ -58,6 +62,10 @@ pub struct CoordinatorArgs {
     failure_timeout_ms: u64,
     #[command(flatten)]
     auth: RoleAuthArgs,
+    /// Serve Prometheus metrics (`/metrics`) and the cluster's status page
+    /// (`/`) over HTTP on this port of --host.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
 }
 
 #[derive(clap::Args)]
@@ -111,6 +119,10 @@ pub struct ServerArgs {
     backup_port: Option<u16>,
     #[command(flatten)]
     auth: RoleAuthArgs,
+    /// Serve this server's Prometheus metrics (`/metrics`) over HTTP on this
+    /// port of --host.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
 }
 
 /// `--sync`: see `ServerArgs::sync`.
@@ -145,6 +157,21 @@ fn default_up_replicas(servers: usize) -> u32 {
     u32::try_from(servers.saturating_sub(1))
         .unwrap_or(2)
         .clamp(1, 2)
+}
+
+/// Bind the metrics port and serve it in the background; returns its URL.
+async fn start_metrics(
+    host: &str,
+    port: u16,
+    page: Option<insitu_telemetry::http::StatusPage>,
+) -> anyhow::Result<String> {
+    insitu_telemetry::recorder();
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("--metrics-port: cannot listen on {host}:{port}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(insitu_telemetry::http::serve(listener, page));
+    Ok(url)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -227,6 +254,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         config.replicas = args.replicas.unwrap_or(default_up_replicas(args.servers));
         config.gate = gate.clone();
         let coordinator = insitu_coordinator::start(config, listener).await?;
+        let metrics_url = match args.metrics_port {
+            Some(port) => Some(start_metrics("127.0.0.1", port, Some(coordinator.status_page())).await?),
+            None => None,
+        };
         let kept = coordinator.awaiting_recovery_table_names();
         let replicas = coordinator.replicas();
         let addr = coordinator.addr().to_string();
@@ -256,6 +287,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
                 println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
             }
         }
+        if let Some(url) = &metrics_url {
+            println!("  metrics at {url}/metrics, status page at {url}/");
+        }
         println!("  Ctrl-C to stop.");
         wait_for_stop().await?;
         eprintln!("shutting down...");
@@ -279,12 +313,19 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
         config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
         config.gate = gate;
         let handle = insitu_coordinator::start(config, listener).await?;
+        let metrics_url = match args.metrics_port {
+            Some(port) => Some(start_metrics(&args.host, port, Some(handle.status_page())).await?),
+            None => None,
+        };
         println!(
             "insitu coordinator at {}, metadata in {}, {}",
             handle.addr(),
             args.dir.display(),
             replicas_note(handle.replicas())
         );
+        if let Some(url) = &metrics_url {
+            println!("metrics at {url}/metrics, status page at {url}/");
+        }
         wait_for_stop().await?;
         handle.shutdown().await;
         Ok(())
@@ -305,6 +346,10 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         config.replace = args.replace;
         config.gate = gate;
         apply_backup_flags(&mut config, &args)?;
+        let metrics_url = match args.metrics_port {
+            Some(port) => Some(start_metrics(&args.host, port, None).await?),
+            None => None,
+        };
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();
         println!(
@@ -313,6 +358,9 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             addrs.join(" "),
             handle.backup_addr
         );
+        if let Some(url) = &metrics_url {
+            println!("metrics at {url}/metrics");
+        }
         wait_for_stop().await?;
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;
         Ok(())

@@ -113,23 +113,7 @@ fn up_requires_its_token_on_every_port_and_keeps_control_requests_for_members() 
     let data = dir.path().join("data");
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let (_up, _) = start(
-        "up",
-        &[
-            "up",
-            "--servers",
-            "2",
-            "--shards",
-            "1",
-            "--port",
-            &port.to_string(),
-            "--dir",
-            data.to_str().unwrap(),
-            "--memory-mb",
-            "128",
-        ],
-        "insitu is up",
-    );
+    let _up = common::start_up_with(2, port, &data, &[], "insitu is up");
     let client_file = data.join("auth-token");
     let client_token = token(&client_file);
     let member_token = token(&data.join("cluster-token"));

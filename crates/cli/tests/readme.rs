@@ -11,8 +11,8 @@
 //!   the client commands get `INSITU_CLUSTER=127.0.0.1:P` in their environment
 //!   (and an explicit `--cluster 127.0.0.1:7070` becomes `127.0.0.1:P`),
 //!   the multi-machine block's coordinator port 7070 becomes a second free port
-//!   and the server's `--port 7100` becomes `--port 0` (free ports), since
-//!   tests must not take fixed ports;
+//!   and the server's `--port 7100` becomes `--port 0` (free ports), and a
+//!   `--metrics-port` a free port, since tests must not take fixed ports;
 //! - the multi-machine paths under /var/lib/insitu become a temporary
 //!   directory (a test may not write there);
 //! - the client token: as the README tells the reader to export
@@ -141,6 +141,13 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
     }
     if role == "coordinator" {
         line = line.replace("--port 7070", &format!("--port {}", ctx.coordinator_port));
+    }
+    if let Some((before, after)) = line.split_once("--metrics-port ") {
+        // A fixed metrics port becomes a free one.
+        let rest = after.split_once(' ').map_or("", |(_, r)| r);
+        line = format!("{before}--metrics-port {} {rest}", free_port())
+            .trim_end()
+            .to_string();
     }
     if ready_marker(role).is_none() {
         // An explicit --cluster at the default address points at this test's `up`.

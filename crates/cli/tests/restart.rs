@@ -39,23 +39,10 @@ impl Up {
 /// Start `insitu up` on `dir` and `port`; wait until it printed its last
 /// start-up line ("Ctrl-C to stop"). Retries while the port is still taken.
 fn start_up(dir: &Path, port: u16) -> Up {
-    let port = port.to_string();
     let started = Instant::now();
     loop {
         let mut child = Command::new(insitu_bin())
-            .args([
-                "up",
-                "--servers",
-                "2",
-                "--shards",
-                "1",
-                "--port",
-                &port,
-                "--dir",
-                dir.to_str().unwrap(),
-                "--memory-mb",
-                "256",
-            ])
+            .args(common::up_args(2, port, dir, 256, &[]))
             .env("INSITU_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -337,12 +337,18 @@ pub async fn serve(
                     );
                 }
                 Ok(request) => match shared.gate.admit(&mut session, &request) {
-                    Admission::Proceed => match coordinator.handle(request).await {
-                        Ok(response) => encode_reply(&mut out, request_id, &response),
-                        Err(reject) => {
-                            encode_error(&mut out, request_id, reject.status, reject.message)
+                    Admission::Proceed => {
+                        let kind = request.name();
+                        let started = Instant::now();
+                        let handled = coordinator.handle(request).await;
+                        crate::metrics::record(kind, handled.as_ref().err(), started.elapsed());
+                        match handled {
+                            Ok(response) => encode_reply(&mut out, request_id, &response),
+                            Err(reject) => {
+                                encode_error(&mut out, request_id, reject.status, reject.message)
+                            }
                         }
-                    },
+                    }
                     Admission::Welcome { member } => {
                         encode_reply(&mut out, request_id, &Response::Welcome { member })
                     }
@@ -351,6 +357,8 @@ pub async fn serve(
                         message,
                         close,
                     } => {
+                        let refusal = crate::service::Reject::new(status, "");
+                        crate::metrics::record(request.name(), Some(&refusal), Duration::ZERO);
                         encode_error(&mut out, request_id, status, message);
                         if close {
                             debug!(%peer, "closing an unauthenticated connection");

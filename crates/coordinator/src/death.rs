@@ -189,10 +189,12 @@ impl Coordinator {
                 match recovery::recover_server(self, id).await {
                     Ok(_summary) => {
                         recovered = true;
+                        metrics::counter!("insitu_recoveries_total").increment(1);
                         info!(server_id = id, "dead server's tablets recovered");
                     }
                     Err(e) => {
                         failed = true;
+                        metrics::counter!("insitu_recovery_failures_total").increment(1);
                         warn!(
                             server_id = id,
                             "recovering the tablets of dead server failed, will retry: {e:#}"

@@ -76,12 +76,14 @@ mod conn;
 mod death;
 mod failure;
 mod membership;
+mod metrics;
 mod model;
 mod moves;
 mod reconcile;
 mod recovery;
 mod service;
 mod shards;
+mod status_page;
 mod store;
 mod tables;
 
@@ -188,11 +190,24 @@ pub struct CoordinatorHandle {
     detector: JoinHandle<()>,
     /// Recovers the tablets of dead servers (`death.rs`).
     recoverer: JoinHandle<()>,
+    /// Copies the cluster's shape into the metrics recorder (`metrics.rs`).
+    publisher: JoinHandle<()>,
+    /// Request-rate readings of the status page (`status_page.rs`).
+    rates: Arc<status_page::Rates>,
 }
 
 impl CoordinatorHandle {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The status page renderer, for the metrics port (`GET /`).
+    pub fn status_page(&self) -> insitu_telemetry::http::StatusPage {
+        let (coordinator, rates) = (self.coordinator.clone(), self.rates.clone());
+        Arc::new(move || {
+            let (coordinator, rates) = (coordinator.clone(), rates.clone());
+            Box::pin(async move { status_page::render(&coordinator, &rates).await })
+        })
     }
 
     /// Bytes held right now by partly received big frames (at most
@@ -232,7 +247,12 @@ impl CoordinatorHandle {
         self.shutdown.cancel();
         // Every step of reconciliation, detection and recovery is safe to
         // stop and repeat.
-        for task in [self.reconciler, self.detector, self.recoverer] {
+        for task in [
+            self.reconciler,
+            self.detector,
+            self.recoverer,
+            self.publisher,
+        ] {
             task.abort();
             let _ = task.await;
         }
@@ -248,7 +268,13 @@ impl CoordinatorHandle {
     /// released, so a new coordinator can open the same directory.
     #[doc(hidden)]
     pub async fn crash(self) {
-        for task in [self.reconciler, self.detector, self.recoverer, self.task] {
+        for task in [
+            self.reconciler,
+            self.detector,
+            self.recoverer,
+            self.publisher,
+            self.task,
+        ] {
             task.abort();
             let _ = task.await;
         }
@@ -346,6 +372,7 @@ pub async fn start(
     // Dead servers on record (from a previous run or `forget_servers`) are
     // recovered as soon as enough servers are live.
     let recoverer = tokio::spawn(death::run_recoverer(coordinator.clone(), shutdown.clone()));
+    let publisher = tokio::spawn(metrics::publish(coordinator.clone(), shutdown.clone()));
     let task = tokio::spawn(accept_loop(
         listener,
         coordinator.clone(),
@@ -361,6 +388,8 @@ pub async fn start(
         reconciler,
         detector,
         recoverer,
+        publisher,
+        rates: Arc::default(),
     })
 }
 

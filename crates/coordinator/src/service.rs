@@ -180,7 +180,12 @@ impl Coordinator {
                 table,
                 tablet_index,
                 server_id,
-            } => self.move_tablet(table, tablet_index, server_id).await,
+            } => {
+                let moved = self.move_tablet(table, tablet_index, server_id).await;
+                let outcome = if moved.is_ok() { "moved" } else { "failed" };
+                metrics::counter!("insitu_tablet_moves_total", "outcome" => outcome).increment(1);
+                moved
+            }
             other => Err(Reject::bad(format!(
                 "{} is not a coordinator request",
                 other.name()

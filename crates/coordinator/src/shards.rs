@@ -116,6 +116,30 @@ impl ShardPool {
         call_ok(&conn, addr, request, timeout).await
     }
 
+    /// `ShardStats` of the shard at `addr`, within `timeout`.
+    pub async fn shard_stats(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<insitu_protocol::ShardStats, CallError> {
+        let conn = self.conn(addr).await?;
+        let reply = conn
+            .call_timeout(&Request::ShardStats, timeout)
+            .await
+            .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
+        if !reply.status.is_ok() {
+            return Err(CallError::Rejected(reply.status, reply.error_message()));
+        }
+        match reply.decode() {
+            Ok(insitu_protocol::Response::ShardStats(stats)) => Ok(stats),
+            Ok(other) => Err(CallError::Transport(format!(
+                "{addr}: unexpected reply to ShardStats: {}",
+                response_name(&other)
+            ))),
+            Err(e) => Err(CallError::Transport(format!("{addr}: {e}"))),
+        }
+    }
+
     /// Like `call`, on a connection of its own that is closed afterwards: for
     /// a long request (a migration), which would otherwise hold up every
     /// later request to `addr` on the shared connection, since a shard
@@ -143,4 +167,13 @@ impl ShardPool {
     pub fn clear(&self) {
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
+}
+
+/// A reply's kind, for messages.
+fn response_name(r: &insitu_protocol::Response<'_>) -> String {
+    let text = format!("{r:?}");
+    text.split([' ', '(', '{'])
+        .next()
+        .unwrap_or("?")
+        .to_string()
 }

@@ -148,6 +148,9 @@ pub struct ShardStats {
     pub memory_budget_bytes: u64,
     pub segment_bytes: u64,
     pub live_bytes: u64,
+    /// Requests the shard has handled since it started (the status page
+    /// derives request rates from two readings).
+    pub requests: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

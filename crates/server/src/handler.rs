@@ -5,7 +5,8 @@ use bytes::BytesMut;
 use insitu_engine::{EngineError, HashRange, key_hash};
 use insitu_protocol::{
     Number, Object, RejectRules, Request, Response, ShardStats, Status, TabletStat, TabletState,
-    blob, decode_request, encode_error, encode_response, frame::MAX_BODY_BYTES,
+    blob, decode_request, encode_error, encode_response,
+    frame::{MAX_BODY_BYTES, check_header},
 };
 
 use insitu_auth::{Admission, Session};
@@ -152,6 +153,9 @@ pub async fn handle(
             message,
             close,
         } => {
+            state
+                .metrics
+                .record(request.name(), status, std::time::Duration::ZERO);
             encode_error(out, id, status, message);
             return Handled {
                 exposes: false,
@@ -168,7 +172,17 @@ pub async fn handle(
             | Request::ServerDown { .. }
             | Request::TxnInquire { .. }
     ) && !is_two_phase_prepare(&request);
+    let kind = request.name();
+    let _running = matches!(request, Request::Scan { .. } | Request::Query { .. })
+        .then(|| state.metrics.scan_started());
+    let started = std::time::Instant::now();
+    let reply_at = out.len();
     dispatch(state, id, request, out).await;
+    let status = match check_header(&out[reply_at..], usize::MAX) {
+        Ok(Some((header, _))) => header.status,
+        _ => Status::Internal,
+    };
+    state.metrics.record(kind, status, started.elapsed());
     Handled {
         exposes,
         close: false,
@@ -285,6 +299,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                     memory_budget_bytes: mem.budget_bytes,
                     segment_bytes: mem.segment_bytes,
                     live_bytes: mem.live_bytes,
+                    requests: state.metrics.total_requests(),
                 }),
             )
         }

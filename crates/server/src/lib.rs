@@ -12,6 +12,7 @@ mod held;
 mod hold;
 mod identity;
 mod limits;
+mod metrics;
 mod migrate;
 mod multi;
 mod query;

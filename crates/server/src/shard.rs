@@ -110,6 +110,8 @@ pub struct ShardState {
     pub txns: crate::txn::ShardTxns,
     /// Who may send what here (`insitu_auth`); checked on every request.
     pub gate: insitu_auth::Gate,
+    /// Request counters and latency for the metrics port (`metrics.rs`).
+    pub metrics: crate::metrics::ShardMetrics,
 }
 
 impl ShardState {
@@ -158,6 +160,10 @@ pub fn run_shard(
 ) {
     let mut fenced = replication.fenced_watch();
     let gate = replication.gate.clone();
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| format!("shard-{index}"));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -194,6 +200,7 @@ pub fn run_shard(
         repl: crate::replicate::Replicator::new(replication),
         txns: crate::txn::ShardTxns::default(),
         gate,
+        metrics: crate::metrics::ShardMetrics::new(addr),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -208,6 +215,7 @@ pub fn run_shard(
         tokio::task::spawn_local(crate::held::sweep(state.clone()));
         tokio::task::spawn_local(crate::sindex::keep_up(state.clone()));
         tokio::task::spawn_local(crate::txn::sweep(state.clone()));
+        tokio::task::spawn_local(crate::metrics::publish(state.clone()));
         loop {
             tokio::select! {
                 _ = stop.changed() => break,

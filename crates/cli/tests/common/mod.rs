@@ -154,6 +154,42 @@ pub fn rt() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// `insitu up`'s arguments for a test cluster: `servers` servers of one
+/// shard and `memory_mb` each, on `port`, data under `data`, then `extra`.
+pub fn up_args(
+    servers: usize,
+    port: u16,
+    data: &Path,
+    memory_mb: usize,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "up",
+        "--servers",
+        &servers.to_string(),
+        "--shards",
+        "1",
+        "--port",
+        &port.to_string(),
+        "--dir",
+        data.to_str().expect("utf-8 path"),
+        "--memory-mb",
+        &memory_mb.to_string(),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Start `insitu up` with `up_args` and wait for the line containing `ready`.
+pub fn start_up_with(servers: usize, port: u16, data: &Path, extra: &[&str], ready: &str) -> Proc {
+    let args = up_args(servers, port, data, 128, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    start("up", &args, ready).0
+}
+
 /// A running `insitu up` of `servers` servers (1 shard each, `memory_mb` each)
 /// on a free port: the process, its "insitu is up" line, the address clients
 /// use, and the temp dir holding its data (dropped last).
@@ -161,26 +197,11 @@ pub fn start_up(servers: usize, memory_mb: usize) -> (Proc, String, String, temp
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let data = dir.path().join("data");
-    let (up, line) = start(
-        "up",
-        &[
-            "up",
-            "--servers",
-            &servers.to_string(),
-            "--shards",
-            "1",
-            "--port",
-            &port.to_string(),
-            "--dir",
-            data.to_str().expect("utf-8 path"),
-            "--memory-mb",
-            &memory_mb.to_string(),
-            // These tests are about the commands, not authentication
-            // (`auth.rs` and `restart.rs` run `up` with it on).
-            "--no-auth",
-        ],
-        "insitu is up",
-    );
+    // These tests are about the commands, not authentication (`auth.rs`
+    // and `restart.rs` run `up` with it on).
+    let args = up_args(servers, port, &data, memory_mb, &["--no-auth"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (up, line) = start("up", &args, "insitu is up");
     (up, line, format!("127.0.0.1:{port}"), dir)
 }
 

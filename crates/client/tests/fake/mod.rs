@@ -437,6 +437,7 @@ fn shard_handle(
                     memory_budget_bytes: 1 << 30,
                     segment_bytes: 0,
                     live_bytes: 0,
+                    requests: 0,
                 }),
             )
         }

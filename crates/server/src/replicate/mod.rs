@@ -191,6 +191,11 @@ impl Replicator {
         }
     }
 
+    /// The engine's log changes held by R backups so far.
+    pub fn durable_mark(&self) -> u64 {
+        self.durable.get()
+    }
+
     /// Whether replies made after the engine reached `changes` must wait.
     #[inline]
     pub fn behind(&self, changes: u64) -> bool {

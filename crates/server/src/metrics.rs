@@ -1,0 +1,185 @@
+//! What a shard reports on the metrics port (`insitu_telemetry`).
+//!
+//! The hot path touches only this shard's own counters (a `RefCell`ed map
+//! on the shard thread: no atomics, no global registry lookup per request);
+//! `publish` copies them into the process's recorder once a second, with
+//! the gauges read from the engine (objects, bytes, segments per tablet,
+//! memory, cleaner work), the connection count and the replication lag.
+//! Latency goes into a histogram handle registered once per request kind
+//! (recording into it is a lock-free append).
+//!
+//! Every series carries `shard="HOST:PORT"` (unique in a cluster, known
+//! before the server enlists) so one endpoint can show every server of an
+//! `insitu up`.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+// hashbrown's default hasher (foldhash): this map is looked up on every
+// request, and std's SipHash costs several times more for a short key.
+use hashbrown::HashMap;
+use insitu_protocol::Status;
+
+use crate::shard::ShardState;
+
+/// How often the counters and gauges are copied into the recorder.
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One request kind's counts on this shard.
+struct KindCounts {
+    /// Requests handled (refused ones included).
+    requests: u64,
+    /// Non-Ok replies, by status (a handful of statuses at most).
+    errors: HashMap<Status, u64>,
+    /// Time the shard spent handling (replication wait excluded: that is
+    /// the connection's, shared by every reply of a batch).
+    latency: metrics::Histogram,
+}
+
+/// A shard's request counters. Lives in `ShardState`.
+pub struct ShardMetrics {
+    /// The shard's listen address: the `shard` label.
+    addr: String,
+    by_kind: RefCell<HashMap<&'static str, KindCounts>>,
+    /// Scans and queries being served now.
+    scans_running: Cell<usize>,
+    /// Requests handled since start (all kinds): `ShardStats::requests`.
+    total: Cell<u64>,
+}
+
+/// Counts a scan or query as running until dropped.
+pub struct ScanRunning<'a>(&'a Cell<usize>);
+
+impl Drop for ScanRunning<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+impl ShardMetrics {
+    pub fn new(addr: String) -> ShardMetrics {
+        // Install the recorder before the first handle is registered, so
+        // no early sample is dropped.
+        insitu_telemetry::recorder();
+        ShardMetrics {
+            addr,
+            by_kind: RefCell::new(HashMap::new()),
+            scans_running: Cell::new(0),
+            total: Cell::new(0),
+        }
+    }
+
+    /// One request of `kind` answered `status` after `elapsed`.
+    #[inline]
+    pub fn record(&self, kind: &'static str, status: Status, elapsed: Duration) {
+        self.total.set(self.total.get() + 1);
+        let mut by_kind = self.by_kind.borrow_mut();
+        let counts = by_kind.entry(kind).or_insert_with(|| KindCounts {
+            requests: 0,
+            errors: HashMap::new(),
+            latency: metrics::histogram!(
+                "insitu_request_duration_seconds",
+                "shard" => self.addr.clone(),
+                "kind" => kind
+            ),
+        });
+        counts.requests += 1;
+        if status != Status::Ok {
+            *counts.errors.entry(status).or_insert(0) += 1;
+        }
+        counts.latency.record(elapsed.as_secs_f64());
+    }
+
+    pub fn scan_started(&self) -> ScanRunning<'_> {
+        self.scans_running.set(self.scans_running.get() + 1);
+        ScanRunning(&self.scans_running)
+    }
+
+    /// Requests handled since the shard started.
+    pub fn total_requests(&self) -> u64 {
+        self.total.get()
+    }
+}
+
+/// Copy this shard's counters and gauges into the recorder, every second,
+/// for as long as the shard runs.
+pub async fn publish(state: Rc<ShardState>) {
+    let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
+    loop {
+        tick.tick().await;
+        publish_once(&state);
+    }
+}
+
+fn publish_once(state: &ShardState) {
+    let m = &state.metrics;
+    let shard = m.addr.clone();
+    for (kind, counts) in m.by_kind.borrow().iter() {
+        metrics::counter!("insitu_requests_total", "shard" => shard.clone(), "kind" => *kind)
+            .absolute(counts.requests);
+        for (status, n) in &counts.errors {
+            metrics::counter!(
+                "insitu_request_errors_total",
+                "shard" => shard.clone(),
+                "kind" => *kind,
+                "status" => format!("{status:?}")
+            )
+            .absolute(*n);
+        }
+    }
+    let gauge = |name: &'static str, value: f64| {
+        metrics::gauge!(name, "shard" => shard.clone()).set(value);
+    };
+    gauge("insitu_connections", state.connections.get() as f64);
+    gauge("insitu_scans_running", m.scans_running.get() as f64);
+    let engine = state.engine.borrow();
+    let mem = engine.memory();
+    gauge("insitu_memory_budget_bytes", mem.budget_bytes as f64);
+    gauge("insitu_memory_segment_bytes", mem.segment_bytes as f64);
+    gauge("insitu_memory_index_bytes", mem.index_bytes as f64);
+    gauge("insitu_memory_live_bytes", mem.live_bytes as f64);
+    let used = mem.segment_bytes + mem.index_bytes + mem.transient_bytes;
+    gauge(
+        "insitu_memory_utilization_ratio",
+        if mem.budget_bytes == 0 {
+            0.0
+        } else {
+            used as f64 / mem.budget_bytes as f64
+        },
+    );
+    let cleaned = engine.cleaner_totals();
+    let counter = |name: &'static str, value: u64| {
+        metrics::counter!(name, "shard" => shard.clone()).absolute(value);
+    };
+    counter(
+        "insitu_cleaner_segments_cleaned_total",
+        cleaned.segments_cleaned,
+    );
+    counter("insitu_cleaner_entries_moved_total", cleaned.entries_moved);
+    counter("insitu_cleaner_bytes_freed_total", cleaned.bytes_freed);
+    // Log changes the engine made that R backups do not hold yet (0: every
+    // reply may leave at once).
+    let pending = engine
+        .log_changes()
+        .saturating_sub(state.repl.durable_mark());
+    gauge("insitu_replication_pending_changes", pending as f64);
+    let tablets = engine.tablets();
+    gauge("insitu_tablets", tablets.len() as f64);
+    let (mut objects, mut segments) = (0u64, 0u64);
+    for t in &tablets {
+        objects += t.object_count;
+        segments += t.segments;
+        let labels = [
+            ("shard", shard.clone()),
+            ("table", t.table.to_string()),
+            ("tablet", format!("{:016x}", t.range.start)),
+        ];
+        metrics::gauge!("insitu_tablet_objects", &labels).set(t.object_count as f64);
+        metrics::gauge!("insitu_tablet_live_bytes", &labels).set(t.live_bytes as f64);
+        metrics::gauge!("insitu_tablet_segment_bytes", &labels).set(t.segment_bytes as f64);
+        metrics::gauge!("insitu_tablet_segments", &labels).set(t.segments as f64);
+    }
+    gauge("insitu_objects", objects as f64);
+    gauge("insitu_segments", segments as f64);
+}
