@@ -80,9 +80,14 @@ pub struct ServerArgs {
     /// Port of shard 0; shard i listens on PORT+i. 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// Address to listen on and advertise.
+    /// Address to listen on (0.0.0.0: every interface, with --advertise).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Host name or address the coordinator, clients and other servers reach
+    /// this server at, when it is not --host (bound to 0.0.0.0, or behind
+    /// NAT). Default: --host.
+    #[arg(long, value_name = "HOST")]
+    advertise: Option<String>,
     #[arg(long, default_value = "./insitu-data/server")]
     dir: PathBuf,
     /// Shards (event-loop threads); default: one per core.
@@ -344,6 +349,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             args.memory_mb,
         );
         config.replace = args.replace;
+        config.advertise = args.advertise.clone();
         config.gate = gate;
         apply_backup_flags(&mut config, &args)?;
         let metrics_url = match args.metrics_port {

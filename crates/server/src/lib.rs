@@ -47,8 +47,12 @@ pub use replicate::{ClusterIdentity, ReplicationConfig};
 pub struct ServerConfig {
     /// Coordinator address, "host:port".
     pub coordinator: String,
-    /// Address the shards bind and advertise.
+    /// Address the shards and the backup service bind.
     pub host: String,
+    /// Host others reach this server at, when it is not `host` (a server
+    /// bound to 0.0.0.0, or behind NAT). Enlisted shard and backup addresses
+    /// are this host with the bound ports. None: `host`.
+    pub advertise: Option<String>,
     /// Port of shard 0; shard i listens on `base_port + i`. 0 = any free ports.
     pub base_port: u16,
     /// Number of shards (event-loop threads). Default: the number of cores.
@@ -95,6 +99,7 @@ impl ServerConfig {
         ServerConfig {
             coordinator: coordinator.into(),
             host: "127.0.0.1".into(),
+            advertise: None,
             base_port: 0,
             shards: std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -159,8 +164,37 @@ impl ServerHandle {
     }
 }
 
+/// The address others reach `bound` at: the advertised host (if any) with
+/// the bound port.
+fn advertised(bound: &SocketAddr, config: &ServerConfig) -> String {
+    match &config.advertise {
+        Some(host) if host.contains(':') && !host.starts_with('[') => {
+            format!("[{host}]:{}", bound.port())
+        }
+        Some(host) => format!("{host}:{}", bound.port()),
+        None => bound.to_string(),
+    }
+}
+
 /// Bind every shard, start their threads, and enlist with the coordinator.
 pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
+    let unspecified = config
+        .host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    if unspecified && config.advertise.is_none() {
+        bail!(
+            "--host {} binds every interface but names none that others can reach: \
+             give --advertise HOST (the address clients and other servers use)",
+            config.host
+        );
+    }
+    if let Some(host) = &config.advertise {
+        let bad = host.is_empty() || host.contains(char::is_whitespace) || host.contains('/');
+        if bad {
+            bail!("--advertise {host:?} is not a host name or address");
+        }
+    }
     if config.shards == 0 || config.shards > 256 {
         bail!("--shards must be between 1 and 256, got {}", config.shards);
     }
@@ -250,8 +284,9 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         Err(e) => return Err(stop_all(&stop_tx, threads, e)),
     };
 
-    let addrs: Vec<String> = shard_addrs.iter().map(|a| a.to_string()).collect();
-    let enlist = enlist(&config, addrs, backup_addr.to_string(), identity);
+    let addrs: Vec<String> = shard_addrs.iter().map(|a| advertised(a, &config)).collect();
+    let advertised_backup = advertised(&backup_addr, &config);
+    let enlist = enlist(&config, addrs, advertised_backup.clone(), identity);
     let enlisted = match enlist.await {
         Ok(e) => e,
         Err(e) => {
@@ -285,7 +320,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         // The own backup: a last resort (and with one server the only one),
         // so `insitu up --servers 1` keeps its replicas on its own disk.
         backup_addr: if config.replication.own_backup {
-            backup_addr.to_string()
+            advertised_backup
         } else {
             String::new()
         },
