@@ -134,13 +134,16 @@ fn metrics_move_with_requests_and_the_status_page_names_the_cluster() {
             &[("table", &table.to_string())]
         ) >= 100.0
     );
+    // Latency is sampled (one request in 16 per shard): 100 writes over the
+    // shards give at least a few timed ones, never more than the writes.
+    let timed = sum(
+        &samples,
+        "insitu_request_duration_seconds",
+        &[("kind", "Write")],
+    );
     assert!(
-        sum(
-            &samples,
-            "insitu_request_duration_seconds",
-            &[("kind", "Write")]
-        ) >= 100.0,
-        "the write latency histogram counts every write"
+        (1.0..=100.0).contains(&timed),
+        "{timed} timed writes of 100"
     );
     assert_eq!(sum(&samples, "insitu_tables", &[]), 1.0);
 

@@ -153,9 +153,7 @@ pub async fn handle(
             message,
             close,
         } => {
-            state
-                .metrics
-                .record(request.name(), status, std::time::Duration::ZERO);
+            state.metrics.record(request.name(), status, None);
             encode_error(out, id, status, message);
             return Handled {
                 exposes: false,
@@ -175,14 +173,16 @@ pub async fn handle(
     let kind = request.name();
     let _running = matches!(request, Request::Scan { .. } | Request::Query { .. })
         .then(|| state.metrics.scan_started());
-    let started = std::time::Instant::now();
+    let started = state.metrics.sample_next().then(std::time::Instant::now);
     let reply_at = out.len();
     dispatch(state, id, request, out).await;
     let status = match check_header(&out[reply_at..], usize::MAX) {
         Ok(Some((header, _))) => header.status,
         _ => Status::Internal,
     };
-    state.metrics.record(kind, status, started.elapsed());
+    state
+        .metrics
+        .record(kind, status, started.map(|t| t.elapsed()));
     Handled {
         exposes,
         close: false,
