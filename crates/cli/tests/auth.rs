@@ -15,6 +15,24 @@ use insitu_protocol::{Request, TabletState, blob};
 
 const KEYS: usize = 200;
 
+/// `insitu server` with one shard and 64 MiB, enlisting with `coordinator`,
+/// data in `dir`, then `extra`.
+fn server_args(coordinator: &str, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let dir = dir.to_str().expect("utf-8 path");
+    let base = [
+        "server",
+        "--coordinator",
+        coordinator,
+        "--dir",
+        dir,
+        "--shards",
+        "1",
+        "--memory-mb",
+        "64",
+    ];
+    base.iter().chain(extra).map(|a| a.to_string()).collect()
+}
+
 fn token(path: &Path) -> Token {
     Token::from_file(path).expect("token file")
 }
@@ -327,25 +345,18 @@ fn standalone_roles_use_auth_init_files_and_a_server_without_them_cannot_join() 
     let mut servers = Vec::new();
     for i in 0..2 {
         let sdir = dir.path().join(format!("server-{i}"));
-        let (server, _) = start(
-            "server",
+        let args = server_args(
+            &addr,
+            &sdir,
             &[
-                "server",
-                "--coordinator",
-                &addr,
-                "--dir",
-                sdir.to_str().unwrap(),
-                "--shards",
-                "1",
-                "--memory-mb",
-                "64",
                 "--auth-token-file",
                 client_path,
                 "--cluster-token-file",
                 member_path,
             ],
-            "insitu server",
         );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (server, _) = start("server", &args, "insitu server");
         servers.push(server);
     }
     ok(cli_with_token(
@@ -388,18 +399,8 @@ fn standalone_roles_use_auth_init_files_and_a_server_without_them_cannot_join() 
         ],
     ] {
         let sdir = dir.path().join(format!("intruder-{}", extra.len()));
-        let mut args = vec![
-            "server",
-            "--coordinator",
-            &addr,
-            "--dir",
-            sdir.to_str().unwrap(),
-            "--shards",
-            "1",
-            "--memory-mb",
-            "64",
-        ];
-        args.extend(extra.iter().copied());
+        let args = server_args(&addr, &sdir, &extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let started = std::time::Instant::now();
         let out = insitu_command(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
