@@ -1,5 +1,6 @@
 """Type stubs of the native module ``insitu._insitu`` (re-exported by ``insitu``)."""
 
+import os
 from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
 import numpy as np
@@ -13,7 +14,10 @@ BytesLike = Union[bytes, str]
 T = TypeVar("T")
 
 def connect(
-    addr: str = "127.0.0.1:7070", timeout: float = 10.0, auth_token: str | None = None
+    addr: str = "127.0.0.1:7070",
+    timeout: float = 10.0,
+    auth_token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
 ) -> Client:
     """Connect to the coordinator at ``addr`` ("host:port").
 
@@ -21,6 +25,12 @@ def connect(
     ``insitu-data/auth-token``); by default the ``INSITU_AUTH_TOKEN``
     environment variable, else the file ``INSITU_AUTH_TOKEN_FILE`` names, or none. A wrong or missing token raises
     ``AuthenticationError``.
+
+    ``tls_ca`` is a PEM file of the CA that signs the cluster's certificates
+    (``insitu up --tls`` writes ``insitu-data/tls/ca.pem``): the connection
+    uses TLS and verifies every server against it. By default the file
+    ``INSITU_TLS_CA`` names, else plain TCP. A server whose certificate the
+    CA did not sign raises ``ConnectionError``.
 
     Every operation then fails within ``timeout`` seconds, retries included
     (raising ``Timeout`` or ``ConnectionError``) instead of waiting longer.

@@ -19,6 +19,7 @@ Errors are the same exceptions as the blocking client's.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import AsyncIterator, Iterable, Mapping, Optional, Union
 
 import numpy as np
@@ -30,10 +31,15 @@ BytesLike = Union[bytes, str]
 
 
 async def connect(
-    addr: str = "127.0.0.1:7070", timeout: float = 10.0, auth_token: str | None = None
+    addr: str = "127.0.0.1:7070",
+    timeout: float = 10.0,
+    auth_token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
 ) -> AsyncClient:
     """``insitu.connect``, awaited."""
-    return AsyncClient(await asyncio.to_thread(_insitu.connect, addr, timeout, auth_token))
+    return AsyncClient(
+        await asyncio.to_thread(_insitu.connect, addr, timeout, auth_token, tls_ca)
+    )
 
 
 class AsyncClient:

@@ -30,13 +30,17 @@ pub struct Client {
 /// `auth_token`: the cluster's client token; default: the
 /// `INSITU_AUTH_TOKEN` environment variable, else the file
 /// `INSITU_AUTH_TOKEN_FILE` names (none if neither is set).
+/// `tls_ca`: a PEM file of the CA(s) that sign the cluster's certificates:
+/// connect over TLS and verify the servers; default: the file
+/// `INSITU_TLS_CA` names, else plain TCP.
 #[pyfunction]
-#[pyo3(signature = (addr = "127.0.0.1:7070", timeout = 10.0, auth_token = None))]
+#[pyo3(signature = (addr = "127.0.0.1:7070", timeout = 10.0, auth_token = None, tls_ca = None))]
 pub fn connect(
     py: Python<'_>,
     addr: &str,
     timeout: f64,
     auth_token: Option<&str>,
+    tls_ca: Option<std::path::PathBuf>,
 ) -> PyResult<Client> {
     if !(timeout.is_finite() && timeout > 0.0 && timeout <= 86_400.0) {
         return Err(PyValueError::new_err(format!(
@@ -55,6 +59,15 @@ pub fn connect(
             config
         }
         None => config.with_env_token().map_err(|e| PyValueError::new_err(e.to_string()))?,
+    };
+    config = match tls_ca {
+        Some(path) => {
+            let tls = insitu_client::ClientTls::from_ca_file(&path)
+                .map_err(|e| PyValueError::new_err(format!("tls_ca: {e}")))?;
+            config.tls = Some(tls);
+            config
+        }
+        None => config.with_env_tls().map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     let inner = py
         .detach(|| BlockingClient::connect_with(addr, config))

@@ -155,6 +155,8 @@ fn classify(e: &ClientError, msg: String) -> PyErr {
         | ClientError::TxnOutcomeUnknown { .. }
         | ClientError::Runtime(_) => Error::new_err(msg),
         ClientError::Token(_) => AuthenticationError::new_err(msg),
+        // An unusable CA file: the caller's configuration, like a bad argument.
+        ClientError::Tls(_) => pyo3::exceptions::PyValueError::new_err(msg),
     }
 }
 

@@ -44,14 +44,14 @@ def free_port() -> int:
 class Cluster:
     """One `insitu up` process: a coordinator and its storage servers."""
 
-    def __init__(self, servers: int = 2, memory_mb: int = 256):
+    def __init__(self, servers: int = 2, memory_mb: int = 256, extra: tuple[str, ...] = ()):
         self.dir = tempfile.TemporaryDirectory(prefix="insitu-pytest-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [insitu_bin(), "up", "--servers", str(servers), "--shards", "1",
              "--port", str(self.port), "--dir", self.dir.name,
-             "--memory-mb", str(memory_mb)],
+             "--memory-mb", str(memory_mb), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self._wait_up()

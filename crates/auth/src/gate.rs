@@ -18,7 +18,9 @@
 
 use insitu_protocol::{Request, Status};
 
-use crate::Token;
+use insitu_tls::ClientTls;
+
+use crate::{Credentials, Token};
 
 /// What a connection authenticated as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +70,12 @@ pub struct Gate {
     client: Option<Token>,
     /// Accepted for `Role::Member`.
     member: Option<Token>,
+    /// What this process presents when it dials another member: the
+    /// cluster credential and the cluster's TLS trust.
+    as_member: Credentials,
+    /// What it presents where the cluster credential must not go (an
+    /// address a client named): the client token, same TLS trust.
+    as_client: Credentials,
 }
 
 impl Gate {
@@ -84,20 +92,29 @@ impl Gate {
             "the client token and the cluster credential must differ, or every client is a member"
         );
         Gate {
+            as_member: Credentials::with_token(Some(member.clone())),
+            as_client: Credentials::with_token(Some(client.clone())),
             client: Some(client),
             member: Some(member),
         }
     }
 
-    /// What this process presents to other members (None: no authentication).
-    pub fn member_token(&self) -> Option<&Token> {
-        self.member.as_ref()
+    /// Dial peers over TLS, trusting `tls`'s CAs (`--tls-ca`).
+    pub fn with_dial_tls(mut self, tls: Option<ClientTls>) -> Gate {
+        self.as_member.tls = tls.clone();
+        self.as_client.tls = tls;
+        self
+    }
+
+    /// What this process presents to other members.
+    pub fn as_member(&self) -> &Credentials {
+        &self.as_member
     }
 
     /// What this process presents where it must not show the cluster
     /// credential (a transaction's primary, an address a client named).
-    pub fn client_token(&self) -> Option<&Token> {
-        self.client.as_ref()
+    pub fn as_client(&self) -> &Credentials {
+        &self.as_client
     }
 
     pub fn requires_auth(&self) -> bool {

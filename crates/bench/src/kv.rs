@@ -31,6 +31,7 @@ use crate::kv_procs::{
 use crate::kv_report::{Row, case_name, find, median_rows, print_table, ratio, round};
 use crate::loadgen::{self, CaseResult, CaseSpec, InsituWire, Mix, RedisWire};
 use insitu_testkit::on_path;
+use insitu_tls::ClientTls;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Versus {
@@ -60,6 +61,8 @@ pub struct KvBenchArgs {
     pub only: Vec<String>,
     /// Rounds over every case; each figure is the median over the rounds.
     pub rounds: usize,
+    /// Both stores serve TLS only; the load generator dials TLS.
+    pub tls: bool,
 }
 
 impl Default for KvBenchArgs {
@@ -74,6 +77,7 @@ impl Default for KvBenchArgs {
             pin: true,
             only: Vec::new(),
             rounds: 1,
+            tls: false,
         }
     }
 }
@@ -91,6 +95,8 @@ pub(crate) struct Store {
     pub addr: SocketAddr,
     /// insitu's table id (0 for Redis).
     pub table: u64,
+    /// Dial `addr` over TLS with this trust (None: plain TCP).
+    pub tls: Option<ClientTls>,
 }
 
 /// CPU plan: stores on one CPU, this load generator (pinned here) on another,
@@ -166,8 +172,14 @@ pub(crate) async fn insitu_store(
     name: &'static str,
     coord_addr: &str,
     pid: u32,
+    tls: Option<ClientTls>,
 ) -> anyhow::Result<Store> {
-    let client = insitu_client::Client::connect(coord_addr).await?;
+    let config = insitu_client::ClientConfig {
+        tls: tls.clone(),
+        ..insitu_client::ClientConfig::default()
+    }
+    .with_env()?;
+    let client = insitu_client::Client::connect_with(coord_addr, config).await?;
     let info = client.create_table("kv", 1).await?;
     let shard_addr: SocketAddr = info.tablets[0]
         .addr
@@ -178,15 +190,32 @@ pub(crate) async fn insitu_store(
         pid,
         addr: shard_addr,
         table: info.id,
+        tls,
     })
+}
+
+/// Load keys `0..keys` into `store` (batches of 1000 over 4 connections:
+/// MSET / multiWrite). Returns the time it took.
+pub(crate) async fn load_store(store: &Store, keys: u64) -> anyhow::Result<Duration> {
+    const BATCH: u64 = 1000;
+    const CONNS: usize = 4;
+    let tls = store.tls.as_ref();
+    if store.name.starts_with("redis") {
+        loadgen::load(store.addr, tls, RedisWire::default, keys, BATCH, CONNS).await
+    } else {
+        let table = store.table;
+        let make = move || InsituWire::new(table);
+        loadgen::load(store.addr, tls, make, keys, BATCH, CONNS).await
+    }
 }
 
 async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
     if store.name.starts_with("redis") {
-        loadgen::run_case(store.addr, RedisWire::default, spec).await
+        loadgen::run_case(store.addr, store.tls.as_ref(), RedisWire::default, spec).await
     } else {
         let table = store.table;
-        loadgen::run_case(store.addr, move || InsituWire::new(table), spec).await
+        let make = move || InsituWire::new(table);
+        loadgen::run_case(store.addr, store.tls.as_ref(), make, spec).await
     }
 }
 
@@ -256,17 +285,54 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     }
     let _cleanup = RemoveDir(dir.clone());
 
+    // With --tls: one CA and certificate for both stores, so each pays
+    // the same handshake and record costs (TLS 1.3, ECDSA P-256).
+    let tls_files = if args.tls {
+        let hosts = ["127.0.0.1".to_string(), "localhost".to_string()];
+        Some(insitu_tls::generate::create(&dir.join("tls"), &hosts)?)
+    } else {
+        None
+    };
+    let client_tls = tls_files
+        .as_ref()
+        .map(|f| ClientTls::from_ca_file(&f.ca))
+        .transpose()?;
+    // In memory only (`--replicas 0`), as Redis runs here (`--save ''
+    // --appendonly no`): durable writes against Redis's AOF are `--vs
+    // redis-aof`. No tokens: Redis runs without a password (a token costs
+    // one `Hello` per connection, nothing per request).
+    let mut role_flags: Vec<String> = vec!["--no-auth".into()];
+    role_flags.extend(match &tls_files {
+        Some(f) => [
+            "--tls-cert",
+            &f.cert.display().to_string(),
+            "--tls-key",
+            &f.key.display().to_string(),
+            "--tls-ca",
+            &f.ca.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        None => Vec::new(),
+    });
+    let mut coordinator_flags = role_flags.clone();
+    coordinator_flags.extend(["--replicas".to_string(), "0".to_string()]);
+
     // The insitu cluster: coordinator + one server with one shard.
     // Room for the objects several times over (writes append; the cleaner reclaims).
     let memory_mb = ((keys * 1000) >> 20).max(256);
     let (coordinator, server, coord_addr) =
-        start_insitu_pair(store_cpu, &dir, memory_mb, &[], &[])?;
+        start_insitu_pair(store_cpu, &dir, memory_mb, &coordinator_flags, &role_flags)?;
 
+    // Redis: (process, the plain port INFO goes to, the port measured).
     let redis = match args.versus {
         Versus::Redis => {
             let redis_dir = dir.join("redis");
             std::fs::create_dir_all(&redis_dir)?;
-            Some(start_redis(store_cpu, &redis_dir, None)?)
+            let r = start_redis(store_cpu, &redis_dir, None, tls_files.as_ref())?;
+            let measured = r.tls.unwrap_or(r.plain);
+            Some((r.proc, r.plain, measured))
         }
         Versus::Nothing | Versus::RedisAof => None,
     };
@@ -276,31 +342,32 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         .build()?;
     let local = tokio::task::LocalSet::new();
     let report = local.block_on(&runtime, async {
-        let insitu = insitu_store("insitu", &coord_addr, server.pid()).await?;
-        let redis_store = redis.as_ref().map(|(p, addr)| Store {
+        let insitu = insitu_store("insitu", &coord_addr, server.pid(), client_tls.clone()).await?;
+        let redis_store = redis.as_ref().map(|(p, _, measured)| Store {
             name: "redis",
             pid: p.pid(),
-            addr: *addr,
+            addr: *measured,
             table: 0,
+            tls: client_tls.clone(),
         });
-        let redis_version = match &redis_store {
-            Some(r) => Some(redis_info_field(r.addr, "server", "redis_version")?),
+        // INFO goes to the plain port (not measured).
+        let redis_control = redis.as_ref().map(|(_, plain, _)| *plain);
+        let redis_version = match redis_control {
+            Some(addr) => Some(redis_info_field(addr, "server", "redis_version")?),
             None => None,
         };
 
         // ---- load + memory per object ----
         let mut load = serde_json::Map::new();
         let mut memory = serde_json::Map::new();
-        const BATCH: u64 = 1000;
-        const LOAD_CONNS: usize = 4;
-        if let Some(r) = &redis_store {
-            let before = redis_info_field(r.addr, "memory", "used_memory")?.parse::<f64>()?;
+        if let (Some(r), Some(control)) = (&redis_store, redis_control) {
+            let before = redis_info_field(control, "memory", "used_memory")?.parse::<f64>()?;
             let rss_before = rss_bytes(r.pid)? as f64;
-            let took = loadgen::load(r.addr, RedisWire::default, keys, BATCH, LOAD_CONNS).await?;
-            let after = redis_info_field(r.addr, "memory", "used_memory")?.parse::<f64>()?;
+            let took = load_store(r, keys).await?;
+            let after = redis_info_field(control, "memory", "used_memory")?.parse::<f64>()?;
             let rss_after = rss_bytes(r.pid)? as f64;
             anyhow::ensure!(
-                redis_info_field(r.addr, "keyspace", "db0")?.starts_with(&format!("keys={keys},")),
+                redis_info_field(control, "keyspace", "db0")?.starts_with(&format!("keys={keys},")),
                 "redis does not hold {keys} keys after the load"
             );
             load.insert("redis".into(), json!({"seconds": round(took.as_secs_f64(), 3), "objects_per_sec": round(keys as f64 / took.as_secs_f64(), 0)}));
@@ -309,8 +376,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         }
         {
             let before = rss_bytes(insitu.pid)? as f64;
-            let table = insitu.table;
-            let took = loadgen::load(insitu.addr, move || InsituWire::new(table), keys, BATCH, LOAD_CONNS).await?;
+            let took = load_store(&insitu, keys).await?;
             let after = rss_bytes(insitu.pid)? as f64;
             load.insert("insitu".into(), json!({"seconds": round(took.as_secs_f64(), 3), "objects_per_sec": round(keys as f64 / took.as_secs_f64(), 0)}));
             memory.insert("insitu_rss_per_object".into(), json!(round((after - before) / keys as f64, 1)));
@@ -460,7 +526,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 "versus": match args.versus { Versus::Redis => "redis", Versus::RedisAof => "redis-aof", Versus::Nothing => "none" },
                 "redis_version": redis_version,
                 "pinning": pinning,
-                "insitu": "1 server, 1 shard, 1 tablet",
+                "tls": if args.tls { "both stores TLS only: one fresh CA, ECDSA P-256 certificate; insitu rustls (ring), Redis OpenSSL; handshakes before the clock starts" } else { "off" },
+                "insitu": "1 server, 1 shard, 1 tablet, in memory only (--replicas 0, as Redis here: no RDB, no AOF)",
                 "access": "uniform random keys; closed loop; depth = requests per batch per connection",
             },
             "load": load,

@@ -18,10 +18,12 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::kv::{KvBenchArgs, Store, cpu_plan, insitu_store, measure_case, start_insitu_pair};
+use crate::kv::{
+    KvBenchArgs, Store, cpu_plan, insitu_store, load_store, measure_case, start_insitu_pair,
+};
 use crate::kv_procs::start_redis;
 use crate::kv_report::{Row, case_name, find, median_rows, ratio, round};
-use crate::loadgen::{self, CaseSpec, InsituWire, Mix, RedisWire};
+use crate::loadgen::{CaseSpec, Mix};
 
 /// The write cases: 16 and 64 connections one request at a time, and 16
 /// connections pipelining 16 (where group commit matters most).
@@ -85,7 +87,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             )?;
             let redis_dir = dir.join("redis");
             std::fs::create_dir_all(&redis_dir)?;
-            let (redis, redis_addr) = start_redis(store_cpu, &redis_dir, Some(appendfsync))?;
+            let started = start_redis(store_cpu, &redis_dir, Some(appendfsync), None)?;
+            let (redis, redis_addr) = (started.proc, started.plain);
             let insitu_name: &'static str = if *label == "interval" {
                 "insitu-interval"
             } else {
@@ -97,16 +100,16 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 "redis-always"
             };
             local.block_on(&runtime, async {
-                let insitu = insitu_store(insitu_name, &coord_addr, server.pid()).await?;
+                let insitu = insitu_store(insitu_name, &coord_addr, server.pid(), None).await?;
                 let redis_store = Store {
                     name: redis_name,
                     pid: redis.pid(),
                     addr: redis_addr,
                     table: 0,
+                    tls: None,
                 };
-                let table = insitu.table;
-                loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;
-                loadgen::load(redis_store.addr, RedisWire::default, keys, 1000, 4).await?;
+                load_store(&insitu, keys).await?;
+                load_store(&redis_store, keys).await?;
                 for (i, &(conns, depth)) in CASES.iter().enumerate() {
                     let mut order = [&insitu, &redis_store];
                     if (i + pair_i + round_i) % 2 == 1 {
@@ -131,9 +134,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             &[],
         )?;
         local.block_on(&runtime, async {
-            let insitu = insitu_store("insitu-r0", &coord_addr, server.pid()).await?;
-            let table = insitu.table;
-            loadgen::load(insitu.addr, move || InsituWire::new(table), keys, 1000, 4).await?;
+            let insitu = insitu_store("insitu-r0", &coord_addr, server.pid(), None).await?;
+            load_store(&insitu, keys).await?;
             for (i, &(conns, depth)) in CASES.iter().enumerate() {
                 raw.push(measure_logged(&insitu, &spec(i, conns, depth)).await?);
             }

@@ -12,6 +12,7 @@ use anyhow::{Context, anyhow, bail};
 
 use crate::resp;
 use insitu_testkit::{Proc, on_path};
+use insitu_tls::generate::TlsFiles;
 
 // ---- child processes ---------------------------------------------------------
 
@@ -179,13 +180,24 @@ pub(crate) fn redis_info_field(
         .ok_or_else(|| anyhow!("redis INFO {section} has no {field}"))
 }
 
+/// A running `redis-server`.
+pub(crate) struct Redis {
+    pub proc: Proc,
+    /// The plain port: PING and INFO (never measured) go here.
+    pub plain: SocketAddr,
+    /// The TLS port, when started with TLS files.
+    pub tls: Option<SocketAddr>,
+}
+
 /// Start Redis on `dir`: in memory only (`appendfsync` None: no RDB, no
-/// AOF), or with `appendonly yes` and the given `appendfsync` policy.
+/// AOF), or with `appendonly yes` and the given `appendfsync` policy; with
+/// `tls`, also a TLS port with those files (no client certificates).
 pub(crate) fn start_redis(
     cpu: Option<usize>,
     dir: &Path,
     appendfsync: Option<&str>,
-) -> anyhow::Result<(Proc, SocketAddr)> {
+    tls: Option<&TlsFiles>,
+) -> anyhow::Result<Redis> {
     ensure_redis_installed()?;
     let port = insitu_testkit::free_port()?;
     let mut args: Vec<String> = [
@@ -213,6 +225,25 @@ pub(crate) fn start_redis(
         // Later flags win: turn the AOF on with the given fsync policy.
         args.extend(["--appendonly", "yes", "--appendfsync", policy].map(String::from));
     }
+    let tls_addr = match tls {
+        Some(files) => {
+            let tls_port = insitu_testkit::free_port()?;
+            args.extend([
+                "--tls-port".to_string(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                files.cert.display().to_string(),
+                "--tls-key-file".into(),
+                files.key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                files.ca.display().to_string(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]);
+            Some(SocketAddr::from(([127, 0, 0, 1], tls_port)))
+        }
+        None => None,
+    };
     let child = command(cpu, Path::new("redis-server"), &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -227,7 +258,13 @@ pub(crate) fn start_redis(
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         match redis_call(addr, &[b"PING"]) {
-            Ok(r) if r == b"PONG" => return Ok((proc, addr)),
+            Ok(r) if r == b"PONG" => {
+                return Ok(Redis {
+                    proc,
+                    plain: addr,
+                    tls: tls_addr,
+                });
+            }
             _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             other => bail!("redis-server did not answer PING: {other:?}"),
         }

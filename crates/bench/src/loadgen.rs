@@ -16,6 +16,7 @@ use bytes::BytesMut;
 use hdrhistogram::Histogram;
 use insitu_protocol::frame::{MAX_BODY_BYTES, check_header};
 use insitu_protocol::{Request, Response, Status, blob, decode_response, encode_request};
+use insitu_tls::{ClientTls, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -249,12 +250,23 @@ impl CaseResult {
     }
 }
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<TcpStream> {
+/// A connection to `addr`, over TLS if `tls` is given (the handshake is
+/// not measured: connections open before a case's clock starts).
+async fn connect(addr: SocketAddr, tls: Option<&ClientTls>) -> anyhow::Result<Stream> {
     let stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
     stream.set_nodelay(true)?;
-    Ok(stream)
+    Ok(match tls {
+        Some(tls) => tls.connect(&addr.to_string(), stream).await?,
+        None => Stream::Plain(stream),
+    })
+}
+
+/// Write a whole batch; flushed, so TLS holds no record back (free on TCP).
+async fn send(stream: &mut Stream, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// A connection's receive side: bytes read but not yet parsed.
@@ -275,7 +287,7 @@ impl Inbox {
 
     /// Wait for the next whole reply and consume it.
     #[inline]
-    async fn next<W: Wire>(&mut self, stream: &mut TcpStream, wire: &mut W) -> anyhow::Result<()> {
+    async fn next<W: Wire>(&mut self, stream: &mut Stream, wire: &mut W) -> anyhow::Result<()> {
         loop {
             if let Some(n) = wire.parse(&self.buf[self.lo..self.hi])? {
                 self.lo += n;
@@ -307,6 +319,7 @@ impl Inbox {
 /// each), all on the current thread. Call inside a `LocalSet`.
 pub async fn run_case<W, F>(
     addr: SocketAddr,
+    tls: Option<&ClientTls>,
     make: F,
     spec: &CaseSpec,
 ) -> anyhow::Result<CaseResult>
@@ -316,7 +329,7 @@ where
 {
     let mut streams = Vec::with_capacity(spec.conns);
     for _ in 0..spec.conns {
-        streams.push(connect(addr).await?);
+        streams.push(connect(addr, tls).await?);
     }
     let begin = Instant::now();
     let measure_from = begin + spec.warmup;
@@ -358,7 +371,7 @@ where
                     }
                 }
                 let sent = Instant::now();
-                stream.write_all(&out).await?;
+                send(&mut stream, &out).await?;
                 for _ in 0..spec.depth {
                     inbox.next(&mut stream, &mut wire).await?;
                     let done = Instant::now();
@@ -391,6 +404,7 @@ where
 /// `conns` connections. Returns the time it took.
 pub async fn load<W, F>(
     addr: SocketAddr,
+    tls: Option<&ClientTls>,
     make: F,
     keys: u64,
     batch: u64,
@@ -404,7 +418,7 @@ where
     let next = Rc::new(Cell::new(0u64));
     let mut tasks = Vec::new();
     for _ in 0..conns {
-        let mut stream = connect(addr).await?;
+        let mut stream = connect(addr, tls).await?;
         let mut wire = make();
         let next = next.clone();
         tasks.push(tokio::task::spawn_local(async move {
@@ -419,7 +433,7 @@ where
                 next.set(first + n);
                 out.clear();
                 wire.multi_write(&mut out, first, n);
-                stream.write_all(&out).await?;
+                send(&mut stream, &out).await?;
                 inbox.next(&mut stream, &mut wire).await?;
             }
             anyhow::Ok(())

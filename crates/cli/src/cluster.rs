@@ -8,6 +8,7 @@ use insitu_server::{ServerConfig, SyncMode};
 
 use crate::ClusterArg;
 use crate::auth::{RoleAuthArgs, no_auth_warning};
+use crate::tls::RoleTlsArgs;
 
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -36,6 +37,11 @@ pub struct UpArgs {
     /// (DIR/cluster-token) on first start and requires them.
     #[arg(long)]
     no_auth: bool,
+    /// Serve TLS on every port, with a CA and a certificate for localhost
+    /// and 127.0.0.1 made under DIR/tls on first start (and kept). Clients
+    /// pass --tls-ca DIR/tls/ca.pem (or INSITU_TLS_CA).
+    #[arg(long)]
+    tls: bool,
     /// Serve Prometheus metrics (`/metrics`) and the cluster's status page
     /// (`/`, for a browser) over HTTP on this port of 127.0.0.1.
     #[arg(long, value_name = "PORT")]
@@ -62,6 +68,8 @@ pub struct CoordinatorArgs {
     failure_timeout_ms: u64,
     #[command(flatten)]
     auth: RoleAuthArgs,
+    #[command(flatten)]
+    tls: RoleTlsArgs,
     /// Serve Prometheus metrics (`/metrics`) and the cluster's status page
     /// (`/`) over HTTP on this port of --host.
     #[arg(long, value_name = "PORT")]
@@ -124,6 +132,8 @@ pub struct ServerArgs {
     backup_port: Option<u16>,
     #[command(flatten)]
     auth: RoleAuthArgs,
+    #[command(flatten)]
+    tls: RoleTlsArgs,
     /// Serve this server's Prometheus metrics (`/metrics`) over HTTP on this
     /// port of --host.
     #[arg(long, value_name = "PORT")]
@@ -246,6 +256,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             let (gate, path, _) = crate::auth::init_dir(&args.dir)?;
             (gate, Some(path))
         };
+        let (tls, gate) = if args.tls {
+            let (serve, dial, files) = crate::tls::up_files(&args.dir)?;
+            (Some((serve, files)), gate.with_dial_tls(Some(dial)))
+        } else {
+            (None, gate)
+        };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
             .await
             .with_context(|| format!("cannot listen on 127.0.0.1:{} (is another insitu running? try --port)", args.port))?;
@@ -258,6 +274,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         config.rehome_after_servers = args.servers;
         config.replicas = args.replicas.unwrap_or(default_up_replicas(args.servers));
         config.gate = gate.clone();
+        config.tls = tls.as_ref().map(|(serve, _)| serve.clone());
         let coordinator = insitu_coordinator::start(config, listener).await?;
         let metrics_url = match args.metrics_port {
             Some(port) => Some(start_metrics("127.0.0.1", port, Some(coordinator.status_page())).await?),
@@ -274,6 +291,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             // rather than exiting the process, which would take the others.
             config.replication.exit_on_fence = false;
             config.gate = gate.clone();
+            config.tls = tls.as_ref().map(|(serve, _)| serve.clone());
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
@@ -281,17 +299,25 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         if !kept.is_empty() {
             println!("warning: {}", kept_tables_warning(&kept, replicas));
         }
+        // What a client passes: the try line and its `export` twin.
+        let mut flags = String::new();
+        let mut exports = format!("INSITU_CLUSTER={addr}");
         match &token_file {
             Some(path) => {
                 let path = path.display();
                 println!("  clients present the token in {path} (it stays across restarts; the cluster credential beside it is for servers only)");
-                println!("  try: insitu --cluster {addr} --auth-token-file {path} table create demo --tablets 4   (or export INSITU_CLUSTER={addr} INSITU_AUTH_TOKEN_FILE={path})");
+                flags.push_str(&format!(" --auth-token-file {path}"));
+                exports.push_str(&format!(" INSITU_AUTH_TOKEN_FILE={path}"));
             }
-            None => {
-                println!("  {}", no_auth_warning());
-                println!("  try: insitu --cluster {addr} table create demo --tablets 4   (or export INSITU_CLUSTER={addr})");
-            }
+            None => println!("  {}", no_auth_warning()),
         }
+        if let Some((_, files)) = &tls {
+            let ca = files.ca.display();
+            println!("  TLS on every port; clients verify the servers with the CA in {ca}");
+            flags.push_str(&format!(" --tls-ca {ca}"));
+            exports.push_str(&format!(" INSITU_TLS_CA={ca}"));
+        }
+        println!("  try: insitu --cluster {addr}{flags} table create demo --tablets 4   (or export {exports})");
         if let Some(url) = &metrics_url {
             println!("  metrics at {url}/metrics, status page at {url}/");
         }
@@ -307,6 +333,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 
 pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let gate = crate::auth::role_gate(&args.auth, cluster)?;
+    let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
+    let gate = gate.with_dial_tls(dial);
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
@@ -317,6 +345,7 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
         config.replicas = args.replicas;
         config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
         config.gate = gate;
+        config.tls = tls;
         let handle = insitu_coordinator::start(config, listener).await?;
         let metrics_url = match args.metrics_port {
             Some(port) => Some(start_metrics(&args.host, port, Some(handle.status_page())).await?),
@@ -339,6 +368,8 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
 
 pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let gate = crate::auth::role_gate(&args.auth, cluster)?;
+    let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
+    let gate = gate.with_dial_tls(dial);
     runtime()?.block_on(async move {
         let mut config = server_config(
             args.coordinator.clone(),
@@ -351,6 +382,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         config.replace = args.replace;
         config.advertise = args.advertise.clone();
         config.gate = gate;
+        config.tls = tls;
         apply_backup_flags(&mut config, &args)?;
         let metrics_url = match args.metrics_port {
             Some(port) => Some(start_metrics(&args.host, port, None).await?),

@@ -77,8 +77,18 @@ pub(crate) async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
     }
     let mut config = insitu_client::ClientConfig::default();
     config.auth_token = crate::auth::client_token(cluster)?;
+    config.tls = crate::tls::client_tls(cluster)?;
+    let plain = config.tls.is_none();
     Client::connect_with(addr, config).await.with_context(|| {
-        format!("cannot reach the insitu cluster at {addr} (is `insitu up` running there?)")
+        // A TLS port closes a plaintext connection without a word.
+        let tls_hint = if plain {
+            "; if it serves TLS, pass --tls-ca (or INSITU_TLS_CA)"
+        } else {
+            ""
+        };
+        format!(
+            "cannot reach the insitu cluster at {addr} (is `insitu up` running there?{tls_hint})"
+        )
     })
 }
 
@@ -257,6 +267,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         Command::Up(_)
         | Command::Coordinator(_)
         | Command::Auth(_)
+        | Command::Tls(_)
         | Command::Server(_)
         | Command::Bench(_)
         | Command::Count(_)

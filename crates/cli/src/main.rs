@@ -8,6 +8,7 @@ mod index;
 mod ops;
 mod sql;
 mod status;
+mod tls;
 mod tpch;
 mod txn;
 mod typed;
@@ -48,6 +49,12 @@ pub struct ClusterArg {
         value_name = "FILE"
     )]
     pub auth_token_file: Option<PathBuf>,
+    /// Dial the cluster over TLS, trusting the CA certificate(s) in this PEM
+    /// file (`insitu up --tls` writes DIR/tls/ca.pem); the servers'
+    /// certificates must be signed by it and name the addresses dialled.
+    /// The coordinator and servers dial each other with it too.
+    #[arg(long, env = "INSITU_TLS_CA", global = true, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -61,6 +68,9 @@ enum Command {
     /// Authentication: `auth init DIR` writes a client token and a cluster credential.
     #[command(subcommand)]
     Auth(auth::AuthCmd),
+    /// TLS: `tls init DIR --host H` writes a CA and a certificate for the cluster's hosts.
+    #[command(subcommand)]
+    Tls(tls::TlsCmd),
     /// Create, list or drop tables.
     #[command(subcommand)]
     Table(data::TableCmd),
@@ -201,6 +211,10 @@ enum BenchCmd {
         /// Rounds over every case (figures are medians over the rounds).
         #[arg(long, default_value_t = 1)]
         rounds: usize,
+        /// Both stores serve TLS only (a fresh CA and certificate; Redis on
+        /// --tls-port), and the load generator speaks TLS to both.
+        #[arg(long)]
+        tls: bool,
     },
 }
 
@@ -294,6 +308,10 @@ fn main() -> std::process::ExitCode {
             init_tracing("warn");
             auth::run(cmd)
         }
+        Command::Tls(cmd) => {
+            init_tracing("warn");
+            tls::run(cmd)
+        }
         Command::Server(cluster::ServerArgs {
             action: Some(cluster::ServerAction::Remove { id }),
             ..
@@ -331,6 +349,7 @@ fn main() -> std::process::ExitCode {
             no_pin,
             only,
             rounds,
+            tls,
         }) => {
             init_tracing("warn");
             let versus = match vs.as_str() {
@@ -352,6 +371,7 @@ fn main() -> std::process::ExitCode {
                     pin: !no_pin,
                     only,
                     rounds,
+                    tls,
                 })
                 .map(|_| ())
             })

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 
 use common::{cli, cli_with_token, free_port, insitu_command, ok, start};
-use insitu_client::{BlockingClient, ClientConfig, RpcConn, RpcError, Status, Token};
+use insitu_client::{BlockingClient, ClientConfig, Credentials, RpcConn, RpcError, Status, Token};
 use insitu_protocol::{Request, TabletState, blob};
 
 const KEYS: usize = 200;
@@ -41,7 +41,8 @@ fn token(path: &Path) -> Token {
 /// the reply's status and message.
 fn status_of(addr: &str, token: Option<&Token>, request: &Request<'_>) -> (Status, String) {
     common::rt().block_on(async {
-        let conn = RpcConn::open(addr, token).await.expect("connect");
+        let credentials = Credentials::with_token(token.cloned());
+        let conn = RpcConn::open(addr, &credentials).await.expect("connect");
         let reply = conn.call(request).await.expect("a reply");
         (reply.status, reply.error_message())
     })
@@ -176,11 +177,7 @@ fn up_requires_its_token_on_every_port_and_keeps_control_requests_for_members() 
     }
     let servers = client.list_servers().unwrap();
     assert_eq!(servers.len(), 2);
-    let target = servers
-        .iter()
-        .find(|s| !s.shard_addrs.contains(&info.tablets[0].addr))
-        .expect("a server without tablet 0")
-        .id;
+    let target = common::server_without(&servers, &info.tablets[0].addr);
     let moved = ok(cli_with_token(
         &addr,
         &client_file,
@@ -247,7 +244,10 @@ fn up_requires_its_token_on_every_port_and_keeps_control_requests_for_members() 
 
     // A wrong token is refused when the connection opens.
     let wrong = Token::parse(b"wrong-token-0123456789", "test").unwrap();
-    let refused = common::rt().block_on(RpcConn::open(&shard_ports[0], Some(&wrong)));
+    let refused = common::rt().block_on(RpcConn::open(
+        &shard_ports[0],
+        &Credentials::with_token(Some(wrong)),
+    ));
     assert!(
         matches!(
             refused,

@@ -147,3 +147,81 @@ fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
         }
     }
 }
+
+#[test]
+fn bench_kv_tls_quick_measures_both_stores_over_tls() {
+    let with_redis = on_path("redis-server");
+    if !with_redis {
+        eprintln!(
+            "SKIPPED: the Redis half of `insitu bench kv --tls` (redis-server is not installed); \
+             testing the insitu half alone"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("kv-tls.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args([
+            "bench",
+            "kv",
+            "--tls",
+            "--quick",
+            "--keys",
+            "1000",
+            "--seconds",
+            "0.1",
+        ])
+        .args(["--only", "read c16 d1", "--only", "write c16 d1"])
+        .args(["--vs", if with_redis { "redis" } else { "none" }])
+        .arg("--json")
+        .arg(&json_path)
+        .output()
+        .expect("run insitu bench kv --tls");
+    assert!(
+        out.status.success(),
+        "bench kv --tls failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    assert!(
+        report["config"]["tls"]
+            .as_str()
+            .is_some_and(|t| t.contains("TLS only")),
+        "{}",
+        report["config"]
+    );
+    let cases = report["cases"].as_array().expect("cases");
+    let stores: &[&str] = if with_redis {
+        &["insitu", "redis"]
+    } else {
+        &["insitu"]
+    };
+    for store in stores {
+        let mine: Vec<_> = cases.iter().filter(|c| c["store"] == *store).collect();
+        // "read c16 d1" also selects "read c16 d16" (a substring match).
+        for case in [
+            "read c16 d1",
+            "write c16 d1",
+            "read c16 d16",
+            "write c16 d16",
+        ] {
+            assert!(mine.iter().any(|c| c["case"] == case), "{store}: no {case}");
+        }
+        assert_eq!(mine.len(), 4, "{store} cases: {mine:#?}");
+        assert!(
+            mine.iter()
+                .all(|c| c["ops_per_sec"].as_f64().unwrap() > 0.0)
+        );
+    }
+    if with_redis {
+        for k in ["read_throughput_vs_redis", "write_throughput_vs_redis"] {
+            assert!(
+                report["ratios"][k].as_f64().is_some_and(|r| r > 0.0),
+                "{k}: {}",
+                report["ratios"]
+            );
+        }
+    }
+}

@@ -14,7 +14,8 @@
 //!   and the server's `--port 7100` becomes `--port 0` (free ports), and a
 //!   `--metrics-port` a free port, since tests must not take fixed ports;
 //! - the multi-machine paths under /var/lib/insitu become a temporary
-//!   directory (a test may not write there);
+//!   directory (a test may not write there), and `tls init --host HOST`
+//!   names 127.0.0.1 (where that block's servers run);
 //! - the client token: as the README tells the reader to export
 //!   INSITU_AUTH_TOKEN_FILE (which one `sh -c` cannot pass to the next), the
 //!   client commands get it in their environment, pointing at the token
@@ -141,6 +142,10 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
     }
     if role == "coordinator" {
         line = line.replace("--port 7070", &format!("--port {}", ctx.coordinator_port));
+    }
+    if role == "tls" {
+        // The certificate must name the address this test's processes dial.
+        line = line.replace("--host HOST", "--host 127.0.0.1");
     }
     if let Some((before, after)) = line.split_once("--metrics-port ") {
         // A fixed metrics port becomes a free one.

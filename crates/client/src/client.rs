@@ -8,7 +8,8 @@ use bytes::Bytes;
 use insitu_keyhash::key_hash;
 use insitu_protocol::{Number, RejectRules, Request, Response, Status, TabletInfo, blob};
 
-use insitu_auth::Token;
+use insitu_auth::{Credentials, Token};
+use insitu_tls::ClientTls;
 
 use crate::error::ClientError;
 use crate::routing::{Endpoint, EndpointPool, Retry, RouteCache, TableRoute, call_endpoint};
@@ -33,9 +34,36 @@ pub struct ClientConfig {
     /// client token); None for a cluster without authentication.
     /// `Client::connect` takes it from the environment (`with_env_token`).
     pub auth_token: Option<Token>,
+    /// Dial over TLS, trusting these CAs (`--tls-ca`); None for a cluster
+    /// without TLS. `Client::connect` takes it from `INSITU_TLS_CA`.
+    pub tls: Option<ClientTls>,
 }
 
 impl ClientConfig {
+    /// `self` with the token and the TLS trust taken from the environment
+    /// where not set already (`with_env_token`, `with_env_tls`).
+    pub fn with_env(self) -> Result<ClientConfig, ClientError> {
+        self.with_env_token()?.with_env_tls()
+    }
+
+    /// `self` with `tls` from `INSITU_TLS_CA` (a CA file) if not set already.
+    pub fn with_env_tls(mut self) -> Result<ClientConfig, ClientError> {
+        if self.tls.is_none()
+            && let Some(tls) = Credentials::tls_from_env()
+        {
+            self.tls = Some(tls.map_err(|e| ClientError::Tls(Arc::new(e)))?);
+        }
+        Ok(self)
+    }
+
+    /// What every connection of this client presents.
+    pub(crate) fn credentials(&self) -> Credentials {
+        Credentials {
+            token: self.auth_token.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+
     /// `self` with `auth_token` taken from the environment if it is not set
     /// already: `INSITU_AUTH_TOKEN` (the token), else `INSITU_AUTH_TOKEN_FILE`
     /// (a file holding it). An unusable token is an error.
@@ -55,6 +83,7 @@ impl Default for ClientConfig {
             op_timeout: Duration::from_secs(10),
             enumerate_batch_bytes: 1 << 20,
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -152,16 +181,17 @@ pub(crate) fn since(start: Instant, e: ClientError) -> ClientError {
 
 impl Client {
     /// Connect to the coordinator at `coordinator_addr` ("host:port"),
-    /// presenting the token in `INSITU_AUTH_TOKEN` if it is set.
+    /// presenting the token in `INSITU_AUTH_TOKEN` if it is set, over TLS
+    /// if `INSITU_TLS_CA` names a CA file.
     pub async fn connect(coordinator_addr: &str) -> Result<Client, ClientError> {
-        Client::connect_with(coordinator_addr, ClientConfig::default().with_env_token()?).await
+        Client::connect_with(coordinator_addr, ClientConfig::default().with_env()?).await
     }
 
     pub async fn connect_with(
         coordinator_addr: &str,
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
-        let pool = EndpointPool::new(config.auth_token.clone());
+        let pool = EndpointPool::new(config.credentials());
         let coordinator = pool.get(coordinator_addr);
         let deadline = Instant::now() + config.op_timeout;
         coordinator.conn(deadline).await?;

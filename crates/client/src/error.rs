@@ -79,6 +79,10 @@ pub enum ClientError {
     /// The client's token (from `INSITU_AUTH_TOKEN` or a file) is not usable.
     #[error("{0}")]
     Token(Arc<insitu_auth::TokenError>),
+
+    /// The client's TLS trust (`INSITU_TLS_CA`, `--tls-ca`) is not usable.
+    #[error("{0}")]
+    Tls(Arc<insitu_tls::TlsError>),
 }
 
 fn status_text(status: Status, message: &str) -> String {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use insitu_auth::Token;
+use insitu_auth::Credentials;
 use insitu_protocol::{Request, Status, TableInfo, TabletInfo};
 
 use crate::client::{Again, gave_up, since};
@@ -21,14 +21,14 @@ pub(crate) struct Endpoint {
     conn: Mutex<Option<RpcConn>>,
     /// Serialises (re)connecting so concurrent callers open one socket, not many.
     connecting: tokio::sync::Mutex<()>,
-    /// Presented in a `Hello` on every connection opened (None: no auth).
-    token: Option<Token>,
+    /// Token (for the `Hello`) and TLS trust of every connection opened.
+    credentials: Credentials,
 }
 
 impl Endpoint {
-    fn new(addr: &str, token: Option<Token>) -> Endpoint {
+    fn new(addr: &str, credentials: Credentials) -> Endpoint {
         Endpoint {
-            token,
+            credentials,
             addr: addr.to_string(),
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
@@ -57,11 +57,8 @@ impl Endpoint {
             return Ok(c);
         }
         let budget = deadline.saturating_duration_since(Instant::now());
-        let conn = match tokio::time::timeout(
-            budget,
-            RpcConn::open(&self.addr, self.token.as_ref()),
-        )
-        .await
+        let conn = match tokio::time::timeout(budget, RpcConn::open(&self.addr, &self.credentials))
+            .await
         {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(ClientError::from_rpc(&self.addr, e)),
@@ -91,15 +88,15 @@ impl Endpoint {
 pub(crate) struct EndpointPool {
     /// Address -> endpoint; entries are never removed (an address is small).
     by_addr: RwLock<HashMap<String, Arc<Endpoint>>>,
-    /// Every endpoint presents this (the client's token).
-    token: Option<Token>,
+    /// Every endpoint presents this (the client's token and TLS trust).
+    credentials: Credentials,
 }
 
 impl EndpointPool {
-    pub(crate) fn new(token: Option<Token>) -> EndpointPool {
+    pub(crate) fn new(credentials: Credentials) -> EndpointPool {
         EndpointPool {
             by_addr: RwLock::default(),
-            token,
+            credentials,
         }
     }
 
@@ -111,7 +108,7 @@ impl EndpointPool {
             .write()
             .expect("endpoint pool")
             .entry(addr.to_string())
-            .or_insert_with(|| Arc::new(Endpoint::new(addr, self.token.clone())))
+            .or_insert_with(|| Arc::new(Endpoint::new(addr, self.credentials.clone())))
             .clone()
     }
 }
@@ -354,7 +351,7 @@ mod tests {
 
     #[test]
     fn locate_finds_the_covering_tablet() {
-        let pool = EndpointPool::new(None);
+        let pool = EndpointPool::new(Credentials::none());
         let ranges = HashRange::split_even(4);
         let route = TableRoute::new(table(&ranges), &pool);
         for r in &ranges {
@@ -368,7 +365,7 @@ mod tests {
 
     #[test]
     fn locate_reports_gaps() {
-        let pool = EndpointPool::new(None);
+        let pool = EndpointPool::new(Credentials::none());
         let route = TableRoute::new(
             table(&[
                 HashRange {
@@ -392,7 +389,7 @@ mod tests {
 
     #[test]
     fn one_endpoint_per_address() {
-        let pool = EndpointPool::new(None);
+        let pool = EndpointPool::new(Credentials::none());
         let a = pool.get("127.0.0.1:1");
         let b = pool.get("127.0.0.1:1");
         assert!(Arc::ptr_eq(&a, &b));
@@ -401,7 +398,7 @@ mod tests {
 
     #[test]
     fn cache_keeps_the_newer_map() {
-        let pool = EndpointPool::new(None);
+        let pool = EndpointPool::new(Credentials::none());
         let cache = RouteCache::default();
         let mut newer = table(&HashRange::split_even(2));
         newer.map_version = 9;

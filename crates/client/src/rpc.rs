@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use insitu_auth::Token;
+use insitu_auth::Credentials;
 use insitu_protocol::{
     FrameCodec, FrameKind, ProtocolError, Request, Response, Status, blob, decode_response,
     encode_request,
 };
+use insitu_tls::{ClientTls, Stream};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -92,18 +93,20 @@ struct Inner {
 }
 
 impl RpcConn {
-    /// A connection that presents no token: for clusters without
-    /// authentication (and tests of what an anonymous peer is refused).
+    /// A plain connection that presents no token: for clusters without
+    /// authentication or TLS (and tests of what an anonymous peer is refused).
     pub async fn connect(addr: &str) -> Result<RpcConn, RpcError> {
-        RpcConn::open(addr, None).await
+        RpcConn::open(addr, &Credentials::none()).await
     }
 
-    /// A connection that first presents `token` (if any) in a `Hello` and
-    /// waits for the peer to accept it, so a wrong token is reported here,
-    /// as `RpcError::Refused`, not as a later request's closed connection.
-    pub async fn open(addr: &str, token: Option<&Token>) -> Result<RpcConn, RpcError> {
-        let conn = RpcConn::connect_unauthenticated(addr).await?;
-        if let Some(token) = token {
+    /// A connection over TLS if `credentials.tls` is set (the handshake
+    /// verifies the peer's certificate), which then presents the token (if
+    /// any) in a `Hello` and waits for the peer to accept it, so a wrong
+    /// token or certificate is reported here, not as a later request's
+    /// closed connection.
+    pub async fn open(addr: &str, credentials: &Credentials) -> Result<RpcConn, RpcError> {
+        let conn = RpcConn::connect_unauthenticated(addr, credentials.tls.as_ref()).await?;
+        if let Some(token) = &credentials.token {
             let hello = Request::Hello {
                 token: blob(token.as_bytes()),
             };
@@ -119,14 +122,20 @@ impl RpcConn {
         Ok(conn)
     }
 
-    async fn connect_unauthenticated(addr: &str) -> Result<RpcConn, RpcError> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|source| RpcError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
-        stream.set_nodelay(true).ok();
+    async fn connect_unauthenticated(
+        addr: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<RpcConn, RpcError> {
+        let connect_err = |source| RpcError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let tcp = TcpStream::connect(addr).await.map_err(connect_err)?;
+        tcp.set_nodelay(true).ok();
+        let stream = match tls {
+            Some(tls) => tls.connect(addr, tcp).await.map_err(connect_err)?,
+            None => Stream::Plain(tcp),
+        };
         let (read_half, mut write_half) = stream.into_split();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -142,7 +151,8 @@ impl RpcConn {
                         break;
                     }
                 }
-                if write_half.write_all(&buf).await.is_err() {
+                // Flush: TLS may hold records the socket did not take yet.
+                if write_half.write_all(&buf).await.is_err() || write_half.flush().await.is_err() {
                     break;
                 }
             }

@@ -20,9 +20,8 @@ use insitu_protocol::{
     FrameCodec, FrameKind, HEADER_BYTES, ProtocolError, Response, Status, decode_request,
     encode_error, encode_response,
 };
+use insitu_tls::{ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
@@ -159,7 +158,7 @@ enum Stop {
 
 /// The reading side of a connection: the codec, its buffer, the budget held.
 struct Reader<'s> {
-    half: OwnedReadHalf,
+    half: ReadHalf,
     codec: FrameCodec,
     buf: BytesMut,
     shared: &'s Shared,
@@ -236,14 +235,15 @@ impl<'s> Reader<'s> {
 pub async fn serve(
     coordinator: Arc<Coordinator>,
     shared: Arc<Shared>,
-    stream: TcpStream,
+    stream: Stream,
     shutdown: CancellationToken,
 ) {
     let peer = stream
+        .tcp()
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    stream.set_nodelay(true).ok();
+    stream.tcp().set_nodelay(true).ok();
     let (read_half, mut write_half) = stream.into_split();
     let stall = shared.limits.stall_timeout;
     let mut reader = Reader {
@@ -393,7 +393,7 @@ fn encode_reply(out: &mut BytesMut, request_id: u64, response: &Response<'_>) {
 }
 
 /// Read and discard what the peer still sends, briefly and boundedly.
-async fn drain(mut read_half: OwnedReadHalf, shutdown: &CancellationToken) {
+async fn drain(mut read_half: ReadHalf, shutdown: &CancellationToken) {
     let mut scratch = vec![0u8; 16 * 1024];
     let mut left = DRAIN_BYTES;
     let deadline = tokio::time::sleep(DRAIN_TIME);
@@ -410,9 +410,12 @@ async fn drain(mut read_half: OwnedReadHalf, shutdown: &CancellationToken) {
     }
 }
 
-async fn write(write_half: &mut OwnedWriteHalf, bytes: &[u8], timeout: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(timeout, write_half.write_all(bytes)).await,
-        Ok(Ok(()))
-    )
+/// Write and flush (TLS may hold records back); false if the peer did not
+/// take `bytes` within `timeout`.
+async fn write(write_half: &mut WriteHalf, bytes: &[u8], timeout: Duration) -> bool {
+    let all = async {
+        write_half.write_all(bytes).await?;
+        write_half.flush().await
+    };
+    matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(())))
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use insitu_auth::Token;
+use insitu_auth::Credentials;
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::Request;
 use tokio::task::JoinSet;
@@ -75,7 +75,7 @@ type Conns = Arc<Mutex<HashMap<String, RpcConn>>>;
 /// reply came. A failed connection is dropped, so the next ping reconnects.
 async fn ping(
     conns: Conns,
-    token: Option<Token>,
+    member: Arc<Credentials>,
     addr: String,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -89,7 +89,7 @@ async fn ping(
         let conn = match cached {
             Some(c) => c,
             None => {
-                let c = RpcConn::open(&addr, token.as_ref())
+                let c = RpcConn::open(&addr, &member)
                     .await
                     .map_err(|e| e.to_string())?;
                 conns
@@ -219,9 +219,9 @@ fn round(
         if !w.in_flight {
             w.in_flight = true;
             let (conns, timeout) = (conns.clone(), timing.ping_timeout());
-            let token = coordinator.shards.token().cloned();
+            let member = coordinator.shards.credentials().clone();
             pings.spawn(async move {
-                let result = ping(conns, token, addr.clone(), timeout).await;
+                let result = ping(conns, member, addr.clone(), timeout).await;
                 (id, addr, result, Instant::now())
             });
         }

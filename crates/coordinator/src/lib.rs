@@ -95,11 +95,12 @@ use std::time::Duration;
 use anyhow::Context;
 use bytes::BytesMut;
 use insitu_protocol::{Status, encode_error};
+use insitu_tls::{ServerTls, Stream};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::service::Coordinator;
 use crate::store::Store;
@@ -134,7 +135,10 @@ pub struct CoordinatorConfig {
     pub failure_timeout: Duration,
     /// Which tokens the coordinator accepts, and the cluster credential it
     /// presents to servers. `Gate::open()` (the default): no authentication.
+    /// Its dial credentials carry the TLS trust (`Gate::with_dial_tls`).
     pub gate: Gate,
+    /// TLS on the coordinator's port; None: plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 /// Most replicas per segment a coordinator accepts: more would multiply
@@ -153,6 +157,7 @@ impl CoordinatorConfig {
             ping_interval: Duration::from_millis(100),
             failure_timeout: Duration::from_millis(500),
             gate: Gate::open(),
+            tls: None,
         }
     }
 
@@ -336,7 +341,7 @@ pub async fn start(
         store,
         model,
         config.rehome_after_servers,
-        config.gate.member_token().cloned(),
+        config.gate.as_member().clone(),
     ));
     if config.forget_servers {
         // Committed before the first request is served.
@@ -375,6 +380,7 @@ pub async fn start(
     let publisher = tokio::spawn(metrics::publish(coordinator.clone(), shutdown.clone()));
     let task = tokio::spawn(accept_loop(
         listener,
+        config.tls.clone(),
         coordinator.clone(),
         conns.clone(),
         shutdown.clone(),
@@ -414,6 +420,7 @@ async fn admit(
 
 async fn accept_loop(
     listener: TcpListener,
+    tls: Option<ServerTls>,
     coordinator: Arc<Coordinator>,
     conns: Arc<conn::Shared>,
     shutdown: CancellationToken,
@@ -435,8 +442,18 @@ async fn accept_loop(
                         let coordinator = coordinator.clone();
                         let shutdown = shutdown.clone();
                         let conns = conns.clone();
+                        let tls = tls.clone();
                         connections.spawn(async move {
-                            conn::serve(coordinator, conns, stream, shutdown).await;
+                            // The handshake runs here, off the accept loop,
+                            // and may take no longer than a stalled frame.
+                            let stream = match &tls {
+                                Some(tls) => tls.accept(stream, conns.limits.stall_timeout).await,
+                                None => Ok(Stream::Plain(stream)),
+                            };
+                            match stream {
+                                Ok(stream) => conn::serve(coordinator, conns, stream, shutdown).await,
+                                Err(e) => debug!(%peer, "connection closed: {e}"),
+                            }
                             drop(permit);
                         });
                     }
@@ -444,8 +461,11 @@ async fn accept_loop(
                         warn!(%peer, "refusing a connection: {max_connections} connections are open and none is idle");
                         let mut out = BytesMut::new();
                         encode_error(&mut out, 0, Status::Retry, format!("too many connections (limit {max_connections})"));
-                        // Best effort, never blocks: the socket buffer takes a small frame.
-                        let _ = stream.try_write(&out);
+                        // Best effort, never blocks: the socket buffer takes
+                        // a small frame (a TLS peer could not read it).
+                        if tls.is_none() {
+                            let _ = stream.try_write(&out);
+                        }
                         drop(stream);
                     }
                 },

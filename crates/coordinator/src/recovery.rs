@@ -401,10 +401,13 @@ async fn call_recover(
     addr: &str,
     request: &Request<'_>,
 ) -> Result<(u64, u64, u64), String> {
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, coord.shards.token()))
-        .await
-        .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())?;
+    let conn = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        RpcConn::open(addr, coord.shards.credentials()),
+    )
+    .await
+    .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
+    .map_err(|e| e.to_string())?;
     let reply = conn
         .call_timeout(request, RECOVER_TIMEOUT)
         .await

@@ -103,7 +103,7 @@ impl Drop for Dir {
 
 fn open(dir: &Dir) -> Coordinator {
     let (store, model, _) = Store::open(&dir.0, 2).unwrap();
-    Coordinator::new(store, model, 0, None)
+    Coordinator::new(store, model, 0, insitu_auth::Credentials::none())
 }
 
 const TABLE: u64 = 1;

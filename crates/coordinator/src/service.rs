@@ -70,13 +70,13 @@ pub struct Coordinator {
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
 
 impl Coordinator {
-    /// `member_token`: what the coordinator presents to servers (None: no
-    /// authentication).
+    /// `member`: what the coordinator presents to servers (the cluster
+    /// credential, the TLS trust).
     pub fn new(
         store: Store,
         model: Model,
         rehome_after_servers: usize,
-        member_token: Option<insitu_auth::Token>,
+        member: insitu_auth::Credentials,
     ) -> Coordinator {
         Coordinator {
             rehome_after_servers,
@@ -87,7 +87,7 @@ impl Coordinator {
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
             move_lock: tokio::sync::Mutex::new(()),
-            shards: ShardPool::new(member_token),
+            shards: ShardPool::new(member),
         }
     }
 

@@ -1,10 +1,10 @@
 //! Calls from the coordinator to storage shards: one cached `RpcConn` per address.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use insitu_auth::Token;
+use insitu_auth::Credentials;
 use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Request, Status};
 
@@ -38,8 +38,8 @@ impl std::fmt::Display for CallError {
 
 /// A new connection to `addr`, bounded by `CONNECT_TIMEOUT`: shared by the
 /// cached and the one-off connections so both report a failed connect alike.
-async fn connect(addr: &str, token: Option<&Token>) -> Result<RpcConn, CallError> {
-    tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, token))
+async fn connect(addr: &str, member: &Credentials) -> Result<RpcConn, CallError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, member))
         .await
         .map_err(|_| {
             CallError::Transport(format!(
@@ -70,22 +70,22 @@ async fn call_ok(
 
 pub struct ShardPool {
     conns: Mutex<HashMap<String, RpcConn>>,
-    /// The cluster credential, presented on every connection to a server
-    /// (None: the cluster runs without authentication).
-    token: Option<Token>,
+    /// The cluster credential and TLS trust, presented on every connection
+    /// to a server. Shared with the failure detector's ping tasks.
+    member: Arc<Credentials>,
 }
 
 impl ShardPool {
-    pub fn new(token: Option<Token>) -> ShardPool {
+    pub fn new(member: Credentials) -> ShardPool {
         ShardPool {
             conns: Mutex::default(),
-            token,
+            member: Arc::new(member),
         }
     }
 
     /// What the coordinator presents to servers.
-    pub fn token(&self) -> Option<&Token> {
-        self.token.as_ref()
+    pub fn credentials(&self) -> &Arc<Credentials> {
+        &self.member
     }
 
     async fn conn(&self, addr: &str) -> Result<RpcConn, CallError> {
@@ -97,7 +97,7 @@ impl ShardPool {
                 return Ok(conn.clone());
             }
         }
-        let conn = connect(addr, self.token.as_ref()).await?;
+        let conn = connect(addr, &self.member).await?;
         self.conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -150,7 +150,7 @@ impl ShardPool {
         request: &Request<'_>,
         timeout: Duration,
     ) -> Result<(), CallError> {
-        let conn = connect(addr, self.token.as_ref()).await?;
+        let conn = connect(addr, &self.member).await?;
         call_ok(&conn, addr, request, timeout).await
     }
 

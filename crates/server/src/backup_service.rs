@@ -36,7 +36,7 @@ use insitu_backup::service::{Outcome, answer_without_store};
 use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncMode};
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
 use insitu_protocol::{FrameKind, Response, Status, decode_request, encode_error, encode_response};
-use tokio::net::TcpStream;
+use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -68,6 +68,8 @@ pub struct BackupSettings {
     pub limits: ConnLimits,
     /// Who may connect (backup requests need the cluster credential).
     pub gate: Gate,
+    /// TLS on every connection accepted; None: plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 type Service = BackupService<FsIo>;
@@ -146,6 +148,8 @@ struct Shared {
     limits: ConnLimits,
     /// Only cluster members may send backup requests (`insitu_auth`).
     gate: Gate,
+    /// Handshake on accept when set.
+    tls: Option<ServerTls>,
     budget: FrameBudget,
     jobs: mpsc::UnboundedSender<Job>,
     connections: Cell<usize>,
@@ -175,6 +179,7 @@ fn run(
     let shared = Rc::new(Shared {
         limits: settings.limits.clone(),
         gate: settings.gate.clone(),
+        tls: settings.tls.clone(),
         budget: FrameBudget::new(FRAME_BUDGET_BYTES),
         jobs: jobs_tx,
         connections: Cell::new(0),
@@ -234,7 +239,15 @@ async fn accept_loop(
         let shared = shared.clone();
         shared.connections.set(shared.connections.get() + 1);
         tokio::task::spawn_local(async move {
-            match serve(stream, &shared).await {
+            let stream = match &shared.tls {
+                Some(tls) => tls.accept(stream, shared.limits.stall_timeout).await,
+                None => Ok(Stream::Plain(stream)),
+            };
+            let served = match stream {
+                Ok(stream) => serve(stream, &shared).await,
+                Err(e) => Err(e),
+            };
+            match served {
                 Ok(None) => {}
                 Ok(Some(why)) => {
                     tracing::debug!(%peer, ?why, "backup connection closed by the server")
@@ -388,7 +401,7 @@ fn answer_group(svc: &mut Service, jobs: &[Vec<(u64, BytesMut)>]) -> Vec<BytesMu
 
 /// One connection: answer `Ping` and refusals here, hand backup requests to
 /// the committer and wait for their replies, then read on.
-async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<Option<Closed>> {
+async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Closed>> {
     let limits = &shared.limits;
     let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
     let mut wbuf = BytesMut::new();

@@ -16,6 +16,7 @@ async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_a
         disk_budget_bytes: u64::MAX,
         limits: ConnLimits::default(),
         gate: insitu_auth::Gate::open(),
+        tls: None,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (addr, installer, thread) = start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();

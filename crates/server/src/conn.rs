@@ -20,8 +20,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
 use insitu_protocol::{FrameKind, Status, encode_error};
+use insitu_tls::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -37,7 +37,7 @@ use crate::shard::ShardState;
 /// pipeline of point requests per syscall.
 pub const BASE_BUFFER_BYTES: usize = 64 * 1024;
 
-pub async fn serve(mut stream: TcpStream, state: &ShardState) -> std::io::Result<Option<Closed>> {
+pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Option<Closed>> {
     let limits = &state.limits;
     let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
     let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
@@ -227,12 +227,17 @@ pub(crate) fn rebuffer(buf: &BytesMut, capacity: usize) -> BytesMut {
 }
 
 /// Write all of `bytes`, or fail if the peer does not take them in `timeout`.
+/// Flushed, so a TLS stream holds back no records (free on plain TCP).
 pub(crate) async fn write(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     bytes: &[u8],
     timeout: Duration,
 ) -> std::io::Result<()> {
-    match tokio::time::timeout(timeout, stream.write_all(bytes)).await {
+    let all = async {
+        stream.write_all(bytes).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, all).await {
         Ok(r) => r,
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,

@@ -35,6 +35,7 @@ use insitu_auth::Gate;
 use insitu_client::rpc::RpcConn;
 use insitu_engine::EngineConfig;
 use insitu_protocol::{Request, Response, Status};
+use insitu_tls::ServerTls;
 use tokio::sync::watch;
 
 pub use backup_service::REPLICA_DIR;
@@ -91,7 +92,11 @@ pub struct ServerConfig {
     /// Which tokens this server accepts, and the cluster credential it
     /// presents to the coordinator and its peers. `Gate::open()`: no
     /// authentication (every connection may send every request).
+    /// Its dial credentials carry the TLS trust (`Gate::with_dial_tls`).
     pub gate: Gate,
+    /// TLS on every port this server listens on (shards and the backup
+    /// service); None: plain TCP.
+    pub tls: Option<ServerTls>,
 }
 
 impl ServerConfig {
@@ -115,6 +120,7 @@ impl ServerConfig {
             backup_disk_budget_bytes: u64::MAX,
             replication: ReplicationConfig::default(),
             gate: Gate::open(),
+            tls: None,
         }
     }
 }
@@ -255,9 +261,13 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         let (limits, budget) = (config.limits.clone(), frame_budgets[i].clone());
         let stop = stop_rx.clone();
         let repl = replication.clone();
+        let tls = config.tls.clone();
         let t = std::thread::Builder::new()
             .name(format!("insitu-shard-{i}"))
-            .spawn(move || shard::run_shard(i, listener, engine_config, limits, budget, repl, stop))
+            .spawn(move || {
+                let listen = shard::Listen { listener, tls };
+                shard::run_shard(i, listen, engine_config, limits, budget, repl, stop)
+            })
             .context("cannot start shard thread")?;
         threads.push(t);
     }
@@ -269,6 +279,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         disk_budget_bytes: config.backup_disk_budget_bytes,
         limits: config.limits.clone(),
         gate: config.gate.clone(),
+        tls: config.tls.clone(),
     };
     let started = backup_service::start(
         &config.host,
@@ -413,8 +424,8 @@ async fn enlist_once(
     identity: String,
 ) -> Result<Enlisted, EnlistError> {
     const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-    let token = config.gate.member_token();
-    let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::open(&config.coordinator, token))
+    let member = config.gate.as_member();
+    let conn = tokio::time::timeout(CALL_TIMEOUT, RpcConn::open(&config.coordinator, member))
         .await
         .map_err(|_| EnlistError::Unreachable(anyhow::anyhow!("connecting timed out")))?
         .map_err(|e| match e {

@@ -123,7 +123,7 @@ async fn copy_out(
     };
     let conn = tokio::time::timeout(
         CONNECT_TIMEOUT,
-        RpcConn::open(dest_addr, state.gate.member_token()),
+        RpcConn::open(dest_addr, state.gate.as_member()),
     )
     .await
     .map_err(|_| {

@@ -324,13 +324,10 @@ async fn list_one(
     cluster: u64,
     master: u64,
 ) -> Result<(RpcConn, Vec<ReplicaInfo>), String> {
-    let conn = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        RpcConn::open(addr, state.gate.member_token()),
-    )
-    .await
-    .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
-    .map_err(|e| e.to_string())?;
+    let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, state.gate.as_member()))
+        .await
+        .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
     let request = Request::BackupList {
         cluster,
         master,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use insitu_engine::{Engine, EngineConfig};
 use insitu_protocol::TabletState;
+use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{Notify, watch};
 
 use crate::limits::{ConnLimits, FrameBudget};
@@ -149,15 +150,25 @@ impl ShardState {
     }
 }
 
+/// What a shard listens on.
+pub struct Listen {
+    /// Bound (and non-blocking) by the server before the shard starts, so
+    /// its address is known and published first.
+    pub listener: std::net::TcpListener,
+    /// TLS on every connection accepted; None: plain TCP.
+    pub tls: Option<ServerTls>,
+}
+
 pub fn run_shard(
     index: usize,
-    listener: std::net::TcpListener,
+    listen: Listen,
     engine_config: EngineConfig,
     limits: ConnLimits,
     frame_budget: Arc<FrameBudget>,
     replication: Arc<ServerReplication>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Listen { listener, tls } = listen;
     let mut fenced = replication.fenced_watch();
     let gate = replication.gate.clone();
     let addr = listener
@@ -243,8 +254,19 @@ pub fn run_shard(
                     let _ = stream.set_nodelay(true);
                     let state = state.clone();
                     state.connections.set(state.connections.get() + 1);
+                    let tls = tls.clone();
                     tokio::task::spawn_local(async move {
-                        match crate::conn::serve(stream, &state).await {
+                        // The handshake runs here, off the accept loop, and
+                        // may take no longer than a stalled frame.
+                        let stream = match &tls {
+                            Some(tls) => tls.accept(stream, state.limits.stall_timeout).await,
+                            None => Ok(Stream::Plain(stream)),
+                        };
+                        let served = match stream {
+                            Ok(stream) => crate::conn::serve(stream, &state).await,
+                            Err(e) => Err(e),
+                        };
+                        match served {
                             Ok(None) => {}
                             Ok(Some(why)) => tracing::debug!(shard = index, %peer, ?why, "connection closed by the shard"),
                             Err(e) => tracing::debug!(shard = index, %peer, "connection closed: {e}"),

@@ -322,7 +322,7 @@ async fn peer_call(
     request: &Request<'_>,
 ) -> Result<Response<'static>, String> {
     let call = async {
-        let conn = RpcConn::open(addr, state.gate.client_token())
+        let conn = RpcConn::open(addr, state.gate.as_client())
             .await
             .map_err(|e| e.to_string())?;
         let reply = conn.call(request).await.map_err(|e| e.to_string())?;

@@ -240,3 +240,13 @@ pub fn users_table(cluster: &Cluster) {
         "3,carol,45,-1",
     ]));
 }
+
+/// The id of a server none of whose shards is `shard_addr`: where a tablet
+/// held there can move.
+pub fn server_without(servers: &[insitu_client::ServerInfo], shard_addr: &str) -> u64 {
+    servers
+        .iter()
+        .find(|s| !s.shard_addrs.iter().any(|a| a == shard_addr))
+        .expect("a server without that shard")
+        .id
+}

@@ -490,8 +490,8 @@ async fn connect(repl: &Replicator, addr: &Rc<str>) -> Result<RpcConn, SendError
         return Ok(c.clone());
     }
     let timeout = repl.shared.config.call_timeout;
-    let token = repl.shared.gate.member_token();
-    let conn = match tokio::time::timeout(timeout, RpcConn::open(addr, token)).await {
+    let member = repl.shared.gate.as_member();
+    let conn = match tokio::time::timeout(timeout, RpcConn::open(addr, member)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return Err(SendError::Failed(e.to_string())),
         Err(_) => {
