@@ -224,4 +224,47 @@ mod tests {
         let _ = s.read_to_end(&mut reply).await;
         assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 431"));
     }
+
+    /// 32 silent connections take every slot: a scrape waits (it is not
+    /// answered while they hold them), each silent one is answered 408 after
+    /// `READ_TIMEOUT`, and then the scrape is served.
+    #[tokio::test]
+    async fn silent_connections_hold_slots_until_their_head_times_out() {
+        crate::recorder();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, None));
+        let mut silent = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            silent.push(TcpStream::connect(&addr).await.unwrap());
+        }
+        // Let the server accept them all before the scrape arrives.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let scrape = tokio::spawn({
+            let addr = addr.clone();
+            async move { get(&addr, "/metrics").await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !scrape.is_finished(),
+            "served beyond {MAX_CONNECTIONS} connections"
+        );
+        let (code, _) = tokio::time::timeout(READ_TIMEOUT * 3, scrape)
+            .await
+            .expect("served once slots free up")
+            .unwrap()
+            .unwrap();
+        assert_eq!(code, 200);
+        assert!(started.elapsed() >= READ_TIMEOUT - Duration::from_millis(500));
+        for mut s in silent {
+            let mut reply = Vec::new();
+            let _ = s.read_to_end(&mut reply).await;
+            assert!(
+                String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 408"),
+                "{}",
+                String::from_utf8_lossy(&reply)
+            );
+        }
+    }
 }
