@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use insitu_auth::{ENV_AUTH_TOKEN, ENV_CLUSTER_TOKEN, Gate, Token};
+use insitu_auth::{ENV_CLUSTER_TOKEN, Gate, Token};
 
 use crate::ClusterArg;
 
@@ -36,13 +36,14 @@ pub fn no_auth_warning() -> &'static str {
      write and drop every table and send cluster-internal requests"
 }
 
-/// The client token: `--auth-token-file` (or INSITU_AUTH_TOKEN_FILE), else
-/// INSITU_AUTH_TOKEN, else none.
+/// The client token: `--auth-token-file`, else INSITU_AUTH_TOKEN, else the
+/// file INSITU_AUTH_TOKEN_FILE names (`Token::client_from_env`: the order
+/// the libraries use too), else none.
 pub fn client_token(cluster: &ClusterArg) -> anyhow::Result<Option<Token>> {
     if let Some(path) = &cluster.auth_token_file {
         return Ok(Some(Token::from_file(path)?));
     }
-    Token::from_env(ENV_AUTH_TOKEN)
+    Token::client_from_env()
         .transpose()
         .map_err(anyhow::Error::from)
 }

@@ -40,14 +40,11 @@ pub struct ClusterArg {
     )]
     pub cluster: String,
     /// File holding the client token (`insitu up` writes one under its
-    /// --dir). Default: the INSITU_AUTH_TOKEN environment variable holds the
-    /// token itself. Servers and the coordinator accept it for data requests.
-    #[arg(
-        long,
-        env = "INSITU_AUTH_TOKEN_FILE",
-        global = true,
-        value_name = "FILE"
-    )]
+    /// --dir). Without it: the INSITU_AUTH_TOKEN environment variable (the
+    /// token itself), else the file INSITU_AUTH_TOKEN_FILE names, in the
+    /// same order as the Rust and Python clients. Servers and the
+    /// coordinator accept it for data requests.
+    #[arg(long, global = true, value_name = "FILE")]
     pub auth_token_file: Option<PathBuf>,
     /// Dial the cluster over TLS, trusting the CA certificate(s) in this PEM
     /// file (`insitu up --tls` writes DIR/tls/ca.pem); the servers'

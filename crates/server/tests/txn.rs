@@ -15,6 +15,7 @@ use insitu_client::{Client, ClientConfig, RpcConn, Status, TableInfo};
 use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnItem, TxnWrite};
 use insitu_protocol::{RejectRules, Request, Response, blob};
+use insitu_server::ServerConfig;
 
 struct Cluster {
     client: Client,
@@ -244,6 +245,60 @@ async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, wi
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A tablet move waits for a prepared transaction's lock on the tablet
+/// (the copy must carry what the decision writes), and then completes: the
+/// destination serves the committed value.
+#[tokio::test]
+async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
+    let c = cluster(1).await;
+    let mut config = ServerConfig::new(c.node.addr(), c.node.dir.path().join("s2"));
+    config.shards = 1;
+    let second = insitu_server::start(config).await.unwrap();
+    let info = c.client.create_table("moving", 1).await.unwrap();
+    let t = info.id;
+    let owner = info.tablets[0].addr.clone();
+    let servers = c.client.list_servers().await.unwrap();
+    let dest = servers
+        .iter()
+        .find(|s| !s.shard_addrs.contains(&owner))
+        .expect("a second server");
+    let (dest_id, dest_shard) = (dest.id, dest.shard_addrs[0].clone());
+
+    // Prepared as a secondary whose primary (the other server) has not
+    // decided: the lock stays until a decision comes (or, after 2 s, the
+    // primary is asked; this test decides well before).
+    let s = RpcConn::connect(&owner).await.unwrap();
+    let txn = 0xfeed;
+    let r = s
+        .call(&prepare(txn, Some(&dest_shard), &[], t, "k", "committed"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    let client = c.client.clone();
+    let mover = tokio::spawn(async move { client.move_tablet("moving", 0, dest_id).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!mover.is_finished(), "the move did not wait for the lock");
+    let r = s
+        .call(&Request::TxnDecide { txn, commit: true })
+        .await
+        .unwrap();
+    assert!(matches!(
+        r.decode().unwrap(),
+        Response::TxnDecided { committed: true }
+    ));
+    mover
+        .await
+        .unwrap()
+        .expect("the move completes once the lock is gone");
+    let moved = c.client.open_table("moving").await.unwrap();
+    assert_eq!(moved.tablets[0].addr, dest_shard);
+    wait_for(&c.client, t, "k", Some("committed"), Duration::from_secs(5)).await;
+    tokio::task::spawn_blocking(move || second.shutdown())
+        .await
+        .unwrap();
+    drop(c.node);
 }
 
 #[tokio::test]

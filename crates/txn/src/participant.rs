@@ -27,6 +27,7 @@
 //! which everything it read was still current (RAMCloud, Lee et al. 2015).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::RandomState;
 
 /// A transaction's id (the protocol's `TxnId`).
 pub type TxnId = u64;
@@ -190,12 +191,27 @@ pub enum Apply {
     Nothing,
 }
 
+/// A lock-map key borrowed from a request: hashes as `(u64, Vec<u8>)` does
+/// (the derive hashes the fields in order, and `Vec<u8>` hashes as its
+/// slice), and compares equal to it, so lookups need no owned copy.
+#[derive(Hash)]
+struct KeyRef<'a>(u64, &'a [u8]);
+
+impl hashbrown::Equivalent<(u64, Vec<u8>)> for KeyRef<'_> {
+    fn equivalent(&self, key: &(u64, Vec<u8>)) -> bool {
+        self.0 == key.0 && self.1 == key.1.as_slice()
+    }
+}
+
 /// A participant's transaction state (one per shard).
 #[derive(Debug)]
 pub struct Participant {
     limits: Limits,
-    /// (table, key) -> (holder, key hash): the write locks.
-    locks: HashMap<(u64, Vec<u8>), (TxnId, u64)>,
+    /// (table, key) -> (holder, key hash): the write locks. hashbrown's
+    /// map so a plain write's check probes it with a borrowed key
+    /// (`KeyRef`) instead of copying the key; std's `RandomState`, since
+    /// keys come from clients (a seeded SipHash resists collision floods).
+    locks: hashbrown::HashMap<(u64, Vec<u8>), (TxnId, u64), RandomState>,
     prepared: HashMap<TxnId, Prepared>,
     /// Decisions taken or learned here, and their order for expiry.
     decisions: HashMap<TxnId, bool>,
@@ -208,7 +224,7 @@ impl Participant {
     pub fn new(limits: Limits) -> Participant {
         Participant {
             limits,
-            locks: HashMap::new(),
+            locks: hashbrown::HashMap::with_hasher(RandomState::new()),
             prepared: HashMap::new(),
             decisions: HashMap::new(),
             decided_order: VecDeque::new(),
@@ -264,7 +280,7 @@ impl Participant {
             });
         }
         for item in &items {
-            if let Some(&(by, _)) = self.locks.get(&(item.table, item.key.clone())) {
+            if let Some(&(by, _)) = self.locks.get(&KeyRef(item.table, &item.key)) {
                 return Err(Refusal::Locked {
                     table: item.table,
                     key: item.key.clone(),
@@ -315,7 +331,7 @@ impl Participant {
         };
         self.held_bytes -= p.bytes;
         for item in p.items.iter().filter(|i| i.write != Write::None) {
-            let removed = self.locks.remove(&(item.table, item.key.clone()));
+            let removed = self.locks.remove(&KeyRef(item.table, &item.key));
             debug_assert_eq!(
                 removed.map(|(t, _)| t),
                 Some(txn),
@@ -376,9 +392,9 @@ impl Participant {
     /// Whether a transaction holds the lock of `key` of `table`: plain
     /// writes to it wait (the caller answers Retry).
     pub fn is_locked(&self, table: u64, key: &[u8]) -> bool {
-        // The map is keyed by owned keys; a miss is the common case, and the
-        // caller skips this entirely while no lock is held (`lock_count`).
-        !self.locks.is_empty() && self.locks.contains_key(&(table, key.to_vec()))
+        // A miss is the common case: no allocation, one probe (and none
+        // while no lock is held).
+        !self.locks.is_empty() && self.locks.contains_key(&KeyRef(table, key))
     }
 
     /// Locks held on keys of `table` with hash in `start..=end` (a tablet):

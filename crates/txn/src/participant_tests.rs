@@ -23,6 +23,32 @@ fn none(_: &Item) -> u64 {
 }
 
 #[test]
+fn a_borrowed_key_hashes_and_compares_as_the_owned_one() {
+    use std::hash::BuildHasher;
+    let state = RandomState::new();
+    for (table, key) in [(0u64, &b""[..]), (7, b"k"), (u64::MAX, &[0u8, 255, 3][..])] {
+        let owned = (table, key.to_vec());
+        assert_eq!(state.hash_one(KeyRef(table, key)), state.hash_one(&owned));
+        assert!(hashbrown::Equivalent::equivalent(
+            &KeyRef(table, key),
+            &owned
+        ));
+        assert!(!hashbrown::Equivalent::equivalent(
+            &KeyRef(table.wrapping_add(1), key),
+            &owned
+        ));
+    }
+    // Through the participant: locked while prepared, free once decided.
+    let mut p = Participant::new(Limits::default());
+    p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    assert!(p.is_locked(1, b"a"));
+    assert!(!p.is_locked(1, b"b") && !p.is_locked(2, b"a"));
+    p.decide(1, true, 1);
+    assert!(!p.is_locked(1, b"a"));
+}
+
+#[test]
 fn a_locked_key_refuses_other_transactions_until_decided() {
     let mut p = Participant::new(Limits::default());
     p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
