@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -89,8 +90,26 @@ class Cluster:
         self.proc.wait(timeout=30)
 
     def pause(self) -> None:
-        """Freeze the cluster (SIGSTOP): connections stay open, nothing answers."""
+        """Freeze the cluster (SIGSTOP): connections stay open, nothing answers.
+
+        Returns once every thread is stopped: the signal is delivered
+        asynchronously, and on a busy machine a shard thread can otherwise
+        answer one more request after `kill` returns."""
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            states = []
+            for task in tasks.iterdir():
+                try:
+                    # The state follows the ")" that ends the command name.
+                    states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except (OSError, IndexError):
+                    continue  # a thread that just exited
+            if states and all(st in ("T", "t") for st in states):
+                return
+            time.sleep(0.005)
+        raise RuntimeError("insitu up did not stop within 5 s of SIGSTOP")
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
