@@ -115,15 +115,7 @@ fn all_keys_intact(addr: &str, client_token: &Token, table: &str) {
         ..ClientConfig::default()
     };
     let client = BlockingClient::connect_with(addr, config).expect("connect with the token");
-    let t = client.open_table(table).expect("open").id;
-    for i in 0..KEYS {
-        let got = client.read(t, format!("k{i}")).expect("read");
-        assert_eq!(
-            got.map(|(v, _)| v.to_vec()),
-            Some(format!("v{i}").into_bytes()),
-            "key k{i} lost"
-        );
-    }
+    common::all_keys_intact(&client, table, KEYS);
 }
 
 #[test]
@@ -170,11 +162,7 @@ fn up_requires_its_token_on_every_port_and_keeps_control_requests_for_members() 
     };
     let client = BlockingClient::connect_with(&addr, config).unwrap();
     let info = client.open_table("t").unwrap();
-    for i in 0..KEYS {
-        client
-            .write(info.id, format!("k{i}"), format!("v{i}"))
-            .unwrap();
-    }
+    common::write_keys(&client, "t", KEYS);
     let servers = client.list_servers().unwrap();
     assert_eq!(servers.len(), 2);
     let target = common::server_without(&servers, &info.tablets[0].addr);
@@ -370,12 +358,7 @@ fn standalone_roles_use_auth_init_files_and_a_server_without_them_cannot_join() 
         ..ClientConfig::default()
     };
     let client = BlockingClient::connect_with(&addr, config).unwrap();
-    let table = client.open_table("s").unwrap().id;
-    for i in 0..KEYS {
-        client
-            .write(table, format!("k{i}"), format!("v{i}"))
-            .unwrap();
-    }
+    common::write_keys(&client, "s", KEYS);
     assert_eq!(
         ok(cli_with_token(&addr, &client_file, &["get", "s", "k7"])),
         "v7\n"

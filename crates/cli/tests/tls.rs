@@ -41,27 +41,6 @@ fn cli_tls(addr: &str, token_file: &Path, ca: &Path, args: &[&str]) -> (i32, Str
     cli(addr, &all)
 }
 
-fn write_keys(client: &BlockingClient, table: &str) {
-    let t = client.open_table(table).expect("open").id;
-    for i in 0..KEYS {
-        client
-            .write(t, format!("k{i}"), format!("v{i}"))
-            .expect("write");
-    }
-}
-
-fn all_keys_intact(client: &BlockingClient, table: &str) {
-    let t = client.open_table(table).expect("open").id;
-    for i in 0..KEYS {
-        let got = client.read(t, format!("k{i}")).expect("read");
-        assert_eq!(
-            got.map(|(v, _)| v.to_vec()),
-            Some(format!("v{i}").into_bytes()),
-            "key k{i} lost"
-        );
-    }
-}
-
 /// A plaintext peer sending valid insitu frames to a TLS port gets no
 /// insitu reply: the handshake fails and the connection is closed.
 fn plaintext_gets_nothing(addr: &str) {
@@ -136,7 +115,7 @@ fn up_with_tls_serves_every_port_over_tls() {
         &["table", "create", "t", "--tablets", "4"],
     ));
     let client = BlockingClient::connect_with(&addr, tls_config(&client_token, &ca)).unwrap();
-    write_keys(&client, "t");
+    common::write_keys(&client, "t", KEYS);
     let info = client.open_table("t").unwrap();
     let servers = client.list_servers().unwrap();
     assert_eq!(servers.len(), 2);
@@ -148,7 +127,7 @@ fn up_with_tls_serves_every_port_over_tls() {
         &["tablet", "move", "t", "0", &target.to_string()],
     ));
     assert!(moved.contains("moved"), "{moved}");
-    all_keys_intact(&client, "t");
+    common::all_keys_intact(&client, "t", KEYS);
 
     // The right token without TLS: refused (the port speaks only TLS).
     let plain = ClientConfig {
@@ -194,7 +173,7 @@ fn up_with_tls_serves_every_port_over_tls() {
         }
         plaintext_gets_nothing(&s.backup_addr);
     }
-    all_keys_intact(&client, "t");
+    common::all_keys_intact(&client, "t", KEYS);
 }
 
 #[test]
@@ -295,7 +274,7 @@ fn standalone_roles_with_tls_init_files_recover_over_tls() {
     ));
     let client_token = token(&token_file);
     let client = BlockingClient::connect_with(&addr, tls_config(&client_token, &ca)).unwrap();
-    write_keys(&client, "s");
+    common::write_keys(&client, "s", KEYS);
     assert_eq!(
         ok(cli_tls(&addr, &token_file, &ca, &["get", "s", "k7"])),
         "v7\n"
@@ -312,5 +291,5 @@ fn standalone_roles_with_tls_init_files_recover_over_tls() {
         &ca,
         &["server", "remove", &victim.to_string()],
     ));
-    all_keys_intact(&client, "s");
+    common::all_keys_intact(&client, "s", KEYS);
 }

@@ -250,3 +250,26 @@ pub fn server_without(servers: &[insitu_client::ServerInfo], shard_addr: &str) -
         .expect("a server without that shard")
         .id
 }
+
+/// Write `k0..k{n}` = `v0..v{n}` into `table`.
+pub fn write_keys(client: &insitu_client::BlockingClient, table: &str, n: usize) {
+    let t = client.open_table(table).expect("open").id;
+    for i in 0..n {
+        client
+            .write(t, format!("k{i}"), format!("v{i}"))
+            .expect("write");
+    }
+}
+
+/// Every key `write_keys` wrote reads back its value.
+pub fn all_keys_intact(client: &insitu_client::BlockingClient, table: &str, n: usize) {
+    let t = client.open_table(table).expect("open").id;
+    for i in 0..n {
+        let got = client.read(t, format!("k{i}")).expect("read");
+        assert_eq!(
+            got.map(|(v, _)| v.to_vec()),
+            Some(format!("v{i}").into_bytes()),
+            "key k{i} lost"
+        );
+    }
+}
