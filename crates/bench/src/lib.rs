@@ -14,6 +14,7 @@ pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod recovery;
 pub mod resp;
+pub mod resp_bench;
 pub mod tpch;
 pub mod txn;
 mod txn_bank;

@@ -46,6 +46,16 @@ pub struct UpArgs {
     /// (`/`, for a browser) over HTTP on this port of 127.0.0.1.
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
+    /// Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli,
+    /// redis-benchmark and Redis client libraries work against it, and every
+    /// key is served whichever server holds it.
+    #[arg(long, value_name = "PORT")]
+    resp_port: Option<u16>,
+    /// The table that holds Redis database 0 (database N is TABLE.dbN),
+    /// created on the first write; insitu's own commands (count, agg, ...)
+    /// read the same objects.
+    #[arg(long, value_name = "TABLE", default_value = "redis")]
+    resp_table: String,
 }
 
 #[derive(clap::Args)]
@@ -138,6 +148,16 @@ pub struct ServerArgs {
     /// port of --host.
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
+    /// Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli,
+    /// redis-benchmark and Redis client libraries work against it, and every
+    /// key is served whichever server holds it.
+    #[arg(long, value_name = "PORT")]
+    resp_port: Option<u16>,
+    /// The table that holds Redis database 0 (database N is TABLE.dbN),
+    /// created on the first write; insitu's own commands (count, agg, ...)
+    /// read the same objects.
+    #[arg(long, value_name = "TABLE", default_value = "redis")]
+    resp_table: String,
 }
 
 /// `--sync`: see `ServerArgs::sync`.
@@ -292,6 +312,14 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             config.replication.exit_on_fence = false;
             config.gate = gate.clone();
             config.tls = tls.as_ref().map(|(serve, _)| serve.clone());
+            // Every server listens on the one RESP port (the kernel spreads
+            // connections over all their shards); the first picks it if 0.
+            let resp_port = servers.first().and_then(|s: &insitu_server::ServerHandle| s.resp_addr).map(|a| a.port());
+            config.resp = args.resp_port.map(|port| insitu_server::RespSettings {
+                port: resp_port.unwrap_or(port),
+                table: args.resp_table.clone(),
+                join: resp_port.is_some(),
+            });
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
@@ -318,6 +346,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             exports.push_str(&format!(" INSITU_TLS_CA={ca}"));
         }
         println!("  try: insitu --cluster {addr}{flags} table create demo --tablets 4   (or export {exports})");
+        if let Some(resp) = servers.first().and_then(|s| s.resp_addr) {
+            let tls_files = tls.as_ref().map(|(_, files)| files);
+            println!("  Redis protocol on {resp} (table {}): {}", args.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files));
+        }
         if let Some(url) = &metrics_url {
             println!("  metrics at {url}/metrics, status page at {url}/");
         }
@@ -383,6 +415,11 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         config.advertise = args.advertise.clone();
         config.gate = gate;
         config.tls = tls;
+        config.resp = args.resp_port.map(|port| insitu_server::RespSettings {
+            port,
+            table: args.resp_table.clone(),
+            join: false,
+        });
         apply_backup_flags(&mut config, &args)?;
         let metrics_url = match args.metrics_port {
             Some(port) => Some(start_metrics(&args.host, port, None).await?),
@@ -398,6 +435,9 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         );
         if let Some(url) = &metrics_url {
             println!("metrics at {url}/metrics");
+        }
+        if let Some(resp) = handle.resp_addr {
+            println!("Redis protocol on {resp} (table {})", args.resp_table);
         }
         wait_for_stop().await?;
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;
@@ -461,4 +501,24 @@ mod tests {
         assert!(kept_tables_warning(&kept, 0).contains("held in memory only and are gone"));
         assert!(kept_tables_warning(&kept, 1).contains("recovered from the replicas"));
     }
+}
+
+/// The redis-cli command that reaches `up`'s RESP port: with the token as
+/// its password and the CA, as the cluster needs.
+fn redis_cli_line(
+    port: u16,
+    token_file: Option<&std::path::Path>,
+    tls: Option<&insitu_tls::generate::TlsFiles>,
+) -> String {
+    let mut line = format!("redis-cli -p {port}");
+    if let Some(files) = tls {
+        line.push_str(&format!(" --tls --cacert {}", files.ca.display()));
+    }
+    if let Some(path) = token_file {
+        line.push_str(&format!(
+            " --no-auth-warning -a \"$(cat {})\"",
+            path.display()
+        ));
+    }
+    line
 }

@@ -164,6 +164,9 @@ enum BenchCmd {
     /// Transactions: a checkout workload (10 items read and decremented, an order written) and a
     /// bank (transfers with audits) against PostgreSQL (REPEATABLE READ, pgbench).
     Txn(insitu_bench::txn::Args),
+    /// The Redis protocol port against redis-server, measured by redis-benchmark
+    /// (set, get, incr, mset; -P 1 and 16), one core per store.
+    Resp(insitu_bench::resp_bench::Args),
     /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
     Engine {
         /// Objects to load.
@@ -397,6 +400,7 @@ fn main() -> std::process::ExitCode {
             init_tracing("warn");
             insitu_bench::recovery::run(&args)
         }
+        Command::Bench(BenchCmd::Resp(args)) => insitu_bench::resp_bench::run(&args),
         Command::Bench(BenchCmd::Txn(args)) => {
             init_tracing("warn");
             insitu_bench::txn::run(&args)

@@ -52,6 +52,8 @@ struct Ctx {
     coordinator_port: u16,
     /// Replaces /var/lib/insitu.
     var_dir: PathBuf,
+    /// Replaces `up`'s `--resp-port 6380` and redis-cli's `-p 6380`.
+    resp_port: u16,
 }
 
 /// A server role started from a printed command; SIGTERM'd when stopped,
@@ -120,6 +122,14 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
         // Writes an example input file into the test's directory.
         return Some(line.to_string());
     }
+    if let Some(rest) = line.strip_prefix("redis-cli ") {
+        // A Redis client against `up`'s RESP port (run in `up`'s directory,
+        // where the token file the line reads lives).
+        return Some(format!(
+            "redis-cli {}",
+            rest.replace("-p 6380", &format!("-p {}", ctx.resp_port))
+        ));
+    }
     if line.starts_with("export INSITU_") {
         // What it sets must work on its own: run it (comment dropped) with a
         // client command after it, without the harness's token (see the
@@ -140,6 +150,10 @@ fn rewrite(line: &str, ctx: &Ctx) -> Option<String> {
     if role == "up" && !line.contains("--port") {
         line = line.replacen("insitu up", &format!("insitu up --port {}", ctx.up_port), 1);
     }
+    line = line.replace(
+        "--resp-port 6380",
+        &format!("--resp-port {}", ctx.resp_port),
+    );
     if role == "coordinator" {
         line = line.replace("--port 7070", &format!("--port {}", ctx.coordinator_port));
     }
@@ -342,6 +356,7 @@ fn every_readme_command_and_printed_hint_runs_as_written() {
         up_port,
         coordinator_port: free_port(),
         var_dir: tmp.path().join("var-lib-insitu"),
+        resp_port: free_port(),
     };
 
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
@@ -360,6 +375,10 @@ fn every_readme_command_and_printed_hint_runs_as_written() {
             };
             ran += 1;
             let role = line.split_whitespace().nth(1).unwrap_or("");
+            if line.starts_with("redis-cli ") && !common::on_path("redis-cli") {
+                eprintln!("SKIPPED (redis-cli is not installed): {line}");
+                continue;
+            }
             if line.starts_with("export ") {
                 assert!(
                     up.is_some(),
@@ -389,6 +408,7 @@ fn every_readme_command_and_printed_hint_runs_as_written() {
     let up = up.expect("README.md shows `insitu up`");
 
     try_hints_of_up(&up.printed, &ctx);
+    redis_hint_of_up(&up.printed, &ctx);
 
     // The commands an error message suggests.
     let out = sh("insitu get nosuch k", &ctx, &ctx.cluster)
@@ -426,4 +446,26 @@ fn try_hints_of_up(printed: &[String], ctx: &Ctx) {
     let line = format!("{export}; insitu table list");
     let (o, _) = output_ok(sh_without_token(&line, ctx, &dead), &line);
     assert!(o.contains("demo\t"), "{o}");
+}
+
+/// `insitu up --resp-port`'s redis-cli line, run exactly as printed (with
+/// `ping` after it, as an interactive shell would be typed into).
+fn redis_hint_of_up(printed: &[String], ctx: &Ctx) {
+    let text = printed.join("\n");
+    let line = printed
+        .iter()
+        .find_map(|l| {
+            l.split_once("): ")
+                .filter(|(a, _)| a.contains("Redis protocol on"))
+                .map(|(_, b)| b.to_string())
+        })
+        .unwrap_or_else(|| panic!("no Redis protocol hint in\n{text}"));
+    assert!(line.starts_with("redis-cli -p "), "{line}");
+    if !common::on_path("redis-cli") {
+        eprintln!("SKIPPED (redis-cli is not installed): {line}");
+        return;
+    }
+    let command = format!("{line} ping");
+    let (o, _) = output_ok(sh_without_token(&command, ctx, &ctx.cluster), &command);
+    assert_eq!(o.trim(), "PONG", "{command}");
 }

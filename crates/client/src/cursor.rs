@@ -77,6 +77,13 @@ impl TableCursor {
         self.table
     }
 
+    /// Where the walk goes on (a key hash; every object with a smaller hash
+    /// was returned), or None once it is over. `Client::enumerate_at`
+    /// resumes from it.
+    pub fn position(&self) -> Option<u64> {
+        self.position
+    }
+
     /// Whether the walk is over.
     pub fn is_done(&self) -> bool {
         self.position.is_none()
@@ -90,6 +97,16 @@ impl Client {
             client: self.clone(),
             table,
             position: Some(0),
+        }
+    }
+
+    /// A cursor resuming a walk at key hash `position` (what `position()`
+    /// said): objects whose key hash is below it are skipped.
+    pub fn enumerate_at(&self, table: u64, position: u64) -> TableCursor {
+        TableCursor {
+            client: self.clone(),
+            table,
+            position: Some(position),
         }
     }
 

@@ -205,7 +205,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
 /// not yet durable. With R = 0 (or nothing new) this is one compare.
 /// `exposes` (reset here): whether the buffered replies may show data.
 #[inline]
-async fn replies_durable(state: &ShardState, exposes: &mut bool) -> std::io::Result<()> {
+pub(crate) async fn replies_durable(state: &ShardState, exposes: &mut bool) -> std::io::Result<()> {
     if !std::mem::take(exposes) {
         return Ok(());
     }

@@ -18,6 +18,7 @@ mod multi;
 mod query;
 mod recover;
 mod replicate;
+pub mod resp;
 mod scan;
 mod scan_run;
 mod shard;
@@ -42,6 +43,7 @@ pub use backup_service::REPLICA_DIR;
 pub use insitu_backup::SyncMode;
 pub use limits::{ConnLimits, MAX_FRAME_BYTES};
 pub use replicate::{ClusterIdentity, ReplicationConfig};
+pub use resp::{RespConfig, RespListen};
 
 /// How a storage server is started.
 #[derive(Clone, Debug)]
@@ -97,6 +99,21 @@ pub struct ServerConfig {
     /// TLS on every port this server listens on (shards and the backup
     /// service); None: plain TCP.
     pub tls: Option<ServerTls>,
+    /// The Redis protocol port (`--resp-port`); None: not served.
+    pub resp: Option<RespSettings>,
+}
+
+/// What `--resp-port` and `--resp-table` ask for.
+#[derive(Clone, Debug)]
+pub struct RespSettings {
+    /// Port every shard accepts RESP connections on (0: any free port).
+    pub port: u16,
+    /// The table that holds Redis database 0 (database n: `{table}.db{n}`),
+    /// created on the first write.
+    pub table: String,
+    /// Another server of this process already listens on `port`: share it
+    /// (`insitu up`). Otherwise the port must be free.
+    pub join: bool,
 }
 
 impl ServerConfig {
@@ -121,6 +138,7 @@ impl ServerConfig {
             replication: ReplicationConfig::default(),
             gate: Gate::open(),
             tls: None,
+            resp: None,
         }
     }
 }
@@ -133,6 +151,8 @@ pub struct ServerHandle {
     pub shard_addrs: Vec<SocketAddr>,
     /// Address of the backup service (sent in `Enlist`).
     pub backup_addr: SocketAddr,
+    /// Address of the Redis protocol port, if served.
+    pub resp_addr: Option<SocketAddr>,
     /// The cluster id the coordinator answered at enlistment (labels replicas).
     pub cluster_id: u64,
     stop: watch::Sender<bool>,
@@ -251,12 +271,49 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         l.set_nonblocking(true)?;
         listeners.push(l);
     }
+    let mut resp_listeners: Vec<Option<resp::RespListen>> =
+        (0..config.shards).map(|_| None).collect();
+    let mut resp_addr = None;
+    if let Some(settings) = &config.resp {
+        let bound = resp::bind(&config.host, settings.port, config.shards, settings.join)
+            .with_context(|| {
+                format!(
+                    "cannot listen for Redis clients on {}:{}",
+                    config.host, settings.port
+                )
+            })?;
+        let addr = bound[0].local_addr()?;
+        resp_addr = Some(addr);
+        let client = config.gate.as_client().clone();
+        let resp_config = Arc::new(resp::RespConfig {
+            coordinator: config.coordinator.clone(),
+            table: settings.table.clone(),
+            password: client.token.clone(),
+            credentials: client,
+            port: addr.port(),
+            limits: insitu_resp::Limits {
+                max_bulk_bytes: engine_config
+                    .max_value_bytes
+                    .max(insitu_engine::MAX_KEY_BYTES),
+                // A command is at most what a native frame may be.
+                max_command_bytes: insitu_protocol::frame::MAX_BODY_BYTES,
+                ..insitu_resp::Limits::default()
+            },
+            max_value_bytes: engine_config.max_value_bytes,
+        });
+        for (slot, listener) in resp_listeners.iter_mut().zip(bound) {
+            *slot = Some(resp::RespListen {
+                listener,
+                config: resp_config.clone(),
+            });
+        }
+    }
     let shard_addrs: Vec<SocketAddr> = listeners
         .iter()
         .map(|l| l.local_addr())
         .collect::<Result<_, _>>()?;
     let mut threads = Vec::with_capacity(config.shards);
-    for (i, listener) in listeners.into_iter().enumerate() {
+    for (i, (listener, resp)) in listeners.into_iter().zip(resp_listeners).enumerate() {
         let engine_config = engine_config.clone();
         let (limits, budget) = (config.limits.clone(), frame_budgets[i].clone());
         let stop = stop_rx.clone();
@@ -265,7 +322,11 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         let t = std::thread::Builder::new()
             .name(format!("insitu-shard-{i}"))
             .spawn(move || {
-                let listen = shard::Listen { listener, tls };
+                let listen = shard::Listen {
+                    listener,
+                    tls,
+                    resp,
+                };
                 shard::run_shard(i, listen, engine_config, limits, budget, repl, stop)
             })
             .context("cannot start shard thread")?;
@@ -341,6 +402,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         server_id,
         shard_addrs,
         backup_addr,
+        resp_addr,
         cluster_id,
         stop: stop_tx,
         threads,

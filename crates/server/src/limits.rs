@@ -50,6 +50,8 @@ pub enum Closed {
     Stalled,
     Evicted,
     NoRoom,
+    /// Bytes that are not the protocol (RESP: the stream cannot be re-synchronised).
+    Malformed,
     /// No token, or a wrong one (`insitu_auth::Gate`).
     Unauthenticated,
 }

@@ -155,8 +155,10 @@ pub struct Listen {
     /// Bound (and non-blocking) by the server before the shard starts, so
     /// its address is known and published first.
     pub listener: std::net::TcpListener,
-    /// TLS on every connection accepted; None: plain TCP.
+    /// TLS on every connection accepted (both ports); None: plain TCP.
     pub tls: Option<ServerTls>,
+    /// The Redis protocol port, shared by every shard (`resp/`).
+    pub resp: Option<crate::resp::RespListen>,
 }
 
 pub fn run_shard(
@@ -168,7 +170,11 @@ pub fn run_shard(
     replication: Arc<ServerReplication>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let Listen { listener, tls } = listen;
+    let Listen {
+        listener,
+        tls,
+        resp,
+    } = listen;
     let mut fenced = replication.fenced_watch();
     let gate = replication.gate.clone();
     let addr = listener
@@ -227,54 +233,109 @@ pub fn run_shard(
         tokio::task::spawn_local(crate::sindex::keep_up(state.clone()));
         tokio::task::spawn_local(crate::txn::sweep(state.clone()));
         tokio::task::spawn_local(crate::metrics::publish(state.clone()));
+        let resp = match resp {
+            Some(r) => match tokio::net::TcpListener::from_std(r.listener) {
+                Ok(l) => Some((l, Rc::new(crate::resp::RespShard::new(r.config)))),
+                Err(e) => {
+                    tracing::error!(shard = index, "cannot register the RESP listener: {e}");
+                    return;
+                }
+            },
+            None => None,
+        };
+        let resp_accept = || async {
+            match &resp {
+                Some((l, shard)) => (l.accept().await, shard.clone()),
+                None => std::future::pending().await,
+            }
+        };
         loop {
             tokio::select! {
                 _ = stop.changed() => break,
+                (accepted, resp_shard) = resp_accept() => {
+                    if let Some((stream, peer)) = admit_connection(&state, index, accepted).await {
+                        spawn_connection(state.clone(), tls.clone(), stream, peer, Port::Resp(resp_shard));
+                    }
+                }
                 // Declared dead: stop serving (dropping the tasks closes every connection).
                 _ = fenced.wait_for(|f| *f) => break,
                 accepted = listener.accept() => {
-                    let (stream, peer) = match accepted {
-                        Ok(s) => s,
-                        Err(e) => {
-                            // EMFILE and friends: back off instead of spinning.
-                            tracing::warn!(shard = index, "accept failed: {e}");
-                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    };
-                    if state.connections.get() >= state.limits.max_connections {
-                        if state.evict_oldest_idle() {
-                            tracing::info!(shard = index, %peer, "connection limit reached; closing the longest-idle connection");
-                        } else {
-                            tracing::warn!(shard = index, %peer, "connection limit reached and no connection is idle; refusing");
-                            drop(stream);
-                            continue;
-                        }
+                    if let Some((stream, peer)) = admit_connection(&state, index, accepted).await {
+                        spawn_connection(state.clone(), tls.clone(), stream, peer, Port::Native);
                     }
-                    let _ = stream.set_nodelay(true);
-                    let state = state.clone();
-                    state.connections.set(state.connections.get() + 1);
-                    let tls = tls.clone();
-                    tokio::task::spawn_local(async move {
-                        // The handshake runs here, off the accept loop, and
-                        // may take no longer than a stalled frame.
-                        let stream = match &tls {
-                            Some(tls) => tls.accept(stream, state.limits.stall_timeout).await,
-                            None => Ok(Stream::Plain(stream)),
-                        };
-                        let served = match stream {
-                            Ok(stream) => crate::conn::serve(stream, &state).await,
-                            Err(e) => Err(e),
-                        };
-                        match served {
-                            Ok(None) => {}
-                            Ok(Some(why)) => tracing::debug!(shard = index, %peer, ?why, "connection closed by the shard"),
-                            Err(e) => tracing::debug!(shard = index, %peer, "connection closed: {e}"),
-                        }
-                        state.connections.set(state.connections.get() - 1);
-                    });
                 }
             }
         }
     });
+}
+
+/// Which protocol a connection speaks.
+enum Port {
+    /// insitu's own (`conn.rs`).
+    Native,
+    /// Redis's (`resp/`), with the shard's RESP state.
+    Resp(Rc<crate::resp::RespShard>),
+}
+
+/// Serve an admitted connection on its own task: the TLS handshake (if any)
+/// runs there, off the accept loop, and may take no longer than a stalled
+/// frame.
+fn spawn_connection(
+    state: Rc<ShardState>,
+    tls: Option<ServerTls>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    port: Port,
+) {
+    tokio::task::spawn_local(async move {
+        let index = state.index;
+        let stream = match &tls {
+            Some(tls) => tls.accept(stream, state.limits.stall_timeout).await,
+            None => Ok(Stream::Plain(stream)),
+        };
+        let served = match (stream, &port) {
+            (Ok(stream), Port::Native) => crate::conn::serve(stream, &state).await,
+            (Ok(stream), Port::Resp(resp)) => crate::resp::serve(stream, &state, resp).await,
+            (Err(e), _) => Err(e),
+        };
+        let resp = matches!(port, Port::Resp(_));
+        match served {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                tracing::debug!(shard = index, %peer, resp, ?why, "connection closed by the shard")
+            }
+            Err(e) => tracing::debug!(shard = index, %peer, resp, "connection closed: {e}"),
+        }
+        state.connections.set(state.connections.get() - 1);
+    });
+}
+
+/// An accepted connection let in under the connection limit (the
+/// longest-idle connection is closed to make room), counted, with
+/// `TCP_NODELAY` set; None if the accept failed or no room could be made.
+async fn admit_connection(
+    state: &ShardState,
+    index: usize,
+    accepted: std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    let (stream, peer) = match accepted {
+        Ok(s) => s,
+        Err(e) => {
+            // EMFILE and friends: back off instead of spinning.
+            tracing::warn!(shard = index, "accept failed: {e}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            return None;
+        }
+    };
+    if state.connections.get() >= state.limits.max_connections {
+        if state.evict_oldest_idle() {
+            tracing::info!(shard = index, %peer, "connection limit reached; closing the longest-idle connection");
+        } else {
+            tracing::warn!(shard = index, %peer, "connection limit reached and no connection is idle; refusing");
+            return None;
+        }
+    }
+    let _ = stream.set_nodelay(true);
+    state.connections.set(state.connections.get() + 1);
+    Some((stream, peer))
 }

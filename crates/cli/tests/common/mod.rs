@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use insitu_testkit::{Proc, rng};
+pub use insitu_testkit::{Proc, on_path, rng};
 
 pub fn insitu_bin() -> &'static str {
     env!("CARGO_BIN_EXE_insitu")

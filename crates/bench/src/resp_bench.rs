@@ -1,0 +1,248 @@
+//! `insitu bench resp`: `redis-benchmark` (Redis's own load generator, from
+//! Debian's redis-tools) with the same arguments against `redis-server` and
+//! against insitu's RESP port, one core per store, in the same run.
+//!
+//! Each store runs pinned to one CPU (`taskset`), `redis-benchmark` on the
+//! other; insitu is a coordinator and one server with one shard, in memory
+//! only (`--replicas 0`) and without tokens, as Redis runs here (`--save ''
+//! --appendonly no`, no password). For each `-P` (pipeline depth) the tests
+//! `-t set,get,incr,mset` run on both; reported per test are requests/s and
+//! p50/p99 (ms) of each store and insitu's ratio. `resp_get_vs_redis` and
+//! `resp_set_vs_redis` are the lower ratio over the `-P` settings.
+//!
+//! Not measured: `--cluster` (insitu does not answer `CLUSTER SLOTS` yet),
+//! reported as such in the JSON.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::kv::{cpu_plan, start_insitu_pair};
+use crate::kv_procs::{apt_install, start_redis};
+use crate::pushdown_cluster::{parse_list, write_json};
+use insitu_testkit::on_path;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Total requests per test (`redis-benchmark -n`).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub requests: u64,
+    /// Keyspace (`-r`): keys are key:000000000000 .. of this many.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keyspace: u64,
+    /// Parallel connections (`-c`).
+    #[arg(long, default_value_t = 50)]
+    pub clients: u32,
+    /// Pipeline depths to run (`-P`), comma-separated.
+    #[arg(long, default_value = "1,16")]
+    pub pipelines: String,
+    /// Tests (`-t`).
+    #[arg(long, default_value = "set,get,incr,mset")]
+    pub tests: String,
+    /// Small and fast (20,000 requests, keyspace 10,000, -P 1 and 16): a smoke test.
+    #[arg(long)]
+    pub quick: bool,
+    /// Do not pin the stores and redis-benchmark to separate CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One test's figures from redis-benchmark's CSV.
+#[derive(Clone, Debug)]
+struct Figures {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    apt_install("redis-tools", || on_path("redis-benchmark"))?;
+    let pipelines: Vec<u32> = parse_list(&args.pipelines, "pipeline depth")?;
+    anyhow::ensure!(
+        pipelines.iter().all(|&p| p >= 1),
+        "pipeline depths must be at least 1"
+    );
+    let (requests, keyspace) = if args.quick {
+        (20_000, 10_000)
+    } else {
+        (args.requests, args.keyspace)
+    };
+    let (store_cpu, pinning) = cpu_plan(!args.no_pin);
+    let dir = tempfile::tempdir()?;
+
+    let redis_dir = dir.path().join("redis");
+    std::fs::create_dir_all(&redis_dir)?;
+    let redis = start_redis(store_cpu, &redis_dir, None, None)?;
+    let resp_port = insitu_testkit::free_port()?;
+    let role_flags: Vec<String> = vec!["--no-auth".into()];
+    let mut coordinator_flags = role_flags.clone();
+    coordinator_flags.extend(["--replicas".to_string(), "0".to_string()]);
+    let mut server_flags = role_flags.clone();
+    server_flags.extend(["--resp-port".to_string(), resp_port.to_string()]);
+    let memory_mb = ((keyspace * 400) >> 20).max(512);
+    let (_coordinator, _server, _) = start_insitu_pair(
+        store_cpu,
+        dir.path(),
+        memory_mb,
+        &coordinator_flags,
+        &server_flags,
+    )?;
+    println!(
+        "bench resp: redis-benchmark -n {requests} -r {keyspace} -c {} -t {}; {pinning}",
+        args.clients, args.tests
+    );
+
+    let mut runs = Vec::new();
+    let mut worst: std::collections::BTreeMap<String, f64> = Default::default();
+    println!(
+        "{:>3} {:>6} {:>14} {:>14} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "P",
+        "test",
+        "redis req/s",
+        "insitu req/s",
+        "ratio",
+        "redis p50",
+        "ins p50",
+        "redis p99",
+        "ins p99"
+    );
+    for &p in &pipelines {
+        let base = [
+            "-n".to_string(),
+            requests.to_string(),
+            "-r".into(),
+            keyspace.to_string(),
+            "-c".into(),
+            args.clients.to_string(),
+            "-t".into(),
+            args.tests.clone(),
+            "-P".into(),
+            p.to_string(),
+        ];
+        let theirs = redis_benchmark(redis.plain.port(), &base)?;
+        let ours = redis_benchmark(resp_port, &base)?;
+        let mut tests = serde_json::Map::new();
+        for (test, r) in &theirs {
+            let Some(i) = ours.iter().find(|(t, _)| t == test).map(|(_, f)| f) else {
+                bail!("redis-benchmark reported {test} for Redis but not for insitu");
+            };
+            let ratio = i.rps / r.rps;
+            let key = test.to_lowercase();
+            let slot = worst.entry(key.clone()).or_insert(f64::INFINITY);
+            *slot = slot.min(ratio);
+            println!(
+                "{p:>3} {key:>6} {:>14.0} {:>14.0} {ratio:>7.2} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                r.rps, i.rps, r.p50_ms, i.p50_ms, r.p99_ms, i.p99_ms
+            );
+            tests.insert(
+                key,
+                json!({
+                    "redis": {"requests_per_s": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms},
+                    "insitu": {"requests_per_s": i.rps, "p50_ms": i.p50_ms, "p99_ms": i.p99_ms},
+                    "insitu_vs_redis": ratio,
+                }),
+            );
+        }
+        runs.push(json!({"pipeline": p, "tests": Value::Object(tests)}));
+    }
+    let pick = |t: &str| worst.get(t).copied().filter(|r| r.is_finite());
+    let report = json!({
+        "command": format!("redis-benchmark -n {requests} -r {keyspace} -c {} -t {} -P {}", args.clients, args.tests, args.pipelines),
+        "pinning": pinning,
+        "insitu": "1 server, 1 shard, --replicas 0, no auth",
+        "redis": "redis-server --save '' --appendonly no",
+        "runs": runs,
+        "resp_get_vs_redis": pick("get"),
+        "resp_set_vs_redis": pick("set"),
+        "cluster": "not measured: insitu does not answer CLUSTER SLOTS/SHARDS yet, so redis-benchmark --cluster cannot run",
+    });
+    println!(
+        "resp_get_vs_redis {:.2}, resp_set_vs_redis {:.2} (lower over -P {})",
+        pick("get").unwrap_or(f64::NAN),
+        pick("set").unwrap_or(f64::NAN),
+        args.pipelines
+    );
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(())
+}
+
+/// Run redis-benchmark against 127.0.0.1:`port` with `args` and `--csv`;
+/// per test (as it names them, e.g. "SET", "MSET (10 keys)") the figures.
+fn redis_benchmark(port: u16, args: &[String]) -> anyhow::Result<Vec<(String, Figures)>> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
+        .args(args)
+        .output()
+        .context("cannot run redis-benchmark")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "redis-benchmark against port {port} failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rows = parse_csv(&text);
+    if rows.is_empty() {
+        bail!(
+            "redis-benchmark against port {port} printed no results: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(rows)
+}
+
+/// redis-benchmark 7's CSV: a header line, then
+/// "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms".
+fn parse_csv(text: &str) -> Vec<(String, Figures)> {
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line
+            .split(',')
+            .map(|c| c.trim().trim_matches('"'))
+            .collect();
+        if cells.len() < 7 || cells[0] == "test" {
+            continue;
+        }
+        let num = |i: usize| cells[i].parse::<f64>().ok();
+        if let (Some(rps), Some(p50), Some(p99)) = (num(1), num(4), num(6)) {
+            // "MSET (10 keys)" -> "MSET".
+            let name = cells[0]
+                .split_whitespace()
+                .next()
+                .unwrap_or(cells[0])
+                .to_string();
+            rows.push((
+                name,
+                Figures {
+                    rps,
+                    p50_ms: p50,
+                    p99_ms: p99,
+                },
+            ));
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_redis_benchmark_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"SET\",\"100000.00\",\"0.3\",\"0.1\",\"0.287\",\"0.4\",\"0.551\",\"2.0\"\n\"MSET (10 keys)\",\"50000.00\",\"0.9\",\"0.1\",\"0.8\",\"1.0\",\"1.5\",\"3.0\"\n";
+        let rows = super::parse_csv(text);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].0, "SET");
+        assert_eq!(rows[1].0, "MSET");
+        assert_eq!(rows[0].1.rps, 100000.0);
+        assert_eq!(rows[0].1.p99_ms, 0.551);
+    }
+}

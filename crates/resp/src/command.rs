@@ -1,0 +1,125 @@
+//! The command table: every command this port answers, its arity as Redis
+//! declares it (n: exactly n arguments with the name; -n: at least n), and
+//! whether it runs before authentication. `COMMAND` describes this table.
+
+/// One command's static description.
+pub struct CommandInfo {
+    /// Lower case, as Redis names it in errors and in `COMMAND`.
+    pub name: &'static str,
+    pub arity: i32,
+    /// Allowed before `AUTH` (Redis's `no-auth` flag).
+    pub no_auth: bool,
+    /// Flags reported by `COMMAND` (`write`, `readonly`, `fast`, ...).
+    pub flags: &'static [&'static str],
+    /// Positions of the first and last key and the step (0: no keys; -1 as
+    /// the last: to the end), as `COMMAND` reports them.
+    pub keys: (i32, i32, i32),
+}
+
+const fn c(
+    name: &'static str,
+    arity: i32,
+    flags: &'static [&'static str],
+    keys: (i32, i32, i32),
+) -> CommandInfo {
+    CommandInfo {
+        name,
+        arity,
+        no_auth: false,
+        flags,
+        keys,
+    }
+}
+
+const fn open(name: &'static str, arity: i32, flags: &'static [&'static str]) -> CommandInfo {
+    CommandInfo {
+        name,
+        arity,
+        no_auth: true,
+        flags,
+        keys: (0, 0, 0),
+    }
+}
+
+const R: &[&str] = &["readonly", "fast"];
+const W: &[&str] = &["write", "denyoom", "fast"];
+const WS: &[&str] = &["write"];
+const A: &[&str] = &["fast"];
+
+/// Every command answered. Expiry commands are listed because they answer
+/// (`TTL` truthfully: no key has an expiry; setting one is refused).
+pub const COMMANDS: &[CommandInfo] = &[
+    open("ping", -1, A),
+    c("echo", 2, A, (0, 0, 0)),
+    open("hello", -1, A),
+    open("auth", -2, A),
+    c("select", 2, A, (0, 0, 0)),
+    open("quit", -1, A),
+    c("command", -1, &["loading", "stale"], (0, 0, 0)),
+    c("client", -2, &["loading", "stale"], (0, 0, 0)),
+    c("info", -1, &["loading", "stale"], (0, 0, 0)),
+    c("config", -2, &["admin", "loading", "stale"], (0, 0, 0)),
+    c("dbsize", 1, R, (0, 0, 0)),
+    c("flushdb", -1, WS, (0, 0, 0)),
+    c("flushall", -1, WS, (0, 0, 0)),
+    c("get", 2, R, (1, 1, 1)),
+    c("set", -3, &["write", "denyoom"], (1, 1, 1)),
+    c("setnx", 3, W, (1, 1, 1)),
+    c("getset", 3, W, (1, 1, 1)),
+    c("getdel", 2, &["write", "fast"], (1, 1, 1)),
+    c("mget", -2, R, (1, -1, 1)),
+    c("mset", -3, &["write", "denyoom"], (1, -1, 2)),
+    c("msetnx", -3, &["write", "denyoom"], (1, -1, 2)),
+    c("incr", 2, W, (1, 1, 1)),
+    c("incrby", 3, W, (1, 1, 1)),
+    c("decr", 2, W, (1, 1, 1)),
+    c("decrby", 3, W, (1, 1, 1)),
+    c("incrbyfloat", 3, W, (1, 1, 1)),
+    c("append", 3, W, (1, 1, 1)),
+    c("strlen", 2, R, (1, 1, 1)),
+    c("getrange", 4, &["readonly"], (1, 1, 1)),
+    c("setrange", 4, &["write", "denyoom"], (1, 1, 1)),
+    c("del", -2, WS, (1, -1, 1)),
+    c("unlink", -2, &["write", "fast"], (1, -1, 1)),
+    c("exists", -2, R, (1, -1, 1)),
+    c("type", 2, R, (1, 1, 1)),
+    c("scan", -2, &["readonly"], (0, 0, 0)),
+    c("rename", 3, WS, (1, 2, 1)),
+    c("expire", -3, &["write", "fast"], (1, 1, 1)),
+    c("pexpire", -3, &["write", "fast"], (1, 1, 1)),
+    c("expireat", -3, &["write", "fast"], (1, 1, 1)),
+    c("pexpireat", -3, &["write", "fast"], (1, 1, 1)),
+    c("ttl", 2, R, (1, 1, 1)),
+    c("pttl", 2, R, (1, 1, 1)),
+    c("persist", 2, &["write", "fast"], (1, 1, 1)),
+    c("multi", 1, A, (0, 0, 0)),
+    c("exec", 1, &[], (0, 0, 0)),
+    c("discard", 1, A, (0, 0, 0)),
+    c("watch", -2, A, (1, -1, 1)),
+    c("unwatch", 1, A, (0, 0, 0)),
+];
+
+/// The command named `name` (any case), if answered here.
+pub fn lookup(name: &[u8]) -> Option<&'static CommandInfo> {
+    if name.len() > 16 {
+        return None;
+    }
+    let mut lower = [0u8; 16];
+    let lower = &mut lower[..name.len()];
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
+    COMMANDS.iter().find(|c| c.name.as_bytes() == lower)
+}
+
+impl CommandInfo {
+    /// Whether `argc` arguments (name included) fit the arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let argc = argc as i64;
+        let arity = self.arity as i64;
+        if arity >= 0 {
+            argc == arity
+        } else {
+            argc >= -arity
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The Redis protocol (RESP2 and RESP3) for insitu: commands cut from a
+//! client's bytes (`codec`), replies written in the connection's protocol
+//! (`reply`), and what each command means over a `Store` (`exec`,
+//! `strings`, `keys`). The server adapts its shards to `Store`; nothing here
+//! knows sockets or insitu's own wire format.
+
+pub mod codec;
+pub mod command;
+pub mod exec;
+pub mod glob;
+mod keys;
+pub mod reply;
+pub mod session;
+pub mod store;
+mod strings;
+
+pub use codec::{Limits, Parsed, ProtocolError, parse};
+pub use exec::execute;
+pub use reply::Proto;
+pub use session::{Session, Settings};
+pub use store::{Cond, MemStore, ScanPage, Store, StoreError, Versioned};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,55 @@
+//! What one RESP connection remembers between commands, and what the server
+//! tells every connection.
+
+use bytes::Bytes;
+
+use crate::reply::Proto;
+
+/// Checks an `AUTH` password (constant time, by the token's own compare).
+pub type PasswordCheck = Box<dyn Fn(&[u8]) -> bool>;
+
+/// Settings shared by every connection of a server.
+pub struct Settings {
+    /// Checks an `AUTH` password; None: authentication is off.
+    pub auth: Option<PasswordCheck>,
+    /// How many databases `SELECT` accepts (Redis's default is 16).
+    pub databases: u32,
+    /// The port clients reach (for `INFO` and `CONFIG GET port`).
+    pub port: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            auth: None,
+            databases: 16,
+            port: 0,
+        }
+    }
+}
+
+/// One connection's state.
+#[derive(Debug, Default)]
+pub struct Session {
+    /// The selected database (`SELECT`).
+    pub db: u32,
+    /// RESP2 until `HELLO 3`.
+    pub proto: Proto,
+    /// Whether `AUTH` (or `HELLO ... AUTH`) succeeded; ignored with auth off.
+    pub authenticated: bool,
+    /// `CLIENT SETNAME`.
+    pub name: Option<Bytes>,
+    /// `CLIENT ID`: unique per server process.
+    pub id: u64,
+    /// Set by `QUIT`: the connection closes after this reply.
+    pub closing: bool,
+}
+
+impl Session {
+    pub fn new(id: u64) -> Session {
+        Session {
+            id,
+            ..Session::default()
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! String commands: `GET SET SETNX GETSET GETDEL MGET MSET MSETNX INCR INCRBY
+//! DECR DECRBY INCRBYFLOAT APPEND STRLEN GETRANGE SETRANGE`.
+//!
+//! Each read-modify-write is `get`, compute, `put` on condition of the
+//! version read (or of absence), retried when another writer got there
+//! first: atomic for its key like Redis's, without holding anything.
+
+use bytes::Bytes;
+
+use crate::exec::{Ctx, errors, parse_f64, parse_i64, refuse, wrong_args};
+use crate::store::{Cond, Store, StoreError, Versioned};
+
+/// Compare-and-set attempts before giving up on a key under contention.
+/// Each lost race means another write to the key succeeded, so the system
+/// as a whole progresses; this only bounds one unlucky client.
+const MAX_CAS_ATTEMPTS: u32 = 10_000;
+
+/// Handle `name` if it is a string command; false if it is not one.
+pub async fn run<S: Store>(
+    ctx: &mut Ctx<'_, S>,
+    name: &str,
+    a: &[Bytes],
+) -> Result<bool, StoreError> {
+    let db = ctx.session.db;
+    let store = ctx.store;
+    match name {
+        "get" => {
+            let v = store.get(db, &a[0]).await?;
+            ctx.out.bulk_or_null(v.as_ref().map(|v| &v.value[..]));
+        }
+        "set" => set(ctx, a).await?,
+        "setnx" => {
+            let done = store.put(db, &a[0], &a[1], Cond::Absent).await?;
+            ctx.out.int(done as i64);
+        }
+        "getset" => {
+            let old = swap(store, db, &a[0], Some(&a[1]), None).await?;
+            ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
+        }
+        "getdel" => {
+            let old = swap(store, db, &a[0], None, None).await?;
+            ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
+        }
+        "mget" => {
+            let values = store.mget(db, a).await?;
+            ctx.out.array(values.len());
+            for v in values {
+                ctx.out.bulk_or_null(v.as_deref());
+            }
+        }
+        "mset" | "msetnx" => {
+            if !a.len().is_multiple_of(2) {
+                wrong_args(&mut ctx.out, name);
+                return Ok(true);
+            }
+            let pairs: Vec<(Bytes, Bytes)> = a
+                .chunks_exact(2)
+                .map(|p| (p[0].clone(), p[1].clone()))
+                .collect();
+            if name == "mset" {
+                store.mset(db, &pairs).await?;
+                ctx.out.ok();
+            } else {
+                let done = store.mset_absent(db, &pairs).await?;
+                ctx.out.int(done as i64);
+            }
+        }
+        "incr" | "decr" | "incrby" | "decrby" => {
+            let by = match name {
+                "incr" => 1,
+                "decr" => -1,
+                _ => match parse_i64(&a[1]) {
+                    None => {
+                        ctx.out.error(errors::NOT_INTEGER);
+                        return Ok(true);
+                    }
+                    Some(i64::MIN) if name == "decrby" => {
+                        ctx.out.error("ERR decrement would overflow");
+                        return Ok(true);
+                    }
+                    Some(n) if name == "decrby" => -n,
+                    Some(n) => n,
+                },
+            };
+            match increment(store, db, &a[0], by).await? {
+                Ok(n) => ctx.out.int(n),
+                Err(e) => ctx.out.error(e),
+            }
+        }
+        "incrbyfloat" => {
+            let Some(by) = parse_f64(&a[1]) else {
+                ctx.out.error(errors::NOT_FLOAT);
+                return Ok(true);
+            };
+            let result = modify(store, db, &a[0], |old| {
+                let current = match old {
+                    None => 0.0,
+                    Some(v) => parse_f64(v).ok_or(errors::NOT_FLOAT)?,
+                };
+                let sum = current + by;
+                if !sum.is_finite() {
+                    return Err("ERR increment would produce NaN or Infinity");
+                }
+                Ok(crate::reply::format_double(sum).into_bytes())
+            })
+            .await?;
+            match result {
+                Ok(text) => ctx.out.bulk(&text),
+                Err(e) => ctx.out.error(e),
+            }
+        }
+        "append" => {
+            let max = store.max_value_bytes();
+            let result = modify(store, db, &a[0], |old| {
+                let old = old.unwrap_or_default();
+                if old.len() + a[1].len() > max {
+                    return Err(errors::TOO_BIG);
+                }
+                let mut v = Vec::with_capacity(old.len() + a[1].len());
+                v.extend_from_slice(old);
+                v.extend_from_slice(&a[1]);
+                Ok(v)
+            })
+            .await?;
+            match result {
+                Ok(v) => ctx.out.int(v.len() as i64),
+                Err(e) => ctx.out.error(e),
+            }
+        }
+        "strlen" => {
+            let v = store.get(db, &a[0]).await?;
+            ctx.out.int(v.map_or(0, |v| v.value.len()) as i64);
+        }
+        "getrange" => {
+            let (Some(start), Some(end)) = (parse_i64(&a[1]), parse_i64(&a[2])) else {
+                ctx.out.error(errors::NOT_INTEGER);
+                return Ok(true);
+            };
+            let v = store.get(db, &a[0]).await?;
+            let value = v.map(|v| v.value).unwrap_or_default();
+            ctx.out.bulk(range(&value, start, end));
+        }
+        "setrange" => setrange(ctx, a).await?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// `GETRANGE`'s slice, with Redis 7's index rules.
+fn range(value: &[u8], mut start: i64, mut end: i64) -> &[u8] {
+    let len = value.len() as i64;
+    if start < 0 && end < 0 && start > end {
+        return &[];
+    }
+    if start < 0 {
+        start += len;
+    }
+    if end < 0 {
+        end += len;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= len {
+        end = len - 1;
+    }
+    if start > end || len == 0 {
+        return &[];
+    }
+    &value[start as usize..=end as usize]
+}
+
+/// What `SET`'s options asked for.
+#[derive(Default)]
+struct SetOptions {
+    cond: Option<Cond>,
+    get: bool,
+    expiry: bool,
+}
+
+fn set_options(a: &[Bytes]) -> Result<SetOptions, &'static str> {
+    let mut o = SetOptions::default();
+    let mut i = 0;
+    while i < a.len() {
+        let opt = a[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"NX" if o.cond.is_none() => o.cond = Some(Cond::Absent),
+            b"XX" if o.cond.is_none() => o.cond = Some(Cond::Present),
+            b"GET" => o.get = true,
+            b"KEEPTTL" if !o.expiry => {}
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !o.expiry && i + 1 < a.len() => {
+                match parse_i64(&a[i + 1]) {
+                    None => return Err(errors::NOT_INTEGER),
+                    Some(n) if n <= 0 => return Err("ERR invalid expire time in 'set' command"),
+                    Some(_) => o.expiry = true,
+                }
+                i += 1;
+            }
+            _ => return Err(errors::SYNTAX),
+        }
+        i += 1;
+    }
+    Ok(o)
+}
+
+async fn set<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreError> {
+    let (db, store) = (ctx.session.db, ctx.store);
+    let o = match set_options(&a[2..]) {
+        Ok(o) => o,
+        Err(e) => return refuse(&mut ctx.out, e),
+    };
+    if o.expiry {
+        {
+            ctx.out.error(errors::NO_EXPIRY);
+            return Ok(());
+        }
+    }
+    if !o.get {
+        let done = store
+            .put(db, &a[0], &a[1], o.cond.unwrap_or(Cond::Always))
+            .await?;
+        if done {
+            ctx.out.ok()
+        } else {
+            ctx.out.null()
+        }
+        return Ok(());
+    }
+    let old = swap(store, db, &a[0], Some(&a[1]), o.cond).await?;
+    ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
+    Ok(())
+}
+
+/// Replace (`new` Some) or remove (None) `key`'s value, returning the old
+/// one, atomically. With `only` Absent/Present the change is made only if
+/// the key was absent/present (the old value is returned either way).
+async fn swap<S: Store>(
+    store: &S,
+    db: u32,
+    key: &[u8],
+    new: Option<&[u8]>,
+    only: Option<Cond>,
+) -> Result<Option<Versioned>, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let old = store.get(db, key).await?;
+        let skip = match only {
+            Some(Cond::Absent) => old.is_some(),
+            Some(Cond::Present) => old.is_none(),
+            _ => false,
+        };
+        if skip {
+            return Ok(old);
+        }
+        let cond = match &old {
+            Some(v) => Cond::Version(v.version),
+            None => Cond::Absent,
+        };
+        let done = match new {
+            Some(value) => store.put(db, key, value, cond).await?,
+            // Removing an absent key is a no-op with nothing to race.
+            None if old.is_none() => true,
+            None => store.del(db, key, cond).await?,
+        };
+        if done {
+            return Ok(old);
+        }
+    }
+    Err(contention())
+}
+
+fn contention() -> StoreError {
+    StoreError(format!(
+        "gave up after {MAX_CAS_ATTEMPTS} attempts: other clients kept changing the key"
+    ))
+}
+
+/// Set `key` to `f(old value)` atomically; `f`'s error is the reply (and
+/// nothing is written). Returns the value written.
+async fn modify<S: Store>(
+    store: &S,
+    db: u32,
+    key: &[u8],
+    mut f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
+) -> Result<Result<Vec<u8>, &'static str>, StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let old = store.get(db, key).await?;
+        let new = match f(old.as_ref().map(|v| &v.value[..])) {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        };
+        let cond = match &old {
+            Some(v) => Cond::Version(v.version),
+            None => Cond::Absent,
+        };
+        if store.put(db, key, &new, cond).await? {
+            return Ok(Ok(new));
+        }
+    }
+    Err(contention())
+}
+
+async fn increment<S: Store>(
+    store: &S,
+    db: u32,
+    key: &[u8],
+    by: i64,
+) -> Result<Result<i64, &'static str>, StoreError> {
+    let mut result = 0;
+    let written = modify(store, db, key, |old| {
+        let current = match old {
+            None => 0,
+            Some(v) => parse_i64(v).ok_or(errors::NOT_INTEGER)?,
+        };
+        result = current.checked_add(by).ok_or(errors::OVERFLOW)?;
+        Ok(result.to_string().into_bytes())
+    })
+    .await?;
+    Ok(written.map(|_| result))
+}
+
+async fn setrange<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreError> {
+    let (db, store) = (ctx.session.db, ctx.store);
+    let Some(offset) = parse_i64(&a[1]) else {
+        {
+            ctx.out.error(errors::NOT_INTEGER);
+            return Ok(());
+        }
+    };
+    if offset < 0 {
+        {
+            ctx.out.error("ERR offset is out of range");
+            return Ok(());
+        }
+    }
+    let patch = &a[2];
+    let max = store.max_value_bytes() as i64;
+    if patch.is_empty() {
+        // Nothing to write: the length as it is (a missing key stays missing).
+        let v = store.get(db, &a[0]).await?;
+        {
+            ctx.out.int(v.map_or(0, |v| v.value.len()) as i64);
+            return Ok(());
+        }
+    }
+    if offset + patch.len() as i64 > max {
+        {
+            ctx.out.error(errors::TOO_BIG);
+            return Ok(());
+        }
+    }
+    let offset = offset as usize;
+    let written = modify(store, db, &a[0], |old| {
+        let old = old.unwrap_or_default();
+        let mut v = old.to_vec();
+        if v.len() < offset + patch.len() {
+            v.resize(offset + patch.len(), 0);
+        }
+        v[offset..offset + patch.len()].copy_from_slice(patch);
+        Ok(v)
+    })
+    .await?;
+    match written {
+        Ok(v) => ctx.out.int(v.len() as i64),
+        Err(e) => ctx.out.error(e),
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! One RESP connection: read what has arrived, run every whole command in
+//! it, wait until the shard's changes are durable, write all the replies in
+//! one syscall (a pipeline of commands is thereby batched, as on the native
+//! port).
+//!
+//! Bounded like the native port (`crate::conn`): a base buffer of 64 KiB, a
+//! bigger command first takes its size from the shard's frame budget, a
+//! command not completed within the stall timeout closes the connection, so
+//! does an idle timeout, and idle connections may be evicted at the
+//! connection limit. A malformed command gets Redis's `Protocol error`
+//! reply and closes only its own connection.
+
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use insitu_resp::{Parsed, Session, execute, parse};
+use insitu_tls::Stream;
+use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::{BASE_BUFFER_BYTES, rebuffer, replies_durable, write};
+use crate::limits::Closed;
+use crate::shard::ShardState;
+
+use super::RespShard;
+use super::store::ShardStore;
+
+/// Replies buffered past this are written before more commands run, so a
+/// long pipeline of big replies cannot pile up.
+const MAX_PENDING_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+pub async fn serve(
+    mut stream: Stream,
+    state: &ShardState,
+    resp: &RespShard,
+) -> std::io::Result<Option<Closed>> {
+    let limits = &state.limits;
+    let store = ShardStore { state, resp };
+    let mut session = Session::new(super::next_client_id());
+    let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+    let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+    let mut charge: Option<tokio::sync::SemaphorePermit<'_>> = None;
+    let mut command_started: Option<Instant> = None;
+    let mut last_active = Instant::now();
+    let evict = Rc::new(Notify::new());
+    loop {
+        let mut need = 1;
+        let mut ran = false;
+        loop {
+            match parse(&mut rbuf, &resp.config.limits) {
+                Ok(Parsed::Command(args)) => {
+                    ran = true;
+                    execute(&store, &resp.settings, &mut session, &args, &mut wbuf).await;
+                    if session.closing {
+                        break;
+                    }
+                    if wbuf.len() >= MAX_PENDING_REPLY_BYTES {
+                        flush(state, &mut stream, &mut wbuf).await?;
+                    }
+                }
+                Ok(Parsed::Need(n)) => {
+                    need = n;
+                    break;
+                }
+                Err(e) => {
+                    // The stream cannot be re-synchronised: say why, close.
+                    let mut out = insitu_resp::reply::Out {
+                        buf: &mut wbuf,
+                        proto: session.proto,
+                    };
+                    out.error(&format!("ERR {e}"));
+                    flush(state, &mut stream, &mut wbuf).await?;
+                    return Ok(Some(Closed::Malformed));
+                }
+            }
+        }
+        if !wbuf.is_empty() {
+            flush(state, &mut stream, &mut wbuf).await?;
+        }
+        if session.closing {
+            return Ok(None);
+        }
+        if ran {
+            command_started = (!rbuf.is_empty()).then(Instant::now);
+        }
+        if wbuf.capacity() > BASE_BUFFER_BYTES {
+            wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+        }
+        if need <= BASE_BUFFER_BYTES {
+            charge = None;
+            if rbuf.capacity() > BASE_BUFFER_BYTES {
+                rbuf = rebuffer(&rbuf, BASE_BUFFER_BYTES);
+            }
+        }
+        if need > rbuf.capacity() {
+            if need > BASE_BUFFER_BYTES && charge.is_none() {
+                let deadline = command_started.unwrap_or_else(Instant::now) + limits.stall_timeout;
+                match state.frame_budget.acquire(need, deadline).await {
+                    Some(permit) => charge = Some(permit),
+                    None => {
+                        let mut out = insitu_resp::reply::Out {
+                            buf: &mut wbuf,
+                            proto: session.proto,
+                        };
+                        out.error(&format!(
+                            "ERR server busy: no room to buffer a {need}-byte command within {} ms; closing",
+                            limits.stall_timeout.as_millis()
+                        ));
+                        write(&mut stream, &wbuf, limits.stall_timeout).await?;
+                        return Ok(Some(Closed::NoRoom));
+                    }
+                }
+            }
+            rbuf = rebuffer(&rbuf, need.max(BASE_BUFFER_BYTES));
+        } else if rbuf.len() == rbuf.capacity() {
+            rbuf = rebuffer(&rbuf, BASE_BUFFER_BYTES);
+        }
+        debug_assert!(rbuf.capacity() > rbuf.len());
+
+        let idle = rbuf.is_empty();
+        let deadline = match command_started {
+            None => last_active + limits.idle_timeout,
+            Some(t) => t + limits.stall_timeout,
+        };
+        let idle_stamp = idle.then(|| state.idle_register(evict.clone()));
+        let read = tokio::select! {
+            r = stream.read_buf(&mut rbuf) => Some(r),
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = evict.notified(), if idle => return Ok(Some(Closed::Evicted)),
+        };
+        if let Some(stamp) = idle_stamp {
+            state.idle_unregister(stamp);
+        }
+        match read {
+            None if idle => return Ok(Some(Closed::Idle)),
+            None => return Ok(Some(Closed::Stalled)),
+            Some(Ok(0)) => return Ok(None),
+            Some(Ok(_)) => {
+                last_active = Instant::now();
+                if command_started.is_none() {
+                    command_started = Some(last_active);
+                }
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Wait until what the replies may show is durable, then write them.
+async fn flush(
+    state: &ShardState,
+    stream: &mut Stream,
+    wbuf: &mut BytesMut,
+) -> std::io::Result<()> {
+    // Every reply may show data (a read of a write not yet replicated).
+    replies_durable(state, &mut true).await?;
+    write(stream, wbuf, state.limits.stall_timeout).await?;
+    wbuf.clear();
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! `insitu_resp::Store` over a shard: a key whose tablet this shard serves
+//! is read or written in its engine directly (no hop, no copy of a frame);
+//! any other key, or one this shard cannot serve right now (frozen, moving,
+//! locked by a transaction), goes through the embedded cluster client, whose
+//! routing and retries take it to the owner.
+//!
+//! Replies wait for durability in `conn.rs`, as on the native port: a local
+//! write is acknowledged only once R backups hold it.
+
+use bytes::Bytes;
+use insitu_client::{ClientError, Selection};
+use insitu_engine::{EngineError, RejectRules as EngineRules};
+use insitu_protocol::{RejectRules, Status};
+use insitu_resp::{Cond, ScanPage, Store, StoreError, Versioned};
+
+use crate::handler::admit;
+use crate::shard::ShardState;
+
+use super::RespShard;
+
+pub struct ShardStore<'a> {
+    pub state: &'a ShardState,
+    pub resp: &'a RespShard,
+}
+
+fn wire_rules(cond: Cond) -> RejectRules {
+    let mut r = RejectRules::default();
+    match cond {
+        Cond::Always => {}
+        Cond::Absent => r.exists = true,
+        Cond::Present => r.doesnt_exist = true,
+        Cond::Version(v) => {
+            r.doesnt_exist = true;
+            r.version_ne_given = true;
+            r.given_version = v;
+        }
+    }
+    r
+}
+
+fn engine_rules(cond: Cond) -> EngineRules {
+    let r = wire_rules(cond);
+    EngineRules {
+        exists: r.exists,
+        doesnt_exist: r.doesnt_exist,
+        version_le_given: r.version_le_given,
+        version_ne_given: r.version_ne_given,
+        given_version: r.given_version,
+    }
+}
+
+/// A refusal by a condition (nothing changed) rather than a failure.
+fn refused_by_rules(e: &EngineError) -> bool {
+    matches!(
+        e,
+        EngineError::ObjectExists { .. }
+            | EngineError::ObjectDoesntExist
+            | EngineError::WrongVersion { .. }
+    )
+}
+
+fn client_refused(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Status(
+            Status::ObjectExists | Status::ObjectDoesntExist | Status::WrongVersion,
+            _
+        )
+    )
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(e.to_string())
+}
+
+/// What a local attempt came to.
+enum Local<T> {
+    Done(T),
+    /// Not this shard's to answer now: forward.
+    Forward,
+}
+
+impl ShardStore<'_> {
+    async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
+        self.resp.table(db, create).await.map_err(err)
+    }
+
+    async fn client(&self) -> Result<&insitu_client::Client, StoreError> {
+        self.resp.client().await.map_err(err)
+    }
+
+    fn local_read(&self, table: u64, key: &[u8]) -> Result<Local<Option<Versioned>>, StoreError> {
+        if admit(self.state, table, key, false).is_err() {
+            return Ok(Local::Forward);
+        }
+        let engine = self.state.engine.borrow();
+        match engine.read(table, key) {
+            Ok(obj) => Ok(Local::Done(Some(Versioned {
+                value: Bytes::copy_from_slice(obj.value),
+                version: obj.version,
+            }))),
+            Err(EngineError::ObjectDoesntExist) => Ok(Local::Done(None)),
+            Err(EngineError::UnknownTablet) => Ok(Local::Forward),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    fn local_put(
+        &self,
+        table: u64,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+    ) -> Result<Local<bool>, StoreError> {
+        if admit(self.state, table, key, true).is_err() {
+            return Ok(Local::Forward);
+        }
+        let result = self
+            .state
+            .engine
+            .borrow_mut()
+            .write(table, key, value, &engine_rules(cond));
+        match result {
+            Ok(_) => Ok(Local::Done(true)),
+            Err(e) if refused_by_rules(&e) => Ok(Local::Done(false)),
+            Err(EngineError::UnknownTablet) => Ok(Local::Forward),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    fn local_del(&self, table: u64, key: &[u8], cond: Cond) -> Result<Local<bool>, StoreError> {
+        if admit(self.state, table, key, true).is_err() {
+            return Ok(Local::Forward);
+        }
+        let result = self
+            .state
+            .engine
+            .borrow_mut()
+            .remove(table, key, &engine_rules(cond));
+        match result {
+            Ok(version) => Ok(Local::Done(version != 0)),
+            Err(e) if refused_by_rules(&e) => Ok(Local::Done(false)),
+            Err(EngineError::UnknownTablet) => Ok(Local::Forward),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Whether every key is served here right now (so a multi-key change can
+    /// be made in one synchronous step: atomic, as nothing else runs on
+    /// this thread meanwhile).
+    fn all_local<'k>(&self, table: u64, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
+        let engine = self.state.engine.borrow();
+        keys.into_iter().all(|k| {
+            admit(self.state, table, k, true).is_ok()
+                && engine
+                    .tablet_for(table, insitu_engine::key_hash(table, k))
+                    .is_some()
+        })
+    }
+}
+
+impl Store for ShardStore<'_> {
+    async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(None);
+        };
+        if let Local::Done(v) = self.local_read(table, key)? {
+            return Ok(v);
+        }
+        let found = self.client().await?.read(table, key).await.map_err(err)?;
+        Ok(found.map(|(value, version)| Versioned { value, version }))
+    }
+
+    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        if let Local::Done(done) = self.local_put(table, key, value, cond)? {
+            return Ok(done);
+        }
+        let client = self.client().await?;
+        match client.write_with(table, key, value, wire_rules(cond)).await {
+            Ok(_) => Ok(true),
+            Err(e) if client_refused(&e) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(false);
+        };
+        if let Local::Done(done) = self.local_del(table, key, cond)? {
+            return Ok(done);
+        }
+        let client = self.client().await?;
+        match client.remove_with(table, key, wire_rules(cond)).await {
+            Ok(v) => Ok(v.is_some()),
+            Err(e) if client_refused(&e) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(vec![None; keys.len()]);
+        };
+        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
+        let mut remote = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match self.local_read(table, key)? {
+                Local::Done(v) => out[i] = v.map(|v| v.value),
+                Local::Forward => remote.push(i),
+            }
+        }
+        if !remote.is_empty() {
+            let wanted: Vec<&[u8]> = remote.iter().map(|&i| &keys[i][..]).collect();
+            let found = self
+                .client()
+                .await?
+                .multi_read(table, &wanted)
+                .await
+                .map_err(err)?;
+            for (&i, item) in remote.iter().zip(found) {
+                out[i] = item.map_err(err)?.map(|(value, _)| value);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        if self.all_local(table, pairs.iter().map(|(k, _)| &k[..])) {
+            // All here: one synchronous step, so no reader sees half of it.
+            let mut engine = self.state.engine.borrow_mut();
+            // Refuse a bad key or value before writing any: a refusal half-way
+            // would leave the command half applied. (Running out of memory
+            // half-way still can; the error says so.)
+            let max = engine.config().max_value_bytes;
+            if let Some((_, v)) = pairs.iter().find(|(_, v)| v.len() > max) {
+                return Err(err(EngineError::ValueTooLarge { len: v.len(), max }));
+            }
+            if let Some((k, _)) = pairs
+                .iter()
+                .find(|(k, _)| k.is_empty() || k.len() > insitu_engine::MAX_KEY_BYTES)
+            {
+                return Err(err(format!(
+                    "key of {} bytes: keys must be 1 to {} bytes",
+                    k.len(),
+                    insitu_engine::MAX_KEY_BYTES
+                )));
+            }
+            for (k, v) in pairs {
+                engine
+                    .write(table, k, v, &EngineRules::default())
+                    .map_err(err)?;
+            }
+            return Ok(());
+        }
+        // Keys on several shards: a transaction makes them appear together.
+        let client = self.client().await?;
+        client
+            .transaction(|mut tx| async move {
+                for (k, v) in pairs {
+                    tx.write(table, k, v);
+                }
+                Ok((tx, ()))
+            })
+            .await
+            .map_err(err)
+    }
+
+    async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        if self.all_local(table, pairs.iter().map(|(k, _)| &k[..])) {
+            let mut engine = self.state.engine.borrow_mut();
+            if pairs.iter().any(|(k, _)| engine.read(table, k).is_ok()) {
+                return Ok(false);
+            }
+            for (k, v) in pairs {
+                engine
+                    .write(table, k, v, &EngineRules::default())
+                    .map_err(err)?;
+            }
+            return Ok(true);
+        }
+        let client = self.client().await?;
+        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| &k[..]).collect();
+        let keys = &keys;
+        client
+            .transaction(|mut tx| async move {
+                let found = tx.read_many(table, keys).await?;
+                if found.iter().any(Option::is_some) {
+                    return Ok((tx, false));
+                }
+                for (k, v) in pairs {
+                    tx.write(table, k, v);
+                }
+                Ok((tx, true))
+            })
+            .await
+            .map_err(err)
+    }
+
+    async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(false);
+        };
+        if self.all_local(table, [from, to]) {
+            let mut engine = self.state.engine.borrow_mut();
+            let value = match engine.read(table, from) {
+                Ok(obj) => obj.value.to_vec(),
+                Err(EngineError::ObjectDoesntExist) => return Ok(false),
+                Err(e) => return Err(err(e)),
+            };
+            engine
+                .write(table, to, &value, &EngineRules::default())
+                .map_err(err)?;
+            engine
+                .remove(table, from, &EngineRules::default())
+                .map_err(err)?;
+            return Ok(true);
+        }
+        let client = self.client().await?;
+        client
+            .transaction(|mut tx| async move {
+                let Some(value) = tx.read(table, from).await? else {
+                    return Ok((tx, false));
+                };
+                tx.write(table, to, &value);
+                tx.remove(table, from);
+                Ok((tx, true))
+            })
+            .await
+            .map_err(err)
+    }
+
+    async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(0);
+        };
+        self.client()
+            .await?
+            .count(table, &Selection::all())
+            .await
+            .map_err(err)
+    }
+
+    async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(ScanPage {
+                keys: Vec::new(),
+                cursor: 0,
+            });
+        };
+        // The cursor is a position in key-hash order: where the walk goes on.
+        let mut walk = self.client().await?.enumerate_at(table, cursor);
+        let Some(batch) = walk.next_batch().await.map_err(err)? else {
+            return Ok(ScanPage {
+                keys: Vec::new(),
+                cursor: 0,
+            });
+        };
+        if batch.len() > count {
+            // Stop before the first key not returned; it starts the next page.
+            // Keys sharing its hash are returned again then (SCAN allows it).
+            let next = insitu_engine::key_hash(table, &batch[count].0).max(1);
+            let keys = batch.into_iter().take(count).map(|(k, _, _)| k).collect();
+            return Ok(ScanPage { keys, cursor: next });
+        }
+        let keys = batch.into_iter().map(|(k, _, _)| k).collect();
+        Ok(ScanPage {
+            keys,
+            cursor: walk.position().unwrap_or(0),
+        })
+    }
+
+    async fn flush(&self, db: u32) -> Result<(), StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(());
+        };
+        let client = self.client().await?;
+        let mut walk = client.enumerate(table);
+        while let Some(batch) = walk.next_batch().await.map_err(err)? {
+            let keys: Vec<&[u8]> = batch.iter().map(|(k, _, _)| &k[..]).collect();
+            for item in client.multi_remove(table, &keys).await.map_err(err)? {
+                item.map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn max_value_bytes(&self) -> usize {
+        self.resp.config.max_value_bytes
+    }
+}
