@@ -50,6 +50,9 @@ pub struct Args {
     /// Write the figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Draw requests/s per test and store as an SVG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// One test's figures from redis-benchmark's CSV.
@@ -169,6 +172,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     if let Some(path) = &args.json {
         write_json(path, &report)?;
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, crate::resp_plot::svg(&report))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }
