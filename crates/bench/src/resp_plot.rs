@@ -18,7 +18,9 @@ pub fn svg(report: &Value) -> String {
     let runs = report["runs"].as_array().cloned().unwrap_or_default();
     let width = LEFT + PANEL_W * runs.len().max(1) as f64 + 20.0;
     let rps = |run: &Value, test: &str, store: &str| {
-        run["tests"][test][store]["requests_per_s"].as_f64().unwrap_or(0.0)
+        run["tests"][test][store]["requests_per_s"]
+            .as_f64()
+            .unwrap_or(0.0)
     };
     let mut s = String::new();
     let _ = write!(
@@ -37,7 +39,12 @@ pub fn svg(report: &Value) -> String {
             .map(|(t, st)| rps(run, t, st))
             .fold(1.0_f64, f64::max);
         let p = run["pipeline"].as_u64().unwrap_or(0);
-        let _ = write!(s, r#"<text x="{}" y="{}" font-size="12">-P {p}</text>"#, x0 + 10.0, TOP - 8.0);
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" font-size="12">-P {p}</text>"#,
+            x0 + 10.0,
+            TOP - 8.0
+        );
         let _ = write!(
             s,
             r##"<line x1="{x0}" y1="{}" x2="{}" y2="{}" stroke="#444"/>"##,
@@ -45,7 +52,13 @@ pub fn svg(report: &Value) -> String {
             x0 + PANEL_W - 20.0,
             TOP + PLOT_H
         );
-        let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="end">{:.0}k</text>"#, x0 - 4.0, TOP + 4.0, max / 1e3);
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="end">{:.0}k</text>"#,
+            x0 - 4.0,
+            TOP + 4.0,
+            max / 1e3
+        );
         let slot = (PANEL_W - 20.0) / TESTS.len() as f64;
         for (j, test) in TESTS.iter().enumerate() {
             let tx = x0 + slot * j as f64;

@@ -29,5 +29,5 @@ pub use insitu_tls::ClientTls;
 pub use multi::MAX_ITEMS_PER_REQUEST;
 pub use ops::{PlanOutcome, Selection, TrainedModel};
 pub use rpc::{Reply, RpcConn, RpcError};
-pub use txn::Transaction;
+pub use txn::{Transaction, is_retryable};
 pub use typed::{QueryAnswer, QueryOutcome};

@@ -157,6 +157,26 @@ impl Transaction {
         Ok(value)
     }
 
+    /// `read`, with the version the commit will check (0: absent). A key
+    /// this transaction wrote answers its own value with version 0 (not yet
+    /// committed, it has none).
+    pub async fn read_versioned(
+        &mut self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<(Bytes, u64)>, ClientError> {
+        let key = key.as_ref();
+        let value = self.read(table, key).await?;
+        let version = match self.writes.contains_key(&(table, key.to_vec())) {
+            true => 0,
+            false => self
+                .reads
+                .get(&(table, key.to_vec()))
+                .map_or(0, |(v, _)| *v),
+        };
+        Ok(value.map(|v| (v, version)))
+    }
+
     /// Read several keys of `table` at once (one multiRead per shard, in
     /// parallel), as `read` does each: the results in the keys' order.
     pub async fn read_many<K: AsRef<[u8]>>(

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use crate::command::{COMMANDS, CommandInfo, lookup};
 use crate::reply::{Out, Proto};
 use crate::session::{Session, Settings};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Transactional};
 
 /// The version of Redis whose replies this port reproduces (what `INFO`
 /// and `HELLO` report as `redis_version` / `version`).
@@ -25,7 +25,6 @@ pub mod errors {
     pub const NO_SUCH_KEY: &str = "ERR no such key";
     pub const TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
     pub const NO_EXPIRY: &str = "ERR insitu does not support key expiry yet (EX, PX, EXAT, PXAT, EXPIRE and friends): no key ever expires";
-    pub const NO_MULTI: &str = "ERR MULTI, EXEC, DISCARD and WATCH are not supported on insitu's Redis port yet: use insitu's own transactions (client.transaction, `insitu txn`)";
 }
 
 /// Everything a command handler needs.
@@ -37,15 +36,18 @@ pub struct Ctx<'a, S> {
 }
 
 /// Run `args` (the command name first) and write its reply. An empty
-/// command writes nothing, as in Redis.
-pub async fn execute<S: Store>(
+/// command writes nothing, as in Redis. Commands after `MULTI` are queued
+/// (`multi.rs`) and run at `EXEC` in one transaction of `store`.
+pub async fn execute<S: Transactional>(
     store: &S,
     settings: &Settings,
     session: &mut Session,
     args: &[Bytes],
     out: &mut BytesMut,
 ) {
-    let Some(name) = args.first() else { return };
+    if args.is_empty() {
+        return;
+    }
     let proto = session.proto;
     let mut ctx = Ctx {
         store,
@@ -53,6 +55,35 @@ pub async fn execute<S: Store>(
         session,
         out: Out { buf: out, proto },
     };
+    let Some(info) = check(&mut ctx, args) else {
+        // A command refused while queueing dooms the transaction.
+        if ctx.session.queued.is_some() {
+            ctx.session.queue_failed = true;
+        }
+        return;
+    };
+    if ctx.session.queued.is_some() && !crate::multi::runs_while_queueing(info.name) {
+        return crate::multi::queue(&mut ctx, args);
+    }
+    match crate::multi::run(&mut ctx, info, &args[1..]).await {
+        Ok(true) => {}
+        Ok(false) => run_command(&mut ctx, info, args).await,
+        Err(e) => ctx.out.error(&format!("ERR {e}")),
+    }
+}
+
+/// Check and run one command on any store (inside `EXEC`: the transaction).
+pub(crate) async fn run_checked<S: Store>(ctx: &mut Ctx<'_, S>, args: &[Bytes]) {
+    if let Some(info) = check(ctx, args) {
+        run_command(ctx, info, args).await;
+    }
+}
+
+/// Look the command up and check its arity and the connection's
+/// authentication, in Redis's order (unknown command, arity, `NOAUTH`);
+/// None after replying with the refusal.
+fn check<S>(ctx: &mut Ctx<'_, S>, args: &[Bytes]) -> Option<&'static CommandInfo> {
+    let name = args.first()?;
     let Some(info) = lookup(name) else {
         let mut tail = String::new();
         for a in &args[1..] {
@@ -69,15 +100,21 @@ pub async fn execute<S: Store>(
         ctx.out.error(&format!(
             "ERR unknown command '{name}', with args beginning with: {tail}"
         ));
-        return;
+        return None;
     };
     if !info.arity_ok(args.len()) {
-        return wrong_args(&mut ctx.out, info.name);
+        wrong_args(&mut ctx.out, info.name);
+        return None;
     }
-    if settings.auth.is_some() && !ctx.session.authenticated && !info.no_auth {
-        return ctx.out.error(errors::NOAUTH);
+    if ctx.settings.auth.is_some() && !ctx.session.authenticated && !info.no_auth {
+        ctx.out.error(errors::NOAUTH);
+        return None;
     }
-    if let Err(e) = run(&mut ctx, info, args).await {
+    Some(info)
+}
+
+async fn run_command<S: Store>(ctx: &mut Ctx<'_, S>, info: &CommandInfo, args: &[Bytes]) {
+    if let Err(e) = run(ctx, info, args).await {
         ctx.out.error(&format!("ERR {e}"));
     }
 }
@@ -114,7 +151,11 @@ async fn run<S: Store>(
         "client" => client(ctx, a),
         "info" => return info_cmd(ctx).await,
         "config" => config(ctx, a),
-        "multi" | "exec" | "discard" | "watch" | "unwatch" => ctx.out.error(errors::NO_MULTI),
+        // Handled by `execute` (`multi.rs`); never queued, so never here.
+        "multi" | "exec" | "discard" | "watch" | "unwatch" => ctx.out.error(&format!(
+            "ERR {} is not allowed here",
+            info.name.to_uppercase()
+        )),
         _ => {
             if crate::strings::run(ctx, info.name, a).await? {
                 return Ok(());

@@ -9,6 +9,7 @@ pub mod command;
 pub mod exec;
 pub mod glob;
 mod keys;
+pub mod multi;
 pub mod reply;
 pub mod session;
 pub mod store;
@@ -18,7 +19,9 @@ pub use codec::{Limits, Parsed, ProtocolError, parse};
 pub use exec::execute;
 pub use reply::Proto;
 pub use session::{Session, Settings};
-pub use store::{Cond, MemStore, ScanPage, Store, StoreError, Versioned};
+pub use store::{
+    Commit, Cond, MemStore, MemTx, ScanPage, Store, StoreError, Transactional, Versioned,
+};
 
 #[cfg(test)]
 mod tests;

@@ -43,6 +43,13 @@ pub struct Session {
     pub id: u64,
     /// Set by `QUIT`: the connection closes after this reply.
     pub closing: bool,
+    /// Commands queued since `MULTI` (None: not in a transaction).
+    pub queued: Option<Vec<Vec<Bytes>>>,
+    /// A command refused while queueing: `EXEC` answers `EXECABORT`.
+    pub queue_failed: bool,
+    /// `WATCH`ed keys: (db, key, version seen; 0 = absent). `EXEC` runs
+    /// only if every one is unchanged.
+    pub watched: Vec<(u32, Bytes, u64)>,
 }
 
 impl Session {

@@ -76,6 +76,25 @@ pub trait Store {
     fn max_value_bytes(&self) -> usize;
 }
 
+/// A store whose commands can run as one all-or-nothing group (`MULTI` /
+/// `EXEC`): `begin` opens a transaction, itself a `Store`, whose writes
+/// appear together at `commit`, and only if nothing it read changed.
+#[allow(async_fn_in_trait)]
+pub trait Transactional: Store {
+    type Tx<'a>: Store + Commit
+    where
+        Self: 'a;
+    async fn begin(&self) -> Result<Self::Tx<'_>, StoreError>;
+}
+
+/// The end of a transaction.
+#[allow(async_fn_in_trait)]
+pub trait Commit {
+    /// Ok(true): applied. Ok(false): another writer changed what it read (or
+    /// holds a key it writes); nothing was applied, run it again.
+    async fn commit(self) -> Result<bool, StoreError>;
+}
+
 /// A `Store` over one `BTreeMap` per database: the model the commands are
 /// tested against (and what the fuzzer drives).
 #[derive(Default)]
@@ -213,5 +232,59 @@ impl Store for MemStore {
 
     fn max_value_bytes(&self) -> usize {
         1024 * 1024
+    }
+}
+
+/// `MemStore`'s transaction: its commands apply at once. That is all or
+/// nothing here because a `MemStore` future never waits, so nothing else
+/// runs between a transaction's commands.
+pub struct MemTx<'a>(pub &'a MemStore);
+
+impl Commit for MemTx<'_> {
+    async fn commit(self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+}
+
+impl Transactional for MemStore {
+    type Tx<'a> = MemTx<'a>;
+    async fn begin(&self) -> Result<MemTx<'_>, StoreError> {
+        Ok(MemTx(self))
+    }
+}
+
+impl Store for MemTx<'_> {
+    async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
+        self.0.get(db, key).await
+    }
+    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        self.0.put(db, key, value, cond).await
+    }
+    async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        self.0.del(db, key, cond).await
+    }
+    async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        self.0.mget(db, keys).await
+    }
+    async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
+        self.0.mset(db, pairs).await
+    }
+    async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
+        self.0.mset_absent(db, pairs).await
+    }
+    async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
+        self.0.rename(db, from, to).await
+    }
+    async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
+        self.0.dbsize(db).await
+    }
+    async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
+        self.0.scan(db, cursor, count).await
+    }
+    async fn flush(&self, db: u32) -> Result<(), StoreError> {
+        self.0.flush(db).await
+    }
+    fn max_value_bytes(&self) -> usize {
+        self.0.max_value_bytes()
     }
 }

@@ -40,6 +40,13 @@ impl Conn {
     }
 }
 
+impl MemStore {
+    /// Keys in database 0, synchronously (tests only).
+    fn dbsize_now(&self) -> u64 {
+        futures_lite(crate::Store::dbsize(self, 0)).expect("MemStore never fails")
+    }
+}
+
 /// Run a future that never waits (MemStore is synchronous) to completion.
 fn futures_lite<F: std::future::Future>(fut: F) -> F::Output {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -255,7 +262,6 @@ fn connection_commands() {
         c.run("COMMAND COUNT"),
         format!(":{}\r\n", crate::command::COMMANDS.len())
     );
-    assert!(c.run("MULTI").starts_with("-ERR MULTI, EXEC"));
     assert_eq!(
         c.run("AUTH secret"),
         "-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n"
@@ -302,4 +308,65 @@ fn authentication() {
             .starts_with("%7\r\n")
     );
     assert_eq!(d.run("CLIENT GETNAME"), "$2\r\nme\r\n");
+}
+
+#[test]
+fn multi_exec_discard_watch() {
+    let mut c = Conn::new();
+    assert_eq!(c.run("EXEC"), "-ERR EXEC without MULTI\r\n");
+    assert_eq!(c.run("DISCARD"), "-ERR DISCARD without MULTI\r\n");
+    assert_eq!(c.run("MULTI"), "+OK\r\n");
+    assert_eq!(c.run("SET a 1"), "+QUEUED\r\n");
+    assert_eq!(c.run("INCR a"), "+QUEUED\r\n");
+    assert_eq!(c.run("SET s x"), "+QUEUED\r\n");
+    assert_eq!(c.run("INCR s"), "+QUEUED\r\n");
+    assert_eq!(c.run("GET a"), "+QUEUED\r\n");
+    assert_eq!(c.run("MULTI"), "-ERR MULTI calls can not be nested\r\n");
+    assert_eq!(
+        c.run("WATCH a"),
+        "-ERR WATCH inside MULTI is not allowed\r\n"
+    );
+    // Nothing ran yet.
+    assert_eq!(c.store.dbsize_now(), 0);
+    assert_eq!(
+        c.run("EXEC"),
+        "*5\r\n+OK\r\n:2\r\n+OK\r\n-ERR value is not an integer or out of range\r\n$1\r\n2\r\n"
+    );
+    // A command refused while queueing aborts the whole transaction.
+    c.run("MULTI");
+    assert_eq!(
+        c.run("SET a"),
+        "-ERR wrong number of arguments for 'set' command\r\n"
+    );
+    assert_eq!(c.run("SET a 9"), "+QUEUED\r\n");
+    assert_eq!(
+        c.run("EXEC"),
+        "-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    assert_eq!(c.run("GET a"), "$1\r\n2\r\n");
+    c.run("MULTI");
+    c.run("SET a 9");
+    assert_eq!(c.run("DISCARD"), "+OK\r\n");
+    assert_eq!(c.run("GET a"), "$1\r\n2\r\n");
+    // WATCH: a key changed by another connection makes EXEC answer null.
+    assert_eq!(c.run("WATCH a"), "+OK\r\n");
+    let mine = std::mem::replace(&mut c.session, Session::new(8));
+    c.run("SET a 3");
+    c.session = mine;
+    c.run("MULTI");
+    c.run("SET a 100");
+    assert_eq!(c.run("EXEC"), "*-1\r\n");
+    assert_eq!(c.run("GET a"), "$1\r\n3\r\n");
+    // Unchanged: it runs (and EXEC ends the watch).
+    c.run("WATCH a nope");
+    c.run("MULTI");
+    c.run("SET a 100");
+    assert_eq!(c.run("EXEC"), "*1\r\n+OK\r\n");
+    assert!(c.session.watched.is_empty());
+    // SELECT inside applies to what follows.
+    c.run("MULTI");
+    c.run("SELECT 2");
+    c.run("SET only-in-2 x");
+    assert_eq!(c.run("EXEC"), "*2\r\n+OK\r\n+OK\r\n");
+    assert_eq!(c.run("GET only-in-2"), "$1\r\nx\r\n");
 }

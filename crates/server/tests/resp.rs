@@ -401,6 +401,97 @@ async fn the_redis_crate_works_unchanged() {
     .unwrap();
 }
 
+/// One connection, one command at a time.
+struct Line(TcpStream, Vec<u8>);
+
+impl Line {
+    fn open(addr: SocketAddr) -> Line {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        Line(s, Vec::new())
+    }
+    fn call(&mut self, line: &str) -> String {
+        self.0.write_all(&encode(line)).unwrap();
+        String::from_utf8_lossy(&read_reply(&mut self.0, &mut self.1)).into_owned()
+    }
+}
+
+/// Redis's optimistic locking (WATCH, read, MULTI, write, EXEC; again on a
+/// null EXEC) from many connections on both servers loses no increment,
+/// and a MULTI over keys of every shard applies all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_multi_exec_loses_no_update() {
+    let c = cluster(|_| {}).await;
+    let addrs = [c.resp(), c.resp_of_second()];
+    const THREADS: usize = 4;
+    const EACH: usize = 15;
+    let retries = tokio::task::spawn_blocking(move || {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut conn = Line::open(addrs[t % 2]);
+                    let mut retries = 0;
+                    for _ in 0..EACH {
+                        loop {
+                            assert_eq!(conn.call("WATCH counter"), "+OK\r\n");
+                            let n = match conn.call("GET counter").as_str() {
+                                "$-1\r\n" => 0,
+                                r => r.split("\r\n").nth(1).unwrap().parse::<i64>().unwrap(),
+                            };
+                            assert_eq!(conn.call("MULTI"), "+OK\r\n");
+                            assert_eq!(conn.call(&format!("SET counter {}", n + 1)), "+QUEUED\r\n");
+                            assert_eq!(conn.call("INCR ops"), "+QUEUED\r\n");
+                            match conn.call("EXEC").as_str() {
+                                "*-1\r\n" => retries += 1,
+                                r => {
+                                    assert!(r.starts_with("*2\r\n+OK\r\n:"), "{r}");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    retries
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum::<usize>()
+    })
+    .await
+    .unwrap();
+    let replies = tokio::task::spawn_blocking(move || {
+        pipeline(
+            addrs[0],
+            &[
+                "GET counter",
+                "GET ops",
+                "MULTI",
+                "MSET x:1 a x:2 b x:3 c x:4 d x:5 e x:6 f",
+                "INCR x:1",
+                "EXEC",
+                "MGET x:1 x:6",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let total = (THREADS * EACH).to_string();
+    assert_eq!(
+        replies[0],
+        format!("${}\r\n{total}\r\n", total.len()),
+        "retries {retries}"
+    );
+    // Every EXEC that answered applied both its commands.
+    assert_eq!(replies[1], replies[0]);
+    assert_eq!(
+        replies[5],
+        "*2\r\n+OK\r\n-ERR value is not an integer or out of range\r\n"
+    );
+    assert_eq!(replies[6], "*2\r\n$1\r\na\r\n$1\r\nf\r\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_closes_only_its_connection() {
     let c = cluster(|_| {}).await;

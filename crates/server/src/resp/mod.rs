@@ -7,6 +7,7 @@
 
 mod conn;
 mod store;
+mod tx;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

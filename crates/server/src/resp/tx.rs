@@ -1,0 +1,210 @@
+//! `MULTI`/`EXEC` on the cluster: the queued commands run on an insitu
+//! transaction (`insitu_client::Transaction`): reads remember the versions
+//! they saw, writes wait in the transaction, and the commit applies them
+//! together only if none of those versions changed (ARCHITECTURE.md,
+//! "Transactions"). A conflict makes `EXEC` run the commands again.
+//!
+//! `DBSIZE`, `SCAN` and `FLUSHDB` inside a transaction run outside it
+//! (at once, not at the commit): they are not transactional here.
+//!
+//! Every read inside a transaction reads a table, creating the database's
+//! table if it does not exist yet: a key "read" as absent because its table
+//! was missing would be no read at all, and the commit would not check it
+//! (two `WATCH`/`EXEC`s of a first key would both commit: a lost update,
+//! which `tests/resp.rs` caught).
+
+use std::cell::Cell;
+
+use bytes::Bytes;
+use insitu_client::{ClientError, Transaction, is_retryable};
+use insitu_resp::{Commit, Cond, ScanPage, Store, StoreError, Transactional, Versioned};
+
+use super::store::ShardStore;
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(e.to_string())
+}
+
+pub struct ShardTx<'a> {
+    /// For table lookups and the commands that run outside the transaction.
+    outside: ShardStore<'a>,
+    /// Taken out while one of its calls awaits (calls never overlap: a
+    /// connection runs its queued commands one after another).
+    tx: Cell<Option<Transaction>>,
+}
+
+impl Transactional for ShardStore<'_> {
+    type Tx<'b>
+        = ShardTx<'b>
+    where
+        Self: 'b;
+
+    async fn begin(&self) -> Result<ShardTx<'_>, StoreError> {
+        let client = self.resp.client().await.map_err(err)?;
+        Ok(ShardTx {
+            outside: ShardStore {
+                state: self.state,
+                resp: self.resp,
+            },
+            tx: Cell::new(Some(client.begin())),
+        })
+    }
+}
+
+impl Commit for ShardTx<'_> {
+    async fn commit(self) -> Result<bool, StoreError> {
+        let tx = self
+            .tx
+            .take()
+            .ok_or_else(|| err("the transaction was lost"))?;
+        match tx.commit().await {
+            Ok(()) => Ok(true),
+            Err(e) if is_retryable(&e) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+}
+
+impl ShardTx<'_> {
+    /// Run `f` on the transaction.
+    async fn with<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Transaction) -> Result<T, ClientError>,
+    ) -> Result<T, StoreError> {
+        let mut tx = self
+            .tx
+            .take()
+            .ok_or_else(|| err("the transaction was lost"))?;
+        let result = f(&mut tx).await;
+        self.tx.set(Some(tx));
+        result.map_err(err)
+    }
+
+    /// The table of `db`: always created if missing inside a transaction
+    /// (see the module comment).
+    async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
+        debug_assert!(create, "reads inside a transaction must be recorded");
+        self.outside.resp.table(db, create).await.map_err(err)
+    }
+
+    async fn read(&self, table: u64, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
+        let found = self
+            .with(async |tx| tx.read_versioned(table, key).await)
+            .await?;
+        Ok(found.map(|(value, version)| Versioned { value, version }))
+    }
+}
+
+impl Store for ShardTx<'_> {
+    async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        self.read(table, key).await
+    }
+
+    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        if cond != Cond::Always {
+            // The read is checked again at the commit: the condition holds then.
+            let current = self.read(table, key).await?;
+            let holds = match cond {
+                Cond::Always => true,
+                Cond::Absent => current.is_none(),
+                Cond::Present => current.is_some(),
+                Cond::Version(v) => current.is_some_and(|c| c.version == v),
+            };
+            if !holds {
+                return Ok(false);
+            }
+        }
+        self.with(async |tx| {
+            tx.write(table, key, value);
+            Ok(())
+        })
+        .await?;
+        Ok(true)
+    }
+
+    async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let current = self.read(table, key).await?;
+        let holds = match (cond, &current) {
+            (_, None) => false,
+            (Cond::Version(v), Some(c)) => c.version == v,
+            (Cond::Absent, Some(_)) => false,
+            _ => true,
+        };
+        if holds {
+            self.with(async |tx| {
+                tx.remove(table, key);
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(holds)
+    }
+
+    async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        self.with(async |tx| tx.read_many(table, keys).await).await
+    }
+
+    async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        self.with(async |tx| {
+            for (k, v) in pairs {
+                tx.write(table, k, v);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| &k[..]).collect();
+        self.with(async |tx| {
+            if tx
+                .read_many(table, &keys)
+                .await?
+                .iter()
+                .any(Option::is_some)
+            {
+                return Ok(false);
+            }
+            for (k, v) in pairs {
+                tx.write(table, k, v);
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        self.with(async |tx| {
+            let Some(value) = tx.read(table, from).await? else {
+                return Ok(false);
+            };
+            tx.write(table, to, &value);
+            tx.remove(table, from);
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
+        self.outside.dbsize(db).await
+    }
+
+    async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
+        self.outside.scan(db, cursor, count).await
+    }
+
+    async fn flush(&self, db: u32) -> Result<(), StoreError> {
+        self.outside.flush(db).await
+    }
+
+    fn max_value_bytes(&self) -> usize {
+        self.outside.max_value_bytes()
+    }
+}
