@@ -1,0 +1,105 @@
+"""redis-py, unchanged, against insitu's Redis protocol port (`--resp-port`):
+plain commands, pipelines, MULTI/EXEC with WATCH (redis-py's `transaction`
+helper), RESP3, SCAN, AUTH with the cluster's token, and the same objects
+read back through insitu's own client."""
+
+import threading
+
+import pytest
+import redis
+
+from conftest import Cluster, free_port
+
+
+@pytest.fixture(scope="module")
+def resp_cluster():
+    port = free_port()
+    c = Cluster(extra=("--resp-port", str(port)))
+    c.resp_port = port
+    yield c
+    c.stop()
+
+
+def redis_client(c, **kwargs) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=c.resp_port, password=c.token, **kwargs)
+
+
+def test_plain_commands_and_errors(resp_cluster):
+    r = redis_client(resp_cluster)
+    assert r.ping()
+    assert r.set("greeting", "hello")
+    assert r.get("greeting") == b"hello"
+    assert r.set("greeting", "again", nx=True) is None
+    assert r.incrby("counter", 5) == 5
+    assert r.incrbyfloat("float", 1.5) == 1.5
+    assert r.mset({"a": "1", "b": "2"})
+    assert r.mget("a", "b", "missing") == [b"1", b"2", None]
+    assert r.append("greeting", "!") == 6
+    assert r.getrange("greeting", 0, 1) == b"he"
+    assert r.exists("a", "b", "missing") == 2
+    assert r.delete("a", "missing") == 1
+    assert r.ttl("b") == -1
+    with pytest.raises(redis.ResponseError, match="value is not an integer"):
+        r.incr("greeting")
+    with pytest.raises(redis.ResponseError, match="unknown command"):
+        r.execute_command("NO-SUCH-COMMAND")
+
+
+def test_wrong_password_is_refused(resp_cluster):
+    bad = redis.Redis(host="127.0.0.1", port=resp_cluster.resp_port, password="wrong")
+    with pytest.raises(redis.AuthenticationError):
+        bad.ping()
+    anonymous = redis.Redis(host="127.0.0.1", port=resp_cluster.resp_port)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.get("greeting")
+
+
+def test_pipelines_and_transactions(resp_cluster):
+    r = redis_client(resp_cluster)
+    # redis-py's default pipeline is MULTI ... EXEC.
+    pipe = r.pipeline()
+    for i in range(200):
+        pipe.set(f"p:{i}", i)
+    pipe.incr("p:count")
+    results = pipe.execute()
+    assert results[:200] == [True] * 200 and results[200] == 1
+    assert r.get("p:199") == b"199"
+
+    # WATCH-based increments from threads (redis-py's `transaction` helper
+    # retries on WatchError): no update is lost.
+    def bump(pipe):
+        n = int(pipe.get("watched") or 0)
+        pipe.multi()
+        pipe.set("watched", n + 1)
+
+    def worker():
+        client = redis_client(resp_cluster)
+        for _ in range(10):
+            client.transaction(bump, "watched")
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert r.get("watched") == b"40"
+
+
+def test_resp3_and_scan(resp_cluster):
+    r = redis_client(resp_cluster, protocol=3)
+    assert r.set("r3", "x")
+    assert r.get("r3") == b"x"
+    assert r.get("r3-missing") is None
+    for i in range(120):
+        r.set(f"scan:{i}", i)
+    keys = set(r.scan_iter(match="scan:*", count=25))
+    assert len(keys) == 120
+
+
+def test_the_same_objects_through_insitu(resp_cluster):
+    r = redis_client(resp_cluster)
+    r.set("shared", "seen by both")
+    client = resp_cluster.connect()
+    table = client.table("redis")
+    assert table.get("shared") == b"seen by both"
+    assert table.count() == r.dbsize()
