@@ -37,16 +37,17 @@ pub struct Ctx<'a, S> {
 
 /// Run `args` (the command name first) and write its reply. An empty
 /// command writes nothing, as in Redis. Commands after `MULTI` are queued
-/// (`multi.rs`) and run at `EXEC` in one transaction of `store`.
+/// (`multi.rs`) and run at `EXEC` in one transaction of `store`. Returns
+/// the command run (None: unknown or empty), for metrics.
 pub async fn execute<S: Transactional>(
     store: &S,
     settings: &Settings,
     session: &mut Session,
     args: &[Bytes],
     out: &mut BytesMut,
-) {
+) -> Option<&'static CommandInfo> {
     if args.is_empty() {
-        return;
+        return None;
     }
     let proto = session.proto;
     let mut ctx = Ctx {
@@ -60,16 +61,18 @@ pub async fn execute<S: Transactional>(
         if ctx.session.queued.is_some() {
             ctx.session.queue_failed = true;
         }
-        return;
+        return lookup(&args[0]);
     };
     if ctx.session.queued.is_some() && !crate::multi::runs_while_queueing(info.name) {
-        return crate::multi::queue(&mut ctx, args);
+        crate::multi::queue(&mut ctx, args);
+        return Some(info);
     }
     match crate::multi::run(&mut ctx, info, &args[1..]).await {
         Ok(true) => {}
         Ok(false) => run_command(&mut ctx, info, args).await,
         Err(e) => ctx.out.error(&format!("ERR {e}")),
     }
+    Some(info)
 }
 
 /// Check and run one command on any store (inside `EXEC`: the transaction).

@@ -337,6 +337,32 @@ async fn every_key_is_served_from_either_server_and_insitu_reads_the_same_object
     assert_eq!(client.count(table, &Selection::all()).await.unwrap(), 200);
     let (v, _) = client.read(table, "key:7").await.unwrap().unwrap();
     assert_eq!(&v[..], b"value-of-key:7");
+    // RESP commands count in the shards' request metrics (PING touches no
+    // data, so only the RESP port's own counting can account for them).
+    let shards: Vec<String> = c
+        .node
+        .server
+        .shard_addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let mut before = 0;
+    for addr in &shards {
+        before += client.shard_stats(addr).await.unwrap().requests;
+    }
+    let pings = vec!["PING"; 300];
+    tokio::task::spawn_blocking(move || pipeline(first, &pings))
+        .await
+        .unwrap();
+    let mut after = 0;
+    for addr in &shards {
+        after += client.shard_stats(addr).await.unwrap().requests;
+    }
+    assert!(
+        after - before >= 300,
+        "{} requests counted for 300 PINGs",
+        after - before
+    );
     assert!(c.node.server.shard_addrs.len() + c.second.shard_addrs.len() == 4);
 }
 

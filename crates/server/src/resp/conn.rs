@@ -51,7 +51,20 @@ pub async fn serve(
             match parse(&mut rbuf, &resp.config.limits) {
                 Ok(Parsed::Command(args)) => {
                     ran = true;
-                    execute(&store, &resp.settings, &mut session, &args, &mut wbuf).await;
+                    let at = wbuf.len();
+                    let started = state.metrics.sample_next().then(std::time::Instant::now);
+                    let command =
+                        execute(&store, &resp.settings, &mut session, &args, &mut wbuf).await;
+                    // An error reply counts as a refused request (its text
+                    // says why; the status only classifies it).
+                    let status = match wbuf.get(at) {
+                        Some(b'-') => insitu_protocol::Status::BadRequest,
+                        _ => insitu_protocol::Status::Ok,
+                    };
+                    let kind = command.map_or("resp_unknown", |c| c.metric);
+                    state
+                        .metrics
+                        .record(kind, status, started.map(|t| t.elapsed()));
                     if session.closing {
                         break;
                     }
