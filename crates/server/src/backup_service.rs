@@ -512,7 +512,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                 || rbuf.capacity() < need
                 || rbuf.capacity() == rbuf.len()
             {
-                rbuf = crate::conn::rebuffer(&rbuf, BASE_BUFFER_BYTES);
+                rbuf = crate::inbox::rebuffer(&rbuf, BASE_BUFFER_BYTES);
             }
         } else if rbuf.capacity() < need {
             // Give back the last big frame's share before waiting for this one's.
@@ -534,7 +534,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                     return Ok(Some(Closed::NoRoom));
                 }
             }
-            rbuf = crate::conn::rebuffer(&rbuf, need);
+            rbuf = crate::inbox::rebuffer(&rbuf, need);
         }
         debug_assert!(rbuf.capacity() > rbuf.len());
         debug_assert!(need <= BASE_BUFFER_BYTES || charge.is_some());

@@ -11,6 +11,7 @@ mod handler;
 mod held;
 mod hold;
 mod identity;
+mod inbox;
 mod limits;
 mod metrics;
 mod migrate;

@@ -613,3 +613,43 @@ async fn auth_takes_the_cluster_token() {
     assert_eq!(replies[3], "+OK\r\n");
     assert_eq!(replies[4], "$1\r\nv\r\n");
 }
+
+/// The RESP port applies the shard's connection limits: a command not
+/// completed within the stall timeout, and a connection idle past the idle
+/// timeout, are closed; others keep being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_and_idle_resp_connections_are_closed() {
+    let c = cluster(|c| {
+        c.limits.stall_timeout = Duration::from_millis(300);
+        c.limits.idle_timeout = Duration::from_millis(600);
+    })
+    .await;
+    let addr = c.resp();
+    tokio::task::spawn_blocking(move || {
+        let mut stalled = TcpStream::connect(addr).unwrap();
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stalled.write_all(b"*2\r\n$3\r\nGET\r\n$5\r\nab").unwrap();
+        let mut idle = TcpStream::connect(addr).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let t = std::time::Instant::now();
+        let mut got = Vec::new();
+        stalled.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "stall not enforced: {:?}",
+            t.elapsed()
+        );
+        idle.read_to_end(&mut got).unwrap();
+        assert!(
+            t.elapsed() >= Duration::from_millis(500),
+            "idle closed too early"
+        );
+        assert_eq!(pipeline(addr, &["PING"]), vec!["+PONG\r\n"]);
+    })
+    .await
+    .unwrap();
+}

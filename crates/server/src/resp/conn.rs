@@ -3,23 +3,20 @@
 //! one syscall (a pipeline of commands is thereby batched, as on the native
 //! port).
 //!
-//! Bounded like the native port (`crate::conn`): a base buffer of 64 KiB, a
-//! bigger command first takes its size from the shard's frame budget, a
+//! Bounded like the native port (`crate::inbox`): a base buffer of 64 KiB,
+//! a bigger command first takes its size from the shard's frame budget, a
 //! command not completed within the stall timeout closes the connection, so
 //! does an idle timeout, and idle connections may be evicted at the
 //! connection limit. A malformed command gets Redis's `Protocol error`
 //! reply and closes only its own connection.
 
-use std::rc::Rc;
-
 use bytes::BytesMut;
+use insitu_resp::reply::Out;
 use insitu_resp::{Parsed, Session, execute, parse};
 use insitu_tls::Stream;
-use tokio::io::AsyncReadExt;
-use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use crate::conn::{BASE_BUFFER_BYTES, rebuffer, replies_durable, write};
+use crate::conn::{BASE_BUFFER_BYTES, replies_durable, write};
+use crate::inbox::{Inbox, Wait};
 use crate::limits::Closed;
 use crate::shard::ShardState;
 
@@ -38,17 +35,13 @@ pub async fn serve(
     let limits = &state.limits;
     let store = ShardStore { state, resp };
     let mut session = Session::new(super::next_client_id());
-    let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+    let mut inbox = Inbox::new();
     let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
-    let mut charge: Option<tokio::sync::SemaphorePermit<'_>> = None;
-    let mut command_started: Option<Instant> = None;
-    let mut last_active = Instant::now();
-    let evict = Rc::new(Notify::new());
     loop {
         let mut need = 1;
         let mut ran = false;
         loop {
-            match parse(&mut rbuf, &resp.config.limits) {
+            match parse(&mut inbox.buf, &resp.config.limits) {
                 Ok(Parsed::Command(args)) => {
                     ran = true;
                     let at = wbuf.len();
@@ -78,7 +71,7 @@ pub async fn serve(
                 }
                 Err(e) => {
                     // The stream cannot be re-synchronised: say why, close.
-                    let mut out = insitu_resp::reply::Out {
+                    let mut out = Out {
                         buf: &mut wbuf,
                         proto: session.proto,
                     };
@@ -95,67 +88,30 @@ pub async fn serve(
             return Ok(None);
         }
         if ran {
-            command_started = (!rbuf.is_empty()).then(Instant::now);
+            inbox.consumed();
         }
         if wbuf.capacity() > BASE_BUFFER_BYTES {
             wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
         }
-        if need <= BASE_BUFFER_BYTES {
-            charge = None;
-            if rbuf.capacity() > BASE_BUFFER_BYTES {
-                rbuf = rebuffer(&rbuf, BASE_BUFFER_BYTES);
+        match inbox.fill(state, &mut stream, need).await? {
+            Wait::Data => {}
+            Wait::Eof => return Ok(None),
+            Wait::Idle => return Ok(Some(Closed::Idle)),
+            Wait::Evicted => return Ok(Some(Closed::Evicted)),
+            Wait::NoRoom => {
+                let mut out = Out {
+                    buf: &mut wbuf,
+                    proto: session.proto,
+                };
+                out.error(&format!(
+                    "ERR server busy: no room to buffer a {need}-byte command within {} ms; closing",
+                    limits.stall_timeout.as_millis()
+                ));
+                write(&mut stream, &wbuf, limits.stall_timeout).await?;
+                return Ok(Some(Closed::NoRoom));
             }
-        }
-        if need > rbuf.capacity() {
-            if need > BASE_BUFFER_BYTES && charge.is_none() {
-                let deadline = command_started.unwrap_or_else(Instant::now) + limits.stall_timeout;
-                match state.frame_budget.acquire(need, deadline).await {
-                    Some(permit) => charge = Some(permit),
-                    None => {
-                        let mut out = insitu_resp::reply::Out {
-                            buf: &mut wbuf,
-                            proto: session.proto,
-                        };
-                        out.error(&format!(
-                            "ERR server busy: no room to buffer a {need}-byte command within {} ms; closing",
-                            limits.stall_timeout.as_millis()
-                        ));
-                        write(&mut stream, &wbuf, limits.stall_timeout).await?;
-                        return Ok(Some(Closed::NoRoom));
-                    }
-                }
-            }
-            rbuf = rebuffer(&rbuf, need.max(BASE_BUFFER_BYTES));
-        } else if rbuf.len() == rbuf.capacity() {
-            rbuf = rebuffer(&rbuf, BASE_BUFFER_BYTES);
-        }
-        debug_assert!(rbuf.capacity() > rbuf.len());
-
-        let idle = rbuf.is_empty();
-        let deadline = match command_started {
-            None => last_active + limits.idle_timeout,
-            Some(t) => t + limits.stall_timeout,
-        };
-        let idle_stamp = idle.then(|| state.idle_register(evict.clone()));
-        let read = tokio::select! {
-            r = stream.read_buf(&mut rbuf) => Some(r),
-            _ = tokio::time::sleep_until(deadline) => None,
-            _ = evict.notified(), if idle => return Ok(Some(Closed::Evicted)),
-        };
-        if let Some(stamp) = idle_stamp {
-            state.idle_unregister(stamp);
-        }
-        match read {
-            None if idle => return Ok(Some(Closed::Idle)),
-            None => return Ok(Some(Closed::Stalled)),
-            Some(Ok(0)) => return Ok(None),
-            Some(Ok(_)) => {
-                last_active = Instant::now();
-                if command_started.is_none() {
-                    command_started = Some(last_active);
-                }
-            }
-            Some(Err(e)) => return Err(e),
+            // Redis closes such a connection without a word; so does this.
+            Wait::Stalled => return Ok(Some(Closed::Stalled)),
         }
     }
 }
