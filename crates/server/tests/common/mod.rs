@@ -4,6 +4,8 @@
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
+pub mod resp;
+
 use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
 use insitu_server::{ServerConfig, ServerHandle};
 
