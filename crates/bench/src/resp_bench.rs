@@ -5,8 +5,9 @@
 //! Each store runs pinned to one CPU (`taskset`), `redis-benchmark` on the
 //! other; insitu is a coordinator and one server with one shard, in memory
 //! only (`--replicas 0`) and without tokens, as Redis runs here (`--save ''
-//! --appendonly no`, no password). For each `-P` (pipeline depth) the tests
-//! `-t set,get,incr,mset` run on both; reported per test are requests/s and
+//! --appendonly no`, no password). For each `-P` (pipeline depth), in
+//! `--rounds` rounds alternating the stores (the figures are medians), the
+//! tests `-t set,get,incr,mset` run on both; reported per test are requests/s and
 //! p50/p99 (ms) of each store and insitu's ratio. `resp_get_vs_redis` and
 //! `resp_set_vs_redis` are the lower ratio over the `-P` settings.
 //!
@@ -41,7 +42,11 @@ pub struct Args {
     /// Tests (`-t`).
     #[arg(long, default_value = "set,get,incr,mset")]
     pub tests: String,
-    /// Small and fast (20,000 requests, keyspace 10,000, -P 1 and 16): a smoke test.
+    /// Rounds per pipeline depth, alternating the stores (Redis, insitu,
+    /// Redis, ...); the figures are medians over the rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Small and fast (20,000 requests, keyspace 10,000, one round): a smoke test.
     #[arg(long)]
     pub quick: bool,
     /// Do not pin the stores and redis-benchmark to separate CPUs.
@@ -127,8 +132,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "-P".into(),
             p.to_string(),
         ];
-        let theirs = redis_benchmark(redis.plain.port(), &base)?;
-        let ours = redis_benchmark(resp_port, &base)?;
+        let rounds = if args.quick { 1 } else { args.rounds.max(1) };
+        let (mut theirs_all, mut ours_all) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            theirs_all.push(redis_benchmark(redis.plain.port(), &base)?);
+            ours_all.push(redis_benchmark(resp_port, &base)?);
+        }
+        let theirs = medians(&theirs_all);
+        let ours = medians(&ours_all);
         let mut tests = serde_json::Map::new();
         for (test, r) in &theirs {
             let Some(i) = ours.iter().find(|(t, _)| t == test).map(|(_, f)| f) else {
@@ -155,6 +166,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let pick = |t: &str| worst.get(t).copied().filter(|r| r.is_finite());
     let report = json!({
+        "rounds": if args.quick { 1 } else { args.rounds.max(1) },
         "command": format!("redis-benchmark -n {requests} -r {keyspace} -c {} -t {} -P {}", args.clients, args.tests, args.pipelines),
         "pinning": pinning,
         "insitu": "1 server, 1 shard, --replicas 0, no auth",
@@ -178,6 +190,33 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Per test, the median of each figure over the rounds (each figure on its
+/// own: the median p99 need not come from the median round).
+fn medians(rounds: &[Vec<(String, Figures)>]) -> Vec<(String, Figures)> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|(test, _)| {
+            let all: Vec<&Figures> = rounds
+                .iter()
+                .filter_map(|r| r.iter().find(|(t, _)| t == test).map(|(_, f)| f))
+                .collect();
+            let figures = Figures {
+                rps: median(all.iter().map(|f| f.rps).collect()),
+                p50_ms: median(all.iter().map(|f| f.p50_ms).collect()),
+                p99_ms: median(all.iter().map(|f| f.p99_ms).collect()),
+            };
+            (test.clone(), figures)
+        })
+        .collect()
 }
 
 /// Run redis-benchmark against 127.0.0.1:`port` with `args` and `--csv`;
@@ -242,6 +281,23 @@ fn parse_csv(text: &str) -> Vec<(String, Figures)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn medians_per_figure() {
+        let f = |rps, p99| super::Figures {
+            rps,
+            p50_ms: 1.0,
+            p99_ms: p99,
+        };
+        let rounds = vec![
+            vec![("GET".to_string(), f(10.0, 5.0))],
+            vec![("GET".to_string(), f(30.0, 1.0))],
+            vec![("GET".to_string(), f(20.0, 9.0))],
+        ];
+        let m = super::medians(&rounds);
+        assert_eq!(m[0].1.rps, 20.0);
+        assert_eq!(m[0].1.p99_ms, 5.0);
+    }
+
     #[test]
     fn reads_redis_benchmark_csv() {
         let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"SET\",\"100000.00\",\"0.3\",\"0.1\",\"0.287\",\"0.4\",\"0.551\",\"2.0\"\n\"MSET (10 keys)\",\"50000.00\",\"0.9\",\"0.1\",\"0.8\",\"1.0\",\"1.5\",\"3.0\"\n";
