@@ -304,3 +304,32 @@ async fn stalled_and_idle_resp_connections_are_closed() {
     .await
     .unwrap();
 }
+
+/// `insitu table drop redis` while Redis clients are connected: the next
+/// command may fail (its table is gone), the one after finds a new table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_table_is_created_again() {
+    let c = cluster(|_| {}).await;
+    let addr = c.resp();
+    let mut conn = tokio::task::spawn_blocking(move || {
+        let mut conn = Line::open(addr);
+        assert_eq!(conn.call("SET a 1"), "+OK\r\n");
+        conn
+    })
+    .await
+    .unwrap();
+    let client = Client::connect(&c.node.addr()).await.unwrap();
+    client.drop_table("redis").await.unwrap();
+    let replies = tokio::task::spawn_blocking(move || {
+        let first = conn.call("SET a 2");
+        assert!(first == "+OK\r\n" || first.starts_with("-ERR"), "{first}");
+        vec![
+            conn.call("SET a 3"),
+            conn.call("GET a"),
+            conn.call("DBSIZE"),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(replies, vec!["+OK\r\n", "$1\r\n3\r\n", ":1\r\n"]);
+}

@@ -85,6 +85,18 @@ impl ShardStore<'_> {
         self.resp.table(db, create).await.map_err(err)
     }
 
+    /// A client call's error. An unknown table means `db`'s table was
+    /// dropped (`insitu table drop`): its cached id is forgotten, so this
+    /// command fails but the next one finds, or creates, the table again.
+    fn lost(&self, db: u32) -> impl Fn(ClientError) -> StoreError + '_ {
+        move |e| {
+            if e.status() == Some(Status::UnknownTable) {
+                self.resp.forget(db);
+            }
+            err(e)
+        }
+    }
+
     async fn client(&self) -> Result<&insitu_client::Client, StoreError> {
         self.resp.client().await.map_err(err)
     }
@@ -167,7 +179,12 @@ impl Store for ShardStore<'_> {
         if let Local::Done(v) = self.local_read(table, key)? {
             return Ok(v);
         }
-        let found = self.client().await?.read(table, key).await.map_err(err)?;
+        let found = self
+            .client()
+            .await?
+            .read(table, key)
+            .await
+            .map_err(self.lost(db))?;
         Ok(found.map(|(value, version)| Versioned { value, version }))
     }
 
@@ -180,7 +197,7 @@ impl Store for ShardStore<'_> {
         match client.write_with(table, key, value, wire_rules(cond)).await {
             Ok(_) => Ok(true),
             Err(e) if client_refused(&e) => Ok(false),
-            Err(e) => Err(err(e)),
+            Err(e) => Err(self.lost(db)(e)),
         }
     }
 
@@ -195,7 +212,7 @@ impl Store for ShardStore<'_> {
         match client.remove_with(table, key, wire_rules(cond)).await {
             Ok(v) => Ok(v.is_some()),
             Err(e) if client_refused(&e) => Ok(false),
-            Err(e) => Err(err(e)),
+            Err(e) => Err(self.lost(db)(e)),
         }
     }
 
@@ -218,7 +235,7 @@ impl Store for ShardStore<'_> {
                 .await?
                 .multi_read(table, &wanted)
                 .await
-                .map_err(err)?;
+                .map_err(self.lost(db))?;
             for (&i, item) in remote.iter().zip(found) {
                 out[i] = item.map_err(err)?.map(|(value, _)| value);
             }
@@ -265,7 +282,7 @@ impl Store for ShardStore<'_> {
                 Ok((tx, ()))
             })
             .await
-            .map_err(err)
+            .map_err(self.lost(db))
     }
 
     async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
@@ -297,7 +314,7 @@ impl Store for ShardStore<'_> {
                 Ok((tx, true))
             })
             .await
-            .map_err(err)
+            .map_err(self.lost(db))
     }
 
     async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
@@ -330,7 +347,7 @@ impl Store for ShardStore<'_> {
                 Ok((tx, true))
             })
             .await
-            .map_err(err)
+            .map_err(self.lost(db))
     }
 
     async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
@@ -341,7 +358,7 @@ impl Store for ShardStore<'_> {
             .await?
             .count(table, &Selection::all())
             .await
-            .map_err(err)
+            .map_err(self.lost(db))
     }
 
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
@@ -353,7 +370,7 @@ impl Store for ShardStore<'_> {
         };
         // The cursor is a position in key-hash order: where the walk goes on.
         let mut walk = self.client().await?.enumerate_at(table, cursor);
-        let Some(batch) = walk.next_batch().await.map_err(err)? else {
+        let Some(batch) = walk.next_batch().await.map_err(self.lost(db))? else {
             return Ok(ScanPage {
                 keys: Vec::new(),
                 cursor: 0,
@@ -379,9 +396,13 @@ impl Store for ShardStore<'_> {
         };
         let client = self.client().await?;
         let mut walk = client.enumerate(table);
-        while let Some(batch) = walk.next_batch().await.map_err(err)? {
+        while let Some(batch) = walk.next_batch().await.map_err(self.lost(db))? {
             let keys: Vec<&[u8]> = batch.iter().map(|(k, _, _)| &k[..]).collect();
-            for item in client.multi_remove(table, &keys).await.map_err(err)? {
+            for item in client
+                .multi_remove(table, &keys)
+                .await
+                .map_err(self.lost(db))?
+            {
                 item.map_err(err)?;
             }
         }
