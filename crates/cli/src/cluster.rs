@@ -52,7 +52,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "PORT")]
     resp_port: Option<u16>,
     /// The table that holds Redis database 0 (database N is TABLE.dbN),
-    /// created on the first write; insitu's own commands (count, agg, ...)
+    /// created on first use; insitu's own commands (count, agg, ...)
     /// read the same objects.
     #[arg(long, value_name = "TABLE", default_value = "redis")]
     resp_table: String,
@@ -154,7 +154,7 @@ pub struct ServerArgs {
     #[arg(long, value_name = "PORT")]
     resp_port: Option<u16>,
     /// The table that holds Redis database 0 (database N is TABLE.dbN),
-    /// created on the first write; insitu's own commands (count, agg, ...)
+    /// created on first use; insitu's own commands (count, agg, ...)
     /// read the same objects.
     #[arg(long, value_name = "TABLE", default_value = "redis")]
     resp_table: String,

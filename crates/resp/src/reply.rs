@@ -1,8 +1,8 @@
 //! Encoding replies, in RESP2 or RESP3 as the connection chose (`HELLO`).
 //!
-//! The two differ only where RESP3 has a type of its own: null (`_` against
-//! `$-1`/`*-1`), maps (`%` against a flat array), doubles (`,` against a bulk
-//! string) and booleans. Everything else is the same bytes.
+//! The two differ only where RESP3 has a type of its own; of those the
+//! commands here use null (`_` against `$-1`/`*-1`) and maps (`%` against a
+//! flat array). Everything else is the same bytes.
 
 use bytes::{BufMut, BytesMut};
 
@@ -95,16 +95,6 @@ impl Out<'_> {
             Proto::Resp3 => self.number_line(b'%', n as i64),
         }
     }
-
-    /// A double: `,1.5` (RESP3) or its text as a bulk string (RESP2), in the
-    /// shortest form that reads back exactly (as Redis prints `INCRBYFLOAT`).
-    pub fn double(&mut self, x: f64) {
-        let text = format_double(x);
-        match self.proto {
-            Proto::Resp2 => self.bulk(text.as_bytes()),
-            Proto::Resp3 => self.line(b',', text.as_bytes()),
-        }
-    }
 }
 
 /// How Redis prints a float it stores (`INCRBYFLOAT`): plain decimal, no
@@ -178,8 +168,6 @@ mod tests {
         assert_eq!(with(Proto::Resp3, |o| o.null()), b"_\r\n");
         assert_eq!(with(Proto::Resp2, |o| o.map(2)), b"*4\r\n");
         assert_eq!(with(Proto::Resp3, |o| o.map(2)), b"%2\r\n");
-        assert_eq!(with(Proto::Resp2, |o| o.double(10.5)), b"$4\r\n10.5\r\n");
-        assert_eq!(with(Proto::Resp3, |o| o.double(3.0)), b",3\r\n");
         assert_eq!(
             with(Proto::Resp2, |o| o.error("ERR a\r\nb")),
             b"-ERR a  b\r\n"

@@ -370,3 +370,24 @@ fn multi_exec_discard_watch() {
     assert_eq!(c.run("EXEC"), "*2\r\n+OK\r\n+OK\r\n");
     assert_eq!(c.run("GET only-in-2"), "$1\r\nx\r\n");
 }
+
+#[test]
+fn multi_queues_at_most_max_queued_commands() {
+    let mut c = Conn::new();
+    c.run("MULTI");
+    for _ in 0..crate::multi::MAX_QUEUED {
+        assert_eq!(c.run("PING"), "+QUEUED\r\n");
+    }
+    assert_eq!(
+        c.run("PING"),
+        format!(
+            "-ERR too many commands in MULTI (the limit is {})\r\n",
+            crate::multi::MAX_QUEUED
+        )
+    );
+    assert_eq!(
+        c.run("EXEC"),
+        "-EXECABORT Transaction discarded because of previous errors.\r\n"
+    );
+    assert!(c.session.queued.is_none());
+}

@@ -110,7 +110,7 @@ pub struct RespSettings {
     /// Port every shard accepts RESP connections on (0: any free port).
     pub port: u16,
     /// The table that holds Redis database 0 (database n: `{table}.db{n}`),
-    /// created on the first write.
+    /// created on first use.
     pub table: String,
     /// Another server of this process already listens on `port`: share it
     /// (`insitu up`). Otherwise the port must be free.

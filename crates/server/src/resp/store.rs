@@ -173,9 +173,10 @@ impl ShardStore<'_> {
 
 impl Store for ShardStore<'_> {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
-        let Some(table) = self.table(db, false).await? else {
-            return Ok(None);
-        };
+        // A read creates the database's table too: an id that stays unknown
+        // is not cached, so reads of a table nobody wrote yet would each ask
+        // the coordinator (redis-benchmark's GETs before any SET did).
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
         if let Local::Done(v) = self.local_read(table, key)? {
             return Ok(v);
         }
@@ -217,9 +218,8 @@ impl Store for ShardStore<'_> {
     }
 
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
-        let Some(table) = self.table(db, false).await? else {
-            return Ok(vec![None; keys.len()]);
-        };
+        // Created if missing, as by `get`.
+        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let mut remote = Vec::new();
         for (i, key) in keys.iter().enumerate() {
