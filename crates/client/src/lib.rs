@@ -14,6 +14,7 @@ pub mod cursor;
 pub mod error;
 pub mod multi;
 pub mod ops;
+mod point;
 pub mod routing;
 pub mod rpc;
 pub mod txn;
