@@ -1,0 +1,127 @@
+//! Making a store's buffered appends durable: written out, then fsynced
+//! together (group commit); a replica whose write or sync failed is dropped.
+
+use std::path::PathBuf;
+
+use crate::io::Io;
+use crate::{BackupError, ReplicaId};
+
+use super::BackupStore;
+
+impl<I: Io> BackupStore<I> {
+    /// Write out every buffered record and fsync every file written since the
+    /// last sync. The server calls this on its flush timer.
+    pub fn flush(&mut self) -> Result<(), BackupError> {
+        self.flush_each()
+            .into_iter()
+            .next()
+            .map_or(Ok(()), |(_, e)| Err(e))
+    }
+
+    /// `flush`, reporting every replica that could not be made durable (each
+    /// was dropped: its state on disk is unknown). The rest are durable.
+    pub fn flush_each(&mut self) -> Vec<(ReplicaId, BackupError)> {
+        let mut failed = Vec::new();
+        // Write everything out first, then sync all the files together.
+        let mut to_sync: Vec<(ReplicaId, PathBuf)> = Vec::new();
+        for id in std::mem::take(&mut self.dirty) {
+            match self.write_out(id, false) {
+                Err(e) => failed.push((id, e)),
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get(&id).filter(|r| r.unsynced) {
+                        to_sync.push((id, r.path.clone()));
+                    }
+                }
+            }
+        }
+        let paths: Vec<PathBuf> = to_sync.iter().map(|(_, p)| p.clone()).collect();
+        let results = self.io.sync_many(&paths);
+        debug_assert_eq!(results.len(), to_sync.len());
+        for ((id, path), result) in to_sync.into_iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Some(r) = self.replicas.get_mut(&id) {
+                        r.unsynced = false;
+                    }
+                    self.dirty.remove(&id);
+                }
+                Err(e) => {
+                    // Its state on disk is unknown: drop it (as `write_out` does).
+                    self.drop_replica(id);
+                    failed.push((id, BackupError::io("sync", &path, e)));
+                }
+            }
+        }
+        debug_assert!(self.dirty.is_empty());
+        failed
+    }
+
+    /// Write every buffered record to its file without fsync: the bytes are
+    /// then the kernel's, safe from a crash of this process though not from
+    /// a power loss (the next `flush` syncs them). Reports the replicas that
+    /// could not be written (each was dropped).
+    pub fn write_pending(&mut self) -> Vec<(ReplicaId, BackupError)> {
+        let ids: Vec<ReplicaId> = self.dirty.iter().copied().collect();
+        ids.into_iter()
+            .filter_map(|id| self.write_out(id, false).err().map(|e| (id, e)))
+            .collect()
+    }
+
+    /// Whether anything awaits a flush.
+    pub fn needs_flush(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Write `id`'s buffered records; fsync when `sync`. On an I/O error the
+    /// replica's state on disk is unknown, so it is dropped (file removed) and
+    /// the error returned: the master re-replicates that segment elsewhere.
+    pub(super) fn write_out(&mut self, id: ReplicaId, sync: bool) -> Result<(), BackupError> {
+        let BackupStore {
+            io,
+            replicas,
+            pending_bytes,
+            dirty,
+            ..
+        } = self;
+        let Some(r) = replicas.get_mut(&id) else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        if !r.pending.is_empty() && r.file_bytes == 0 {
+            // A replica's first write creates its file from scratch. A file
+            // of that name may already exist: one whose creation a crash tore
+            // (its header short or garbled, so `open` skipped it) before the
+            // master re-sent the segment from offset 0. Appending to it would
+            // put the new header behind the garbage, and the next `open`
+            // would skip the replica again — losing bytes a sync covered.
+            result = io.remove(&r.path);
+        }
+        if result.is_ok() && !r.pending.is_empty() {
+            result = io.append(&r.path, &r.pending);
+            if result.is_ok() {
+                r.file_bytes += r.pending.len() as u64;
+                *pending_bytes -= r.pending.len();
+                r.pending = Vec::new();
+                r.unsynced = true;
+            }
+        }
+        if result.is_ok() && sync && r.unsynced {
+            result = io.sync(&r.path);
+            if result.is_ok() {
+                r.unsynced = false;
+            }
+        }
+        if result.is_ok() {
+            if r.pending.is_empty() && !r.unsynced {
+                dirty.remove(&id);
+            } else {
+                dirty.insert(id);
+            }
+        }
+        let path = r.path.clone();
+        result.map_err(|e| {
+            self.drop_replica(id);
+            BackupError::io("write", &path, e)
+        })
+    }
+}
