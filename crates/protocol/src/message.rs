@@ -5,7 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Status;
+mod fields;
+
+pub use fields::{
+    BackupOp, Number, Object, ReadResult, RejectRules, ReplicaInfo, ServerInfo, ServerState,
+    ShardStats, TableInfo, TabletInfo, TabletStat, TabletState, WriteResult,
+};
 
 /// A byte string borrowed from a frame; encoded as varint length + bytes.
 pub type Blob<'a> = &'a serde_bytes::Bytes;
@@ -14,167 +19,6 @@ pub type Blob<'a> = &'a serde_bytes::Bytes;
 #[inline]
 pub fn blob(bytes: &[u8]) -> Blob<'_> {
     serde_bytes::Bytes::new(bytes)
-}
-
-/// Conditions that refuse a write, remove or increment (RAMCloud's reject rules).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RejectRules {
-    pub exists: bool,
-    pub doesnt_exist: bool,
-    pub version_le_given: bool,
-    pub version_ne_given: bool,
-    pub given_version: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
-pub enum Number {
-    I64(i64),
-    F64(f64),
-}
-
-/// Where a tablet lives and which map version placed it there.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct TabletInfo {
-    pub start_hash: u64,
-    pub end_hash: u64,
-    pub server_id: u64,
-    /// Index of the owning shard (core) inside the server.
-    pub shard: u32,
-    /// Address of that shard, "host:port".
-    pub addr: String,
-    /// Map version of this tablet's last reassignment.
-    pub map_version: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct TableInfo {
-    pub id: u64,
-    pub name: String,
-    /// Ordered by `start_hash`, covering the whole hash space.
-    pub tablets: Vec<TabletInfo>,
-    /// The coordinator's map version when this was read.
-    pub map_version: u64,
-    /// The schema of a typed table; None = untyped.
-    pub schema: Option<crate::schema::Schema>,
-    /// Columns of a typed table with a secondary index (ascending): the
-    /// planner may probe them (`Request::Query::index`).
-    #[serde(deserialize_with = "crate::limits::columns")]
-    pub indexes: Vec<u16>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ServerInfo {
-    pub id: u64,
-    /// One address per shard; a tablet names its shard by index.
-    pub shard_addrs: Vec<String>,
-    /// Address of the server's backup service ("" for a server enlisted
-    /// without one): where masters send replicas and recoveries read them.
-    pub backup_addr: String,
-    /// Whether the coordinator believes the server alive.
-    pub state: ServerState,
-}
-
-/// What the coordinator believes of a server.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ServerState {
-    /// Answering the coordinator's pings.
-    Up,
-    /// Declared dead (silent past the failure timeout, or replaced); its
-    /// tablets are being recovered from backups, its replicas re-made.
-    Dead,
-}
-
-/// One replication operation from a master shard to a backup. Segments are
-/// named by (master server id, log, segment id): `log` is one tablet
-/// instance's log on its master, `segment` the engine's per-tablet segment id.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub enum BackupOp<'a> {
-    /// `bytes` belong at `offset` of the segment (offset = bytes the backup
-    /// already holds; a resend of held bytes is accepted). `close`: the
-    /// segment is complete (the master sealed it). The first append of a
-    /// segment opens its replica; `table`/`start_hash` name the tablet whose
-    /// log it is, so a recovery finds a tablet's segments without reading them.
-    Append {
-        log: u64,
-        table: u64,
-        start_hash: u64,
-        segment: u64,
-        offset: u64,
-        #[serde(borrow)]
-        bytes: Blob<'a>,
-        close: bool,
-    },
-    /// The master freed the segment (cleaned): its replica may be deleted.
-    Free { log: u64, segment: u64 },
-    /// The master dropped the whole log (tablet dropped or moved away).
-    FreeLog { log: u64 },
-}
-
-/// A replica a backup holds (answer to `BackupList`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaInfo {
-    pub log: u64,
-    pub table: u64,
-    pub start_hash: u64,
-    pub segment: u64,
-    /// Bytes of the segment held (verified when the store opened or accepted them).
-    pub bytes: u64,
-    /// The master closed the segment: `bytes` is its whole length.
-    pub closed: bool,
-}
-
-/// Whether a shard serves a tablet yet.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TabletState {
-    /// Serving reads and writes.
-    Active,
-    /// Being filled by a migration; client operations get `Status::Retry`.
-    Receiving,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct TabletStat {
-    pub table: u64,
-    pub start_hash: u64,
-    pub end_hash: u64,
-    pub objects: u64,
-    pub live_bytes: u64,
-    pub segment_bytes: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct ShardStats {
-    pub tablets: Vec<TabletStat>,
-    pub memory_budget_bytes: u64,
-    pub segment_bytes: u64,
-    pub live_bytes: u64,
-    /// Requests the shard has handled since it started (the status page
-    /// derives request rates from two readings).
-    pub requests: u64,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ReadResult<'a> {
-    pub status: Status,
-    pub version: u64,
-    #[serde(borrow)]
-    pub value: Blob<'a>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WriteResult {
-    pub status: Status,
-    pub version: u64,
-}
-
-/// An object as it travels in enumeration and migration.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Object<'a> {
-    #[serde(borrow)]
-    pub key: Blob<'a>,
-    #[serde(borrow)]
-    pub value: Blob<'a>,
-    pub version: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
