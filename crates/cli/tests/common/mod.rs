@@ -1,6 +1,8 @@
 //! Test harness: real `insitu` processes on loopback, killed when dropped.
 #![allow(dead_code)]
 
+pub mod pushdown;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
