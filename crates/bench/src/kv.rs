@@ -472,6 +472,9 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         put("read_p99_vs_redis_c64", ratio(get("insitu", Mix::Read, 64, 1, p99), get("redis", Mix::Read, 64, 1, p99)));
         put("write_p99_vs_redis", ratio(get("insitu", Mix::Write, 16, 1, p99), get("redis", Mix::Write, 16, 1, p99)));
         put("write_p99_vs_redis_c64", ratio(get("insitu", Mix::Write, 64, 1, p99), get("redis", Mix::Write, 64, 1, p99)));
+        // Pipelined writes: where an inline cleaning pass stalled every queued request.
+        put("write_p99_vs_redis_c16_d16", ratio(get("insitu", Mix::Write, 16, 16, p99), get("redis", Mix::Write, 16, 16, p99)));
+        put("write_p99_vs_redis_c64_d16", ratio(get("insitu", Mix::Write, 64, 16, p99), get("redis", Mix::Write, 64, 16, p99)));
         put("mix_throughput_vs_redis", ratio(get("insitu", Mix::Mixed { write_pct: 5 }, 16, 1, ops), get("redis", Mix::Mixed { write_pct: 5 }, 16, 1, ops)));
         // Server CPU per operation (schedstat of every store thread): what each
         // request costs the store itself, independent of the load generator.
@@ -508,6 +511,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             "memory_per_object_vs_redis",
             "read_server_cpu_per_op_vs_redis",
             "write_server_cpu_per_op_vs_redis",
+            "write_p99_vs_redis_c16_d16",
+            "write_p99_vs_redis_c64_d16",
         ] {
             println!("  {:<32} {}", k, ratios.get(k).cloned().unwrap_or(Value::Null));
         }

@@ -52,12 +52,14 @@ pub(crate) const INCREMENTAL_LOW: f64 = 0.88;
 pub(crate) const INCREMENTAL_HIGH: f64 = 0.90;
 /// No incremental cleaning while fewer segments than this are held.
 pub(crate) const INCREMENTAL_MIN_SEGMENTS: u64 = 8;
-/// Cap on segments one incremental pass cleans, bounding write latency.
-/// 8 still keeps utilisation at INCREMENTAL_LOW under uniform overwrites
-/// (1M objects, 3M random overwrites: 0.888, 4.2 entries moved per write)
-/// while the longest pass fell from 72-106 ms (cap 64) to 26 ms; at 4 the
-/// cleaner falls behind and utilisation drops to 0.75.
-const INCREMENTAL_MAX_SOURCES: usize = 8;
+/// Cap on segments one incremental pass cleans. The list is chosen when the
+/// pass starts and ages while it runs (a slice at a time, `cleaner_pass.rs`).
+/// 8 keeps utilisation at INCREMENTAL_LOW under uniform overwrites (1M
+/// objects, 3M random overwrites: 0.888, 4.2 entries moved per write); at 4
+/// the cleaner falls behind and utilisation drops to 0.75. (Run whole, a pass
+/// of 8 took 26 ms at 1M objects, down from 72-106 ms at 64: why passes are
+/// now sliced.)
+pub(crate) const INCREMENTAL_MAX_SOURCES: usize = 8;
 
 impl Goal {
     /// Segments whose kept fraction is at or above this are not worth copying.
@@ -71,10 +73,16 @@ impl Goal {
     }
 }
 
-struct Candidate {
-    tablet: usize,
-    slot: u32,
-    id: u64,
+/// A segment chosen for cleaning, and how to tell that it is still the same
+/// one when it is reached (a sliced pass reaches it many writes later).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Candidate {
+    pub tablet: usize,
+    /// `Tablet::generation`: a dropped tablet's slot may hold a new tablet
+    /// whose segment ids start again at 1.
+    pub generation: u64,
+    pub slot: u32,
+    pub id: u64,
     score: f64,
 }
 
@@ -85,9 +93,12 @@ fn kept_bytes(t: &Tablet, slot: u32, seg: &Segment) -> u64 {
     seg.live_bytes + if droppable { 0 } else { seg.tombstone_bytes }
 }
 
-/// One pass over all tablets towards `goal`.
-pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goal) -> CleanStats {
-    let mut stats = CleanStats::default();
+/// Every segment worth cleaning towards `goal`, best first.
+pub(crate) fn candidates(
+    tablets: &[Option<Tablet>],
+    budget: &Budget,
+    goal: Goal,
+) -> Vec<Candidate> {
     let segment_bytes = budget.segment_bytes as f64;
     let max_u = goal.max_utilisation();
     let mut candidates = Vec::new();
@@ -112,6 +123,7 @@ pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goa
             }
             candidates.push(Candidate {
                 tablet: ti,
+                generation: t.generation,
                 slot,
                 id: seg.id,
                 score: (1.0 - u) * age / (1.0 + u),
@@ -119,7 +131,13 @@ pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goa
         }
     }
     candidates.sort_unstable_by(|a, b| b.score.total_cmp(&a.score));
+    candidates
+}
 
+/// One pass over all tablets towards `goal`, run to its end.
+pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goal) -> CleanStats {
+    let mut stats = CleanStats::default();
+    let candidates = candidates(tablets, budget, goal);
     let live_total: u64 = tablets.iter().flatten().map(|t| t.live_bytes).sum();
     let allocated_before = budget.allocated_bytes;
     for (n, c) in candidates.iter().enumerate() {
@@ -167,9 +185,19 @@ pub(crate) fn clean_segment(
     t.clean_epoch += 1; // invalidates scan cursors (scan.rs)
     let mut src = std::mem::take(&mut t.segs[slot as usize]);
     let mut dropped = 0;
-    let copied = copy_kept(t, slot, &mut src, min_other, budget, stats, &mut dropped);
+    let copied = copy_kept(
+        t,
+        slot,
+        &mut src,
+        (0, usize::MAX),
+        min_other,
+        budget,
+        stats,
+        &mut dropped,
+    );
     match copied {
-        Ok(()) => {
+        Ok(end) => {
+            debug_assert_eq!(end, src.buf.len());
             stats.segments_cleaned += 1;
             stats.tombstones_dropped += dropped;
             t.free_segment(slot, src, budget);
@@ -182,22 +210,32 @@ pub(crate) fn clean_segment(
     }
 }
 
-fn copy_kept(
+/// Copy what the entries of `src` (slot `slot`, taken out of the tablet)
+/// keep, starting at byte `from` and stopping at the first entry boundary at
+/// or past `from + max_scan` bytes; returns that offset (`src.buf.len()` when
+/// the segment is done). Everything copied is marked dead in `src` (objects
+/// and tombstones), so a later call, or another pass that takes the same
+/// segment, never copies it twice; `min_other` is the smallest id of the
+/// tablet's other segments (the tombstone rule).
+#[allow(clippy::too_many_arguments)] // one call site each; a struct would only rename them
+pub(crate) fn copy_kept(
     t: &mut Tablet,
     slot: u32,
     src: &mut Segment,
+    (from, max_scan): (usize, usize),
     min_other: u64,
     budget: &mut Budget,
     stats: &mut CleanStats,
     dropped: &mut u64,
-) -> Result<(), EngineError> {
+) -> Result<usize, EngineError> {
     // Index updates are batched: each is a cache miss on a random index
     // slot, and a tight loop of independent lookups lets the CPU overlap
     // them (one at a time, they were 70% of the cleaner's time).
     let mut moved: [(u64, u64, u64); MOVE_BATCH] = [(0, 0, 0); MOVE_BATCH];
     let mut pending = 0;
-    let mut at = 0;
-    while at < src.buf.len() {
+    let mut at = from;
+    let stop = from.saturating_add(max_scan);
+    while at < src.buf.len() && at < stop {
         let len = entry::len_at(&src.buf, at);
         match entry::kind(&src.buf, at) {
             KIND_OBJECT if !entry::is_dead(&src.buf, at) => {
@@ -226,7 +264,7 @@ fn copy_kept(
                 src.live_bytes -= len as u64;
                 stats.entries_moved += 1;
             }
-            KIND_TOMBSTONE => {
+            KIND_TOMBSTONE if !entry::is_dead(&src.buf, at) => {
                 let recorded = entry::tombstone_segment(&src.buf, at);
                 if recorded < min_other {
                     *dropped += 1;
@@ -245,6 +283,10 @@ fn copy_kept(
                     survivor.max_tombstone_segment = survivor.max_tombstone_segment.max(recorded);
                     survivor.stamp = survivor.stamp.max(src.stamp);
                     stats.entries_moved += 1;
+                    // Copied: not to be copied again if this segment is
+                    // taken up again before it is freed (a sliced pass).
+                    entry::set_dead(&mut src.buf, at);
+                    src.tombstone_bytes -= len as u64;
                 }
             }
             // Dead objects go; marks go too: the head's mark and entries
@@ -254,7 +296,7 @@ fn copy_kept(
         at += len;
     }
     relink(t, &moved[..pending]);
-    Ok(())
+    Ok(at)
 }
 
 /// Make room for an entry of `len` bytes in tablet `t` by compacting the

@@ -72,6 +72,11 @@ fn buckets_for_capacity(capacity: usize) -> usize {
     }
 }
 
+/// Bytes of a table that has grown to hold `objects` items.
+pub(crate) fn bytes_for_objects(objects: usize) -> usize {
+    table_bytes(buckets_for_capacity(objects))
+}
+
 /// Items a table of `buckets` holds before it must grow (`bucket_mask_to_capacity`).
 fn full_capacity(buckets: usize) -> usize {
     if buckets <= 8 {

@@ -10,6 +10,7 @@
 //! - `index`: the per-tablet hash index entry (key hash + log reference);
 //! - `tablet`: one tablet's segments, index and running statistics;
 //! - `cleaner`: cost-benefit compaction and the tombstone rule;
+//! - `cleaner_pass`: incremental passes carried out in slices after writes;
 //! - `replay`: rebuilding a tablet's contents from untrusted segment bytes
 //!   (and `Engine::replay`, which installs them).
 //!
@@ -56,6 +57,7 @@ pub struct ObjectRef<'a> {
 
 mod changes;
 mod cleaner;
+mod cleaner_pass;
 mod config;
 mod entry;
 mod error;
@@ -93,6 +95,13 @@ pub const fn object_entry_bytes(key_len: usize, value_len: usize) -> usize {
     entry::entry_bytes(key_len, value_len)
 }
 
+/// Bytes of one tablet's hash index once it holds `objects` objects (charged
+/// to the memory budget like segments). While the index grows, the old and
+/// the new table exist together: a budget must leave room for 1.5 times this.
+pub fn index_bytes_for(objects: usize) -> usize {
+    index::bytes_for_objects(objects)
+}
+
 /// The storage engine of one shard: many tablets, each with its own log
 /// segments and its own hash index.
 pub struct Engine {
@@ -108,6 +117,9 @@ pub struct Engine {
     /// No incremental cleaning before the clock reaches this (after a pass
     /// that freed nothing, e.g. when entries are too large to pack better).
     incremental_backoff_clock: u64,
+    /// The incremental cleaning pass in progress: a slice of it runs after
+    /// each write (`cleaner_pass.rs`), so no call carries a whole pass.
+    clean_pass: Option<cleaner_pass::Pass>,
     cleaner_totals: CleanStats,
     /// Work of hash-order walks (`hashscan.rs`), for tests and statistics.
     work: hashscan::WorkCounters,
@@ -164,6 +176,7 @@ impl Engine {
             free_tablet_slots: Vec::new(),
             routes: hashbrown::HashMap::new(),
             incremental_backoff_clock: 0,
+            clean_pass: None,
             cleaner_totals: CleanStats::default(),
             work: hashscan::WorkCounters::default(),
         })
@@ -220,6 +233,10 @@ impl Engine {
         assert!(
             self.budget.used_bytes() <= self.budget.budget_bytes,
             "over budget"
+        );
+        assert!(
+            self.budget.used_bytes() + self.budget.spare_bytes() <= self.budget.budget_bytes,
+            "spare segment buffers beyond the budget"
         );
     }
 }

@@ -59,6 +59,7 @@ impl Engine {
         };
         let version = t.take_version();
         t.remove(budget, hash, key, version, old);
+        self.clean_slice_if_due();
         Ok(removed_version)
     }
 
@@ -179,6 +180,7 @@ impl Engine {
             None => t.take_version(),
         };
         t.put(budget, hash, key, value, version, old);
+        self.clean_slice_if_due();
         Ok(version)
     }
 

@@ -3,6 +3,7 @@
 //! engine-wide memory figures.
 
 use crate::cleaner::{self, Goal};
+use crate::cleaner_pass::{Pass, SLICE_SCAN_BYTES, Sliced};
 use crate::segment::{Budget, Purpose, TransientCharge};
 #[cfg(debug_assertions)]
 use crate::tablet::Tablet;
@@ -20,11 +21,43 @@ impl Engine {
             && (self.live_bytes_total() as f64) < cleaner::INCREMENTAL_LOW * allocated as f64
     }
 
-    pub(crate) fn run_cleaner(&mut self, goal: Goal) -> CleanStats {
-        let stats = cleaner::run(&mut self.tablets, &mut self.budget, goal);
-        if goal == Goal::Incremental && stats.bytes_freed == 0 {
-            self.incremental_backoff_clock = self.budget.clock + self.budget.allocated_bytes / 2;
+    /// One slice of the incremental pass in progress, if any (after a
+    /// write: nothing the caller holds points into the log).
+    #[inline]
+    pub(crate) fn clean_slice_if_due(&mut self) {
+        if self.clean_pass.is_some() {
+            self.clean_slice();
         }
+    }
+
+    #[cold]
+    fn clean_slice(&mut self) {
+        let Some(pass) = self.clean_pass.as_mut() else {
+            return;
+        };
+        let before = pass.stats.clone();
+        let sliced = pass.slice(&mut self.tablets, &mut self.budget, SLICE_SCAN_BYTES);
+        let mut slice = CleanStats {
+            segments_cleaned: pass.stats.segments_cleaned - before.segments_cleaned,
+            entries_moved: pass.stats.entries_moved - before.entries_moved,
+            bytes_freed: 0,
+            tombstones_dropped: pass.stats.tombstones_dropped - before.tombstones_dropped,
+        };
+        if sliced == Sliced::Done {
+            let freed = pass.bytes_freed();
+            slice.bytes_freed = freed;
+            if freed == 0 {
+                // Nothing to gain (entries too large to pack better, say):
+                // no new pass for a while.
+                self.incremental_backoff_clock =
+                    self.budget.clock + self.budget.allocated_bytes / 2;
+            }
+            self.clean_pass = None;
+        }
+        self.add_clean_totals(&slice);
+    }
+
+    fn add_clean_totals(&mut self, stats: &CleanStats) {
         let t = &mut self.cleaner_totals;
         t.segments_cleaned += stats.segments_cleaned;
         t.entries_moved += stats.entries_moved;
@@ -45,6 +78,11 @@ impl Engine {
                 .flatten()
                 .for_each(Tablet::check_consistency);
         }
+    }
+
+    pub(crate) fn run_cleaner(&mut self, goal: Goal) -> CleanStats {
+        let stats = cleaner::run(&mut self.tablets, &mut self.budget, goal);
+        self.add_clean_totals(&stats);
         stats
     }
 
@@ -88,11 +126,7 @@ impl Engine {
         let (t, budget) = self.tablet_and_budget(slot);
         let done = cleaner::compact_into_head(t, budget, len, min_reclaimable, &mut stats);
         stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
-        let totals = &mut self.cleaner_totals;
-        totals.segments_cleaned += stats.segments_cleaned;
-        totals.entries_moved += stats.entries_moved;
-        totals.bytes_freed += stats.bytes_freed;
-        totals.tombstones_dropped += stats.tombstones_dropped;
+        self.add_clean_totals(&stats);
         debug_assert!(!done || self.tablet(slot).head_room(self.config.segment_bytes) >= len);
         done
     }
@@ -112,9 +146,15 @@ impl Engine {
             return Ok(false);
         }
         let mut cleaned = false;
-        if self.wants_incremental_clean() {
-            self.run_cleaner(Goal::Incremental);
-            cleaned = true;
+        // A new head is about to be opened: start an incremental pass if
+        // utilisation is low. Its slices run after this write and the next
+        // ones (`clean_slice_if_due`), nothing of it here.
+        if self.clean_pass.is_none() && self.wants_incremental_clean() {
+            self.clean_pass = Pass::start(&self.tablets, &self.budget);
+            if self.clean_pass.is_none() {
+                self.incremental_backoff_clock =
+                    self.budget.clock + self.budget.allocated_bytes / 2;
+            }
         }
         if !self.budget.may_allocate(purpose) {
             cleaned = true;

@@ -467,7 +467,8 @@ impl Tablet {
                             "version not below the counter"
                         );
                     }
-                    KIND_TOMBSTONE => seg_tomb += len,
+                    // A copied tombstone is dead in its source (cleaner.rs).
+                    KIND_TOMBSTONE if !entry::is_dead(&seg.buf, at) => seg_tomb += len,
                     _ => {}
                 }
                 at += len as usize;
