@@ -3,8 +3,9 @@
 //! The coordinator names a dead master and every live backup. This shard
 //! 1. asks every backup in parallel for the replicas it holds of the master
 //!    (`BackupList{fence: true}`: from then on the master, if it still runs,
-//!    can no longer make a write durable there), skipping a backup that does
-//!    not answer in time;
+//!    can no longer make a write durable there); if any backup does not
+//!    answer in time, the recovery is refused with `Retry` (retried by the
+//!    coordinator) rather than run without the replicas only it holds;
 //! 2. keeps the replicas of the tablet (table, start_hash) and takes the
 //!    HIGHEST log id among them: the newest instance of the tablet on that
 //!    master (an older instance's log is freed by its master, but its free may
@@ -126,17 +127,36 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
     let cluster = cluster_id(state);
     let (conns, listed) = list_all(state, &req.backups, cluster, req.master).await;
     let mut plans = plan_segments(&listed, req.table, req.start_hash);
-    let unreachable = conns.iter().filter(|c| c.is_none()).count();
-    if unreachable > 0 {
-        tracing::warn!(
-            shard = state.index,
-            table = req.table,
-            start_hash = req.start_hash,
-            master = req.master,
-            unreachable,
-            backups = req.backups.len(),
-            "recovering without every backup: replicas held only by the unreachable ones are not read"
-        );
+    // Every backup the coordinator names must answer. Nothing records which
+    // segments a log should have (no log digest), so a recovery that went on
+    // without one would silently miss the segments only it holds: seen after
+    // a whole-cluster restart, where the first server back was recovered
+    // while the others' backups were still down or not yet open, and every
+    // object of its tablets was lost. Refused with `Retry` instead: the
+    // coordinator retries with back-off, by when the backup answers or its
+    // server is declared dead (then it is no longer named, and the
+    // coordinator waits for that server's disk or an operator's removal).
+    let unreachable: Vec<&str> = req
+        .backups
+        .iter()
+        .zip(&conns)
+        .filter(|(_, c)| c.is_none())
+        .map(|(addr, _)| addr.as_str())
+        .collect();
+    if !unreachable.is_empty() {
+        return Err((
+            Status::Retry,
+            format!(
+                "recovery of tablet {}/{:#x} of dead server {} waits for every backup: {} of {} \
+                 did not answer ({}); the replicas only they hold would be lost",
+                req.table,
+                req.start_hash,
+                req.master,
+                unreachable.len(),
+                req.backups.len(),
+                unreachable.join(", ")
+            ),
+        ));
     }
     let log = plans.log;
     // The best holder of each segment has the most bytes: an upper bound of

@@ -2,7 +2,7 @@
 //! that answer `BackupList` / `BackupRead` from in-memory replicas made of a
 //! real engine's segments. Covers the choice of the newest log, the fence,
 //! fallback from a corrupt replica and from a failing holder to another,
-//! skipping an unreachable backup, and the refusals.
+//! refusing while a backup does not answer, and the other refusals.
 
 mod common;
 
@@ -236,7 +236,26 @@ async fn recovers_the_newest_log_past_a_corrupt_replica_and_a_failing_holder() {
     let (b_addr, b_lists) = fake_backup(b).await;
     let (_dir, _coordinator, server, conn) = shard().await;
 
-    let backups = vec![dead_addr(), a_addr, b_addr];
+    // A backup that does not answer may hold the only replica of a segment:
+    // the recovery is refused (retryable) rather than run without it.
+    let with_dead = vec![dead_addr(), a_addr.clone(), b_addr.clone()];
+    let reply = conn.call(&recover(&with_dead, 4)).await.unwrap();
+    assert_eq!(reply.status, Status::Retry, "{}", reply.error_message());
+    assert!(
+        reply.error_message().contains("waits for every backup"),
+        "{}",
+        reply.error_message()
+    );
+    let (first_key, _) = expected.iter().next().unwrap();
+    assert_eq!(
+        read(&conn, first_key).await.0,
+        Status::UnknownTablet,
+        "nothing was installed"
+    );
+    a_lists.lock().unwrap().clear();
+    b_lists.lock().unwrap().clear();
+
+    let backups = vec![a_addr, b_addr];
     let reply = conn.call(&recover(&backups, 5)).await.unwrap();
     assert_eq!(reply.status, Status::Ok, "{}", reply.error_message());
     let total: u64 = segments.iter().map(|s| s.2.len() as u64).sum();
@@ -257,7 +276,6 @@ async fn recovers_the_newest_log_past_a_corrupt_replica_and_a_failing_holder() {
     assert_eq!(*b_lists.lock().unwrap(), vec![(MASTER, true)]);
 
     // Receiving until activated: reads get Retry.
-    let (first_key, _) = expected.iter().next().unwrap();
     assert_eq!(read(&conn, first_key).await.0, Status::Retry);
     // A second recovery of a tablet held Receiving replaces it (an earlier
     // attempt's leftover), and gives the same result.
