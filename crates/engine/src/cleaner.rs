@@ -134,19 +134,17 @@ pub(crate) fn candidates(
     candidates
 }
 
-/// One pass over all tablets towards `goal`, run to its end.
+/// One pass over all tablets towards `goal`, run to its end. Incremental
+/// passes do not come here: they run in slices (`cleaner_pass.rs`), which
+/// also decide when they are done.
 pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goal) -> CleanStats {
+    debug_assert!(goal != Goal::Incremental, "incremental passes are sliced");
     let mut stats = CleanStats::default();
     let candidates = candidates(tablets, budget, goal);
-    let live_total: u64 = tablets.iter().flatten().map(|t| t.live_bytes).sum();
     let allocated_before = budget.allocated_bytes;
-    for (n, c) in candidates.iter().enumerate() {
+    for c in &candidates {
         let done = match goal {
-            Goal::Explicit => false,
-            Goal::Incremental => {
-                n >= INCREMENTAL_MAX_SOURCES
-                    || live_total as f64 >= INCREMENTAL_HIGH * budget.allocated_bytes as f64
-            }
+            Goal::Explicit | Goal::Incremental => false,
             Goal::Room(purpose) => budget.may_allocate(purpose),
         };
         if done {
