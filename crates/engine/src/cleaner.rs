@@ -323,7 +323,7 @@ pub(crate) fn compact_into_head(
     stats: &mut CleanStats,
 ) -> bool {
     let segment_bytes = budget.segment_bytes;
-    let need = len + entry::HEADER_BYTES; // the adopted head starts with a version mark
+    let need = len + entry::MAX_HEADER_BYTES; // the adopted head starts with a version mark
     let adopt = |t: &mut Tablet, budget: &mut Budget| -> bool {
         match t.survivor {
             Some(s) if t.segs[s as usize].room(segment_bytes) >= need => {
@@ -381,11 +381,12 @@ const MOVE_BATCH: usize = 32;
 #[inline]
 fn relink(t: &mut Tablet, moved: &[(u64, u64, u64)]) {
     for &(hash, old, new) in moved {
+        let prefix = t.prefixer.prefix(hash);
         let e = t
             .index
-            .find_mut(probe_hash(hash), |e| e.loc == old)
+            .find_mut(probe_hash(prefix), |e| e.loc() == old)
             .expect("live object is indexed");
-        e.loc = new;
+        e.set_loc(new);
     }
 }
 
@@ -424,7 +425,7 @@ mod tests {
         t.open_head(&mut budget, Purpose::Object).expect("head");
         let sealed = t.head.expect("head");
         let mut i = 0;
-        while t.head_room(SEG) >= entry::entry_bytes(10, 100) {
+        while t.head_room(SEG) >= entry::max_entry_bytes(10, 100) {
             let hash = crate::key_hash(1, &key(i));
             t.reserve_index(&mut budget, 1).expect("index");
             let v = t.take_version();

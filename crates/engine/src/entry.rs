@@ -2,23 +2,37 @@
 //!
 //! Entries are self-describing and checksummed so that one segment's bytes can
 //! be validated and replayed alone (from a backup's disk) without any other
-//! state. Layout (all integers little-endian, no padding between entries):
+//! state. Layout (no padding between entries; a *varint* is unsigned LEB128:
+//! 7 bits a byte, low group first, the high bit set on every byte but the
+//! last, in its shortest form):
 //!
 //! ```text
-//! offset size field
-//!      0    4 crc32c     over bytes 4..32 of the header with byte 5 taken as 0,
-//!                        then the key, then the value
-//!      4    1 kind       1 object, 2 tombstone, 3 version mark
-//!      5    1 dead       in-memory only: 1 once superseded; not in the CRC,
-//!                        ignored on replay
-//!      6    2 reserved   0
-//!      8    4 key_len
-//!     12    4 value_len
-//!     16    8 table      table id
-//!     24    8 version
-//!     32    . key        key_len bytes
-//!      .    . value      value_len bytes
+//! offset size  field
+//!      0    4  crc32c     seeded with the table id (8 bytes, little-endian),
+//!                         then header bytes 4.. with the dead bit taken as 0,
+//!                         then the key, then the value
+//!      4    1  flags      bits 0-1: kind (1 object, 2 tombstone, 3 version mark)
+//!                         bits 2-4: n - 1, the version's bytes
+//!                         bit 7: dead (in memory only: set once superseded;
+//!                         not in the CRC, ignored on replay); bits 5-6: 0
+//!      5  1-8  version    little-endian, n bytes: the fewest that hold it
+//!      .  1-3  key_len    varint, <= MAX_KEY_BYTES (65,536)
+//!      .  1-5  value_len  varint, < 2^32
+//!      .    .  key        key_len bytes
+//!      .    .  value      value_len bytes
 //! ```
+//!
+//! An object with a 30-byte key and a 100-byte value at a version below 2^24
+//! has a 10-byte header (4 + 1 + 3 + 1 + 1). Why the version's width is in
+//! the flags rather than a varint: it is read with one load and a mask, no
+//! loop, on every lookup and in the log walk. Why variable-width: the fixed
+//! 32-byte header this replaced (4-byte lengths, an 8-byte table id and an
+//! 8-byte version in every entry) was 16 % of such an object and half of
+//! insitu's per-object overhead beyond key and value; most lengths fit one
+//! byte and most versions three. Why the table id is only a CRC seed: a
+//! segment belongs to one tablet, so the id was the same in every entry; it
+//! was there to catch a segment replayed as the wrong table, which a seeded
+//! checksum catches as well (the entry fails its check).
 //!
 //! A tombstone's value is 8 bytes: the newest segment id of its tablet when
 //! it was written (see `cleaner.rs` for why that, not the segment it landed in).
@@ -28,7 +42,11 @@
 
 use crate::ObjectRef;
 
-pub(crate) const HEADER_BYTES: usize = 32;
+/// Most bytes a header takes: crc, flags, the version at its widest (8)
+/// and the two length varints at theirs (key_len 3, value_len 5). Room checks use this bound
+/// (a header is rarely more than 12 bytes; the difference is at most a few
+/// bytes left unused at the end of a segment).
+pub(crate) const MAX_HEADER_BYTES: usize = 4 + 1 + 8 + 3 + 5;
 
 pub(crate) const KIND_OBJECT: u8 = 1;
 pub(crate) const KIND_TOMBSTONE: u8 = 2;
@@ -37,46 +55,222 @@ pub(crate) const KIND_MARK: u8 = 3;
 /// Value length of a tombstone: the segment id it records.
 pub(crate) const TOMBSTONE_VALUE_BYTES: usize = 8;
 
-pub(crate) const OFF_KIND: usize = 4;
-pub(crate) const OFF_DEAD: usize = 5;
-const OFF_RESERVED: usize = 6;
-const OFF_KEY_LEN: usize = 8;
-const OFF_VALUE_LEN: usize = 12;
-const OFF_TABLE: usize = 16;
-const OFF_VERSION: usize = 24;
+const OFF_FLAGS: usize = 4;
+/// The version's first byte.
+const OFF_VERSION: usize = 5;
+const KIND_BITS: u8 = 0x03;
+/// The version's byte count minus one.
+const VERSION_WIDTH_SHIFT: u32 = 2;
+const VERSION_WIDTH_BITS: u8 = 0x07 << VERSION_WIDTH_SHIFT;
+const DEAD_BIT: u8 = 0x80;
+/// Flag bits that must be zero (the CRC covers them).
+const RESERVED_BITS: u8 = !(KIND_BITS | VERSION_WIDTH_BITS | DEAD_BIT);
 
-/// Total bytes of an entry with these lengths.
-#[inline]
-pub(crate) const fn entry_bytes(key_len: usize, value_len: usize) -> usize {
-    HEADER_BYTES + key_len + value_len
+/// Bytes the version takes: the fewest that hold it (at least one).
+#[inline(always)]
+const fn version_bytes(v: u64) -> usize {
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(8)
+}
+
+/// The version's byte count, from the flags.
+#[inline(always)]
+fn version_width(flags: u8) -> usize {
+    usize::from((flags & VERSION_WIDTH_BITS) >> VERSION_WIDTH_SHIFT) + 1
+}
+
+/// The `width`-byte little-endian number at `p`. One 8-byte load and a mask
+/// when 8 bytes are there (always, but at a segment's last entry).
+#[inline(always)]
+fn get_le(buf: &[u8], p: usize, width: usize) -> u64 {
+    debug_assert!((1..=8).contains(&width));
+    let mask = u64::MAX >> (64 - 8 * width as u32);
+    match buf.get(p..p + 8) {
+        Some(b) => {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            u64::from_le_bytes(a) & mask
+        }
+        None => buf[p..p + width]
+            .iter()
+            .rev()
+            .fold(0u64, |v, &b| v << 8 | u64::from(b)),
+    }
+}
+
+/// Bytes of `v` as a varint.
+#[inline(always)]
+const fn varint_bytes(v: u64) -> usize {
+    // 1 + floor(bits / 7), with 0 taking one byte.
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Bytes of a header for these fields.
+#[inline(always)]
+pub(crate) const fn header_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
+    OFF_VERSION
+        + version_bytes(version)
+        + varint_bytes(key_len as u64)
+        + varint_bytes(value_len as u64)
+}
+
+/// Total bytes of an entry with these fields.
+#[inline(always)]
+pub(crate) const fn entry_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
+    header_bytes(key_len, value_len, version) + key_len + value_len
+}
+
+/// Most bytes an entry with these lengths takes, whatever its version: what
+/// room checks ask for before the version is taken.
+#[inline(always)]
+pub(crate) const fn max_entry_bytes(key_len: usize, value_len: usize) -> usize {
+    MAX_HEADER_BYTES + key_len + value_len
 }
 
 #[inline(always)]
-pub(crate) fn read_u32(buf: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&buf[at..at + 4]);
-    u32::from_le_bytes(a)
+fn put_varint(out: &mut [u8], at: &mut usize, mut v: u64) {
+    while v >= 0x80 {
+        out[*at] = (v as u8) | 0x80;
+        *at += 1;
+        v >>= 7;
+    }
+    out[*at] = v as u8;
+    *at += 1;
 }
 
+/// A varint of our own bytes (trusted: written by `put_varint`).
 #[inline(always)]
-pub(crate) fn read_u64(buf: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&buf[at..at + 8]);
-    u64::from_le_bytes(a)
+fn get_varint(buf: &[u8], at: &mut usize) -> u64 {
+    let b = buf[*at];
+    *at += 1;
+    if b < 0x80 {
+        return u64::from(b); // the common case: one byte
+    }
+    let mut v = u64::from(b & 0x7f);
+    let mut shift = 7;
+    loop {
+        let b = buf[*at];
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return v;
+        }
+        shift += 7;
+        debug_assert!(shift < 64, "varint longer than 10 bytes in our own log");
+    }
 }
 
-/// CRC of an entry: header bytes 4..32 with the dead flag zeroed, key, value.
-fn checksum(header: &[u8], key: &[u8], value: &[u8]) -> u32 {
-    debug_assert_eq!(header.len(), HEADER_BYTES);
-    let mut covered = [0u8; HEADER_BYTES - 4];
-    covered.copy_from_slice(&header[4..HEADER_BYTES]);
-    covered[OFF_DEAD - 4] = 0; // the flag changes in memory after the write
-    let crc = crc32c::crc32c(&covered);
+/// A varint of untrusted bytes: `None` if it runs past `buf`, is longer than
+/// `max_bytes`, overflows 64 bits or is not in its shortest form.
+fn get_varint_checked(buf: &[u8], at: &mut usize, max_bytes: usize) -> Option<u64> {
+    let mut v = 0u64;
+    for i in 0..max_bytes {
+        let b = *buf.get(*at + i)?;
+        let group = u64::from(b & 0x7f);
+        if i == 9 && group > 1 {
+            return None; // bits beyond 64
+        }
+        v |= group << (7 * i);
+        if b < 0x80 {
+            if i > 0 && b == 0 {
+                return None; // a longer form than needed
+            }
+            *at += i + 1;
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of a header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Kind bits only (the dead bit is in `dead`).
+    pub kind: u8,
+    pub dead: bool,
+    pub key_len: usize,
+    pub value_len: usize,
+    pub version: u64,
+    /// Bytes of the header: the key starts here, relative to the entry.
+    pub header_len: usize,
+}
+
+impl Header {
+    #[inline(always)]
+    pub fn entry_len(&self) -> usize {
+        self.header_len + self.key_len + self.value_len
+    }
+}
+
+/// The header of the entry at `at` of our own segment.
+///
+/// Why a fast path: the log walk is a dependent chain (the next entry's
+/// offset comes from this one's lengths), so its speed is the latency of
+/// decoding one header. The common header (a version of at most 5 bytes, a
+/// key under 128 bytes, a value under 16 KiB) is decoded from one 8-byte
+/// load with shifts and masks; anything else takes the general path.
+#[inline(always)]
+pub(crate) fn header(buf: &[u8], at: usize) -> Header {
+    if let Some(bytes) = buf.get(at + OFF_FLAGS..at + OFF_FLAGS + 8) {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(bytes);
+        let word = u64::from_le_bytes(a);
+        let flags = word as u8;
+        let width = version_width(flags);
+        if width <= 4 {
+            // Bytes of `word`: flags, version (width), key_len, value_len...
+            let byte = |i: usize| (word >> (8 * i)) as u8;
+            let (k, v0, v1) = (byte(1 + width), byte(2 + width), byte(3 + width));
+            if k < 0x80 && (v0 < 0x80 || v1 < 0x80) {
+                let (value_len, value_bytes) = if v0 < 0x80 {
+                    (usize::from(v0), 1)
+                } else {
+                    (usize::from(v0 & 0x7f) | usize::from(v1) << 7, 2)
+                };
+                return Header {
+                    kind: flags & KIND_BITS,
+                    dead: flags & DEAD_BIT != 0,
+                    key_len: usize::from(k),
+                    value_len,
+                    version: (word >> 8) & (u64::MAX >> (64 - 8 * width as u32)),
+                    header_len: OFF_VERSION + width + 1 + value_bytes,
+                };
+            }
+        }
+    }
+    header_general(buf, at)
+}
+
+/// `header` for any header.
+#[inline(never)]
+fn header_general(buf: &[u8], at: usize) -> Header {
+    let flags = buf[at + OFF_FLAGS];
+    let width = version_width(flags);
+    let version = get_le(buf, at + OFF_VERSION, width);
+    let mut p = at + OFF_VERSION + width;
+    let key_len = get_varint(buf, &mut p) as usize;
+    let value_len = get_varint(buf, &mut p) as usize;
+    Header {
+        kind: flags & KIND_BITS,
+        dead: flags & DEAD_BIT != 0,
+        key_len,
+        value_len,
+        version,
+        header_len: p - at,
+    }
+}
+
+/// CRC of an entry: table id, header bytes 4.. with the dead bit cleared, key, value.
+fn checksum(table: u64, header: &[u8], key: &[u8], value: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&table.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc, &[header[OFF_FLAGS] & !DEAD_BIT]);
+    let crc = crc32c::crc32c_append(crc, &header[OFF_VERSION..]);
     crc32c::crc32c_append(crc32c::crc32c_append(crc, key), value)
 }
 
-/// Append a complete entry to `buf`. The caller has checked that it fits
-/// (the segment's capacity never grows).
+/// Append a complete entry to `buf`; returns its length. The caller has
+/// checked that it fits (the segment's capacity never grows).
 pub(crate) fn append(
     buf: &mut Vec<u8>,
     kind: u8,
@@ -84,85 +278,87 @@ pub(crate) fn append(
     version: u64,
     key: &[u8],
     value: &[u8],
-) {
-    let mut header = [0u8; HEADER_BYTES];
-    header[OFF_KIND] = kind;
-    header[OFF_KEY_LEN..OFF_KEY_LEN + 4].copy_from_slice(&(key.len() as u32).to_le_bytes());
-    header[OFF_VALUE_LEN..OFF_VALUE_LEN + 4].copy_from_slice(&(value.len() as u32).to_le_bytes());
-    header[OFF_TABLE..OFF_TABLE + 8].copy_from_slice(&table.to_le_bytes());
-    header[OFF_VERSION..OFF_VERSION + 8].copy_from_slice(&version.to_le_bytes());
-    let crc = checksum(&header, key, value);
+) -> usize {
+    debug_assert!(kind & !KIND_BITS == 0 && kind != 0);
+    let mut header = [0u8; MAX_HEADER_BYTES];
+    let width = version_bytes(version);
+    header[OFF_FLAGS] = kind | ((width - 1) as u8) << VERSION_WIDTH_SHIFT;
+    header[OFF_VERSION..OFF_VERSION + width].copy_from_slice(&version.to_le_bytes()[..width]);
+    let mut n = OFF_VERSION + width;
+    put_varint(&mut header, &mut n, key.len() as u64);
+    put_varint(&mut header, &mut n, value.len() as u64);
+    let crc = checksum(table, &header[..n], key, value);
     header[0..4].copy_from_slice(&crc.to_le_bytes());
-    debug_assert!(buf.len() + entry_bytes(key.len(), value.len()) <= buf.capacity());
-    buf.extend_from_slice(&header);
+    let len = n + key.len() + value.len();
+    debug_assert_eq!(len, entry_bytes(key.len(), value.len(), version));
+    debug_assert!(buf.len() + len <= buf.capacity());
+    buf.extend_from_slice(&header[..n]);
     buf.extend_from_slice(key);
     buf.extend_from_slice(value);
+    len
 }
 
 // ---- reading our own segments (trusted: written by `append`) -------------
 
 #[inline(always)]
 pub(crate) fn kind(buf: &[u8], at: usize) -> u8 {
-    buf[at + OFF_KIND]
+    buf[at + OFF_FLAGS] & KIND_BITS
 }
 
 #[inline(always)]
 pub(crate) fn is_dead(buf: &[u8], at: usize) -> bool {
-    buf[at + OFF_DEAD] != 0
+    buf[at + OFF_FLAGS] & DEAD_BIT != 0
 }
 
 #[inline(always)]
 pub(crate) fn set_dead(buf: &mut [u8], at: usize) {
-    debug_assert_eq!(buf[at + OFF_DEAD], 0, "entry superseded twice");
-    buf[at + OFF_DEAD] = 1;
-}
-
-#[inline(always)]
-pub(crate) fn key_len(buf: &[u8], at: usize) -> usize {
-    read_u32(buf, at + OFF_KEY_LEN) as usize
-}
-
-#[inline(always)]
-pub(crate) fn value_len(buf: &[u8], at: usize) -> usize {
-    read_u32(buf, at + OFF_VALUE_LEN) as usize
+    debug_assert_eq!(buf[at + OFF_FLAGS] & DEAD_BIT, 0, "entry superseded twice");
+    buf[at + OFF_FLAGS] |= DEAD_BIT;
 }
 
 #[inline(always)]
 pub(crate) fn version(buf: &[u8], at: usize) -> u64 {
-    read_u64(buf, at + OFF_VERSION)
+    header(buf, at).version
 }
 
 /// Length of the whole entry at `at`.
 #[inline(always)]
 pub(crate) fn len_at(buf: &[u8], at: usize) -> usize {
-    entry_bytes(key_len(buf, at), value_len(buf, at))
+    header(buf, at).entry_len()
 }
 
+/// The key of the entry at `at`: the version is skipped, not read, since
+/// index probes compare keys.
 #[inline(always)]
 pub(crate) fn key_at(buf: &[u8], at: usize) -> &[u8] {
-    let k = key_len(buf, at);
-    &buf[at + HEADER_BYTES..at + HEADER_BYTES + k]
+    let mut p = at + OFF_VERSION + version_width(buf[at + OFF_FLAGS]);
+    let k = get_varint(buf, &mut p) as usize;
+    let _value_len = get_varint(buf, &mut p);
+    &buf[p..p + k]
 }
 
 /// The object entry at `at` as an `ObjectRef`.
 #[inline(always)]
 pub(crate) fn object_at(buf: &[u8], at: usize) -> ObjectRef<'_> {
-    let k = key_len(buf, at);
-    let v = value_len(buf, at);
-    let key_start = at + HEADER_BYTES;
-    let value_start = key_start + k;
+    let h = header(buf, at);
+    let key_start = at + h.header_len;
+    let value_start = key_start + h.key_len;
     ObjectRef {
         key: &buf[key_start..value_start],
-        value: &buf[value_start..value_start + v],
-        version: version(buf, at),
+        value: &buf[value_start..value_start + h.value_len],
+        version: h.version,
     }
 }
 
 /// The segment id a tombstone records.
 #[inline]
 pub(crate) fn tombstone_segment(buf: &[u8], at: usize) -> u64 {
-    debug_assert_eq!(kind(buf, at), KIND_TOMBSTONE);
-    read_u64(buf, at + HEADER_BYTES + key_len(buf, at))
+    let h = header(buf, at);
+    debug_assert_eq!(h.kind, KIND_TOMBSTONE);
+    let v = at + h.header_len + h.key_len;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&buf[v..v + 8]);
+    u64::from_le_bytes(a)
 }
 
 // ---- parsing untrusted bytes (replay) -------------------------------------
@@ -171,7 +367,6 @@ pub(crate) fn tombstone_segment(buf: &[u8], at: usize) -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Parsed<'a> {
     pub kind: u8,
-    pub table: u64,
     pub version: u64,
     pub key: &'a [u8],
     pub value: &'a [u8],
@@ -190,8 +385,8 @@ pub(crate) enum Bad {
     Skip { reason: String, next: usize },
 }
 
-/// Parse and verify the entry at `at` of an untrusted buffer. Never panics:
-/// every length is checked before it is used to slice.
+/// Parse and verify the entry at `at` of an untrusted buffer, as an entry of
+/// `table`. Never panics: every length is checked before it is used to slice.
 pub(crate) fn parse(
     buf: &[u8],
     at: usize,
@@ -201,9 +396,9 @@ pub(crate) fn parse(
 ) -> Result<Parsed<'_>, Bad> {
     let rest = buf.get(at..).unwrap_or(&[]);
     // Zero bytes are a segment's unwritten tail (a backup may store whole
-    // segments). Checked only when the kind byte is 0, so a walk stays linear.
+    // segments). Checked only when the flags byte is 0, so a walk stays linear.
     let zero_tail = |rest: &[u8]| rest.iter().all(|&b| b == 0);
-    if rest.len() < HEADER_BYTES {
+    if rest.len() <= OFF_VERSION {
         if zero_tail(rest) {
             return Err(Bad::End);
         }
@@ -212,12 +407,30 @@ pub(crate) fn parse(
             rest.len()
         )));
     }
-    let kind = rest[OFF_KIND];
-    if kind == 0 && zero_tail(rest) {
+    let flags = rest[OFF_FLAGS];
+    if flags == 0 && zero_tail(rest) {
         return Err(Bad::End);
     }
-    let key_len = read_u32(rest, OFF_KEY_LEN) as usize;
-    let value_len = read_u32(rest, OFF_VALUE_LEN) as usize;
+    let kind = flags & KIND_BITS;
+    let width = version_width(flags);
+    let Some(version_le) = rest.get(OFF_VERSION..OFF_VERSION + width) else {
+        return Err(Bad::Stop("truncated header: the version is cut".into()));
+    };
+    if width > 1 && version_le[width - 1] == 0 {
+        return Err(Bad::Stop(format!(
+            "version in {width} bytes where fewer hold it"
+        )));
+    }
+    let version = get_le(version_le, 0, width);
+    let mut p = OFF_VERSION + width;
+    let (Some(key_len), Some(value_len)) = (
+        get_varint_checked(rest, &mut p, 3),
+        get_varint_checked(rest, &mut p, 5),
+    ) else {
+        return Err(Bad::Stop("malformed or truncated header lengths".into()));
+    };
+    let header_len = p;
+    let (key_len, value_len) = (key_len as usize, value_len as usize);
     let lengths_ok = match kind {
         KIND_OBJECT => (1..=max_key_bytes).contains(&key_len) && value_len <= max_value_bytes,
         KIND_TOMBSTONE => {
@@ -231,41 +444,33 @@ pub(crate) fn parse(
             "impossible lengths for kind {kind}: key {key_len}, value {value_len}"
         )));
     }
-    let total = entry_bytes(key_len, value_len);
+    let total = header_len + key_len + value_len;
     if rest.len() < total {
         return Err(Bad::Stop(format!(
             "truncated entry: needs {total} bytes, {} left",
             rest.len()
         )));
     }
-    let header = &rest[..HEADER_BYTES];
-    let key = &rest[HEADER_BYTES..HEADER_BYTES + key_len];
-    let value = &rest[HEADER_BYTES + key_len..total];
-    let stored = read_u32(header, 0);
-    let computed = checksum(header, key, value);
+    let header = &rest[..header_len];
+    let key = &rest[header_len..header_len + key_len];
+    let value = &rest[header_len + key_len..total];
+    let stored = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let computed = checksum(table, header, key, value);
     if stored != computed {
         return Err(Bad::Stop(format!(
-            "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            "checksum mismatch (or an entry of another table): stored {stored:#010x}, computed {computed:#010x}"
         )));
     }
     let next = at + total;
-    if header[OFF_RESERVED] != 0 || header[OFF_RESERVED + 1] != 0 {
+    if flags & RESERVED_BITS != 0 {
         return Err(Bad::Skip {
-            reason: "reserved header bytes are not zero".into(),
-            next,
-        });
-    }
-    let entry_table = read_u64(header, OFF_TABLE);
-    if entry_table != table {
-        return Err(Bad::Skip {
-            reason: format!("entry of table {entry_table}, replaying table {table}"),
+            reason: "reserved flag bits are not zero".into(),
             next,
         });
     }
     Ok(Parsed {
         kind,
-        table: entry_table,
-        version: read_u64(header, OFF_VERSION),
+        version,
         key,
         value,
         next,
@@ -273,81 +478,5 @@ pub(crate) fn parse(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn one(kind: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(entry_bytes(key.len(), value.len()));
-        append(&mut buf, kind, 7, 42, key, value);
-        buf
-    }
-
-    #[test]
-    fn layout_is_as_documented() {
-        let buf = one(KIND_OBJECT, b"key", b"value");
-        assert_eq!(buf.len(), 32 + 3 + 5);
-        assert_eq!(buf[4], KIND_OBJECT);
-        assert_eq!(buf[5], 0);
-        assert_eq!(&buf[6..8], &[0, 0]);
-        assert_eq!(&buf[8..12], &3u32.to_le_bytes());
-        assert_eq!(&buf[12..16], &5u32.to_le_bytes());
-        assert_eq!(&buf[16..24], &7u64.to_le_bytes());
-        assert_eq!(&buf[24..32], &42u64.to_le_bytes());
-        assert_eq!(&buf[32..35], b"key");
-        assert_eq!(&buf[35..40], b"value");
-        let o = object_at(&buf, 0);
-        assert_eq!(
-            (o.key, o.value, o.version),
-            (&b"key"[..], &b"value"[..], 42)
-        );
-    }
-
-    #[test]
-    fn parse_accepts_valid_and_ignores_dead_flag() {
-        let mut buf = one(KIND_OBJECT, b"k", b"v");
-        let p = parse(&buf, 0, 7, 64, 64).expect("valid entry");
-        assert_eq!(
-            (p.key, p.value, p.version, p.next),
-            (&b"k"[..], &b"v"[..], 42, buf.len())
-        );
-        set_dead(&mut buf, 0);
-        assert!(
-            parse(&buf, 0, 7, 64, 64).is_ok(),
-            "the dead flag is not covered by the CRC"
-        );
-    }
-
-    #[test]
-    fn parse_rejects_every_single_byte_flip_outside_the_flag() {
-        let buf = one(KIND_TOMBSTONE, b"abc", &9u64.to_le_bytes());
-        for i in 0..buf.len() {
-            if i == OFF_DEAD {
-                continue;
-            }
-            for bit in 0..8 {
-                let mut bad = buf.clone();
-                bad[i] ^= 1 << bit;
-                assert!(
-                    parse(&bad, 0, 7, 64, 64).is_err(),
-                    "flip of byte {i} bit {bit} went unnoticed"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn parse_reports_end_truncation_and_wrong_table() {
-        assert_eq!(parse(&[0u8; 100], 0, 7, 64, 64).unwrap_err(), Bad::End);
-        let buf = one(KIND_OBJECT, b"k", b"value");
-        assert!(matches!(parse(&buf[..20], 0, 7, 64, 64), Err(Bad::Stop(_))));
-        assert!(matches!(
-            parse(&buf[..buf.len() - 1], 0, 7, 64, 64),
-            Err(Bad::Stop(_))
-        ));
-        assert!(
-            matches!(parse(&buf, 0, 8, 64, 64), Err(Bad::Skip { next, .. }) if next == buf.len())
-        );
-        // Lengths beyond the configured limits are impossible, whatever the CRC says.
-        assert!(matches!(parse(&buf, 0, 7, 64, 4), Err(Bad::Stop(_))));
-    }
-}
+#[path = "entry_tests.rs"]
+mod tests;

@@ -1,30 +1,131 @@
 //! The per-tablet hash index: key hash -> log reference.
 //!
-//! A `hashbrown::HashTable` of 16-byte entries. Keeping the full 64-bit key
-//! hash beside the reference makes growth cheap (no log access to rehash)
-//! and rejects almost every non-matching probe without touching the log; the
-//! key itself is compared in the log only when the hashes are equal.
+//! A `hashbrown::HashTable` of 8-byte slots: 28 bits of the key's hash and
+//! a 36-bit log reference, packed (`IndexEntry`). Why 8 bytes: the index was
+//! 16-byte slots (the full 64-bit hash beside a 64-bit reference), which at
+//! 1M objects (2^21 buckets, hashbrown's power-of-two tables) cost 35.7 B per
+//! object, more than the object's entry header; packed, it is 18.9 B.
+//!
+//! Which 28 bits: the top ones of the hash's offset *within the tablet's
+//! range*, scaled to the range's width (`Prefixer`). They are monotone in
+//! the hash, so a hash-order walk can list and order a tablet from the index
+//! alone (`hashscan.rs`: a walk step takes every key of one prefix), and
+//! hashbrown's probe hash is computed from them alone (`probe_hash`), so
+//! growth rehashes without reading the log. The price is a key comparison
+//! in the log when another key shares the prefix: a range spreads over at
+//! least 2^27 prefixes, so at 1M objects in a tablet at most 1 lookup in
+//! 130 pays it, at 16M 1 in 8.
+//!
+//! The log reference: segment slot in the tablet's slab (14 bits: a tablet
+//! holds at most 16,384 segments, 32 GiB of 2 MiB segments) and byte offset
+//! in the segment (22 bits: segments are at most 4 MiB).
 
-/// One index slot: the key's hash and where its live entry is.
+use crate::HashRange;
+
+/// Bits of the key hash an index slot keeps.
+pub(crate) const PREFIX_BITS: u32 = 28;
+const SLOT_BITS: u32 = 14;
+const OFFSET_BITS: u32 = 22;
+const _: () = assert!(PREFIX_BITS + SLOT_BITS + OFFSET_BITS == 64);
+
+/// Largest segment an index slot can point into.
+pub(crate) const MAX_SEGMENT_BYTES: usize = 1 << OFFSET_BITS;
+/// Most segments one tablet may hold at once (slots of its slab).
+pub(crate) const MAX_TABLET_SEGMENTS: usize = 1 << SLOT_BITS;
+
+/// One index slot: a key's hash prefix and where its live entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IndexEntry {
-    pub hash: u64,
-    pub loc: u64,
+pub(crate) struct IndexEntry(u64);
+
+impl IndexEntry {
+    #[inline(always)]
+    pub fn new(prefix: u32, loc: u64) -> IndexEntry {
+        let (slot, offset) = (slot_of(loc) as u64, offset_of(loc) as u64);
+        debug_assert!(u64::from(prefix) < 1 << PREFIX_BITS);
+        debug_assert!(slot < 1 << SLOT_BITS && offset < 1 << OFFSET_BITS);
+        IndexEntry(u64::from(prefix) << (SLOT_BITS + OFFSET_BITS) | slot << OFFSET_BITS | offset)
+    }
+
+    /// The key hash's prefix within its tablet (`Prefixer::prefix`).
+    #[inline(always)]
+    pub fn prefix(self) -> u32 {
+        (self.0 >> (SLOT_BITS + OFFSET_BITS)) as u32
+    }
+
+    /// The log reference (`loc`).
+    #[inline(always)]
+    pub fn loc(self) -> u64 {
+        let slot = (self.0 >> OFFSET_BITS) & ((1 << SLOT_BITS) - 1);
+        let offset = self.0 & ((1 << OFFSET_BITS) - 1);
+        loc(slot as u32, offset as u32)
+    }
+
+    #[inline(always)]
+    pub fn set_loc(&mut self, loc: u64) {
+        *self = IndexEntry::new(self.prefix(), loc);
+    }
 }
 
-/// The hash hashbrown probes with. A tablet is a range of key hashes, so its
-/// keys share their top bits; hashbrown takes its 7-bit tag from the top bits
-/// and the bucket from the low ones. Rotating moves well-mixed low bits to
-/// the top (tag) and keeps the shared bits far from the bucket bits.
+/// Maps a tablet's key hashes to their index prefixes, and back.
+///
+/// A prefix is the top `PREFIX_BITS` of the hash's offset from the range's
+/// start, scaled by `shift` so the range's width fills at least half of the
+/// prefix space (the top bit of the width lands on the prefix's top or next
+/// bit). Why relative to the start and not the hash's own top bits: a narrow
+/// range that straddles a high bit boundary (say 0x7fff..ff00 to
+/// 0x8000..00ff) would share no top bits, and all its keys would get one or
+/// two prefixes. Fixed when the tablet is made: a tablet split later keeps
+/// it (offsets in a part of the range stay monotone), so no slot is ever
+/// recomputed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Prefixer {
+    start: u64,
+    /// Leading zero bits of the range's width (at most 64 - PREFIX_BITS).
+    shift: u32,
+}
+
+impl Prefixer {
+    pub fn new(range: HashRange) -> Prefixer {
+        let shift = (range.end - range.start)
+            .leading_zeros()
+            .min(64 - PREFIX_BITS);
+        Prefixer {
+            start: range.start,
+            shift,
+        }
+    }
+
+    /// The prefix of a hash at or above the range's start: monotone in it.
+    #[inline(always)]
+    pub fn prefix(self, hash: u64) -> u32 {
+        debug_assert!(hash >= self.start);
+        ((hash.wrapping_sub(self.start) << self.shift) >> (64 - PREFIX_BITS)) as u32
+    }
+
+    /// The lowest hash with prefix `prefix`.
+    #[inline]
+    pub fn lowest(self, prefix: u32) -> u64 {
+        self.start + (u64::from(prefix) << (64 - PREFIX_BITS) >> self.shift)
+    }
+}
+
+/// The hash hashbrown probes with, from the prefix alone (so growth needs no
+/// log access). hashbrown takes its 7-bit tag from the top bits and the
+/// bucket from the low ones; a multiplication by an odd constant spreads the
+/// prefix over the top bits and keeps its low bits (already uniform: they
+/// come from the middle of the key hash) at the bottom.
 #[inline(always)]
-pub(crate) fn probe_hash(key_hash: u64) -> u64 {
-    key_hash.rotate_right(16)
+pub(crate) fn probe_hash(prefix: u32) -> u64 {
+    {
+        let x = u64::from(prefix).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^ (x >> 32)
+    }
 }
 
 /// For hashbrown's rehash on growth: no log access needed.
 #[inline(always)]
 pub(crate) fn rehash(e: &IndexEntry) -> u64 {
-    probe_hash(e.hash)
+    probe_hash(e.prefix())
 }
 
 /// A log reference: segment slot in the tablet's slab (high 32 bits) and
@@ -51,14 +152,17 @@ pub(crate) fn offset_of(loc: u64) -> usize {
 const GROUP_BYTES: usize = 16;
 
 /// Bytes hashbrown allocates for a table of `buckets` index entries: the
-/// entries (16 bytes each, already a multiple of the 16-byte control
-/// alignment), one control byte per bucket, and one trailing group
+/// entries (8 bytes each; `buckets` >= 4, so their size is a multiple of the
+/// 16-byte control alignment only from 2 buckets on: rounded up below), one
+/// control byte per bucket, and one trailing group
 /// (`TableLayout::calculate_layout_for` in hashbrown 0.17).
 pub(crate) fn table_bytes(buckets: usize) -> usize {
     if buckets == 0 {
         return 0;
     }
-    buckets * std::mem::size_of::<IndexEntry>() + buckets + GROUP_BYTES
+    (buckets * std::mem::size_of::<IndexEntry>()).next_multiple_of(GROUP_BYTES)
+        + buckets
+        + GROUP_BYTES
 }
 
 /// Buckets hashbrown chooses for a capacity (`capacity_to_buckets`): at
@@ -118,6 +222,68 @@ mod tests {
     use hashbrown::HashTable;
 
     #[test]
+    fn slots_pack_and_unpack_at_the_limits() {
+        for (p, slot, off) in [
+            (0u32, 0u32, 0u32),
+            (
+                (1 << PREFIX_BITS) - 1,
+                (1 << SLOT_BITS) - 1,
+                (1 << OFFSET_BITS) - 1,
+            ),
+            (12345, 77, 2 * 1024 * 1024 - 1),
+        ] {
+            let mut e = IndexEntry::new(p, loc(slot, off));
+            assert_eq!((e.prefix(), e.loc()), (p, loc(slot, off)));
+            e.set_loc(loc(1, 2));
+            assert_eq!((e.prefix(), e.loc()), (p, loc(1, 2)));
+        }
+        assert_eq!(std::mem::size_of::<IndexEntry>(), 8);
+    }
+
+    #[test]
+    fn prefixes_are_monotone_and_invertible_in_any_range() {
+        let ranges = [
+            HashRange::FULL,
+            HashRange::new(0, 0).unwrap(),
+            HashRange::new(5, 5 + 1000).unwrap(),
+            HashRange::new(u64::MAX / 3, u64::MAX / 3 * 2).unwrap(),
+            HashRange::new(0x1234_5600_0000_0000, 0x1234_56ff_ffff_ffff).unwrap(),
+            HashRange::new(u64::MAX - 10, u64::MAX).unwrap(),
+            HashRange::new(0x7fff_ffff_ffff_ff00, 0x8000_0000_0000_00ff).unwrap(),
+            HashRange::new(0x7fff_ff00_0000_0000, 0x8000_00ff_ffff_ffff).unwrap(),
+        ];
+        for r in ranges {
+            let px = Prefixer::new(r);
+            let width = r.end - r.start;
+            let mut last = 0;
+            for i in 0..=10_000u64 {
+                let h = r.start + (u128::from(width) * u128::from(i) / 10_000) as u64;
+                let p = px.prefix(h);
+                assert!(u64::from(p) < 1 << PREFIX_BITS);
+                assert!(p >= last, "not monotone in {r:?} at {h:#x}");
+                last = p;
+                let lo = px.lowest(p);
+                assert!(lo <= h, "lowest {lo:#x} above {h:#x} in {r:?}");
+                assert_eq!(px.prefix(lo), p);
+            }
+        }
+        // A range 2^40 wide uses the 28 bits below its width's top bit.
+        let px =
+            Prefixer::new(HashRange::new(0x1234_5600_0000_0000, 0x1234_56ff_ffff_ffff).unwrap());
+        assert_eq!(px.prefix(0x1234_56ab_cdef_0000), 0xabc_def0);
+        // A narrow range across a high bit boundary still spreads its keys
+        // over at least half of the prefixes.
+        let r = HashRange::new(0x7fff_ff00_0000_0000, 0x8000_00ff_ffff_ffff).unwrap();
+        let px = Prefixer::new(r);
+        assert_eq!(px.prefix(r.start), 0);
+        assert!(px.prefix(r.end) >= 1 << (PREFIX_BITS - 1));
+        // A range narrower than 2^28 keeps each hash's exact offset.
+        let r = HashRange::new(0x7fff_ffff_ffff_ff00, 0x8000_0000_0000_00ff).unwrap();
+        let px = Prefixer::new(r);
+        assert_eq!((px.prefix(r.start), px.prefix(r.end)), (0, 0x1ff));
+    }
+
+    #[test]
     fn predicted_growth_matches_what_hashbrown_allocates() {
         let mut t: HashTable<IndexEntry> = HashTable::new();
         assert_eq!(t.allocation_size(), 0);
@@ -136,8 +302,9 @@ mod tests {
             } else {
                 assert_eq!(predicted, 0, "at {i}: no growth expected");
             }
-            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            t.insert_unique(probe_hash(h), IndexEntry { hash: h, loc: i }, rehash);
+            let p = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 36) as u32;
+            let e = IndexEntry::new(p, loc(i as u32 % 1000, i as u32));
+            t.insert_unique(probe_hash(p), e, rehash);
         }
         // A reservation of many at once, as replay and split make.
         for n in [1usize, 3, 7, 14, 15, 100, 1000, 12345] {

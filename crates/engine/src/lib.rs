@@ -87,12 +87,14 @@ use routing::Route;
 use segment::Budget;
 use tablet::Tablet;
 
-/// Bytes of an entry header; the entry layout is documented in `entry.rs`.
-pub const ENTRY_HEADER_BYTES: usize = entry::HEADER_BYTES;
+/// Most bytes an entry header takes (it is variable-width: 10 bytes for a
+/// 30-byte key, a 100-byte value and a version below 2^24); the entry
+/// layout is documented in `entry.rs`.
+pub const ENTRY_HEADER_BYTES_MAX: usize = entry::MAX_HEADER_BYTES;
 
-/// Bytes a live object of these lengths adds to `live_bytes`.
-pub const fn object_entry_bytes(key_len: usize, value_len: usize) -> usize {
-    entry::entry_bytes(key_len, value_len)
+/// Bytes a live object of these lengths at `version` adds to `live_bytes`.
+pub const fn object_entry_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
+    entry::entry_bytes(key_len, value_len, version)
 }
 
 /// Bytes of one tablet's hash index once it holds `objects` objects (charged
@@ -135,7 +137,7 @@ impl Engine {
     /// Like `new`, with keys limited to `max_key_bytes` (<= `MAX_KEY_BYTES`),
     /// so that small segments (tests, small benchmarks) are consistent.
     /// A segment must hold a version mark plus an entry of maximum size:
-    /// `segment_bytes >= 2 * ENTRY_HEADER_BYTES + max_key_bytes + max(max_value_bytes, 8)`.
+    /// `segment_bytes >= 2 * ENTRY_HEADER_BYTES_MAX + max_key_bytes + max(max_value_bytes, 8)`.
     pub fn with_max_key_bytes(
         config: EngineConfig,
         max_key_bytes: usize,
@@ -146,7 +148,7 @@ impl Engine {
                 "max_key_bytes must be in 1..={MAX_KEY_BYTES}, not {max_key_bytes}"
             ));
         }
-        let largest = 2 * entry::HEADER_BYTES
+        let largest = 2 * entry::MAX_HEADER_BYTES
             + max_key_bytes
             + config.max_value_bytes.max(entry::TOMBSTONE_VALUE_BYTES);
         if config.segment_bytes < largest {
@@ -155,11 +157,11 @@ impl Engine {
                 config.segment_bytes
             ));
         }
-        if config.segment_bytes > u32::MAX as usize {
+        if config.segment_bytes > index::MAX_SEGMENT_BYTES {
             return bad(format!(
-                "segment_bytes {} exceeds {} (offsets are 32-bit)",
+                "segment_bytes {} exceeds {} (index slots hold 22-bit offsets)",
                 config.segment_bytes,
-                u32::MAX
+                index::MAX_SEGMENT_BYTES
             ));
         }
         if config.memory_budget_bytes < config.segment_bytes {

@@ -13,9 +13,8 @@ impl Engine {
         self.check_key(key)?;
         let hash = key_hash(table, key);
         let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
-        let t = self.tablet(slot);
-        t.find(hash, key)
-            .map(|loc| t.object(loc))
+        self.tablet(slot)
+            .find_object(hash, key)
             .ok_or(EngineError::ObjectDoesntExist)
     }
 
@@ -49,7 +48,7 @@ impl Engine {
             return Ok(0);
         };
         self.tablet(slot).check_version_left()?;
-        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
+        let len = entry::max_entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
         let cleaned = self.make_room(slot, len, Purpose::Tombstone)?;
         let (t, budget) = self.tablet_and_budget(slot);
         let old = if cleaned {
@@ -140,7 +139,7 @@ impl Engine {
         if next_version <= self.tablet(slot).next_version {
             return Ok(());
         }
-        self.make_room(slot, entry::HEADER_BYTES, Purpose::Object)?;
+        self.make_room(slot, entry::MAX_HEADER_BYTES, Purpose::Object)?;
         let (t, budget) = self.tablet_and_budget(slot);
         t.raise_version(next_version);
         t.append_mark(budget);
@@ -167,7 +166,7 @@ impl Engine {
         }
         let cleaned = self.make_room(
             slot,
-            entry::entry_bytes(key.len(), value.len()),
+            entry::max_entry_bytes(key.len(), value.len()),
             Purpose::Object,
         )?;
         let (t, budget) = self.tablet_and_budget(slot);

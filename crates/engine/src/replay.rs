@@ -11,7 +11,6 @@
 use hashbrown::HashTable;
 
 use crate::entry::{self, Bad, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
-use crate::index::probe_hash;
 use crate::segment::Purpose;
 use crate::tablet::Tablet;
 use crate::{CorruptEntry, Engine, EngineError, HashRange, ReplayReport, TableId};
@@ -33,6 +32,14 @@ pub(crate) struct Resolved<'s> {
     pub objects: Vec<Winner<'s>>,
     /// The counter the rebuilt tablet must start from.
     pub next_version: u64,
+}
+
+/// The probe hash of replay's own table of winners, which keeps full key
+/// hashes. A tablet's keys share their top bits and hashbrown takes its tag
+/// from the top bits: rotating moves well-mixed low bits there.
+#[inline(always)]
+fn winner_probe(key_hash: u64) -> u64 {
+    key_hash.rotate_right(16)
 }
 
 fn oom<T>(_: T) -> EngineError {
@@ -75,7 +82,6 @@ pub(crate) fn resolve<'s>(
                     continue;
                 }
             };
-            debug_assert_eq!(p.table, table);
             let position = (si, at);
             at = p.next;
             // Versions the engine never issues: refused like any corrupt entry
@@ -113,7 +119,7 @@ pub(crate) fn resolve<'s>(
                 key: p.key,
                 value: p.value,
             };
-            match newest.find_mut(probe_hash(hash), |w| w.hash == hash && w.key == p.key) {
+            match newest.find_mut(winner_probe(hash), |w| w.hash == hash && w.key == p.key) {
                 // Equal versions are copies of one entry (a cleaner copy): keep the first.
                 Some(w) => {
                     if p.version > w.version {
@@ -121,8 +127,10 @@ pub(crate) fn resolve<'s>(
                     }
                 }
                 None => {
-                    newest.try_reserve(1, |w| probe_hash(w.hash)).map_err(oom)?;
-                    newest.insert_unique(probe_hash(hash), candidate, |w| probe_hash(w.hash));
+                    newest
+                        .try_reserve(1, |w| winner_probe(w.hash))
+                        .map_err(oom)?;
+                    newest.insert_unique(winner_probe(hash), candidate, |w| winner_probe(w.hash));
                 }
             }
         }

@@ -230,7 +230,18 @@ impl Engine {
         };
         // Copy the half with fewer objects; the other stays in place.
         let t = self.tablet(slot);
-        let in_upper = t.index.iter().filter(|e| e.hash >= at).count();
+        // The index keeps only a hash prefix: entries of the split point's
+        // own prefix are decided by their key's full hash (a log read).
+        let split_prefix = t.prefixer.prefix(at);
+        let in_upper = t
+            .index
+            .iter()
+            .filter(|e| match e.prefix().cmp(&split_prefix) {
+                std::cmp::Ordering::Greater => true,
+                std::cmp::Ordering::Less => false,
+                std::cmp::Ordering::Equal => crate::key_hash(table, t.object(e.loc()).key) >= at,
+            })
+            .count();
         let in_lower = t.object_count as usize - in_upper;
         let (moving, staying, movers) = if in_upper <= in_lower {
             (upper, lower, in_upper)

@@ -126,7 +126,7 @@ impl Engine {
         let mut locs = Vec::new();
         locs.try_reserve_exact(t.index.len())
             .map_err(|_| EngineError::OutOfMemory)?;
-        locs.extend(t.index.iter().map(|e| e.loc));
+        locs.extend(t.index.iter().map(|e| e.loc()));
         Ok(IndexSnapshot {
             token: self.scan_token(table, start_hash)?,
             locs,
@@ -180,7 +180,7 @@ impl Engine {
         let t = self.tablet_at(table, start_hash)?;
         let mut n = 0;
         for e in t.index.iter().skip(skip).take(max) {
-            f(t.object(e.loc));
+            f(t.object(e.loc()));
             n += 1;
         }
         Ok(n)

@@ -53,7 +53,7 @@ impl Segment {
         clock: u64,
     ) -> u32 {
         let at = self.buf.len();
-        entry::append(&mut self.buf, kind, table, version, key, value);
+        let _len = entry::append(&mut self.buf, kind, table, version, key, value);
         self.stamp = clock;
         at as u32
     }

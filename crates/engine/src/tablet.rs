@@ -8,8 +8,8 @@
 
 use hashbrown::HashTable;
 
-use crate::entry::{self, HEADER_BYTES, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
-use crate::index::{self, IndexEntry, loc, offset_of, probe_hash, slot_of};
+use crate::entry::{self, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::index::{self, IndexEntry, Prefixer, loc, offset_of, probe_hash, slot_of};
 use crate::segment::{Budget, Purpose, Segment};
 use crate::{EngineError, HashRange, ObjectRef, TableId, TabletStats};
 
@@ -33,6 +33,9 @@ pub(crate) struct Tablet {
     pub survivor: Option<u32>,
     pub next_segment_id: u64,
     pub index: HashTable<IndexEntry>,
+    /// Which bits of a key hash the index keeps (`index.rs`); fixed for the
+    /// tablet's life, so a split never re-keys the index.
+    pub prefixer: Prefixer,
     /// Bytes of `index`'s allocation counted in the budget's `index_bytes`
     /// (kept equal to `index.allocation_size()`).
     pub index_charged_bytes: u64,
@@ -65,6 +68,7 @@ impl Tablet {
             survivor: None,
             next_segment_id: 1,
             index: HashTable::new(),
+            prefixer: Prefixer::new(range),
             index_charged_bytes: 0,
             generation: crate::scan::next_generation(),
             clean_epoch: 0,
@@ -79,11 +83,37 @@ impl Tablet {
     #[inline]
     pub fn find(&self, hash: u64, key: &[u8]) -> Option<u64> {
         let segs = &self.segs;
+        let prefix = self.prefixer.prefix(hash);
         self.index
-            .find(probe_hash(hash), |e| {
-                e.hash == hash && entry::key_at(&segs[slot_of(e.loc)].buf, offset_of(e.loc)) == key
+            .find(probe_hash(prefix), |e| {
+                e.prefix() == prefix && {
+                    let l = e.loc();
+                    entry::key_at(&segs[slot_of(l)].buf, offset_of(l)) == key
+                }
             })
-            .map(|e| e.loc)
+            .map(|e| e.loc())
+    }
+
+    /// The live object `key` (whose hash is `hash`), its header decoded
+    /// once: what a read needs, without a second decode of the entry.
+    #[inline]
+    pub fn find_object(&self, hash: u64, key: &[u8]) -> Option<ObjectRef<'_>> {
+        let segs = &self.segs;
+        let prefix = self.prefixer.prefix(hash);
+        let mut found = None;
+        self.index.find(probe_hash(prefix), |e| {
+            if e.prefix() != prefix {
+                return false;
+            }
+            let l = e.loc();
+            let o = entry::object_at(&segs[slot_of(l)].buf, offset_of(l));
+            let hit = o.key == key;
+            if hit {
+                found = Some(o);
+            }
+            hit
+        });
+        found
     }
 
     #[inline]
@@ -150,6 +180,10 @@ impl Tablet {
             .try_reserve(1)
             .map_err(|_| EngineError::OutOfMemory)?;
         if self.free_slots.is_empty() {
+            // Index slots address at most this many segments per tablet.
+            if self.segs.len() >= index::MAX_TABLET_SEGMENTS {
+                return Err(EngineError::OutOfMemory);
+            }
             self.segs
                 .try_reserve(1)
                 .map_err(|_| EngineError::OutOfMemory)?;
@@ -183,9 +217,10 @@ impl Tablet {
     /// Append a version mark to the head (the caller made room).
     pub fn append_mark(&mut self, budget: &mut Budget) {
         let h = self.head.expect("append_mark needs a head") as usize;
-        debug_assert!(self.segs[h].room(budget.segment_bytes) >= HEADER_BYTES);
-        budget.clock += HEADER_BYTES as u64;
         let (table, version) = (self.table, self.next_version);
+        let len = entry::entry_bytes(0, 0, version);
+        debug_assert!(self.segs[h].room(budget.segment_bytes) >= len);
+        budget.clock += len as u64;
         self.segs[h].append(KIND_MARK, table, version, &[], &[], budget.clock);
     }
 
@@ -263,7 +298,7 @@ impl Tablet {
         old: Option<u64>,
     ) {
         let h = self.head.expect("put needs a head");
-        let len = entry::entry_bytes(key.len(), value.len());
+        let len = entry::entry_bytes(key.len(), value.len(), version);
         budget.clock += len as u64;
         let seg = &mut self.segs[h as usize];
         debug_assert!(seg.room(budget.segment_bytes) >= len);
@@ -273,14 +308,15 @@ impl Tablet {
         if let Some(c) = &mut self.changes {
             c.record(hash);
         }
+        let prefix = self.prefixer.prefix(hash);
         match old {
             Some(old) => {
                 self.live_bytes -= self.kill(old);
                 let e = self
                     .index
-                    .find_mut(probe_hash(hash), |e| e.loc == old)
+                    .find_mut(probe_hash(prefix), |e| e.loc() == old)
                     .expect("live object is indexed");
-                e.loc = new_loc;
+                e.set_loc(new_loc);
             }
             None => {
                 debug_assert!(
@@ -288,8 +324,8 @@ impl Tablet {
                     "index capacity not reserved"
                 );
                 self.index.insert_unique(
-                    probe_hash(hash),
-                    IndexEntry { hash, loc: new_loc },
+                    probe_hash(prefix),
+                    IndexEntry::new(prefix, new_loc),
                     index::rehash,
                 );
                 self.object_count += 1;
@@ -303,7 +339,7 @@ impl Tablet {
         let h = self.head.expect("remove needs a head");
         // See cleaner.rs: the newest segment id now, not the one it lands in.
         let newest = self.newest_segment_id();
-        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
+        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES, version);
         budget.clock += len as u64;
         let seg = &mut self.segs[h as usize];
         debug_assert!(seg.room(budget.segment_bytes) >= len);
@@ -322,7 +358,11 @@ impl Tablet {
         if let Some(c) = &mut self.changes {
             c.record(hash);
         }
-        match self.index.find_entry(probe_hash(hash), |e| e.loc == old) {
+        let prefix = self.prefixer.prefix(hash);
+        match self
+            .index
+            .find_entry(probe_hash(prefix), |e| e.loc() == old)
+        {
             Ok(e) => {
                 e.remove();
             }
@@ -340,7 +380,7 @@ impl Tablet {
         value: &[u8],
         version: u64,
     ) -> Result<(), EngineError> {
-        let len = entry::entry_bytes(key.len(), value.len());
+        let len = entry::entry_bytes(key.len(), value.len(), version);
         if self.head_room(budget.segment_bytes) < len {
             self.open_head(budget, Purpose::Object)?;
         }
@@ -383,7 +423,11 @@ impl Tablet {
         for &(loc, hash) in &movers {
             self.live_bytes -= self.kill(loc);
             self.object_count -= 1;
-            match self.index.find_entry(probe_hash(hash), |e| e.loc == loc) {
+            let prefix = self.prefixer.prefix(hash);
+            match self
+                .index
+                .find_entry(probe_hash(prefix), |e| e.loc() == loc)
+            {
                 Ok(e) => {
                     e.remove();
                 }
@@ -422,7 +466,7 @@ impl Tablet {
 
     pub fn for_each_index(&self, mut f: impl FnMut(ObjectRef<'_>)) {
         for e in self.index.iter() {
-            f(self.object(e.loc));
+            f(self.object(e.loc()));
         }
     }
 
@@ -458,8 +502,11 @@ impl Tablet {
                         seg_live += len;
                         let hash = crate::key_hash(self.table, entry::key_at(&seg.buf, at));
                         let l = loc(slot, at as u32);
+                        let prefix = self.prefixer.prefix(hash);
                         assert!(
-                            self.index.find(probe_hash(hash), |e| e.loc == l).is_some(),
+                            self.index
+                                .find(probe_hash(prefix), |e| e.loc() == l)
+                                .is_some(),
                             "live entry not indexed"
                         );
                         assert!(
@@ -483,15 +530,16 @@ impl Tablet {
         }
         for e in self.index.iter() {
             count += 1;
+            let o = self.object(e.loc());
+            let hash = crate::key_hash(self.table, o.key);
             assert!(
-                self.range.contains(e.hash),
+                self.range.contains(hash),
                 "indexed key outside the tablet's range"
             );
-            let o = self.object(e.loc);
             assert_eq!(
-                crate::key_hash(self.table, o.key),
-                e.hash,
-                "index hash does not match the key"
+                self.prefixer.prefix(hash),
+                e.prefix(),
+                "index prefix does not match the key"
             );
         }
         assert_eq!(count, self.object_count, "object count drifted");
@@ -510,19 +558,16 @@ impl Tablet {
 pub(crate) fn walk_live(buf: &[u8], f: &mut impl FnMut(ObjectRef<'_>)) {
     let mut at = 0;
     while at < buf.len() {
-        let header = &buf[at..at + HEADER_BYTES];
-        // kind and dead flag in one load: live objects read (KIND_OBJECT, 0).
-        let kind_dead = u16::from_le_bytes([header[entry::OFF_KIND], header[entry::OFF_DEAD]]);
-        let key_len = entry::read_u32(header, 8) as usize;
-        let value_len = entry::read_u32(header, 12) as usize;
-        let key_start = at + HEADER_BYTES;
-        let value_start = key_start + key_len;
-        let next = value_start + value_len;
-        if kind_dead == u16::from(KIND_OBJECT) {
+        let h = entry::header(buf, at);
+        let key_start = at + h.header_len;
+        let value_start = key_start + h.key_len;
+        let next = value_start + h.value_len;
+        // Live objects only: the kind, with the dead flag clear.
+        if h.kind == KIND_OBJECT && !h.dead {
             f(ObjectRef {
                 key: &buf[key_start..value_start],
                 value: &buf[value_start..next],
-                version: entry::read_u64(header, 24),
+                version: h.version,
             });
         }
         at = next;

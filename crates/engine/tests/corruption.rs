@@ -3,9 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use insitu_engine::{
-    ENTRY_HEADER_BYTES, Engine, EngineConfig, HashRange, RejectRules, ReplayReport, key_hash,
-};
+use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules, ReplayReport, key_hash};
 use proptest::prelude::*;
 
 const T: u64 = 3;
@@ -31,16 +29,41 @@ fn value(i: usize, round: usize) -> Vec<u8> {
         .collect()
 }
 
+/// An unsigned LEB128 varint at `*at` (the documented header encoding),
+/// read independently of the engine's own decoder.
+fn leb128(seg: &[u8], at: &mut usize) -> usize {
+    let (mut v, mut shift) = (0usize, 0);
+    loop {
+        let b = seg[*at];
+        *at += 1;
+        v |= usize::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return v;
+        }
+        shift += 7;
+    }
+}
+
+/// (header bytes, key_len, value_len) of the entry at `at`, read with the
+/// documented layout: crc 4, flags 1 (bits 2-4: the version's bytes - 1),
+/// the version, then varints key_len and value_len.
+fn header_at(seg: &[u8], at: usize) -> (usize, usize, usize) {
+    let version_bytes = usize::from((seg[at + 4] >> 2) & 7) + 1;
+    let mut p = at + 5 + version_bytes;
+    let k = leb128(seg, &mut p);
+    let v = leb128(seg, &mut p);
+    (p - at, k, v)
+}
+
 /// Start offsets of the entries of one segment, read with the documented
-/// layout (key_len at 8..12, value_len at 12..16) independently of the engine.
+/// layout independently of the engine.
 fn entry_starts(seg: &[u8]) -> Vec<usize> {
     let mut starts = Vec::new();
     let mut at = 0;
     while at < seg.len() {
         starts.push(at);
-        let k = u32::from_le_bytes(seg[at + 8..at + 12].try_into().expect("4")) as usize;
-        let v = u32::from_le_bytes(seg[at + 12..at + 16].try_into().expect("4")) as usize;
-        at += ENTRY_HEADER_BYTES + k + v;
+        let (h, k, v) = header_at(seg, at);
+        at += h + k + v;
     }
     assert_eq!(at, seg.len());
     starts
@@ -90,12 +113,9 @@ fn positions(segments: &[Vec<u8>]) -> BTreeMap<Vec<u8>, (usize, usize)> {
     let mut out = BTreeMap::new();
     for (si, seg) in segments.iter().enumerate() {
         for at in entry_starts(seg) {
-            if seg[at + 4] == 1 {
-                let k = u32::from_le_bytes(seg[at + 8..at + 12].try_into().expect("4")) as usize;
-                out.insert(
-                    seg[at + ENTRY_HEADER_BYTES..at + ENTRY_HEADER_BYTES + k].to_vec(),
-                    (si, at),
-                );
+            if seg[at + 4] & 0x03 == 1 {
+                let (h, k, _) = header_at(seg, at);
+                out.insert(seg[at + h..at + h + k].to_vec(), (si, at));
             }
         }
     }
@@ -120,7 +140,7 @@ proptest! {
         segments[si][pos] ^= mask;
         let (e, report) = replay(&segments, HashRange::FULL);
         let got = loaded(&e, 0);
-        let expected: BTreeMap<_, _> = if pos == entry_start + 5 {
+        let expected: BTreeMap<_, _> = if pos == entry_start + 4 && mask == 0x80 {
             // The in-memory dead flag: not covered by the CRC, ignored on replay.
             prop_assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
             model.clone()
@@ -180,7 +200,7 @@ proptest! {
 }
 
 #[test]
-fn entries_of_another_table_are_reported_and_skipped() {
+fn entries_of_another_table_are_refused() {
     let (segments, _) = write_once(30);
     let mut e = engine();
     e.create_tablet(T + 1, HashRange::FULL).expect("tablet");
@@ -188,11 +208,14 @@ fn entries_of_another_table_are_reported_and_skipped() {
     let report = e
         .replay(T + 1, HashRange::FULL, segments.iter().map(|s| &s[..]))
         .expect("replay");
-    let entries: usize = segments.iter().map(|s| entry_starts(s).len()).sum();
-    // Their lengths are trusted (the CRC matched), so every entry is reported, one by one.
-    assert_eq!(report.corrupt.len(), entries);
+    // The table id seeds each entry's CRC: the first entry of every segment
+    // fails its check, and the rest of that segment is not read.
+    assert_eq!(report.corrupt.len(), segments.len());
     assert!(
-        report.corrupt.iter().all(|c| c.reason.contains("table")),
+        report
+            .corrupt
+            .iter()
+            .all(|c| c.offset == 0 && c.reason.contains("another table")),
         "{:?}",
         report.corrupt
     );
@@ -205,7 +228,8 @@ fn truncated_segment_reports_the_cut_entry_and_keeps_the_rest() {
     let where_ = positions(&segments);
     let starts = entry_starts(&segments[0]);
     let cut_entry = starts[starts.len() / 2];
-    segments[0].truncate(cut_entry + 40);
+    // One byte short of the entry's end.
+    segments[0].truncate(starts[starts.len() / 2 + 1] - 1);
     let (e, report) = replay(&segments, HashRange::FULL);
     assert_eq!(report.corrupt.len(), 1);
     assert_eq!(

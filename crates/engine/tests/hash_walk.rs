@@ -149,18 +149,26 @@ fn sorted_hashes_are_charged_and_walks_cost_one_probe_per_hash() {
     }
     let from = u64::MAX / 2;
     let mut list = e.sorted_hashes(T, 0, from).expect("list");
-    assert!(list.hashes().windows(2).all(|w| w[0] < w[1]));
-    assert!(list.hashes().iter().all(|&h| h >= from));
+    let cursors = list.hashes();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]));
+    assert!(cursors.iter().all(|&h| h >= from));
     let expected = (0..2_000u64)
         .filter(|i| key_hash(T, &i.to_le_bytes()) >= from)
         .count();
-    assert_eq!(list.hashes().len(), expected);
+    // 2,000 keys over 2^28 index prefixes: one key per group here.
+    assert_eq!(cursors.len(), expected);
     assert_eq!(e.memory().transient_bytes, list.bytes());
     let before = e.hash_scan_work();
     let mut n = 0;
-    for &h in &list.hashes()[..100] {
+    for w in cursors[..101].windows(2) {
         n += e
-            .objects_with_hash(T, 0, h, |o| assert_eq!(key_hash(T, o.key), h))
+            .objects_in_hash_group(T, 0, w[0], |o| {
+                let h = key_hash(T, o.key);
+                assert!(
+                    w[0] <= h && h < w[1],
+                    "a group's keys lie below the next cursor"
+                );
+            })
             .expect("probe");
     }
     assert_eq!(n, 100);
@@ -168,4 +176,66 @@ fn sorted_hashes_are_charged_and_walks_cost_one_probe_per_hash() {
     assert!(e.sorted_hashes_current(&list));
     drop(list);
     assert_eq!(e.memory().transient_bytes, 0);
+}
+
+/// The index keeps 28 bits of a key's hash (for a tablet of the whole
+/// range, its top 28): keys sharing them form one group of a walk.
+fn prefix(hash: u64) -> u64 {
+    hash >> 36
+}
+
+#[test]
+fn keys_of_one_index_prefix_travel_together_and_a_cursor_inside_a_group_is_honoured() {
+    let mut e = engine();
+    let n = 100_000u64;
+    let mut by_prefix: HashMap<u64, Vec<u64>> = HashMap::new();
+    for i in 0..n {
+        put(&mut e, T, i, 4, 1);
+        by_prefix
+            .entry(prefix(key_hash(T, &i.to_le_bytes())))
+            .or_default()
+            .push(key_hash(T, &i.to_le_bytes()));
+    }
+    // ~18 pairs expected among 100,000 keys; the key set is fixed, so is this.
+    let mut shared: Vec<Vec<u64>> = by_prefix.into_values().filter(|v| v.len() > 1).collect();
+    assert!(!shared.is_empty(), "no two keys share an index prefix");
+    shared.sort();
+    // The whole walk: every key once, in hash order, groups whole.
+    let mut list = e.sorted_hashes(T, 0, 0).expect("list");
+    let cursors = list.hashes();
+    assert_eq!(
+        cursors.len() as u64,
+        n - shared.iter().map(|g| g.len() as u64 - 1).sum::<u64>()
+    );
+    let mut seen = Vec::new();
+    for &c in &cursors {
+        let before = seen.len();
+        e.objects_in_hash_group(T, 0, c, |o| seen.push(key_hash(T, o.key)))
+            .expect("group");
+        let group = &seen[before..];
+        assert!(!group.is_empty());
+        assert!(group.iter().all(|&h| prefix(h) == prefix(group[0])));
+    }
+    assert_eq!(seen.len() as u64, n);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "hash order, each once"
+    );
+    // A cursor between two keys of one group: the lower key is behind it.
+    let mut group = shared[0].clone();
+    group.sort();
+    let (low, high) = (group[0], group[1]);
+    let mut tail = e.sorted_hashes(T, 0, high).expect("list");
+    let first = tail.next_from(0).expect("a group").1;
+    assert_eq!(first, high, "the first cursor is the list's own");
+    let mut got = Vec::new();
+    e.objects_in_hash_group(T, 0, first, |o| got.push(key_hash(T, o.key)))
+        .expect("group");
+    assert!(got.contains(&high) && !got.contains(&low));
+    // An exact lookup finds the lower key alone.
+    let mut exact = Vec::new();
+    e.objects_with_hash(T, 0, low, |o| exact.push(key_hash(T, o.key)))
+        .expect("exact");
+    assert_eq!(exact, vec![low]);
+    e.check_invariants();
 }

@@ -69,9 +69,10 @@ fn value_sizes() {
     let v = e.write(T, b"empty", b"", &ANY).expect("empty value");
     let o = e.read(T, b"empty").expect("read");
     assert_eq!((o.value, o.version), (&b""[..], v));
+    let big = e.read(T, b"big").expect("read").version;
     assert_eq!(
         e.tablet_stats(T, 0).expect("stats").live_bytes,
-        (object_entry_bytes(3, max) + object_entry_bytes(5, 0)) as u64
+        (object_entry_bytes(3, max, big) + object_entry_bytes(5, 0, v)) as u64
     );
 }
 
@@ -187,10 +188,11 @@ fn writes_clean_automatically_when_the_budget_is_full() {
 fn overwrite_workload_keeps_utilisation_high() {
     let segment_bytes = 64 * 1024;
     let objects = 20_000u64;
-    let live = objects as usize * object_entry_bytes(8, 100);
+    // Versions stay below 2^21 here (3 bytes at most).
+    let live = objects as usize * object_entry_bytes(8, 100, (1 << 21) - 1);
     // The budget covers the index too: 20,000 entries take 32,768 buckets of
-    // 16 bytes plus a control byte each, and 16 trailing control bytes.
-    let index_bytes = 32_768 * 17 + 16;
+    // 8 bytes plus a control byte each, and 16 trailing control bytes.
+    let index_bytes = 32_768 * 9 + 16;
     let budget = (live as f64 / 0.9) as usize + 4 * segment_bytes + index_bytes;
     let config = EngineConfig {
         segment_bytes,
@@ -208,7 +210,14 @@ fn overwrite_workload_keeps_utilisation_high() {
             .expect("overwrite under a tight budget");
     }
     let m = e.memory();
-    assert_eq!(m.live_bytes, live as u64);
+    let exact: usize = (0..objects)
+        .map(|i| {
+            let o = e.read(T, &i.to_le_bytes()).expect("live");
+            object_entry_bytes(8, 100, o.version)
+        })
+        .sum();
+    assert_eq!(m.live_bytes, exact as u64);
+    assert!(exact <= live);
     assert!(m.utilization >= 0.85, "utilisation {m:?}");
     assert_eq!(m.index_bytes, index_bytes as u64);
 }

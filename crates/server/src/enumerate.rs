@@ -2,10 +2,11 @@
 //! O(batch) per request.
 //!
 //! The protocol stays stateless: the cursor is a key hash, and objects come
-//! back in hash order. A batch walks the tablet's sorted hash list
-//! (`Engine::sorted_hashes`, two O(n) passes to take, 8 bytes per object charged
-//! to the memory budget) and looks every hash up in the index
-//! (`Engine::objects_with_hash`), so a batch costs O(batch). The shard keeps
+//! back in hash order. A batch walks the tablet's sorted list of hash groups
+//! (`Engine::sorted_hashes`, two O(n) passes to take, 4 bytes per object
+//! charged to the memory budget; a group is the keys of one 28-bit index
+//! prefix, almost always one key) and looks every group up in the index
+//! (`Engine::objects_in_hash_group`), so a batch costs O(batch). The shard keeps
 //! the lists of up to `MAX_CACHED_WALKS` enumerations in progress, keyed by
 //! (table, tablet start, the cursor the client will send next) and valid
 //! only for the same tablet instance and range; a request that matches one
@@ -14,8 +15,8 @@
 //!
 //! Guarantee: an object present and unchanged for the whole enumeration is
 //! returned exactly once (hashes only grow from batch to batch, the objects
-//! of one hash always travel in one batch, and a list taken from cursor `c`
-//! holds every hash >= `c` present at that moment). An object written during
+//! of one group always travel in one batch, and a list taken from cursor `c`
+//! holds every group with a hash >= `c` present at that moment). An object written during
 //! the enumeration may be returned with either value or, if created after
 //! its list was taken, not at all; a removed one is not returned.
 
@@ -23,7 +24,7 @@ use insitu_engine::{Engine, EngineError, ObjectRef, SortedHashes};
 
 /// Enumerations in progress whose hash lists a shard keeps (least recently
 /// used evicted). Each list is charged to the budget; 8 bounds the worst
-/// case to 8 x 8 bytes per object of the largest tablets.
+/// case to 8 x 4 bytes per object of the largest tablets.
 pub const MAX_CACHED_WALKS: usize = 8;
 
 /// Reply bytes counted per object beyond its key and value (version and
@@ -114,7 +115,7 @@ impl EnumerateCache {
                 break;
             }
             group.clear();
-            engine.objects_with_hash(table, tablet_start, h, |o| group.push(o))?;
+            engine.objects_in_hash_group(table, tablet_start, h, |o| group.push(o))?;
             let size: usize = group
                 .iter()
                 .map(|o| o.key.len() + o.value.len() + OBJECT_OVERHEAD_BYTES)

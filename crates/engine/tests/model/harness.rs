@@ -474,12 +474,12 @@ impl Harness {
         self.engine.check_invariants();
         let mut live_total = 0;
         for s in self.engine.tablets() {
-            let (count, live) = self
-                .model
-                .in_range(s.table, s.range)
-                .fold((0u64, 0u64), |(c, l), ((_, k), (v, _))| {
-                    (c + 1, l + object_entry_bytes(k.len(), v.len()) as u64)
-                });
+            let (count, live) = self.model.in_range(s.table, s.range).fold(
+                (0u64, 0u64),
+                |(c, l), ((_, k), (v, ver))| {
+                    (c + 1, l + object_entry_bytes(k.len(), v.len(), *ver) as u64)
+                },
+            );
             assert_eq!(
                 (s.object_count, s.live_bytes),
                 (count, live),
