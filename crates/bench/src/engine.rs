@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use insitu_engine::{
-    ENTRY_HEADER_BYTES, Engine, EngineConfig, HashRange, MAX_KEY_BYTES, RejectRules,
+    ENTRY_HEADER_BYTES_MAX, Engine, EngineConfig, HashRange, MAX_KEY_BYTES, RejectRules,
     index_bytes_for, object_entry_bytes,
 };
 
@@ -128,9 +128,11 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         bail!("value size must be at least 8 bytes (the scan sums an i64 at offset 0)");
     }
     let (kb, vb) = (args.key_bytes, args.value_bytes);
-    let entry_bytes = object_entry_bytes(kb, vb);
+    // Sized at the widest version the run can reach (the load plus the
+    // overwrites: 4 bytes up to 2^32), a bound on every entry.
+    let entry_bytes = object_entry_bytes(kb, vb, u64::from(u32::MAX));
     let live_bytes = n * entry_bytes;
-    let segment_bytes = segment_bytes_for(live_bytes, entry_bytes + ENTRY_HEADER_BYTES);
+    let segment_bytes = segment_bytes_for(live_bytes, entry_bytes + ENTRY_HEADER_BYTES_MAX);
     // Budget ~ live / 0.9 plus a few segments (heads and the cleaner's
     // reserves) plus the hash index, charged to the budget too (1.5 times
     // its final size: the old table exists beside the new one while it
@@ -162,6 +164,12 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
             .map_err(|e| anyhow::anyhow!("put {i}: {e}"))?;
     }
     let put_ns = ns_per(t.elapsed(), n);
+    // What each object costs beyond its key and value right after the load:
+    // the log's headers and segment tails plus the hash index.
+    let loaded = engine.memory();
+    let overhead_bytes_per_object =
+        (loaded.segment_bytes + loaded.index_bytes) as f64 / n as f64 - (kb + vb) as f64;
+    let index_bytes_per_object = loaded.index_bytes as f64 / n as f64;
 
     let mut map: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
     let t = Instant::now();
@@ -269,9 +277,18 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
     let calls_over_500us = call_ns.count_between(500_001, call_ns.max().max(500_001));
     let memory = engine.memory();
     let cleaner = engine.cleaner_totals();
-    if memory.live_bytes != live_bytes as u64 {
+    // Headers are variable-width (the version's bytes), so the expected
+    // live bytes are summed from each key's current version.
+    let mut expected_live = 0u64;
+    for i in 0..n {
+        let o = engine
+            .read(TABLE, keys.get(i))
+            .map_err(|e| anyhow::anyhow!("read back key {i}: {e}"))?;
+        expected_live += object_entry_bytes(kb, vb, o.version) as u64;
+    }
+    if memory.live_bytes != expected_live {
         bail!(
-            "live bytes {} after overwrites, expected {live_bytes}",
+            "live bytes {} after overwrites, expected {expected_live}",
             memory.live_bytes
         );
     }
@@ -283,6 +300,8 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         "segment_bytes": segment_bytes,
         "memory_budget_bytes": budget_bytes,
         "put_ns": put_ns,
+        "overhead_bytes_per_object": overhead_bytes_per_object,
+        "index_bytes_per_object": index_bytes_per_object,
         "get_ns": get_ns,
         "std_hashmap_put_ns": std_put_ns,
         "std_hashmap_get_ns": std_get_ns,
@@ -335,6 +354,10 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
     println!("  {:<40} {:>12.1}", "scan, ns/object", scan_ns_per_object);
     println!(
         "  {:<40} {:>12.1}",
+        "bytes per object beyond key + value", overhead_bytes_per_object
+    );
+    println!(
+        "  {:<40} {:>12.1}",
         "overwrite under a tight budget, ns/op", overwrite_ns
     );
     println!(
@@ -381,6 +404,8 @@ mod tests {
             "memory_utilization",
             "overwrite_call_us_p99",
             "max_write_stall_us",
+            "overhead_bytes_per_object",
+            "index_bytes_per_object",
         ] {
             let v = r[key].as_f64().unwrap_or(f64::NAN);
             assert!(v.is_finite() && v > 0.0, "{key} = {v}");

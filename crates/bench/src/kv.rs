@@ -386,6 +386,12 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             memory.get("redis_used_memory_per_object").and_then(Value::as_f64),
         );
         memory.insert("insitu_vs_redis".into(), mem_ratio.clone());
+        // What each store spends beyond the key and value themselves (headers,
+        // index, allocator slack): the part a layout can change.
+        let payload = (loadgen::KEY_BYTES + loadgen::VALUE_BYTES) as f64;
+        let overhead = |k: &str| memory.get(k).and_then(Value::as_f64).map(|b| b - payload);
+        let overhead_ratio = ratio(overhead("insitu_rss_per_object"), overhead("redis_used_memory_per_object"));
+        memory.insert("overhead_vs_redis".into(), overhead_ratio.clone());
 
         // ---- timed cases ----
         let mut specs = Vec::new();
@@ -466,6 +472,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         put("multiread_100_vs_single", ratio(get("insitu", Mix::MultiRead(100), 16, 1, objs), get("insitu", Mix::Read, 16, 1, objs)));
         put("multiread_100_vs_mget_100", ratio(get("insitu", Mix::MultiRead(100), 16, 1, objs), get("redis", Mix::MultiRead(100), 16, 1, objs)));
         put("memory_per_object_vs_redis", mem_ratio);
+        put("overhead_per_object_vs_redis", overhead_ratio);
         // The rest of the grid, for the targets at 64 connections and the picture.
         put("read_throughput_vs_redis_c64", ratio(get("insitu", Mix::Read, 64, 1, ops), get("redis", Mix::Read, 64, 1, ops)));
         put("write_throughput_vs_redis_c64", ratio(get("insitu", Mix::Write, 64, 1, ops), get("redis", Mix::Write, 64, 1, ops)));
@@ -509,6 +516,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             "multiread_100_vs_single",
             "multiread_100_vs_mget_100",
             "memory_per_object_vs_redis",
+            "overhead_per_object_vs_redis",
             "read_server_cpu_per_op_vs_redis",
             "write_server_cpu_per_op_vs_redis",
             "write_p99_vs_redis_c16_d16",
