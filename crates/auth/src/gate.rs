@@ -219,7 +219,7 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | MultiWrite { .. }
         | MultiRemove { .. }
         | Enumerate { .. }
-        | ShardStats
+        | ShardStats { .. }
         | RemoveServer { .. }
         | CreateTable { .. }
         | DropTable { .. }

@@ -219,7 +219,31 @@ async fn run_one(store: &Store, spec: &CaseSpec) -> anyhow::Result<CaseResult> {
     }
 }
 
+/// insitu's longest point call since the last reading, which starts a new
+/// window (`ShardStats { reset_longest_call: true }`); None for Redis.
+async fn longest_call_us(store: &Store) -> anyhow::Result<Option<u64>> {
+    if !store.name.starts_with("insitu") {
+        return Ok(None);
+    }
+    let credentials = insitu_client::Credentials {
+        token: None,
+        tls: store.tls.clone(),
+    };
+    let conn = insitu_client::rpc::RpcConn::open(&store.addr.to_string(), &credentials)
+        .await
+        .context("connecting for ShardStats")?;
+    let request = insitu_protocol::Request::ShardStats {
+        reset_longest_call: true,
+    };
+    let reply = conn.call(&request).await.context("ShardStats")?;
+    match reply.decode().context("decoding ShardStats")? {
+        insitu_protocol::Response::ShardStats(s) => Ok(Some(s.longest_point_call_us)),
+        other => anyhow::bail!("unexpected answer to ShardStats: {other:?}"),
+    }
+}
+
 pub(crate) async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
+    longest_call_us(store).await?; // a new window for this case
     let cpu0 = cpu_ns(store.pid);
     let client0 = cpu_ns(std::process::id());
     let t0 = Instant::now();
@@ -230,6 +254,7 @@ pub(crate) async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Resu
     let util = (cpu_ns(store.pid) - cpu0) as f64 / 1e9 / wall;
     let client_util = (cpu_ns(std::process::id()) - client0) as f64 / 1e9 / wall;
     let ops = r.ops_per_sec();
+    let server_longest_call_us = longest_call_us(store).await?;
     Ok(Row {
         case: case_name(spec.mix, spec.conns, spec.depth, store.name),
         store: store.name,
@@ -247,6 +272,7 @@ pub(crate) async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Resu
         curve: CURVE.iter().map(|&q| (q, r.latency_us(q))).collect(),
         ops_rounds: vec![ops],
         p99_rounds: vec![r.latency_us(99.0)],
+        server_longest_call_us,
     })
 }
 

@@ -28,6 +28,10 @@ pub(crate) struct Row {
     /// Per-round ops/s and p99 (us) behind the medians.
     pub(crate) ops_rounds: Vec<f64>,
     pub(crate) p99_rounds: Vec<f64>,
+    /// insitu only: the longest a single point request held the shard
+    /// during the case (the server's `longest_point_call_us`), µs; the
+    /// largest over the rounds.
+    pub(crate) server_longest_call_us: Option<u64>,
 }
 
 impl Row {
@@ -49,6 +53,7 @@ impl Row {
             "client_cpu_util": round(self.client_cpu_util, 3),
             "latency_percentiles_us": self.curve.iter().map(|(q, us)| json!([q, round(*us, 2)])).collect::<Vec<_>>(),
             "ops_per_sec_rounds": self.ops_rounds.iter().map(|x| round(*x, 0)).collect::<Vec<_>>(),
+            "server_longest_call_us": self.server_longest_call_us,
             "p99_us_rounds": self.p99_rounds.iter().map(|x| round(*x, 1)).collect::<Vec<_>>(),
         })
     }
@@ -119,6 +124,7 @@ pub(crate) fn median_rows(raw: &[Row]) -> Vec<Row> {
                 .collect(),
             ops_rounds: same.iter().map(|x| x.ops_per_sec).collect(),
             p99_rounds: same.iter().map(|x| x.p99_us).collect(),
+            server_longest_call_us: same.iter().filter_map(|x| x.server_longest_call_us).max(),
             ..r.clone()
         });
     }
@@ -208,6 +214,19 @@ pub(crate) fn print_table(
     println!(
         "(cpu %: the store's CPU use, all its threads; cpu us/op: that per operation; gen %: the load generator's)"
     );
+    let longest: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            r.server_longest_call_us
+                .map(|us| format!("{} {us}", r.case))
+        })
+        .collect();
+    if !longest.is_empty() {
+        println!(
+            "longest single point request inside the insitu server, us: {}",
+            longest.join(", ")
+        );
+    }
     println!("\nload (batches of 1000): {}", Value::Object(load.clone()));
     println!("memory per object: {}", Value::Object(memory.clone()));
 }

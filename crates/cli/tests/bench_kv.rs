@@ -60,6 +60,18 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
         assert_eq!(mine.len(), 22, "{store} cases: {mine:#?}");
         for c in mine {
             assert!(c["ops_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+            // The server's longest point request of the case (>= 1 us: any
+            // request takes some time, rounded up); Redis has no such figure.
+            if store == "insitu" {
+                assert!(
+                    c["server_longest_call_us"]
+                        .as_u64()
+                        .is_some_and(|us| us >= 1),
+                    "{c}"
+                );
+            } else {
+                assert!(c["server_longest_call_us"].is_null(), "{c}");
+            }
             assert!(
                 c["p99_us"].as_f64().unwrap() >= c["p50_us"].as_f64().unwrap(),
                 "{c}"
@@ -83,6 +95,15 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
         }
     }
     assert!(report["memory"]["insitu_rss_per_object"].as_f64().is_some());
+    // At 2,000 keys the RSS growth is too coarse for a sign; only its presence.
+    assert_eq!(
+        ratios["overhead_per_object_vs_redis"]
+            .as_f64()
+            .is_some_and(f64::is_finite),
+        with_redis,
+        "{}",
+        ratios["overhead_per_object_vs_redis"]
+    );
     let svg = std::fs::read_to_string(&plot_path).expect("plot written");
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
 }

@@ -188,8 +188,20 @@ impl Client {
 
     /// Memory and tablet figures of the shard at `addr`.
     pub async fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
+        self.shard_stats_with(addr, false).await
+    }
+
+    /// `shard_stats`, and with `reset_longest_call` a new window for its
+    /// `longest_point_call_us` starts after this reading (what a benchmark
+    /// uses to learn the longest call of one case).
+    pub async fn shard_stats_with(
+        &self,
+        addr: &str,
+        reset_longest_call: bool,
+    ) -> Result<ShardStats, ClientError> {
         let ep = self.inner.pool.get(addr);
-        let reply = call_endpoint(&ep, &Request::ShardStats, true, self.deadline()).await?;
+        let request = Request::ShardStats { reset_longest_call };
+        let reply = call_endpoint(&ep, &request, true, self.deadline()).await?;
         check_ok(&reply)?;
         match decode(&reply, addr)? {
             Response::ShardStats(s) => Ok(s),

@@ -124,7 +124,12 @@ impl ShardPool {
     ) -> Result<insitu_protocol::ShardStats, CallError> {
         let conn = self.conn(addr).await?;
         let reply = conn
-            .call_timeout(&Request::ShardStats, timeout)
+            .call_timeout(
+                &Request::ShardStats {
+                    reset_longest_call: false,
+                },
+                timeout,
+            )
             .await
             .map_err(|e| CallError::Transport(format!("{addr}: {e}")))?;
         if !reply.status.is_ok() {

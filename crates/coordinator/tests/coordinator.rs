@@ -180,7 +180,16 @@ async fn no_servers_and_bad_enlist() {
         Response::Pong
     ));
     // Data requests are not the coordinator's.
-    expect_err(&call(&c, Request::ShardStats).await, Status::BadRequest);
+    expect_err(
+        &call(
+            &c,
+            Request::ShardStats {
+                reset_longest_call: false,
+            },
+        )
+        .await,
+        Status::BadRequest,
+    );
     coord.shutdown().await;
 }
 

@@ -83,7 +83,12 @@ pub enum Request<'a> {
         from_hash: u64,
         max_bytes: u32,
     },
-    ShardStats,
+    /// The shard's figures. `reset_longest_call`: start a new window for
+    /// `ShardStats::longest_point_call_us` after reading it (a benchmark
+    /// brackets each case with two such requests; the status page does not).
+    ShardStats {
+        reset_longest_call: bool,
+    },
 
     // ---- control: coordinator -> storage shard ----
     TakeTablet {
@@ -322,7 +327,7 @@ impl Request<'_> {
             MultiWrite { .. } => "MultiWrite",
             MultiRemove { .. } => "MultiRemove",
             Enumerate { .. } => "Enumerate",
-            ShardStats => "ShardStats",
+            ShardStats { .. } => "ShardStats",
             TakeTablet { .. } => "TakeTablet",
             DropTablet { .. } => "DropTablet",
             MigrateTablet { .. } => "MigrateTablet",

@@ -54,6 +54,9 @@ pub struct ShardMetrics {
     scans_running: Cell<usize>,
     /// Requests handled since start (all kinds): `ShardStats::requests`.
     total: Cell<u64>,
+    /// The longest synchronous handling of one point request, in ns, since
+    /// start or the last reset: `ShardStats::longest_point_call_us`.
+    longest_point_ns: Cell<u64>,
 }
 
 /// Counts a scan or query as running until dropped.
@@ -75,6 +78,7 @@ impl ShardMetrics {
             by_kind: RefCell::new(HashMap::new()),
             scans_running: Cell::new(0),
             total: Cell::new(0),
+            longest_point_ns: Cell::new(0),
         }
     }
 
@@ -116,6 +120,25 @@ impl ShardMetrics {
     /// Requests handled since the shard started.
     pub fn total_requests(&self) -> u64 {
         self.total.get()
+    }
+
+    /// One point request took `elapsed` of the shard's time.
+    #[inline]
+    pub fn point_call(&self, elapsed: Duration) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        if ns > self.longest_point_ns.get() {
+            self.longest_point_ns.set(ns);
+        }
+    }
+
+    /// The longest point call since start or the last reset, in µs
+    /// (rounded up); `reset` starts a new window.
+    pub fn longest_point_call_us(&self, reset: bool) -> u64 {
+        let ns = self.longest_point_ns.get();
+        if reset {
+            self.longest_point_ns.set(0);
+        }
+        ns.div_ceil(1000)
     }
 }
 

@@ -47,7 +47,7 @@ fn op_name(r: &Request<'_>) -> &'static str {
         Request::MultiWrite { .. } => "MultiWrite",
         Request::MultiRemove { .. } => "MultiRemove",
         Request::Enumerate { .. } => "Enumerate",
-        Request::ShardStats => "ShardStats",
+        Request::ShardStats { .. } => "ShardStats",
         Request::OpenTable { .. } => "OpenTable",
         Request::TableMap { .. } => "TableMap",
         Request::CreateTable { .. } => "CreateTable",

@@ -350,7 +350,7 @@ fn shard_handle(
             }
             ok(out, id, &Response::Enumerate { objects, next_hash })
         }
-        Request::ShardStats => {
+        Request::ShardStats { .. } => {
             let tablets = st
                 .tablets
                 .iter()
@@ -372,6 +372,7 @@ fn shard_handle(
                     segment_bytes: 0,
                     live_bytes: 0,
                     requests: 0,
+                    longest_point_call_us: 0,
                 }),
             )
         }

@@ -142,6 +142,12 @@ pub struct ShardStats {
     /// Requests the shard has handled since it started (the status page
     /// derives request rates from two readings).
     pub requests: u64,
+    /// The longest a single point request (read, write, remove, increment,
+    /// multi-read/write/remove) held the shard, in microseconds, since the
+    /// shard started or since a `ShardStats { reset_longest_call: true }`:
+    /// the cleaner's slices and every other engine work run inside such
+    /// calls, and nothing else runs on the shard meanwhile.
+    pub longest_point_call_us: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
