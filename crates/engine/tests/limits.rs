@@ -109,9 +109,54 @@ fn inconsistent_configs_are_refused() {
         Err(EngineError::BadTablet(_))
     ));
     assert!(matches!(
-        Engine::with_max_key_bytes(ok, MAX_KEY_BYTES + 1),
+        Engine::with_max_key_bytes(ok.clone(), MAX_KEY_BYTES + 1),
         Err(EngineError::BadTablet(_))
     ));
+    // An index slot's reference holds a 22-bit offset: 4 MiB segments at most.
+    let four_mib = EngineConfig {
+        segment_bytes: 4 << 20,
+        memory_budget_bytes: 64 << 20,
+        ..ok.clone()
+    };
+    assert!(Engine::with_max_key_bytes(four_mib.clone(), 64).is_ok());
+    let bigger = EngineConfig {
+        segment_bytes: (4 << 20) + 1,
+        ..four_mib
+    };
+    assert!(matches!(
+        Engine::with_max_key_bytes(bigger, 64),
+        Err(EngineError::BadTablet(why)) if why.contains("22-bit")
+    ));
+}
+
+/// An index slot's reference holds a 14-bit segment slot: one tablet holds
+/// at most 16,384 segments. The next is refused as out of memory, with the
+/// budget far from full, and the tablet stays whole and readable.
+#[test]
+fn a_tablet_holds_at_most_16384_segments() {
+    let config = EngineConfig {
+        segment_bytes: 128,
+        memory_budget_bytes: 64 << 20,
+        max_value_bytes: 16,
+    };
+    let mut e = Engine::with_max_key_bytes(config, 16).expect("config");
+    e.create_tablet(T, HashRange::FULL).expect("tablet");
+    let mut written = 0u64;
+    let refused = loop {
+        match e.write(T, &written.to_le_bytes(), &[1; 16], &ANY) {
+            Ok(_) => written += 1,
+            Err(err) => break err,
+        }
+        assert!(written < 100_000, "never refused");
+    };
+    assert_eq!(refused, EngineError::OutOfMemory);
+    let stats = e.tablet_stats(T, 0).expect("stats");
+    assert_eq!(stats.segments, 16_384);
+    assert!(e.memory().segment_bytes < e.memory().budget_bytes / 2);
+    for i in 0..written {
+        assert!(e.read(T, &i.to_le_bytes()).is_ok(), "key {i}");
+    }
+    e.check_invariants();
 }
 
 #[test]

@@ -311,9 +311,26 @@ pub enum Request<'a> {
     },
 }
 
-/// The request's variant name, for messages (never its contents: a `Hello`
-/// carries a secret).
 impl Request<'_> {
+    /// Whether it reads or writes given keys (read, write, remove,
+    /// increment, multi-read/write/remove): a shard serves it in one step,
+    /// never yielding, so its handling time is how long it held the shard.
+    pub fn is_point(&self) -> bool {
+        use Request::*;
+        matches!(
+            self,
+            Read { .. }
+                | Write { .. }
+                | Remove { .. }
+                | Increment { .. }
+                | MultiRead { .. }
+                | MultiWrite { .. }
+                | MultiRemove { .. }
+        )
+    }
+
+    /// The request's variant name, for messages (never its contents: a
+    /// `Hello` carries a secret).
     pub fn name(&self) -> &'static str {
         use Request::*;
         match self {

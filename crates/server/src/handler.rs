@@ -177,16 +177,7 @@ pub async fn handle(
     // is what a benchmark asks for, and a rare slow call is what it wants to
     // see. They never yield, so this is the time they held the shard. Two
     // clock reads (~50 ns) against the ~8 µs a request costs here.
-    let point = matches!(
-        request,
-        Request::Read { .. }
-            | Request::Write { .. }
-            | Request::Remove { .. }
-            | Request::Increment { .. }
-            | Request::MultiRead { .. }
-            | Request::MultiWrite { .. }
-            | Request::MultiRemove { .. }
-    );
+    let point = request.is_point();
     let started = (point || state.metrics.sample_next()).then(std::time::Instant::now);
     let reply_at = out.len();
     dispatch(state, id, request, out).await;

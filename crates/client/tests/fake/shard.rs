@@ -125,17 +125,7 @@ impl ShardState {
 }
 
 fn is_data(r: &Request<'_>) -> bool {
-    matches!(
-        r,
-        Request::Read { .. }
-            | Request::Write { .. }
-            | Request::Remove { .. }
-            | Request::Increment { .. }
-            | Request::MultiRead { .. }
-            | Request::MultiWrite { .. }
-            | Request::MultiRemove { .. }
-            | Request::Enumerate { .. }
-    )
+    r.is_point() || matches!(r, Request::Enumerate { .. })
 }
 
 fn write_result(status: Status, version: u64) -> WriteResult {
