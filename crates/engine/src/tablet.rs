@@ -82,22 +82,19 @@ impl Tablet {
     /// The log reference of the live object `key` (whose hash is `hash`).
     #[inline]
     pub fn find(&self, hash: u64, key: &[u8]) -> Option<u64> {
-        let segs = &self.segs;
-        let prefix = self.prefixer.prefix(hash);
-        self.index
-            .find(probe_hash(prefix), |e| {
-                e.prefix() == prefix && {
-                    let l = e.loc();
-                    entry::key_at(&segs[slot_of(l)].buf, offset_of(l)) == key
-                }
-            })
-            .map(|e| e.loc())
+        self.lookup(hash, key).map(|(loc, _)| loc)
     }
 
-    /// The live object `key` (whose hash is `hash`), its header decoded
-    /// once: what a read needs, without a second decode of the entry.
+    /// The live object `key` (whose hash is `hash`): what a read needs.
     #[inline]
     pub fn find_object(&self, hash: u64, key: &[u8]) -> Option<ObjectRef<'_>> {
+        self.lookup(hash, key).map(|(_, o)| o)
+    }
+
+    /// The log reference and the object of `key`, its entry decoded once
+    /// (the key compare and the caller share the decode).
+    #[inline]
+    fn lookup(&self, hash: u64, key: &[u8]) -> Option<(u64, ObjectRef<'_>)> {
         let segs = &self.segs;
         let prefix = self.prefixer.prefix(hash);
         let mut found = None;
@@ -109,7 +106,7 @@ impl Tablet {
             let o = entry::object_at(&segs[slot_of(l)].buf, offset_of(l));
             let hit = o.key == key;
             if hit {
-                found = Some(o);
+                found = Some((l, o));
             }
             hit
         });
