@@ -25,11 +25,18 @@
 //! version remains for the tombstone to cancel. (Recording the segment the
 //! tombstone landed in would not be enough: a survivor created after that
 //! head was opened may hold a copy made while the old version was still live.)
+//!
+//! Side records (`records.rs`) follow the same rules: a live record entry is
+//! copied like a live object (its map entry re-pointed, not the index), a
+//! superseded or removed one is dead and goes, and a record removal records
+//! `R` like a tombstone and is kept or dropped by the tombstone rule: an
+//! older entry of the same record id can only be in a segment that existed
+//! when the removal was written, for the same reasons (a, b).
 //! A source is freed only after all it keeps was copied; if a survivor cannot
 //! be allocated midway, the source stays (its copied objects marked dead,
 //! its tombstones still physically there), so a failed pass loses nothing.
 
-use crate::entry::{self, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::entry::{self, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE};
 use crate::index::{loc, probe_hash};
 use crate::segment::{Budget, Purpose, Segment};
 use crate::tablet::Tablet;
@@ -211,8 +218,8 @@ pub(crate) fn clean_segment(
 /// Copy what the entries of `src` (slot `slot`, taken out of the tablet)
 /// keep, starting at byte `from` and stopping at the first entry boundary at
 /// or past `from + max_scan` bytes; returns that offset (`src.buf.len()` when
-/// the segment is done). Everything copied is marked dead in `src` (objects
-/// and tombstones), so a later call, or another pass that takes the same
+/// the segment is done). Everything copied is marked dead in `src` (objects,
+/// side records, tombstones and record removals), so a later call, or another pass that takes the same
 /// segment, never copies it twice; `min_other` is the smallest id of the
 /// tablet's other segments (the tombstone rule).
 #[allow(clippy::too_many_arguments)] // one call site each; a struct would only rename them
@@ -262,7 +269,30 @@ pub(crate) fn copy_kept(
                 src.live_bytes -= len as u64;
                 stats.entries_moved += 1;
             }
-            KIND_TOMBSTONE if !entry::is_dead(&src.buf, at) => {
+            KIND_RECORD if !entry::is_dead(&src.buf, at) => {
+                let sv = match survivor_with_room(t, budget, len) {
+                    Ok(sv) => sv,
+                    Err(e) => {
+                        relink(t, &moved[..pending]);
+                        return Err(e);
+                    }
+                };
+                let survivor = &mut t.segs[sv as usize];
+                let new_at = survivor.append_raw(&src.buf[at..at + len]);
+                budget.changes += 1;
+                survivor.live_bytes += len as u64;
+                survivor.stamp = survivor.stamp.max(src.stamp);
+                // Re-pointed at once (records are few: no batching).
+                let id = entry::record_at(&src.buf, at).id;
+                let mapped = t.records.get_mut(&id).expect("a live record is mapped");
+                debug_assert_eq!(*mapped, loc(slot, at as u32));
+                *mapped = loc(sv, new_at);
+                entry::set_dead(&mut src.buf, at);
+                src.live_bytes -= len as u64;
+                stats.entries_moved += 1;
+            }
+            // A record removal is a tombstone for its record id.
+            KIND_TOMBSTONE | KIND_RECORD_REMOVED if !entry::is_dead(&src.buf, at) => {
                 let recorded = entry::tombstone_segment(&src.buf, at);
                 if recorded < min_other {
                     *dropped += 1;

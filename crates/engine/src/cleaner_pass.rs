@@ -116,7 +116,11 @@ impl Pass {
             };
             if self.at == 0 {
                 // Between sources: stop as soon as utilisation is back up.
-                let live: u64 = tablets.iter().flatten().map(|t| t.live_bytes).sum();
+                let live: u64 = tablets
+                    .iter()
+                    .flatten()
+                    .map(|t| t.live_bytes + t.record_bytes)
+                    .sum();
                 if live as f64 >= INCREMENTAL_HIGH * budget.allocated_bytes as f64 {
                     return Sliced::Done;
                 }

@@ -11,10 +11,12 @@
 //!      0    4  crc32c     seeded with the table id (8 bytes, little-endian),
 //!                         then header bytes 4.. with the dead bit taken as 0,
 //!                         then the key, then the value
-//!      4    1  flags      bits 0-1: kind (1 object, 2 tombstone, 3 version mark)
+//!      4    1  flags      bits 0-1 and 5: kind (0x01 object, 0x02 tombstone,
+//!                         0x03 version mark, 0x21 side record, 0x22 side
+//!                         record removed; bit 5 is set only in the last two)
 //!                         bits 2-4: n - 1, the version's bytes
 //!                         bit 7: dead (in memory only: set once superseded;
-//!                         not in the CRC, ignored on replay); bits 5-6: 0
+//!                         not in the CRC, ignored on replay); bit 6: 0
 //!      5  1-8  version    little-endian, n bytes: the fewest that hold it
 //!      .  1-3  key_len    varint, <= MAX_KEY_BYTES (65,536)
 //!      .  1-5  value_len  varint, < 2^32
@@ -39,8 +41,18 @@
 //! A version mark has no key and no value; its version is the tablet's next
 //! version when it was written, so replay can restore the version counter even
 //! after the cleaner dropped the tombstones that carried the highest versions.
+//!
+//! Side records (`records.rs`) are not objects: no read, walk or index sees
+//! them. A record's key is its *anchor* (a key of the table; its hash decides
+//! the tablet) and its value is `class: u8 | id: u64 LE | payload`. A record
+//! removal's key is the anchor too and its value is `class | id LE | segment
+//! id u64 LE` (17 bytes): the newest segment id of its tablet when it was
+//! written, exactly like a tombstone's. Why bit 5 for them: the two new kinds
+//! needed a third kind bit; bit 5 was reserved-zero and covered by the CRC,
+//! so no entry written before could carry it, and the old kinds keep their
+//! exact bytes.
 
-use crate::ObjectRef;
+use crate::{ObjectRef, RecordId};
 
 /// Most bytes a header takes: crc, flags, the version at its widest (8)
 /// and the two length varints at theirs (key_len 3, value_len 5). Room checks use this bound
@@ -51,14 +63,24 @@ pub(crate) const MAX_HEADER_BYTES: usize = 4 + 1 + 8 + 3 + 5;
 pub(crate) const KIND_OBJECT: u8 = 1;
 pub(crate) const KIND_TOMBSTONE: u8 = 2;
 pub(crate) const KIND_MARK: u8 = 3;
+/// A live-or-superseded side record (`records.rs`): key = anchor, value =
+/// class | id LE | payload.
+pub(crate) const KIND_RECORD: u8 = 0x21;
+/// A side record's removal: key = anchor, value = class | id LE | segment id LE.
+pub(crate) const KIND_RECORD_REMOVED: u8 = 0x22;
 
 /// Value length of a tombstone: the segment id it records.
 pub(crate) const TOMBSTONE_VALUE_BYTES: usize = 8;
+/// Bytes of a record's value before its payload: class (1) and id (8, LE).
+pub(crate) const RECORD_ID_BYTES: usize = 9;
+/// Value length of a record removal: class, id, and the segment id it records.
+pub(crate) const RECORD_REMOVED_VALUE_BYTES: usize = RECORD_ID_BYTES + 8;
 
 const OFF_FLAGS: usize = 4;
 /// The version's first byte.
 const OFF_VERSION: usize = 5;
-const KIND_BITS: u8 = 0x03;
+/// Bits 0-1 and 5: the kind. Bit 5 is set only by the side-record kinds.
+const KIND_BITS: u8 = 0x23;
 /// The version's byte count minus one.
 const VERSION_WIDTH_SHIFT: u32 = 2;
 const VERSION_WIDTH_BITS: u8 = 0x07 << VERSION_WIDTH_SHIFT;
@@ -271,6 +293,7 @@ fn checksum(table: u64, header: &[u8], key: &[u8], value: &[u8]) -> u32 {
 
 /// Append a complete entry to `buf`; returns its length. The caller has
 /// checked that it fits (the segment's capacity never grows).
+#[inline]
 pub(crate) fn append(
     buf: &mut Vec<u8>,
     kind: u8,
@@ -279,23 +302,63 @@ pub(crate) fn append(
     key: &[u8],
     value: &[u8],
 ) -> usize {
+    append_parts(buf, kind, table, version, key, value, &[])
+}
+
+/// `append` with the value given in two parts (`head` then `tail`), so a
+/// record's class and id need not be copied beside its payload first.
+pub(crate) fn append_parts(
+    buf: &mut Vec<u8>,
+    kind: u8,
+    table: u64,
+    version: u64,
+    key: &[u8],
+    head: &[u8],
+    tail: &[u8],
+) -> usize {
     debug_assert!(kind & !KIND_BITS == 0 && kind != 0);
+    let value_len = head.len() + tail.len();
     let mut header = [0u8; MAX_HEADER_BYTES];
     let width = version_bytes(version);
     header[OFF_FLAGS] = kind | ((width - 1) as u8) << VERSION_WIDTH_SHIFT;
     header[OFF_VERSION..OFF_VERSION + width].copy_from_slice(&version.to_le_bytes()[..width]);
     let mut n = OFF_VERSION + width;
     put_varint(&mut header, &mut n, key.len() as u64);
-    put_varint(&mut header, &mut n, value.len() as u64);
-    let crc = checksum(table, &header[..n], key, value);
+    put_varint(&mut header, &mut n, value_len as u64);
+    let crc = crc32c::crc32c_append(checksum(table, &header[..n], key, head), tail);
     header[0..4].copy_from_slice(&crc.to_le_bytes());
-    let len = n + key.len() + value.len();
-    debug_assert_eq!(len, entry_bytes(key.len(), value.len(), version));
+    let len = n + key.len() + value_len;
+    debug_assert_eq!(len, entry_bytes(key.len(), value_len, version));
     debug_assert!(buf.len() + len <= buf.capacity());
     buf.extend_from_slice(&header[..n]);
     buf.extend_from_slice(key);
-    buf.extend_from_slice(value);
+    buf.extend_from_slice(head);
+    buf.extend_from_slice(tail);
     len
+}
+
+/// The value head of a record or record removal: class, then id LE.
+#[inline]
+pub(crate) fn record_id_bytes(id: RecordId) -> [u8; RECORD_ID_BYTES] {
+    let mut out = [0u8; RECORD_ID_BYTES];
+    out[0] = id.class;
+    out[1..].copy_from_slice(&id.id.to_le_bytes());
+    out
+}
+
+/// The id a record value starts with and the rest (payload, or a removal's
+/// segment id); `None` if the value is too short. Safe on untrusted bytes.
+#[inline]
+pub(crate) fn split_record_value(value: &[u8]) -> Option<(RecordId, &[u8])> {
+    let (&class, rest) = value.split_first()?;
+    let (id, rest) = rest.split_first_chunk::<8>()?;
+    Some((
+        RecordId {
+            class,
+            id: u64::from_le_bytes(*id),
+        },
+        rest,
+    ))
 }
 
 // ---- reading our own segments (trusted: written by `append`) -------------
@@ -350,15 +413,47 @@ pub(crate) fn object_at(buf: &[u8], at: usize) -> ObjectRef<'_> {
     }
 }
 
-/// The segment id a tombstone records.
+/// The segment id a tombstone or a record removal records (a removal's
+/// follows its class and id).
 #[inline]
 pub(crate) fn tombstone_segment(buf: &[u8], at: usize) -> u64 {
     let h = header(buf, at);
-    debug_assert_eq!(h.kind, KIND_TOMBSTONE);
-    let v = at + h.header_len + h.key_len;
+    let skip = match h.kind {
+        KIND_TOMBSTONE => 0,
+        KIND_RECORD_REMOVED => RECORD_ID_BYTES,
+        other => unreachable!("entry kind {other:#x} records no segment"),
+    };
+    let v = at + h.header_len + h.key_len + skip;
     let mut a = [0u8; 8];
     a.copy_from_slice(&buf[v..v + 8]);
     u64::from_le_bytes(a)
+}
+
+/// A side record entry of our own log, decoded.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecordRef<'a> {
+    /// Which record (class and id, from the value's head).
+    pub id: RecordId,
+    /// The entry's key: decides the record's tablet.
+    pub anchor: &'a [u8],
+    /// The value after the id (a removal's: its recorded segment id).
+    pub payload: &'a [u8],
+    /// From the tablet's counter: newest wins on replay.
+    pub version: u64,
+}
+
+/// The record (or record removal: its payload is then the segment id) at `at`.
+#[inline]
+pub(crate) fn record_at(buf: &[u8], at: usize) -> RecordRef<'_> {
+    let o = object_at(buf, at);
+    debug_assert!(matches!(kind(buf, at), KIND_RECORD | KIND_RECORD_REMOVED));
+    let (id, payload) = split_record_value(o.value).expect("our own record holds its id");
+    RecordRef {
+        id,
+        anchor: o.key,
+        payload,
+        version: o.version,
+    }
 }
 
 // ---- parsing untrusted bytes (replay) -------------------------------------
@@ -437,6 +532,15 @@ pub(crate) fn parse(
             (1..=max_key_bytes).contains(&key_len) && value_len == TOMBSTONE_VALUE_BYTES
         }
         KIND_MARK => key_len == 0 && value_len == 0,
+        // A record's value is its id and a payload of at most what a write
+        // accepts (`Engine::put_record`: id + payload <= max_value_bytes).
+        KIND_RECORD => {
+            (1..=max_key_bytes).contains(&key_len)
+                && (RECORD_ID_BYTES..=max_value_bytes).contains(&value_len)
+        }
+        KIND_RECORD_REMOVED => {
+            (1..=max_key_bytes).contains(&key_len) && value_len == RECORD_REMOVED_VALUE_BYTES
+        }
         other => return Err(Bad::Stop(format!("unknown entry kind {other}"))),
     };
     if !lengths_ok {

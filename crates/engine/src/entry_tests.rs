@@ -195,10 +195,174 @@ fn parse_reports_end_truncation_and_wrong_table() {
 
 #[test]
 fn reserved_flag_bits_skip_an_entry_whose_crc_holds() {
+    // Bit 6 is the one reserved bit left (bit 5 became a kind bit for the
+    // side-record kinds).
+    assert_eq!(RESERVED_BITS, 0x40);
     let mut buf = one(KIND_OBJECT, b"k", b"v");
-    buf[OFF_FLAGS] |= 0x20;
+    buf[OFF_FLAGS] |= 0x40;
     let hlen = header(&buf, 0).header_len;
     let crc = checksum(7, &buf[..hlen], b"k", b"v");
     buf[0..4].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(parse(&buf, 0, 7, 64, 64), Err(Bad::Skip { next, .. }) if next == buf.len()));
+}
+
+// ---- side records (KIND_RECORD, KIND_RECORD_REMOVED) ----------------------
+
+fn record(version: u64, anchor: &[u8], id: RecordId, payload: &[u8]) -> Vec<u8> {
+    let head = record_id_bytes(id);
+    let mut buf = Vec::with_capacity(max_entry_bytes(anchor.len(), 9 + payload.len()));
+    let len = append_parts(&mut buf, KIND_RECORD, 7, version, anchor, &head, payload);
+    assert_eq!(len, buf.len());
+    buf
+}
+
+fn removal(version: u64, anchor: &[u8], id: RecordId, segment: u64) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(max_entry_bytes(anchor.len(), 17));
+    append_parts(
+        &mut buf,
+        KIND_RECORD_REMOVED,
+        7,
+        version,
+        anchor,
+        &record_id_bytes(id),
+        &segment.to_le_bytes(),
+    );
+    buf
+}
+
+/// Re-seal `buf`'s CRC after its header was edited (the entry stays whole).
+fn reseal(buf: &mut [u8]) {
+    let h = header_general(buf, 0);
+    let (k, v) = (h.header_len, h.header_len + h.key_len);
+    let crc = checksum(7, &buf[..h.header_len], &buf[k..v], &buf[v..h.entry_len()]);
+    buf[0..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+const RID: RecordId = RecordId {
+    class: 3,
+    id: 0x0102_0304_0506_0708,
+};
+
+#[test]
+fn record_kinds_are_laid_out_as_documented_and_parse_back() {
+    assert_eq!((KIND_BITS, RESERVED_BITS), (0x23, 0x40));
+    let buf = record(300, b"anchor", RID, b"payload");
+    assert_eq!(buf[OFF_FLAGS], 0x21 | 1 << VERSION_WIDTH_SHIFT);
+    // Value: class, id LE, payload; one piece for the CRC.
+    let h = header(&buf, 0);
+    assert_eq!(h, header_general(&buf, 0), "fast and general paths agree");
+    assert_eq!((h.kind, h.key_len, h.value_len), (KIND_RECORD, 6, 9 + 7));
+    let value = &buf[h.header_len + 6..];
+    assert_eq!(value[0], 3);
+    assert_eq!(&value[1..9], &RID.id.to_le_bytes());
+    assert_eq!(&value[9..], b"payload");
+    let mut whole = Vec::with_capacity(buf.len());
+    append(&mut whole, KIND_RECORD, 7, 300, b"anchor", value);
+    assert_eq!(whole, buf, "a split value checksums as one");
+    let p = parse(&buf, 0, 7, 64, 64).expect("valid record");
+    assert_eq!(
+        (p.kind, p.key, p.version),
+        (KIND_RECORD, &b"anchor"[..], 300)
+    );
+    assert_eq!(split_record_value(p.value), Some((RID, &b"payload"[..])));
+    let r = record_at(&buf, 0);
+    assert_eq!(
+        (r.id, r.anchor, r.payload, r.version),
+        (RID, &b"anchor"[..], &b"payload"[..], 300)
+    );
+    assert_eq!(kind(&buf, 0), KIND_RECORD);
+    // An empty payload is a record too.
+    let empty = record(1, b"a", RID, b"");
+    assert_eq!(
+        parse(&empty, 0, 7, 64, 64)
+            .expect("empty payload")
+            .value
+            .len(),
+        9
+    );
+
+    let gone = removal(1 << 40, b"anchor", RID, 77);
+    let p = parse(&gone, 0, 7, 64, 64).expect("valid removal");
+    assert_eq!(p.kind, KIND_RECORD_REMOVED);
+    assert_eq!(p.value.len(), RECORD_REMOVED_VALUE_BYTES);
+    assert_eq!(
+        split_record_value(p.value),
+        Some((RID, &77u64.to_le_bytes()[..]))
+    );
+    assert_eq!(tombstone_segment(&gone, 0), 77);
+    assert_eq!(kind(&gone, 0), KIND_RECORD_REMOVED);
+    assert_eq!(split_record_value(&[1; 8]), None, "too short for an id");
+}
+
+#[test]
+fn record_kinds_with_impossible_lengths_are_corrupt() {
+    let stop = |buf: &[u8], max_value: usize| matches!(parse(buf, 0, 7, 64, max_value), Err(Bad::Stop(why)) if why.contains("impossible lengths"));
+    // Whole entries with a valid CRC: only the lengths are wrong.
+    for short in 0..9 {
+        let buf = one(KIND_RECORD, b"anchor", &vec![1; short]);
+        assert!(stop(&buf, 64), "record value of {short} bytes");
+    }
+    assert!(stop(&one(KIND_RECORD, b"", &[1; 12]), 64), "empty anchor");
+    assert!(
+        stop(&one(KIND_RECORD, &[b'k'; 65], &[1; 12]), 64),
+        "anchor over max_key_bytes"
+    );
+    // Id and payload together are a write's value: at most max_value_bytes.
+    let at_limit = one(KIND_RECORD, b"a", &[1; 64]);
+    assert!(parse(&at_limit, 0, 7, 64, 64).is_ok());
+    assert!(stop(&at_limit, 63), "record value over max_value_bytes");
+    for len in [0, 8, 9, 16, 18, 100] {
+        let buf = one(KIND_RECORD_REMOVED, b"anchor", &vec![1; len]);
+        assert!(stop(&buf, 64), "removal value of {len} bytes");
+    }
+    assert!(
+        stop(&one(KIND_RECORD_REMOVED, b"", &[1; 17]), 64),
+        "removal without anchor"
+    );
+    assert!(parse(&one(KIND_RECORD_REMOVED, b"a", &[1; 17]), 0, 7, 64, 64).is_ok());
+    // Bit 5 with the low kind bits of nothing or of a mark is no kind.
+    for bad_kind in [0x20u8, 0x23] {
+        let mut buf = one(KIND_OBJECT, b"k", &[1; 20]);
+        buf[OFF_FLAGS] = (buf[OFF_FLAGS] & !KIND_BITS) | bad_kind;
+        reseal(&mut buf);
+        assert!(
+            matches!(parse(&buf, 0, 7, 64, 64), Err(Bad::Stop(why)) if why.contains("unknown entry kind")),
+            "kind {bad_kind:#x}"
+        );
+    }
+}
+
+#[test]
+fn record_kinds_refuse_bit_6_and_every_single_bit_flip() {
+    for buf in [
+        record(42, b"abc", RID, b"pay"),
+        record(u64::MAX - 1, b"abc", RID, b""),
+        removal(1 << 20, b"abc", RID, 5),
+    ] {
+        // Bit 6 is still reserved: with the CRC resealed the entry is skipped.
+        let mut six = buf.clone();
+        six[OFF_FLAGS] |= 0x40;
+        reseal(&mut six);
+        assert!(
+            matches!(parse(&six, 0, 7, 64, 64), Err(Bad::Skip { next, .. }) if next == buf.len())
+        );
+        for i in 0..buf.len() {
+            for bit in 0..8 {
+                if i == OFF_FLAGS && 1 << bit == DEAD_BIT {
+                    continue;
+                }
+                let mut bad = buf.clone();
+                bad[i] ^= 1 << bit;
+                assert!(
+                    parse(&bad, 0, 7, 64, 64).is_err(),
+                    "flip of byte {i} bit {bit} went unnoticed"
+                );
+            }
+        }
+    }
+    // Bit 5 flipped on an object (value >= 9) turns it into a record: the
+    // CRC, which covers the flags, refuses it.
+    let mut obj = one(KIND_OBJECT, b"k", &[1; 20]);
+    obj[OFF_FLAGS] ^= 0x20;
+    assert!(matches!(parse(&obj, 0, 7, 64, 64), Err(Bad::Stop(why)) if why.contains("checksum")));
 }

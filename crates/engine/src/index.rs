@@ -157,12 +157,16 @@ const GROUP_BYTES: usize = 16;
 /// control byte per bucket, and one trailing group
 /// (`TableLayout::calculate_layout_for` in hashbrown 0.17).
 pub(crate) fn table_bytes(buckets: usize) -> usize {
+    table_bytes_of(buckets, std::mem::size_of::<IndexEntry>())
+}
+
+/// `table_bytes` for items of `item_bytes` (at most 16-byte aligned): also
+/// what a tablet's map of side records (`records.rs`) allocates.
+pub(crate) fn table_bytes_of(buckets: usize, item_bytes: usize) -> usize {
     if buckets == 0 {
         return 0;
     }
-    (buckets * std::mem::size_of::<IndexEntry>()).next_multiple_of(GROUP_BYTES)
-        + buckets
-        + GROUP_BYTES
+    (buckets * item_bytes).next_multiple_of(GROUP_BYTES) + buckets + GROUP_BYTES
 }
 
 /// Buckets hashbrown chooses for a capacity (`capacity_to_buckets`): at
@@ -196,16 +200,28 @@ fn full_capacity(buckets: usize) -> usize {
 /// entries are moved. An upper bound; the budget then charges the table's
 /// actual `allocation_size`.
 pub(crate) fn growth_bytes(index: &hashbrown::HashTable<IndexEntry>, additional: usize) -> usize {
-    let len = index.len();
-    if additional <= index.capacity() - len {
+    growth_bytes_of(
+        (index.len(), index.capacity(), index.allocation_size()),
+        std::mem::size_of::<IndexEntry>(),
+        additional,
+    )
+}
+
+/// `growth_bytes` of any hashbrown table given as (len, capacity,
+/// allocation_size), of items of `item_bytes`.
+pub(crate) fn growth_bytes_of(
+    (len, capacity, allocated): (usize, usize, usize),
+    item_bytes: usize,
+    additional: usize,
+) -> usize {
+    if additional <= capacity - len {
         return 0;
     }
-    let allocated = index.allocation_size();
     // table_bytes(b) <= allocated < table_bytes(2b) for any group width.
     let buckets = if allocated == 0 {
         0
     } else {
-        let per = std::mem::size_of::<IndexEntry>() + 1;
+        let per = item_bytes + 1;
         1usize << (usize::BITS - 1 - (allocated / per).leading_zeros())
     };
     let new_items = len.saturating_add(additional);
@@ -213,7 +229,7 @@ pub(crate) fn growth_bytes(index: &hashbrown::HashTable<IndexEntry>, additional:
     if buckets > 0 && new_items <= full / 2 {
         return 0;
     }
-    table_bytes(buckets_for_capacity(new_items.max(full + 1)))
+    table_bytes_of(buckets_for_capacity(new_items.max(full + 1)), item_bytes)
 }
 
 #[cfg(test)]

@@ -24,7 +24,9 @@
 //! - `visit`: log / index / key-list visits, `extract`, raw segments;
 //! - `scan`: resumable chunked scans with staleness tokens;
 //! - `hashscan`: resumable walks in key-hash order (enumeration, chunked
-//!   migration copies).
+//!   migration copies);
+//! - `records`: side records kept durably in a tablet's log beside its
+//!   objects, invisible to every object operation.
 //!
 //! This file holds the `Engine` struct, its constructor and the crate's
 //! public surface.
@@ -65,6 +67,7 @@ mod hashscan;
 mod index;
 mod logview;
 mod ops;
+mod records;
 mod replay;
 mod room;
 mod routing;
@@ -79,6 +82,7 @@ pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
 pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};
 pub use logview::SegmentView;
+pub use records::{Record, RecordId};
 pub use scan::{IndexSnapshot, ScanToken};
 pub use segment::TransientCharge;
 pub use stats::{CleanStats, CorruptEntry, MemoryStats, ReplayReport, TabletStats};
@@ -95,6 +99,14 @@ pub const ENTRY_HEADER_BYTES_MAX: usize = entry::MAX_HEADER_BYTES;
 /// Bytes a live object of these lengths at `version` adds to `live_bytes`.
 pub const fn object_entry_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
     entry::entry_bytes(key_len, value_len, version)
+}
+
+/// Most bytes one entry with this key and value length takes in the log,
+/// whatever its version: for sizing `Engine::reserve_head`. The value length
+/// of a write is its value's, of a tombstone (a remove) or an increment 8, of
+/// a side record its payload's + 9, of a record removal 17.
+pub const fn max_entry_bytes(key_len: usize, value_len: usize) -> usize {
+    entry::max_entry_bytes(key_len, value_len)
 }
 
 /// Bytes of one tablet's hash index once it holds `objects` objects (charged
@@ -137,7 +149,8 @@ impl Engine {
     /// Like `new`, with keys limited to `max_key_bytes` (<= `MAX_KEY_BYTES`),
     /// so that small segments (tests, small benchmarks) are consistent.
     /// A segment must hold a version mark plus an entry of maximum size:
-    /// `segment_bytes >= 2 * ENTRY_HEADER_BYTES_MAX + max_key_bytes + max(max_value_bytes, 8)`.
+    /// `segment_bytes >= 2 * ENTRY_HEADER_BYTES_MAX + max_key_bytes + max(max_value_bytes, 17)`
+    /// (17: a side record removal's value).
     pub fn with_max_key_bytes(
         config: EngineConfig,
         max_key_bytes: usize,
@@ -148,9 +161,12 @@ impl Engine {
                 "max_key_bytes must be in 1..={MAX_KEY_BYTES}, not {max_key_bytes}"
             ));
         }
+        // A record removal's value (17 bytes) is the longest fixed one.
         let largest = 2 * entry::MAX_HEADER_BYTES
             + max_key_bytes
-            + config.max_value_bytes.max(entry::TOMBSTONE_VALUE_BYTES);
+            + config
+                .max_value_bytes
+                .max(entry::RECORD_REMOVED_VALUE_BYTES);
         if config.segment_bytes < largest {
             return bad(format!(
                 "segment_bytes {} cannot hold a version mark plus the largest entry ({largest} bytes)",
@@ -228,7 +244,8 @@ impl Engine {
                     t.index.allocation_size() as u64,
                     "index charge drifted"
                 );
-                t.index_charged_bytes
+                // The records map is charged as index bytes (records.rs).
+                t.index_charged_bytes + t.records_charged_bytes
             })
             .sum();
         assert_eq!(index, self.budget.index_bytes, "index bytes drifted");

@@ -33,7 +33,8 @@ pub struct SegmentView<'a> {
     /// Neither the tablet's head nor its open survivor: no byte will be
     /// added, so a backup may close the replica.
     pub sealed: bool,
-    /// Highest segment id recorded by a tombstone in this segment (0: none).
+    /// Highest segment id recorded by a tombstone or a side-record removal
+    /// in this segment (0: none).
     /// The cleaner drops such a tombstone only once every other segment of
     /// the log with an id up to this is gone, so a replicator must see those
     /// segments' replicas freed before this one's (or a recovery from the

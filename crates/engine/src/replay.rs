@@ -7,13 +7,27 @@
 //! since a split tablet shares its parent's counter) raise the version
 //! counter, so versions keep growing after recovery. Building the tablet from
 //! the winners is left to the engine, which owns the budget.
+//!
+//! Side records (`records.rs`) are resolved apart from objects, per
+//! `RecordId`: the newest of its records and removals wins, across *every*
+//! anchor, and only then is a live winner kept if its anchor hashes into
+//! `range`. Why not filter by range first, as objects are: a record's
+//! identity is its id, not its anchor, so a record re-put under an anchor in
+//! the other half before a split leaves in the kept half's log an older
+//! entry of it, anchored in range, that only the out-of-range newer entry
+//! shows to be superseded. (For objects the key is the identity, so every
+//! version of a key shares its range.) Entries out of range are never newer
+//! than the truth for the range: after a split, a tablet's log gains only
+//! entries anchored in its range, each with a higher version.
 
-use hashbrown::HashTable;
+use hashbrown::{HashMap, HashTable};
 
-use crate::entry::{self, Bad, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::entry::{
+    self, Bad, KIND_MARK, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE,
+};
 use crate::segment::Purpose;
 use crate::tablet::Tablet;
-use crate::{CorruptEntry, Engine, EngineError, HashRange, ReplayReport, TableId};
+use crate::{CorruptEntry, Engine, EngineError, HashRange, RecordId, ReplayReport, TableId};
 
 /// The newest entry seen for one key.
 #[derive(Clone, Copy)]
@@ -27,9 +41,30 @@ pub(crate) struct Winner<'s> {
     pub value: &'s [u8],
 }
 
+/// The newest entry seen for one side record id (record or removal).
+#[derive(Clone, Copy)]
+pub(crate) struct RecordWinner<'s> {
+    /// The record this is the newest entry of.
+    pub id: RecordId,
+    /// Of the anchor: a live winner is kept only inside the range.
+    pub hash: u64,
+    /// Decides between entries of one id (copies share it).
+    pub version: u64,
+    /// `KIND_RECORD` or `KIND_RECORD_REMOVED`.
+    pub kind: u8,
+    /// (segment index, offset): log order, for a deterministic rebuild.
+    pub position: (usize, usize),
+    /// Re-appended as the rebuilt record's key.
+    pub anchor: &'s [u8],
+    /// The payload (of a removal: its recorded segment id; never used).
+    pub payload: &'s [u8],
+}
+
 pub(crate) struct Resolved<'s> {
     /// Live objects, in log order.
     pub objects: Vec<Winner<'s>>,
+    /// Live side records anchored in the range, in log order.
+    pub records: Vec<RecordWinner<'s>>,
     /// The counter the rebuilt tablet must start from.
     pub next_version: u64,
 }
@@ -55,6 +90,7 @@ pub(crate) fn resolve<'s>(
     report: &mut ReplayReport,
 ) -> Result<Resolved<'s>, EngineError> {
     let mut newest: HashTable<Winner<'s>> = HashTable::new();
+    let mut newest_records: HashMap<RecordId, RecordWinner<'s>> = HashMap::new();
     let mut next_version = 1u64;
     for (si, buf) in segments.into_iter().enumerate() {
         let mut at = 0;
@@ -104,9 +140,44 @@ pub(crate) fn resolve<'s>(
                 next_version = next_version.max(p.version);
                 continue;
             }
-            debug_assert!(p.kind == KIND_OBJECT || p.kind == KIND_TOMBSTONE);
             next_version = next_version.max(p.version + 1);
             let hash = crate::key_hash(table, p.key);
+            if p.kind == KIND_RECORD || p.kind == KIND_RECORD_REMOVED {
+                // `parse` checked the value's length; refused, not trusted.
+                let Some((id, payload)) = entry::split_record_value(p.value) else {
+                    report.corrupt.try_reserve(1).map_err(oom)?;
+                    report.corrupt.push(CorruptEntry {
+                        segment: si,
+                        offset: position.1,
+                        reason: "record value shorter than its id".into(),
+                    });
+                    continue;
+                };
+                let candidate = RecordWinner {
+                    id,
+                    hash,
+                    version: p.version,
+                    kind: p.kind,
+                    position,
+                    anchor: p.key,
+                    payload,
+                };
+                // Every anchor competes (see the module comment); equal
+                // versions are copies of one entry: keep the first.
+                match newest_records.get_mut(&id) {
+                    Some(w) => {
+                        if p.version > w.version {
+                            *w = candidate;
+                        }
+                    }
+                    None => {
+                        newest_records.try_reserve(1).map_err(oom)?;
+                        newest_records.insert(id, candidate);
+                    }
+                }
+                continue;
+            }
+            debug_assert!(p.kind == KIND_OBJECT || p.kind == KIND_TOMBSTONE);
             if !range.contains(hash) {
                 continue;
             }
@@ -140,8 +211,16 @@ pub(crate) fn resolve<'s>(
     objects.try_reserve_exact(live).map_err(oom)?;
     objects.extend(newest.into_iter().filter(|w| w.kind == KIND_OBJECT));
     objects.sort_unstable_by_key(|w| w.position);
+    let kept = |w: &RecordWinner<'_>| w.kind == KIND_RECORD && range.contains(w.hash);
+    let mut records = Vec::new();
+    records
+        .try_reserve_exact(newest_records.values().filter(|w| kept(w)).count())
+        .map_err(oom)?;
+    records.extend(newest_records.into_values().filter(kept));
+    records.sort_unstable_by_key(|w| w.position);
     Ok(Resolved {
         objects,
+        records,
         next_version,
     })
 }
@@ -149,7 +228,8 @@ pub(crate) fn resolve<'s>(
 impl Engine {
     /// Rebuild the tablet `range` of `table` (which must not exist yet) from
     /// segment byte buffers: newest version wins, tombstones respected,
-    /// corrupt entries reported and never loaded.
+    /// corrupt entries reported and never loaded. Side records are rebuilt
+    /// the same way (newest version per record id; see the module comment).
     pub fn replay<'s>(
         &mut self,
         table: TableId,
@@ -173,6 +253,7 @@ impl Engine {
             return Err(e);
         }
         report.objects_loaded = resolved.objects.len() as u64;
+        report.records_loaded = resolved.records.len() as u64;
         self.add_tablet(t)?;
         Ok(report)
     }
@@ -189,6 +270,13 @@ impl Engine {
         }
         for w in &resolved.objects {
             self.with_room_retry(|budget| t.push_new(budget, w.hash, w.key, w.value, w.version))?;
+        }
+        // Records keep their versions (all below the counter).
+        t.reserve_records(&mut self.budget, resolved.records.len())?;
+        for w in &resolved.records {
+            self.with_room_retry(|budget| {
+                t.push_record(budget, w.id, w.anchor, w.payload, w.version)
+            })?;
         }
         Ok(())
     }

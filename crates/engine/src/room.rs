@@ -10,15 +10,25 @@ use crate::tablet::Tablet;
 use crate::{CleanStats, Engine, EngineError, MemoryStats};
 
 impl Engine {
+    /// Bytes of live objects (what `MemoryStats::live_bytes` reports).
     pub(crate) fn live_bytes_total(&self) -> u64 {
         self.tablets.iter().flatten().map(|t| t.live_bytes).sum()
+    }
+
+    /// Bytes the cleaner must keep: live objects and live side records.
+    fn kept_bytes_total(&self) -> u64 {
+        self.tablets
+            .iter()
+            .flatten()
+            .map(|t| t.live_bytes + t.record_bytes)
+            .sum()
     }
 
     pub(crate) fn wants_incremental_clean(&self) -> bool {
         let allocated = self.budget.allocated_bytes;
         allocated >= cleaner::INCREMENTAL_MIN_SEGMENTS * self.config.segment_bytes as u64
             && self.budget.clock >= self.incremental_backoff_clock
-            && (self.live_bytes_total() as f64) < cleaner::INCREMENTAL_LOW * allocated as f64
+            && (self.kept_bytes_total() as f64) < cleaner::INCREMENTAL_LOW * allocated as f64
     }
 
     /// One slice of the incremental pass in progress, if any (after a

@@ -23,12 +23,15 @@ pub(crate) struct Segment {
     pub id: u64,
     /// `len()` is the bytes written; capacity is the segment size.
     pub buf: Vec<u8>,
-    /// Bytes of live object entries: what the cleaner would have to copy.
+    /// Bytes of live object and side-record entries: what the cleaner would
+    /// have to copy.
     pub live_bytes: u64,
-    /// Bytes of tombstones here (they stay until this segment is freed).
+    /// Bytes of tombstones and record removals here (they stay until this
+    /// segment is freed, or are copied while older segments remain).
     pub tombstone_bytes: u64,
-    /// Largest segment id recorded by a tombstone here (0 if none): all of
-    /// them are droppable once no other segment with an id <= this exists.
+    /// Largest segment id recorded by a tombstone or record removal here (0
+    /// if none): all of them are droppable once no other segment with an id
+    /// <= this exists.
     pub max_tombstone_segment: u64,
     /// Engine clock (bytes appended engine-wide) when data was last added:
     /// the age of the youngest data, for the cleaner's cost-benefit score.
@@ -54,6 +57,23 @@ impl Segment {
     ) -> u32 {
         let at = self.buf.len();
         let _len = entry::append(&mut self.buf, kind, table, version, key, value);
+        self.stamp = clock;
+        at as u32
+    }
+
+    /// `append` with the value in two parts (a record's id, then its payload).
+    #[inline]
+    pub fn append_parts(
+        &mut self,
+        kind: u8,
+        table: u64,
+        version: u64,
+        key: &[u8],
+        (head, tail): (&[u8], &[u8]),
+        clock: u64,
+    ) -> u32 {
+        let at = self.buf.len();
+        let _len = entry::append_parts(&mut self.buf, kind, table, version, key, head, tail);
         self.stamp = clock;
         at as u32
     }

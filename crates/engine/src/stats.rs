@@ -57,7 +57,10 @@ pub struct CorruptEntry {
 pub struct ReplayReport {
     /// Live objects installed after newest-version-wins resolution.
     pub objects_loaded: u64,
-    /// Entries read (objects and tombstones), valid ones only.
+    /// Live side records installed (newest version per record id).
+    pub records_loaded: u64,
+    /// Entries read (objects and tombstones in the range; side records
+    /// not counted), valid ones only.
     pub entries_read: u64,
     pub corrupt: Vec<CorruptEntry>,
 }

@@ -8,10 +8,12 @@
 
 use hashbrown::HashTable;
 
-use crate::entry::{self, KIND_MARK, KIND_OBJECT, KIND_TOMBSTONE};
+use crate::entry::{
+    self, KIND_MARK, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE,
+};
 use crate::index::{self, IndexEntry, Prefixer, loc, offset_of, probe_hash, slot_of};
 use crate::segment::{Budget, Purpose, Segment};
-use crate::{EngineError, HashRange, ObjectRef, TableId, TabletStats};
+use crate::{EngineError, HashRange, ObjectRef, RecordId, TableId, TabletStats};
 
 pub(crate) struct Tablet {
     pub table: TableId,
@@ -21,6 +23,17 @@ pub(crate) struct Tablet {
     pub object_count: u64,
     /// Bytes of live object entries (header + key + value).
     pub live_bytes: u64,
+    /// Live side records (`records.rs`) by id, to their entries' log
+    /// references (`loc`): the only way to them, since the index and every
+    /// object walk leave records out.
+    pub records: hashbrown::HashMap<RecordId, u64>,
+    /// Bytes of live record entries: kept apart from `live_bytes` so object
+    /// figures stay about objects, while the segments' `live_bytes` include
+    /// them (the cleaner must copy them).
+    pub record_bytes: u64,
+    /// Bytes of `records`' allocation counted in the budget's `index_bytes`
+    /// (kept equal to `records.allocation_size()`).
+    pub records_charged_bytes: u64,
     /// Segments by slot; a freed slot holds `Segment::default()` (id 0).
     pub segs: Vec<Segment>,
     pub free_slots: Vec<u32>,
@@ -61,6 +74,9 @@ impl Tablet {
             next_version: next_version.max(1),
             object_count: 0,
             live_bytes: 0,
+            records: hashbrown::HashMap::new(),
+            record_bytes: 0,
+            records_charged_bytes: 0,
             segs: Vec::new(),
             free_slots: Vec::new(),
             order: Vec::new(),
@@ -239,7 +255,7 @@ impl Tablet {
 
     /// Return every segment to the budget (tablet dropped or build abandoned).
     pub fn release(mut self, budget: &mut Budget) {
-        budget.index_bytes -= self.index_charged_bytes;
+        budget.index_bytes -= self.index_charged_bytes + self.records_charged_bytes;
         for &slot in &self.order {
             budget.free(std::mem::take(&mut self.segs[slot as usize]));
         }
@@ -406,16 +422,31 @@ impl Tablet {
             }
         });
         debug_assert_eq!(movers.len(), expected);
+        // Side records go with their anchor's hash, keeping their versions.
+        let record_movers = self.record_movers(part)?;
         let mut new = Tablet::new(table, part, self.next_version);
-        let built = new.reserve_index(budget, movers.len()).and_then(|()| {
-            movers.iter().try_for_each(|&(loc, hash)| {
-                let o = self.object(loc);
-                new.push_new(budget, hash, o.key, o.value, o.version)
+        let built = new
+            .reserve_index(budget, movers.len())
+            .and_then(|()| {
+                movers.iter().try_for_each(|&(loc, hash)| {
+                    let o = self.object(loc);
+                    new.push_new(budget, hash, o.key, o.value, o.version)
+                })
             })
-        });
+            .and_then(|()| new.reserve_records(budget, record_movers.len()))
+            .and_then(|()| {
+                record_movers.iter().try_for_each(|&(_, loc)| {
+                    let r = self.record_ref(loc);
+                    new.push_record(budget, r.id, r.anchor, r.payload, r.version)
+                })
+            });
         if let Err(e) = built {
             new.release(budget);
             return Err(e);
+        }
+        for &(id, loc) in &record_movers {
+            self.record_bytes -= self.kill_record(loc);
+            self.records.remove(&id);
         }
         for &(loc, hash) in &movers {
             self.live_bytes -= self.kill(loc);
@@ -487,10 +518,10 @@ impl Tablet {
     /// with the running figures (tests and debug checks only: O(data)).
     pub fn check_consistency(&self) {
         let mut count = 0u64;
-        let mut live = 0u64;
+        let (mut live, mut records) = (0u64, 0u64);
         for &slot in &self.order {
             let seg = &self.segs[slot as usize];
-            let (mut seg_live, mut seg_tomb) = (0u64, 0u64);
+            let (mut seg_live, mut seg_tomb, mut seg_records) = (0u64, 0u64, 0u64);
             let mut at = 0;
             while at < seg.buf.len() {
                 let len = entry::len_at(&seg.buf, at) as u64;
@@ -511,8 +542,15 @@ impl Tablet {
                             "version not below the counter"
                         );
                     }
+                    // Checked against the records map in `check_records`.
+                    KIND_RECORD if !entry::is_dead(&seg.buf, at) => {
+                        seg_live += len;
+                        seg_records += len;
+                    }
                     // A copied tombstone is dead in its source (cleaner.rs).
-                    KIND_TOMBSTONE if !entry::is_dead(&seg.buf, at) => seg_tomb += len,
+                    KIND_TOMBSTONE | KIND_RECORD_REMOVED if !entry::is_dead(&seg.buf, at) => {
+                        seg_tomb += len
+                    }
                     _ => {}
                 }
                 at += len as usize;
@@ -523,8 +561,10 @@ impl Tablet {
                 seg.tombstone_bytes, seg_tomb,
                 "segment tombstone bytes drifted"
             );
-            live += seg_live;
+            live += seg_live - seg_records;
+            records += seg_records;
         }
+        self.check_records(records);
         for e in self.index.iter() {
             count += 1;
             let o = self.object(e.loc());
