@@ -5,5 +5,9 @@
 
 pub mod checker;
 pub mod participant;
+pub mod record;
 
-pub use participant::{Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write};
+pub use participant::{
+    Anchor, Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write,
+};
+pub use record::{CLASS_ABORTED, CLASS_COMMITTED, CLASS_PREPARED, PreparedRecord, RecordItem};

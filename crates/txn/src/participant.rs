@@ -141,13 +141,27 @@ pub enum Phase {
     Aborted,
 }
 
+/// A key that names a participant: the participant is whichever shard owns
+/// the key's tablet *now*. Why a key, not an address: a tablet moves or is
+/// recovered onto another server, and the transaction's records go with it;
+/// a request routed by key finds them wherever they are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Anchor {
+    pub table: u64,
+    pub key: Vec<u8>,
+}
+
 /// A transaction validated and locked here, waiting for its decision.
 #[derive(Debug)]
 pub struct Prepared {
-    /// None: this participant is the primary. Some: the primary's address.
-    pub primary: Option<String>,
-    /// At the primary: the other participants' addresses.
-    pub others: Vec<String>,
+    /// The primary's anchor (its first item): the tablet that holds the
+    /// decision, asked by anyone who must learn it.
+    pub primary: Anchor,
+    /// Whether this participant is the primary (holds the part of the
+    /// primary's anchor tablet, so it decides).
+    pub is_primary: bool,
+    /// At the primary: the other participants' anchors.
+    pub others: Vec<Anchor>,
     pub items: Vec<Item>,
     /// When it was prepared (the caller's clock, ms): overdue after the timeout.
     pub since_ms: u64,
@@ -218,6 +232,9 @@ pub struct Participant {
     decided_order: VecDeque<(u64, TxnId)>,
     /// Bytes all prepared transactions hold.
     held_bytes: usize,
+    /// Decisions dropped by the count limit, until `expire` hands them out
+    /// (so their durable records are removed too).
+    pushed_out: Vec<TxnId>,
 }
 
 impl Participant {
@@ -229,6 +246,7 @@ impl Participant {
             decisions: HashMap::new(),
             decided_order: VecDeque::new(),
             held_bytes: 0,
+            pushed_out: Vec::new(),
         }
     }
 
@@ -237,8 +255,8 @@ impl Participant {
     pub fn prepare(
         &mut self,
         txn: TxnId,
-        primary: Option<String>,
-        others: Vec<String>,
+        primary: Option<Anchor>,
+        others: Vec<Anchor>,
         items: Vec<Item>,
         now_ms: u64,
         version_of: impl Fn(&Item) -> u64,
@@ -246,6 +264,21 @@ impl Participant {
         if let Some(&committed) = self.decisions.get(&txn) {
             return Err(Refusal::Decided { committed });
         }
+        let Some(first) = items.first() else {
+            return Err(Refusal::Bad(format!(
+                "transaction {txn:#x}: a prepare without items"
+            )));
+        };
+        let (primary, is_primary) = match primary {
+            Some(a) => (a, false),
+            None => (
+                Anchor {
+                    table: first.table,
+                    key: first.key.clone(),
+                },
+                true,
+            ),
+        };
         if let Some(p) = self.prepared.get(&txn) {
             // A resend of the same prepare is a yes again; another item set
             // under the same id is a collision of random ids.
@@ -308,6 +341,7 @@ impl Participant {
             txn,
             Prepared {
                 primary,
+                is_primary,
                 others,
                 items,
                 since_ms: now_ms,
@@ -317,17 +351,116 @@ impl Participant {
         Ok(())
     }
 
+    /// Take back a part of `txn` found in a durable record (after a crash
+    /// recovery replayed the tablet that held it): lock its keys and keep
+    /// its items, without validation (it voted yes before the crash) and
+    /// beyond the byte limit (a recovery cannot be refused for it). Several
+    /// records of one transaction (one per tablet) merge; the primary's
+    /// anchor record makes it the primary here. A key locked by another
+    /// transaction is left to that one and reported in the Err (a bug: two
+    /// live records never lock one key).
+    pub fn restore(
+        &mut self,
+        txn: TxnId,
+        primary: Anchor,
+        is_primary: bool,
+        others: Vec<Anchor>,
+        items: Vec<Item>,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let mut clash = None;
+        let mut items = items;
+        items.retain(|item| {
+            if item.write == Write::None {
+                return true;
+            }
+            match self.locks.get(&KeyRef(item.table, &item.key)) {
+                Some(&(by, _)) if by != txn => {
+                    clash = Some(format!(
+                        "key {} of table {} is locked by transaction {by:#x} and recorded by {txn:#x}",
+                        show_key(&item.key),
+                        item.table
+                    ));
+                    false
+                }
+                _ => {
+                    self.locks
+                        .insert((item.table, item.key.clone()), (txn, item.hash));
+                    true
+                }
+            }
+        });
+        let bytes: usize = items.iter().map(Item::held_bytes).sum();
+        self.held_bytes += bytes;
+        match self.prepared.get_mut(&txn) {
+            Some(p) => {
+                p.items.extend(items);
+                p.bytes += bytes;
+                if is_primary {
+                    p.is_primary = true;
+                    p.others = others;
+                }
+            }
+            None => {
+                self.prepared.insert(
+                    txn,
+                    Prepared {
+                        primary,
+                        is_primary,
+                        others,
+                        items,
+                        since_ms: now_ms,
+                        bytes,
+                    },
+                );
+            }
+        }
+        match clash {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    /// Take back a decision found in a durable record (a commit at the
+    /// primary's anchor).
+    pub fn restore_decision(&mut self, txn: TxnId, committed: bool, now_ms: u64) {
+        if !self.decisions.contains_key(&txn) {
+            self.record(txn, committed, now_ms);
+        }
+    }
+
     /// Take decision `commit` for `txn` (or learn it from the primary).
     /// The first decision recorded here stands: a later, different one is
-    /// ignored and the recorded one returned. Returns the outcome and what
-    /// to apply.
+    /// ignored and the recorded one returned (and applied to a part still
+    /// prepared). Returns the outcome and what to apply.
     pub fn decide(&mut self, txn: TxnId, commit: bool, now_ms: u64) -> (bool, Apply) {
-        if let Some(&committed) = self.decisions.get(&txn) {
-            return (committed, Apply::Nothing);
+        let commit = self.settle(txn, commit, now_ms);
+        (commit, self.finish(txn))
+    }
+
+    /// The first half of `decide`: record decision `commit` for `txn` unless
+    /// one is recorded; returns the one that stands. The part prepared here
+    /// stays locked until `finish`, so a caller can make the decision
+    /// durable first while nobody else touches the keys.
+    pub fn settle(&mut self, txn: TxnId, commit: bool, now_ms: u64) -> bool {
+        match self.decisions.get(&txn) {
+            Some(&committed) => committed,
+            None => {
+                self.record(txn, commit, now_ms);
+                commit
+            }
         }
-        self.record(txn, commit, now_ms);
+    }
+
+    /// The second half of `decide`: release the part prepared here (if any)
+    /// under the decision recorded for it, and say what to apply.
+    pub fn finish(&mut self, txn: TxnId) -> Apply {
+        let Some(&commit) = self.decisions.get(&txn) else {
+            debug_assert!(false, "finish before settle");
+            return Apply::Nothing;
+        };
         let Some(p) = self.prepared.remove(&txn) else {
-            return (commit, Apply::Nothing);
+            return Apply::Nothing;
         };
         self.held_bytes -= p.bytes;
         for item in p.items.iter().filter(|i| i.write != Write::None) {
@@ -339,14 +472,14 @@ impl Participant {
             );
         }
         if !commit {
-            return (false, Apply::Nothing);
+            return Apply::Nothing;
         }
         let writes = p
             .items
             .into_iter()
             .filter(|i| i.write != Write::None)
             .collect();
-        (true, Apply::Writes(writes))
+        Apply::Writes(writes)
     }
 
     /// The decision recorded here, if any.
@@ -418,22 +551,31 @@ impl Participant {
         self.held_bytes
     }
 
-    /// Forget decisions past their time to live.
-    pub fn expire(&mut self, now_ms: u64) {
+    /// Forget decisions past their time to live, and those pushed out by
+    /// the count limit since the last call; returns them (their durable
+    /// records may go too). A transaction still prepared here keeps its
+    /// decision until it is finished.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<TxnId> {
+        let mut gone = std::mem::take(&mut self.pushed_out);
         while let Some(&(at, txn)) = self.decided_order.front() {
-            if at + self.limits.decision_ttl_ms > now_ms {
+            if at + self.limits.decision_ttl_ms > now_ms || self.prepared.contains_key(&txn) {
                 break;
             }
             self.decided_order.pop_front();
             self.decisions.remove(&txn);
+            gone.push(txn);
         }
+        gone
     }
 
     fn record(&mut self, txn: TxnId, committed: bool, now_ms: u64) {
-        if self.decided_order.len() >= self.limits.max_decisions {
-            if let Some((_, oldest)) = self.decided_order.pop_front() {
-                self.decisions.remove(&oldest);
-            }
+        if self.decided_order.len() >= self.limits.max_decisions
+            && let Some(&(_, oldest)) = self.decided_order.front()
+            && !self.prepared.contains_key(&oldest)
+        {
+            self.decided_order.pop_front();
+            self.decisions.remove(&oldest);
+            self.pushed_out.push(oldest);
         }
         self.decisions.insert(txn, committed);
         self.decided_order.push_back((now_ms, txn));
@@ -454,12 +596,6 @@ impl Participant {
         let bytes: usize = self.prepared.values().map(|p| p.bytes).sum();
         assert_eq!(bytes, self.held_bytes);
         assert!(self.decisions.len() <= self.decided_order.len());
-        for txn in self.prepared.keys() {
-            assert!(
-                !self.decisions.contains_key(txn),
-                "prepared and decided at once"
-            );
-        }
     }
 }
 

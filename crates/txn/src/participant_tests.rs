@@ -22,6 +22,75 @@ fn none(_: &Item) -> u64 {
     0
 }
 
+fn anchor(key: &str) -> Anchor {
+    Anchor {
+        table: 1,
+        key: key.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn the_primary_is_anchored_at_its_first_item() {
+    let mut p = Participant::new(Limits::default());
+    p.prepare(1, None, vec![anchor("z")], vec![put("b", None)], 0, none)
+        .unwrap();
+    let prepared = p.prepared(1).unwrap();
+    assert!(prepared.is_primary);
+    assert_eq!(prepared.primary, anchor("b"));
+    assert_eq!(prepared.others, vec![anchor("z")]);
+    p.prepare(2, Some(anchor("q")), vec![], vec![put("c", None)], 0, none)
+        .unwrap();
+    assert!(!p.prepared(2).unwrap().is_primary);
+    assert_eq!(
+        p.prepare(3, None, vec![], vec![], 0, none)
+            .map_err(|r| matches!(r, Refusal::Bad(_))),
+        Err(true),
+        "a prepare without items is refused"
+    );
+    p.check();
+}
+
+#[test]
+fn restored_parts_merge_lock_and_follow_a_known_decision() {
+    let mut p = Participant::new(Limits::default());
+    // Two tablets' records of one transaction: the secondary part first,
+    // then the primary's anchor record, which makes it the primary here.
+    p.restore(5, anchor("a"), false, vec![], vec![put("b", None)], 0)
+        .unwrap();
+    p.restore(
+        5,
+        anchor("a"),
+        true,
+        vec![anchor("x")],
+        vec![put("a", None)],
+        0,
+    )
+    .unwrap();
+    p.check();
+    assert!(p.is_locked(1, b"a") && p.is_locked(1, b"b"));
+    let prepared = p.prepared(5).unwrap();
+    assert!(prepared.is_primary);
+    assert_eq!(prepared.others, vec![anchor("x")]);
+    assert_eq!(prepared.items.len(), 2);
+    // A key another transaction holds stays with it; the clash is reported.
+    assert!(
+        p.restore(6, anchor("a"), false, vec![], vec![put("a", None)], 0)
+            .is_err()
+    );
+    p.decide(6, false, 0);
+    // A commit decision restored beside a prepared part: a later decide,
+    // even one asking to abort, applies the recorded commit.
+    p.restore_decision(5, true, 0);
+    let (committed, apply) = p.decide(5, false, 1);
+    assert!(committed);
+    match apply {
+        Apply::Writes(items) => assert_eq!(items.len(), 2),
+        Apply::Nothing => panic!("the restored commit was not applied"),
+    }
+    assert_eq!(p.lock_count(), 0);
+    p.check();
+}
+
 #[test]
 fn a_borrowed_key_hashes_and_compares_as_the_owned_one() {
     use std::hash::BuildHasher;
@@ -139,7 +208,7 @@ fn the_first_decision_stands() {
 fn asking_about_an_unknown_transaction_aborts_its_late_prepare() {
     let mut p = Participant::new(Limits::default());
     assert_eq!(p.phase(9, 0), Phase::Aborted);
-    let refused = p.prepare(9, Some("x:1".into()), vec![], vec![put("a", None)], 1, none);
+    let refused = p.prepare(9, Some(anchor("x")), vec![], vec![put("a", None)], 1, none);
     assert_eq!(refused, Err(Refusal::Decided { committed: false }));
     assert_eq!(p.lock_count(), 0);
 }
@@ -200,16 +269,26 @@ fn overdue_and_expiry_follow_the_clock() {
     assert!(p.overdue(50, 50).is_empty());
     assert_eq!(p.overdue(60, 50), vec![1]);
     p.decide(1, true, 60);
-    p.expire(159);
+    assert!(p.expire(159).is_empty());
     assert_eq!(p.decision(1), Some(true));
-    p.expire(160);
+    assert_eq!(p.expire(160), vec![1], "expired decisions are handed out");
     assert_eq!(p.decision(1), None);
-    // Past `max_decisions` the oldest is forgotten.
+    // Past `max_decisions` the oldest is forgotten, and handed out next.
     p.decide(2, false, 0);
     p.decide(3, false, 0);
     p.decide(4, false, 0);
     assert_eq!(p.decision(2), None);
     assert_eq!(p.decision(4), Some(false));
+    assert_eq!(p.expire(1), vec![2]);
+    // A settled transaction keeps its decision until it is finished.
+    p.prepare(5, None, vec![], vec![put("e", None)], 0, none)
+        .unwrap();
+    assert!(p.settle(5, true, 0));
+    assert!(p.is_locked(1, b"e"), "settle keeps the locks");
+    assert!(!p.expire(1_000).contains(&5));
+    assert_eq!(p.decision(5), Some(true));
+    assert!(matches!(p.finish(5), Apply::Writes(w) if w.len() == 1));
+    assert!(!p.is_locked(1, b"e"));
 }
 
 /// One step of the model test.

@@ -1,0 +1,296 @@
+//! The durable records of a transaction, as the payloads of the engine's
+//! side records (`insitu_engine::RecordId`): what a participant writes in a
+//! tablet's log so that a crash in the middle of a commit neither loses a
+//! yes vote nor a decision (ARCHITECTURE.md, "Transactions", "Durable
+//! records").
+//!
+//! Two classes:
+//! - `CLASS_PREPARED`, id = the transaction id, one per tablet that a
+//!   participant prepared writes in (and always one in the tablet of the
+//!   primary's anchor, at the primary): the primary's anchor, the other
+//!   participants' anchors (in the primary's anchor record only) and this
+//!   tablet's writes. Written before the yes vote leaves; removed in the
+//!   same log segment as the commit's writes (or at an abort).
+//! - `CLASS_COMMITTED`, id = the transaction id, anchored at the primary's
+//!   anchor, empty payload: the primary decided commit. Written in the same
+//!   segment as the removal of the primary's anchor record; kept for the
+//!   decision's time to live. An abort writes no record: at the primary's
+//!   anchor, no prepared record and no commit record means aborted
+//!   (presumed abort).
+//! - `CLASS_ABORTED`, id = the transaction id, at the primary's anchor,
+//!   empty payload: the one abort that needs a record (see the constant).
+//!
+//! Payload layout of a prepared record (little-endian; a *bytes* field is a
+//! u32 length then the bytes):
+//!
+//! ```text
+//! u8     format (1)
+//! u64    primary anchor's table     bytes  primary anchor's key
+//! u32    others count, then per other: u64 table, bytes key
+//! u32    item count, then per item: u64 table, u8 kind (1 put, 2 remove),
+//!        bytes key, and for a put: bytes value
+//! ```
+//!
+//! The engine checks each entry's CRC, so a payload that fails to decode
+//! here is a bug or a format from the future: decoding returns an error
+//! (the recovery refuses the record loudly) and never panics.
+
+use crate::participant::{Anchor, Write};
+
+/// Record class of a prepared transaction's part in one tablet.
+pub const CLASS_PREPARED: u8 = 1;
+/// Record class of a commit decision at the primary's anchor.
+pub const CLASS_COMMITTED: u8 = 2;
+/// Record class of an abort taken at the primary's anchor before the
+/// primary's own prepare arrived (a participant's resolution asked first):
+/// the late prepare must be refused even after a crash. Empty payload.
+pub const CLASS_ABORTED: u8 = 3;
+
+/// Format byte of a prepared record's payload.
+const FORMAT: u8 = 1;
+
+/// Most entries of any count field a decoder accepts (the protocol's own
+/// limits are far below: 10,000 items, 1,024 participants). Why a bound:
+/// a count is checked before anything is reserved for it.
+const MAX_COUNT: u32 = 1 << 20;
+
+/// A written key of a prepared record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordItem {
+    pub table: u64,
+    pub key: Vec<u8>,
+    /// `Write::Put` or `Write::Remove` (reads are not recorded: a read
+    /// needs no lock after the vote and nothing to apply).
+    pub write: Write,
+}
+
+/// A prepared record's contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedRecord {
+    /// The primary's anchor: whom to ask for the outcome (routed by key, so
+    /// a primary recovered onto another server is still found).
+    pub primary: Anchor,
+    /// The other participants' anchors; only in the primary's anchor
+    /// record (the primary asks them before deciding an orphan).
+    pub others: Vec<Anchor>,
+    pub items: Vec<RecordItem>,
+}
+
+impl PreparedRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        out.push(FORMAT);
+        put_anchor(&mut out, &self.primary);
+        out.extend_from_slice(&(self.others.len() as u32).to_le_bytes());
+        for a in &self.others {
+            put_anchor(&mut out, a);
+        }
+        out.extend_from_slice(&(self.items.len() as u32).to_le_bytes());
+        for i in &self.items {
+            out.extend_from_slice(&i.table.to_le_bytes());
+            match &i.write {
+                Write::Put(v) => {
+                    out.push(1);
+                    put_bytes(&mut out, &i.key);
+                    put_bytes(&mut out, v);
+                }
+                Write::Remove => {
+                    out.push(2);
+                    put_bytes(&mut out, &i.key);
+                }
+                Write::None => unreachable!("reads are not recorded"),
+            }
+        }
+        debug_assert_eq!(out.len(), self.encoded_len());
+        out
+    }
+
+    /// Bytes `encode` makes.
+    pub fn encoded_len(&self) -> usize {
+        let anchor = |a: &Anchor| 8 + 4 + a.key.len();
+        1 + anchor(&self.primary)
+            + 4
+            + self.others.iter().map(anchor).sum::<usize>()
+            + 4
+            + self
+                .items
+                .iter()
+                .map(|i| {
+                    8 + 1
+                        + 4
+                        + i.key.len()
+                        + match &i.write {
+                            Write::Put(v) => 4 + v.len(),
+                            _ => 0,
+                        }
+                })
+                .sum::<usize>()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<PreparedRecord, String> {
+        let mut r = Reader { bytes, at: 0 };
+        let format = r.u8()?;
+        if format != FORMAT {
+            return Err(format!("unknown prepared-record format {format}"));
+        }
+        let primary = r.anchor()?;
+        let n = r.count()?;
+        let mut others = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            others.push(r.anchor()?);
+        }
+        let n = r.count()?;
+        let mut items = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let table = r.u64()?;
+            let kind = r.u8()?;
+            let key = r.bytes()?.to_vec();
+            let write = match kind {
+                1 => Write::Put(r.bytes()?.to_vec()),
+                2 => Write::Remove,
+                k => return Err(format!("unknown item kind {k} in a prepared record")),
+            };
+            items.push(RecordItem { table, key, write });
+        }
+        if r.at != bytes.len() {
+            return Err(format!(
+                "{} bytes after the end of a prepared record",
+                bytes.len() - r.at
+            ));
+        }
+        Ok(PreparedRecord {
+            primary,
+            others,
+            items,
+        })
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+fn put_anchor(out: &mut Vec<u8>, a: &Anchor) {
+    out.extend_from_slice(&a.table.to_le_bytes());
+    put_bytes(out, &a.key);
+}
+
+/// A cursor over untrusted bytes: every read is bounds-checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(format!(
+                "prepared record cut short: {n} bytes wanted at offset {} of {}",
+                self.at,
+                self.bytes.len()
+            ));
+        };
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn count(&mut self) -> Result<usize, String> {
+        let n = self.u32()?;
+        if n > MAX_COUNT {
+            return Err(format!("count {n} in a prepared record passes {MAX_COUNT}"));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    fn anchor(&mut self) -> Result<Anchor, String> {
+        let table = self.u64()?;
+        let key = self.bytes()?.to_vec();
+        Ok(Anchor { table, key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> PreparedRecord {
+        PreparedRecord {
+            primary: Anchor {
+                table: 3,
+                key: b"acct-1".to_vec(),
+            },
+            others: vec![Anchor {
+                table: 4,
+                key: vec![],
+            }],
+            items: vec![
+                RecordItem {
+                    table: 3,
+                    key: b"acct-1".to_vec(),
+                    write: Write::Put(b"90".to_vec()),
+                },
+                RecordItem {
+                    table: 3,
+                    key: b"acct-9".to_vec(),
+                    write: Write::Remove,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips() {
+        let r = sample();
+        let bytes = r.encode();
+        assert_eq!(bytes.len(), r.encoded_len());
+        assert_eq!(PreparedRecord::decode(&bytes), Ok(r));
+    }
+
+    #[test]
+    fn every_cut_and_a_trailing_byte_are_refused() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(PreparedRecord::decode(&bytes[..n]).is_err(), "cut at {n}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(PreparedRecord::decode(&longer).is_err());
+        let mut future = bytes;
+        future[0] = 2;
+        assert!(PreparedRecord::decode(&future).is_err());
+    }
+
+    proptest! {
+        /// Any bytes decode to an error or a record, never a panic, and a
+        /// huge count is refused before anything is reserved for it.
+        #[test]
+        fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = PreparedRecord::decode(&bytes);
+        }
+    }
+}
