@@ -204,11 +204,11 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | BackupForget { .. }
         | Enlist { .. } => true,
         // Transactions' peer requests stay open to clients: a participant
-        // asks the primary named in a client's `TxnPrepare`, an address the
-        // client chose, so it must not present the cluster credential there
-        // (it presents the client token). Resolving or inquiring about a
-        // transaction is what a client holding the data could cause anyway
-        // (by aborting or by going silent).
+        // asks the owner of an anchor key named in a client's `TxnPrepare`
+        // (found through the maps, as a client finds it), so it presents the
+        // client token, never the cluster credential. Resolving or
+        // inquiring about a transaction is what a client holding the data
+        // could cause anyway (by aborting or by going silent).
         Ping
         | Hello { .. }
         | Read { .. }

@@ -259,6 +259,28 @@ impl Client {
         }
     }
 
+    /// The address of the shard that owns `key` of table `table` (by id),
+    /// from the cached map, or a fresh one with `refresh` (after the
+    /// address answered `UnknownTablet`). What a server uses to find the
+    /// participant a transaction's anchor names.
+    pub async fn owner_of(
+        &self,
+        table: u64,
+        key: &[u8],
+        refresh: bool,
+    ) -> Result<String, ClientError> {
+        let deadline = self.deadline();
+        if refresh {
+            self.forget_map(table);
+        }
+        let route = self.route(table, deadline).await?;
+        let hash = insitu_keyhash::key_hash(table, key);
+        let i = route
+            .locate(hash)
+            .ok_or(ClientError::NoTablet { table, hash })?;
+        Ok(route.endpoint(i).addr.clone())
+    }
+
     /// Drop the cached map of `table`: the next request fetches it again.
     pub(crate) fn forget_map(&self, table: u64) {
         self.inner.routes.evict_id(table);

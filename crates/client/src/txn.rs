@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use insitu_keyhash::key_hash;
-use insitu_protocol::txn::{TxnId, TxnItem, TxnWrite};
+use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnWrite};
 use insitu_protocol::{Request, Response, Status, blob};
 
 use crate::client::{Client, decode};
@@ -241,6 +241,18 @@ impl Transaction {
         let addrs: Vec<String> = shares.keys().cloned().collect();
         let primary = addrs[0].clone();
         let txn: TxnId = fastrand::u64(1..);
+        // Each participant is named by its anchor, its first item's key:
+        // records and decisions live in that key's tablet, and a request
+        // routed by key finds them after a move or a recovery.
+        let anchor = |addr: &String| {
+            let (table, key, ..) = &shares[addr].items[0];
+            TxnAnchor {
+                table: *table,
+                key: blob(key),
+            }
+        };
+        let primary_anchor = anchor(&primary);
+        let other_anchors: Vec<TxnAnchor<'_>> = addrs[1..].iter().map(anchor).collect();
 
         let prepares = shares.iter().map(|(addr, share)| {
             let is_primary = *addr == primary;
@@ -260,9 +272,9 @@ impl Transaction {
                 .collect();
             let request = Request::TxnPrepare {
                 txn,
-                primary: (!is_primary).then(|| primary.clone()),
+                primary: (!is_primary).then(|| primary_anchor.clone()),
                 others: if is_primary {
-                    addrs[1..].to_vec()
+                    other_anchors.clone()
                 } else {
                     Vec::new()
                 },
@@ -322,13 +334,14 @@ impl Transaction {
             Vote::Yes => None,
         });
 
-        if !uncertain {
-            // Every vote is known, so the outcome is too: all yes commits
-            // (the primary's resolution, were we to vanish now, would find
-            // every participant prepared and commit as well), any no aborts
-            // (resolution would find that participant unprepared). So every
-            // participant, the primary included, is told at once: one round
-            // trip instead of two.
+        if !uncertain && !commit {
+            // Every vote is known and one is a no: the outcome is an abort
+            // whoever decides (a resolution would find that participant
+            // unprepared), so every participant, the primary included, is
+            // told at once. A commit goes to the primary first (below): its
+            // durable decision must exist before any participant applies,
+            // or a crash of the primary could leave a commit applied by some
+            // and aborted by a resolution.
             let shares = &shares;
             let tell = votes.iter().filter(|(_, v)| !matches!(v, Vote::No(_))).map(
                 |(addr, _)| async move {
@@ -350,32 +363,21 @@ impl Transaction {
                             ),
                         ));
                     }
-                    Ok(_) => {}
-                    // It asks the primary after its timeout; nothing is lost,
-                    // but the primary must have the decision for that.
-                    Err(e) if addr == primary && commit => {
-                        return Err(ClientError::TxnOutcomeUnknown {
-                            txn,
-                            why: format!(
-                                "every participant voted yes, but the deciding shard {primary} did not take the commit: {e}"
-                            ),
-                        });
-                    }
-                    Err(_) => {}
+                    // One that does not hear it resolves with the primary
+                    // after its timeout: presumed abort there.
+                    Ok(_) | Err(_) => {}
                 }
             }
-            return if commit {
-                Ok(())
-            } else {
-                Err(first_no.unwrap_or_else(|| aborted(txn, "aborted")))
-            };
+            return Err(first_no.unwrap_or_else(|| aborted(txn, "aborted")));
         }
 
-        // A vote is unknown (it may have been a yes): the primary decides
-        // first (it answers the decision that stands, a resolution's
-        // included), then the others learn it.
+        // All yes, or a vote unknown (it may have been a yes): the primary
+        // decides first (durably, and it answers the decision that stands,
+        // a resolution's included), then the others learn it. With a vote
+        // unknown the client asks for an abort; the primary's answer may
+        // still be a commit that a resolution took.
         let primary_ep = &shares[&primary].ep;
-        let committed = match decide(primary_ep, txn, false, deadline).await {
+        let committed = match decide(primary_ep, txn, commit, deadline).await {
             Ok(c) => c,
             Err(e) => {
                 return Err(ClientError::TxnOutcomeUnknown {

@@ -9,7 +9,7 @@ mod fields;
 
 pub use fields::{
     BackupOp, Number, Object, ReadResult, RejectRules, ReplicaInfo, ServerInfo, ServerState,
-    ShardStats, TableInfo, TabletInfo, TabletStat, TabletState, WriteResult,
+    ShardStats, SideRecord, TableInfo, TabletInfo, TabletStat, TabletState, WriteResult,
 };
 
 /// A byte string borrowed from a frame; encoded as varint length + bytes.
@@ -119,6 +119,10 @@ pub enum Request<'a> {
         next_version: u64,
         #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         objects: Vec<Object<'a>>,
+        /// The tablet's side records (transactions' decision records), in
+        /// the batches after the objects.
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
+        records: Vec<SideRecord<'a>>,
     },
     ActivateTablet {
         table: u64,
@@ -281,21 +285,23 @@ pub enum Request<'a> {
     /// only participant and commits at once on a yes (`TxnDecided`).
     TxnPrepare {
         txn: crate::txn::TxnId,
-        /// None: this participant is the primary, which decides the outcome.
-        /// Some: the primary's address, which this participant asks when the
-        /// client goes silent.
-        primary: Option<String>,
-        /// At the primary: the other participants' addresses (whom it asks
-        /// before deciding an orphaned transaction). Empty elsewhere.
-        #[serde(deserialize_with = "crate::limits::txn_participants")]
-        others: Vec<String>,
+        /// None: this participant is the primary, which decides the outcome;
+        /// its anchor is its first item. Some: the primary's anchor, whose
+        /// owner this participant asks when the client goes silent.
+        #[serde(borrow)]
+        primary: Option<crate::txn::TxnAnchor<'a>>,
+        /// At the primary: the other participants' anchors (each one's first
+        /// item), whose owners it asks before deciding an orphaned
+        /// transaction. Empty elsewhere.
+        #[serde(borrow, deserialize_with = "crate::limits::txn_participants")]
+        others: Vec<crate::txn::TxnAnchor<'a>>,
         #[serde(borrow, deserialize_with = "crate::limits::txn_items")]
         items: Vec<crate::txn::TxnItem<'a>>,
     },
-    /// The decision. When every vote is known the client sends it to every
-    /// participant at once; when one is unknown, to the primary first, which
-    /// records it (or answers the decision it already took for an orphan),
-    /// then to the others with the primary's answer. Idempotent.
+    /// The decision. A commit goes to the primary first, which makes it
+    /// durable (or answers the decision it already took for an orphan),
+    /// then to the others with the primary's answer; an abort after a no
+    /// vote goes to every participant at once. Idempotent.
     TxnDecide {
         txn: crate::txn::TxnId,
         commit: bool,
@@ -304,6 +310,11 @@ pub enum Request<'a> {
     /// primary for the outcome; the primary decides it if it has not.
     TxnResolve {
         txn: crate::txn::TxnId,
+        /// The primary's anchor: the asked shard must own its tablet (else
+        /// `UnknownTablet`: the asker refreshes its map), since "no record
+        /// here" means aborted only at the anchor's owner.
+        #[serde(borrow)]
+        anchor: crate::txn::TxnAnchor<'a>,
     },
     /// The primary, deciding an orphan, asks a participant where it stands.
     TxnInquire {

@@ -56,3 +56,13 @@ pub enum TxnPhase {
     /// that a prepare arriving late is refused).
     Aborted,
 }
+
+/// A key naming a participant: whichever shard owns the key's tablet now
+/// (a tablet moves or is recovered elsewhere with its transaction records;
+/// a request routed by key finds them).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TxnAnchor<'a> {
+    pub table: u64,
+    #[serde(borrow)]
+    pub key: Blob<'a>,
+}

@@ -185,7 +185,13 @@ fn transaction_items_and_participants_are_bounded_while_decoding() {
         postcard::to_stdvec(&Request::TxnPrepare {
             txn: 1,
             primary: None,
-            others: vec!["h:1".to_string(); others],
+            others: vec![
+                insitu_protocol::txn::TxnAnchor {
+                    table: 1,
+                    key: blob(b"h")
+                };
+                others
+            ],
             items: vec![item.clone(); items],
         })
         .unwrap()

@@ -169,7 +169,7 @@ pub async fn handle(
             | Request::ActivateTablet { .. }
             | Request::ServerDown { .. }
             | Request::TxnInquire { .. }
-    ) && !is_two_phase_prepare(&request);
+    );
     let kind = request.name();
     let _running = matches!(request, Request::Scan { .. } | Request::Query { .. })
         .then(|| state.metrics.scan_started());
@@ -198,14 +198,6 @@ pub async fn handle(
         exposes,
         close: false,
     }
-}
-
-/// A prepare that does not commit at once writes nothing and shows nothing
-/// not already shown (the versions it checks came from replies that waited
-/// for durability): its vote need not wait for the durable mark. A one-phase
-/// prepare commits, so its reply waits like a write's.
-fn is_two_phase_prepare(request: &Request<'_>) -> bool {
-    matches!(request, Request::TxnPrepare { primary, others, .. } if primary.is_some() || !others.is_empty())
 }
 
 async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut BytesMut) {
@@ -418,8 +410,16 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             start_hash,
             next_version,
             objects,
+            records,
         } => {
-            match crate::migrate::install_batch(state, table, start_hash, next_version, &objects) {
+            match crate::migrate::install_batch(
+                state,
+                table,
+                start_hash,
+                next_version,
+                &objects,
+                &records,
+            ) {
                 Ok(()) => reply(out, id, &Response::Done),
                 Err((status, message)) => encode_error(out, id, status, message),
             }
@@ -476,9 +476,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             primary,
             others,
             items,
-        } => crate::txn::prepare(state, id, txn, primary, others, &items, out),
-        Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out),
-        Request::TxnResolve { txn } => crate::txn::resolve(state, id, txn, out).await,
+        } => crate::txn::prepare(state, id, txn, primary, others, &items, out).await,
+        Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out).await,
+        Request::TxnResolve { txn, anchor } => {
+            crate::txn::resolve(state, id, txn, anchor, out).await
+        }
         Request::TxnInquire { txn } => crate::txn::inquire(state, id, txn, out),
         Request::Enlist { .. }
         | Request::CreateTable { .. }

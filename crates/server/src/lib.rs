@@ -25,6 +25,7 @@ mod scan_run;
 mod shard;
 mod sindex;
 mod txn;
+mod txn_durable;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use insitu_client::rpc::RpcConn;
-use insitu_protocol::{Object, Request, Status, TabletState, blob};
+use insitu_protocol::{Object, Request, SideRecord, Status, TabletState, blob};
 
 use crate::handler::engine_status;
 use crate::shard::ShardState;
@@ -151,34 +151,55 @@ async fn copy_out(
                 version: *ver,
             })
             .collect();
-        let reply = conn
-            .call_timeout(
-                &Request::MigrateBatch {
-                    table,
-                    start_hash,
-                    next_version,
-                    objects: batch,
-                },
-                BATCH_TIMEOUT,
-            )
-            .await
-            .map_err(|e| {
-                (
-                    Status::Internal,
-                    format!("migration to {dest_addr} failed: {e}"),
-                )
-            })?;
-        if !reply.status.is_ok() {
-            return Err((
-                reply.status,
-                format!("destination refused a batch: {}", reply.error_message()),
-            ));
-        }
+        let request = Request::MigrateBatch {
+            table,
+            start_hash,
+            next_version,
+            objects: batch,
+            records: Vec::new(),
+        };
+        send_batch(&conn, &request, dest_addr).await?;
         sent += chunk.objects.len();
         batches += 1;
         if cursor.is_done() {
             break;
         }
+    }
+    // The tablet's transaction records follow (decisions a participant may
+    // still ask about; no prepared part is left: the locks were waited
+    // for). Few and small, so they are copied at once, in batches of the
+    // same size bound.
+    let records = state.engine.borrow().records(table, start_hash);
+    let mut at = 0;
+    while at < records.len() {
+        let mut bytes = 0;
+        let mut end = at;
+        while end < records.len()
+            && (end == at
+                || bytes + records[end].payload.len() + records[end].anchor.len() < BATCH_BYTES)
+            && end - at < insitu_protocol::limits::MAX_MULTI_ITEMS
+        {
+            bytes += records[end].payload.len() + records[end].anchor.len() + 32;
+            end += 1;
+        }
+        let request = Request::MigrateBatch {
+            table,
+            start_hash,
+            next_version,
+            objects: Vec::new(),
+            records: records[at..end]
+                .iter()
+                .map(|r| SideRecord {
+                    class: r.id.class,
+                    id: r.id.id,
+                    anchor: blob(&r.anchor),
+                    payload: blob(&r.payload),
+                })
+                .collect(),
+        };
+        send_batch(&conn, &request, dest_addr).await?;
+        batches += 1;
+        at = end;
     }
     tracing::info!(
         shard = state.index,
@@ -192,12 +213,37 @@ async fn copy_out(
     Ok(())
 }
 
+/// Send one batch and require its acknowledgement.
+async fn send_batch(
+    conn: &RpcConn,
+    request: &Request<'_>,
+    dest_addr: &str,
+) -> Result<(), (Status, String)> {
+    let reply = conn
+        .call_timeout(request, BATCH_TIMEOUT)
+        .await
+        .map_err(|e| {
+            (
+                Status::Internal,
+                format!("migration to {dest_addr} failed: {e}"),
+            )
+        })?;
+    if !reply.status.is_ok() {
+        return Err((
+            reply.status,
+            format!("destination refused a batch: {}", reply.error_message()),
+        ));
+    }
+    Ok(())
+}
+
 pub fn install_batch(
     state: &ShardState,
     table: u64,
     start_hash: u64,
     next_version: u64,
     objects: &[Object<'_>],
+    records: &[SideRecord<'_>],
 ) -> Result<(), (Status, String)> {
     match state.tablets.borrow().get(&(table, start_hash)) {
         Some(m) if m.state == TabletState::Receiving => {}
@@ -215,8 +261,35 @@ pub fn install_batch(
             .install(table, o.key, o.value, o.version)
             .map_err(|e| (engine_status(&e), e.to_string()))?;
     }
+    for r in records {
+        let id = insitu_engine::RecordId {
+            class: r.class,
+            id: r.id,
+        };
+        // Only into this tablet: a record anchored elsewhere is refused.
+        let inside = engine
+            .tablet_for(table, insitu_engine::key_hash(table, r.anchor))
+            .is_some_and(|range| range.start == start_hash);
+        if !inside {
+            return Err((
+                Status::BadRequest,
+                "a migrated record's anchor is not in the tablet".into(),
+            ));
+        }
+        engine
+            .put_record(table, r.anchor, id, r.payload)
+            .map_err(|e| (engine_status(&e), e.to_string()))?;
+    }
     engine
         .raise_version(table, start_hash, next_version)
         .map_err(|e| (engine_status(&e), e.to_string()))?;
+    drop(engine);
+    for r in records {
+        let id = insitu_engine::RecordId {
+            class: r.class,
+            id: r.id,
+        };
+        crate::txn_durable::restore_record(state, table, id, r.anchor, r.payload);
+    }
     Ok(())
 }

@@ -302,6 +302,18 @@ fn install(
             TabletMeta::new(req.map_version, TabletState::Receiving),
         );
         state.recount_unusual();
+        // Transactions caught mid-commit: their parts lock again and their
+        // decisions are known again before the tablet serves anything.
+        let records = crate::txn_durable::restore_tablet(state, req.table, req.start_hash);
+        if records > 0 {
+            tracing::info!(
+                shard = state.index,
+                table = req.table,
+                start_hash = req.start_hash,
+                records,
+                "took back the transaction records of a recovered tablet"
+            );
+        }
     }
     Ok(report)
 }

@@ -4,19 +4,21 @@
 //! ARCHITECTURE.md, "Transactions", has the protocol and its crash cases.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use insitu_client::rpc::RpcConn;
+use insitu_client::{Client, ClientConfig};
 use insitu_engine::{TransientCharge, key_hash};
-use insitu_protocol::txn::{TxnId, TxnItem, TxnPhase, TxnWrite};
-use insitu_protocol::{Request, Response, Status, encode_error};
-use insitu_txn::{Apply, Item, Participant, Phase, Refusal, Write};
+use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnPhase, TxnWrite};
+use insitu_protocol::{Request, Response, Status, blob, encode_error};
+use insitu_txn::{Anchor, Item, Participant, Phase, Refusal, Write};
 
 use crate::handler::reply;
 use crate::shard::ShardState;
+use crate::txn_durable::{self, GroupPlan};
 
 /// How long a transaction may stay prepared before this participant stops
 /// waiting for its client and resolves it with the primary. Why 2 s: a
@@ -37,12 +39,31 @@ const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// participant is unreachable.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
+/// Where a prepared record is: (table, anchor key).
+pub(crate) type RecordAt = (u64, Vec<u8>);
+/// Where a decision record is: (table, anchor key, record class).
+pub(crate) type DecisionAt = (u64, Vec<u8>, u8);
+
 /// A shard's transactions: the participant state and what it holds.
 pub struct ShardTxns {
     pub participant: RefCell<Participant>,
     /// The memory-budget charge of each prepared transaction (its keys and
     /// values are copies held outside the log until decided).
-    charges: RefCell<HashMap<TxnId, TransientCharge>>,
+    pub(crate) charges: RefCell<HashMap<TxnId, TransientCharge>>,
+    /// The prepared records each transaction has here: (table, anchor key)
+    /// per part (`txn_durable`). Absent: its parts have no records (a
+    /// one-phase commit in one tablet).
+    pub(crate) records: RefCell<HashMap<TxnId, Vec<RecordAt>>>,
+    /// Decision records kept here (table, anchor key, class), removed when
+    /// the participant forgets the decision.
+    pub(crate) decided_records: RefCell<HashMap<TxnId, DecisionAt>>,
+    /// Transactions whose decision is being applied (between the primary's
+    /// anchor part and the rest, a durable wait): another caller waits for
+    /// it instead of applying the rest out of order.
+    applying: RefCell<HashSet<TxnId>>,
+    /// A client of the cluster, made on first use: it finds the shard that
+    /// owns an anchor now (the coordinator's maps), for resolutions.
+    client: tokio::sync::OnceCell<Client>,
     /// Origin of the participant's millisecond clock.
     epoch: Instant,
 }
@@ -52,13 +73,17 @@ impl Default for ShardTxns {
         ShardTxns {
             participant: RefCell::new(Participant::new(insitu_txn::Limits::default())),
             charges: RefCell::new(HashMap::new()),
+            records: RefCell::new(HashMap::new()),
+            decided_records: RefCell::new(HashMap::new()),
+            applying: RefCell::new(HashSet::new()),
+            client: tokio::sync::OnceCell::new(),
             epoch: Instant::now(),
         }
     }
 }
 
 impl ShardTxns {
-    fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
@@ -108,13 +133,15 @@ pub async fn wait_no_locks(
     }
 }
 
-/// `TxnPrepare`: validate and lock; a primary with no others commits at once.
-pub fn prepare(
+/// `TxnPrepare`: validate and lock, record the parts durably (the vote
+/// leaves once they are held by the backups: the conn's ack rule); a
+/// primary with no others commits at once.
+pub async fn prepare(
     state: &ShardState,
     id: u64,
     txn: TxnId,
-    primary: Option<String>,
-    others: Vec<String>,
+    primary: Option<TxnAnchor<'_>>,
+    others: Vec<TxnAnchor<'_>>,
     items: &[TxnItem<'_>],
     out: &mut BytesMut,
 ) {
@@ -153,6 +180,12 @@ pub fn prepare(
         }
     }
     let one_phase = primary.is_none() && others.is_empty();
+    let anchor = |a: &TxnAnchor<'_>| Anchor {
+        table: a.table,
+        key: a.key.to_vec(),
+    };
+    let primary = primary.as_ref().map(anchor);
+    let others = others.iter().map(anchor).collect();
     let now = state.txns.now_ms();
     let result = {
         let engine = state.engine.borrow();
@@ -172,6 +205,12 @@ pub fn prepare(
         };
         return encode_error(out, id, status, format!("transaction {txn:#x}: {refusal}"));
     }
+    if state.txns.charges.borrow().contains_key(&txn)
+        || state.txns.records.borrow().contains_key(&txn)
+    {
+        // A resend of a prepare already taken: the same yes.
+        return reply(out, id, &Response::TxnPrepared);
+    }
     // The copies held until the decision count against the memory budget.
     let bytes = state
         .txns
@@ -179,7 +218,10 @@ pub fn prepare(
         .borrow()
         .prepared(txn)
         .map_or(0, |p| {
-            p.items.iter().map(|i| i.key.len() + value_len(i)).sum()
+            p.items
+                .iter()
+                .map(|i| i.key.len() + txn_durable::value_len(i))
+                .sum()
         });
     let charge = state.engine.borrow().try_charge_transient(bytes as u64);
     match charge {
@@ -187,7 +229,7 @@ pub fn prepare(
             state.txns.charges.borrow_mut().insert(txn, charge);
         }
         Err(_) => {
-            decide_and_apply(state, txn, false);
+            abort_here(state, txn);
             return encode_error(
                 out,
                 id,
@@ -196,25 +238,71 @@ pub fn prepare(
             );
         }
     }
+    // A one-phase commit that writes in one tablet needs no record: its
+    // writes are one group in one log segment, so a crash keeps all of them
+    // or none (a replica holds a prefix of a segment, and nothing after the
+    // group belongs to it). Writes in several tablets (several logs) are
+    // recorded first, like every two-phase part.
+    let parts = {
+        let engine = state.engine.borrow();
+        let participant = state.txns.participant.borrow();
+        participant.prepared(txn).map_or(0, |p| {
+            txn_durable::parts(&engine, p)
+                .iter()
+                .filter(|part| !part.items.is_empty())
+                .count()
+        })
+    };
+    if (!one_phase || parts > 1)
+        && let Err((status, why)) = txn_durable::write_prepared(state, txn)
+    {
+        abort_here(state, txn);
+        return encode_error(out, id, status, why);
+    }
     if one_phase {
-        let committed = decide_and_apply(state, txn, true);
+        if parts > 1 {
+            // The records must be held by the backups before any part
+            // changes: a crash then finds every part, applied or recorded.
+            if let Err(why) = wait_durable(state).await {
+                return encode_error(out, id, Status::Internal, why);
+            }
+        }
+        let committed = settle_and_apply(state, txn, true).await;
         reply(out, id, &Response::TxnDecided { committed });
     } else {
         reply(out, id, &Response::TxnPrepared);
     }
 }
 
-fn value_len(i: &Item) -> usize {
-    match &i.write {
-        Write::Put(v) => v.len(),
-        _ => 0,
-    }
+/// Drop a prepare refused after the participant took it (nothing applied).
+fn abort_here(state: &ShardState, txn: TxnId) {
+    let now = state.txns.now_ms();
+    state.txns.participant.borrow_mut().decide(txn, false, now);
+    state.txns.charges.borrow_mut().remove(&txn);
+    state.txns.records.borrow_mut().remove(&txn);
+    state.holds_released.notify_waiters();
+}
+
+/// Wait until everything the engine holds now is held by the backups.
+async fn wait_durable(state: &ShardState) -> Result<(), String> {
+    let changes = state.engine.borrow().log_changes();
+    state
+        .repl
+        .wait_durable(changes)
+        .await
+        .map_err(|_| "this server was declared dead by the coordinator".to_string())
 }
 
 /// `TxnDecide`: take (or learn) the decision and apply it; answers the
-/// decision that stands here.
-pub fn decide(state: &ShardState, id: u64, txn: TxnId, commit: bool, out: &mut BytesMut) {
-    let committed = decide_and_apply(state, txn, commit);
+/// decision that stands here. A commit for a transaction neither prepared
+/// nor decided here is an abort: at the primary, no record means aborted
+/// (presumed abort); a participant that voted yes holds its part.
+pub async fn decide(state: &ShardState, id: u64, txn: TxnId, commit: bool, out: &mut BytesMut) {
+    let known = {
+        let p = state.txns.participant.borrow();
+        p.prepared(txn).is_some() || p.decision(txn).is_some()
+    };
+    let committed = settle_and_apply(state, txn, commit && known).await;
     reply(out, id, &Response::TxnDecided { committed });
 }
 
@@ -229,10 +317,38 @@ pub fn inquire(state: &ShardState, id: u64, txn: TxnId, out: &mut BytesMut) {
     reply(out, id, &Response::TxnPhase(phase));
 }
 
-/// `TxnResolve` (this shard is the primary): the decision, taking it first
-/// if there is none yet.
-pub async fn resolve(state: &ShardState, id: u64, txn: TxnId, out: &mut BytesMut) {
-    match resolve_as_primary(state, txn).await {
+/// `TxnResolve` (this shard owns the primary's anchor): the decision,
+/// taking it first if there is none yet.
+pub async fn resolve(
+    state: &ShardState,
+    id: u64,
+    txn: TxnId,
+    anchor: TxnAnchor<'_>,
+    out: &mut BytesMut,
+) {
+    // Only the anchor's owner may answer: "no record here" means aborted
+    // only where the record would be.
+    let owned =
+        crate::handler::admit_tablet(state, anchor.table, anchor.key, false).and_then(|()| {
+            let hash = key_hash(anchor.table, anchor.key);
+            match state.engine.borrow().tablet_for(anchor.table, hash) {
+                Some(_) => Ok(()),
+                None => Err(Status::UnknownTablet),
+            }
+        });
+    if let Err(s) = owned {
+        return encode_error(
+            out,
+            id,
+            s,
+            format!("transaction {txn:#x}: the primary's anchor is not served here ({s})"),
+        );
+    }
+    let anchor = Anchor {
+        table: anchor.table,
+        key: anchor.key.to_vec(),
+    };
+    match resolve_as_primary(state, txn, Some(&anchor)).await {
         Ok(committed) => reply(out, id, &Response::TxnDecided { committed }),
         Err(why) => encode_error(out, id, Status::Retry, why),
     }
@@ -240,27 +356,46 @@ pub async fn resolve(state: &ShardState, id: u64, txn: TxnId, out: &mut BytesMut
 
 /// Take the decision the primary must: commit if every participant is
 /// prepared (all voted yes), abort if any is not (asking it aborts it
-/// there). Err: a participant could not be asked; nothing was decided.
-async fn resolve_as_primary(state: &ShardState, txn: TxnId) -> Result<bool, String> {
-    if let Some(d) = state.txns.participant.borrow().decision(txn) {
-        return Ok(d);
+/// there). `anchor`: the primary's anchor, when a participant asked (then
+/// a transaction unknown here is aborted durably). Err: a participant could
+/// not be asked; nothing was decided.
+async fn resolve_as_primary(
+    state: &ShardState,
+    txn: TxnId,
+    anchor: Option<&Anchor>,
+) -> Result<bool, String> {
+    let (decided, prepared) = {
+        let p = state.txns.participant.borrow();
+        (
+            p.decision(txn),
+            p.prepared(txn).map(|p| (p.is_primary, p.others.clone())),
+        )
+    };
+    if let Some(d) = decided {
+        // A part restored beside its decision is applied now.
+        return Ok(settle_and_apply(state, txn, d).await);
     }
-    // (Taken out first: a borrow in the match would be held by its arms.)
-    let others = state
-        .txns
-        .participant
-        .borrow()
-        .prepared(txn)
-        .map(|p| p.others.clone());
-    let Some(others) = others else {
-        // Never prepared here: abort (recorded, so a late prepare is refused).
-        return Ok(decide_and_apply(state, txn, false));
+    let others = match prepared {
+        Some((true, others)) => others,
+        // Not prepared here as the primary: no anchor record, no decision
+        // record, so the primary never voted yes or aborted (presumed
+        // abort). Recorded durably when the primary's prepare may still
+        // come (a participant asked first), so it is refused even after a
+        // crash here.
+        Some((false, _)) | None => {
+            if let Some(anchor) = anchor {
+                let now = state.txns.now_ms();
+                state.txns.participant.borrow_mut().settle(txn, false, now);
+                txn_durable::record_abort(state, txn, anchor);
+            }
+            return Ok(settle_and_apply(state, txn, false).await);
+        }
     };
     let mut all_prepared = true;
-    for addr in &others {
-        let phase = match peer_call(state, addr, &Request::TxnInquire { txn }).await? {
+    for other in &others {
+        let phase = match routed_call(state, other, &Request::TxnInquire { txn }).await? {
             Response::TxnPhase(p) => p,
-            other => return Err(format!("{addr} answered {other:?} to TxnInquire")),
+            other => return Err(format!("answered {other:?} to TxnInquire")),
         };
         match phase {
             TxnPhase::Prepared => {}
@@ -274,107 +409,215 @@ async fn resolve_as_primary(state: &ShardState, txn: TxnId) -> Result<bool, Stri
         }
     }
     // The client's own decision may have come while we asked: it stands.
-    Ok(decide_and_apply(state, txn, all_prepared))
+    Ok(settle_and_apply(state, txn, all_prepared).await)
 }
 
-/// Record the decision (the one already recorded wins) and apply a commit's
-/// writes. Returns the decision that stands.
-fn decide_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
+/// Record the decision (the one already recorded wins) and apply it to the
+/// parts prepared here, durably and in order: at the primary, its anchor
+/// part (with the commit record) first, held by the backups before any
+/// other part changes; then every other part, each as one group (the
+/// writes on a commit, the record's removal). Returns the decision that
+/// stands.
+async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
     let now = state.txns.now_ms();
-    let (committed, apply) = state.txns.participant.borrow_mut().decide(txn, commit, now);
-    state.txns.charges.borrow_mut().remove(&txn);
-    if let Apply::Writes(items) = apply {
-        let mut engine = state.engine.borrow_mut();
-        let rules = insitu_engine::RejectRules::default();
-        for item in items {
-            let result = match &item.write {
-                Write::Put(v) => engine.write(item.table, &item.key, v, &rules).map(|_| ()),
-                Write::Remove => engine.remove(item.table, &item.key, &rules).map(|_| ()),
-                Write::None => Ok(()),
-            };
-            // The decision is taken; a write the engine refuses now (out of
-            // memory: the prepare's charge was released just before) is lost
-            // for this key alone. Logged loudly; ARCHITECTURE.md lists it
-            // among the known gaps.
-            if let Err(e) = result {
-                tracing::error!(
-                    shard = state.index,
-                    txn,
-                    table = item.table,
-                    "committed transaction: a write could not be applied: {e}"
-                );
-            }
+    let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
+    // One application at a time: a second caller waits for the first.
+    loop {
+        let released = state.holds_released.notified();
+        if !state.txns.applying.borrow().contains(&txn) {
+            break;
         }
+        released.await;
     }
-    // Moves and updates waiting for this tablet's locks re-check.
+    let parts = {
+        let engine = state.engine.borrow();
+        let participant = state.txns.participant.borrow();
+        match participant.prepared(txn) {
+            Some(p) => txn_durable::parts(&engine, p),
+            None => return committed, // nothing of it here, or applied already
+        }
+    };
+    let recorded = state.txns.records.borrow_mut().remove(&txn);
+    let has_record = |table: u64, anchor: &[u8]| {
+        recorded
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|(t, a)| *t == table && a == anchor))
+    };
+    let plan = |part: &txn_durable::Part| GroupPlan {
+        commit: committed,
+        commit_record: committed && part.primary_anchor && recorded.is_some(),
+        has_record: has_record(part.table, &part.anchor),
+    };
+    let mut rest = &parts[..];
+    if let Some(first) = parts.first()
+        && first.primary_anchor
+        && parts.len() > 1
+        && recorded.is_some()
+    {
+        // The decision is durable at the anchor before any other part of
+        // it changes: a crash between leaves the others recorded, and they
+        // learn this decision from the anchor.
+        state.txns.applying.borrow_mut().insert(txn);
+        txn_durable::apply_part(state, txn, first, plan(first));
+        let waited = wait_durable(state).await;
+        state.txns.applying.borrow_mut().remove(&txn);
+        if let Err(why) = waited {
+            tracing::error!(
+                shard = state.index,
+                txn,
+                "{why}: the decision is not applied"
+            );
+            state.holds_released.notify_waiters();
+            return committed;
+        }
+        rest = &parts[1..];
+    }
+    // From here one synchronous step: the locks go and the writes land with
+    // no request in between.
+    let _ = state.txns.participant.borrow_mut().finish(txn);
+    for part in rest {
+        let plan = plan(part);
+        if part.items.is_empty() && !plan.has_record && !plan.commit_record {
+            continue; // a part of reads only, with nothing recorded
+        }
+        txn_durable::apply_part(state, txn, part, plan);
+    }
+    state.txns.charges.borrow_mut().remove(&txn);
+    // Moves and updates waiting for this tablet's locks re-check; so does
+    // a caller waiting for this application.
     state.holds_released.notify_waiters();
     committed
 }
 
-/// One request to another participant, with a bound on its time.
+/// One request to the shard that owns `anchor` now, with a bound on its
+/// time. The owner comes from the cluster's maps (refreshed once when the
+/// cached one is stale).
 ///
-/// It presents the *client* token, not the cluster credential: the address
-/// came from a client's `TxnPrepare`, so it may be anyone's, and a member
-/// credential sent there would be handed to whoever listens.
+/// It presents the *client* token, not the cluster credential: the anchor
+/// came from a client's `TxnPrepare` and the request is one a client may
+/// send, so nothing more than a client's rights is needed.
+async fn routed_call(
+    state: &ShardState,
+    anchor: &Anchor,
+    request: &Request<'_>,
+) -> Result<Response<'static>, String> {
+    let client = txn_client(state).await?;
+    let mut refresh = false;
+    loop {
+        let addr = client
+            .owner_of(anchor.table, &anchor.key, refresh)
+            .await
+            .map_err(|e| format!("cannot find the owner of a transaction's anchor: {e}"))?;
+        match peer_call(state, &addr, request).await {
+            Err((Some(Status::UnknownTablet), _)) if !refresh => refresh = true,
+            Err((_, why)) => return Err(why),
+            Ok(r) => return Ok(r),
+        }
+    }
+}
+
+/// The shard's cluster client (see `ShardTxns::client`).
+async fn txn_client(state: &ShardState) -> Result<&Client, String> {
+    let Some(coordinator) = state.repl.coordinator() else {
+        return Err("the cluster is not known yet (not enlisted)".into());
+    };
+    state
+        .txns
+        .client
+        .get_or_try_init(|| async {
+            let credentials = state.gate.as_client();
+            let config = ClientConfig {
+                auth_token: credentials.token.clone(),
+                tls: credentials.tls.clone(),
+                op_timeout: PEER_CALL_TIMEOUT,
+                ..ClientConfig::default()
+            };
+            Client::connect_with(&coordinator, config).await
+        })
+        .await
+        .map_err(|e| format!("cannot reach the coordinator at {coordinator}: {e}"))
+}
+
+/// One request to another shard, with a bound on its time. Err carries the
+/// refusal's status, if it was one.
 async fn peer_call(
     state: &ShardState,
     addr: &str,
     request: &Request<'_>,
-) -> Result<Response<'static>, String> {
+) -> Result<Response<'static>, (Option<Status>, String)> {
     let call = async {
         let conn = RpcConn::open(addr, state.gate.as_client())
             .await
-            .map_err(|e| e.to_string())?;
-        let reply = conn.call(request).await.map_err(|e| e.to_string())?;
+            .map_err(|e| (None, e.to_string()))?;
+        let reply = conn
+            .call(request)
+            .await
+            .map_err(|e| (None, e.to_string()))?;
         if reply.status != Status::Ok {
-            return Err(format!("{}: {}", reply.status, reply.error_message()));
+            return Err((
+                Some(reply.status),
+                format!("{}: {}", reply.status, reply.error_message()),
+            ));
         }
-        match reply.decode().map_err(|e| e.to_string())? {
+        match reply.decode().map_err(|e| (None, e.to_string()))? {
             Response::TxnPhase(p) => Ok(Response::TxnPhase(p)),
             Response::TxnDecided { committed } => Ok(Response::TxnDecided { committed }),
-            other => Err(format!("unexpected answer {other:?}")),
+            other => Err((None, format!("unexpected answer {other:?}"))),
         }
     };
     match tokio::time::timeout(PEER_CALL_TIMEOUT, call).await {
-        Ok(r) => r.map_err(|e| format!("participant {addr}: {e}")),
-        Err(_) => Err(format!(
-            "participant {addr} did not answer within {} ms",
-            PEER_CALL_TIMEOUT.as_millis()
+        Ok(r) => r.map_err(|(s, e)| (s, format!("participant {addr}: {e}"))),
+        Err(_) => Err((
+            None,
+            format!(
+                "participant {addr} did not answer within {} ms",
+                PEER_CALL_TIMEOUT.as_millis()
+            ),
         )),
     }
 }
 
 /// The shard's resolver: transactions prepared here for longer than
 /// `PREPARED_TIMEOUT` are resolved (as primary: decided; else: the
-/// primary's decision is asked and applied), and old decisions forgotten.
+/// primary's decision is asked and applied), and old decisions forgotten
+/// with their records.
 pub async fn sweep(state: Rc<ShardState>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         let now = state.txns.now_ms();
-        let overdue = {
+        let (overdue, gone) = {
             let mut p = state.txns.participant.borrow_mut();
-            p.expire(now);
-            p.overdue(now, PREPARED_TIMEOUT.as_millis() as u64)
+            let gone = p.expire(now);
+            (p.overdue(now, PREPARED_TIMEOUT.as_millis() as u64), gone)
         };
+        txn_durable::forget(&state, &gone);
         for txn in overdue {
             let primary = state
                 .txns
                 .participant
                 .borrow()
                 .prepared(txn)
-                .map(|p| p.primary.clone());
-            let Some(primary) = primary else {
+                .map(|p| (p.is_primary, p.primary.clone()));
+            let Some((is_primary, anchor)) = primary else {
                 continue; // decided meanwhile
             };
-            let outcome = match &primary {
-                None => resolve_as_primary(&state, txn).await,
-                Some(addr) => match peer_call(&state, addr, &Request::TxnResolve { txn }).await {
+            let outcome = if is_primary {
+                resolve_as_primary(&state, txn, None).await
+            } else {
+                let request = Request::TxnResolve {
+                    txn,
+                    anchor: TxnAnchor {
+                        table: anchor.table,
+                        key: blob(&anchor.key),
+                    },
+                };
+                match routed_call(&state, &anchor, &request).await {
                     Ok(Response::TxnDecided { committed }) => {
-                        Ok(decide_and_apply(&state, txn, committed))
+                        Ok(settle_and_apply(&state, txn, committed).await)
                     }
-                    Ok(other) => Err(format!("{addr} answered {other:?} to TxnResolve")),
+                    Ok(other) => Err(format!("answered {other:?} to TxnResolve")),
                     Err(e) => Err(e),
-                },
+                }
             };
             match outcome {
                 Ok(committed) => tracing::info!(

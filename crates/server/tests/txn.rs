@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use insitu_client::{Client, ClientConfig, RpcConn, Status, TableInfo};
 use insitu_keyhash::key_hash;
-use insitu_protocol::txn::{TxnItem, TxnWrite};
+use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{RejectRules, Request, Response, blob};
 use insitu_server::ServerConfig;
 
@@ -210,18 +210,23 @@ fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, String)) 
     ((first, first_addr), (second, second_addr))
 }
 
+/// A prepare of one put; `primary` and `others` are anchor keys of `table`.
 fn prepare<'a>(
     txn: u64,
-    primary: Option<&str>,
-    others: &[&str],
+    primary: Option<&'a str>,
+    others: &[&'a str],
     table: u64,
     key: &'a str,
     value: &'a str,
 ) -> Request<'a> {
+    let anchor = |k: &'a str| TxnAnchor {
+        table,
+        key: blob(k.as_bytes()),
+    };
     Request::TxnPrepare {
         txn,
-        primary: primary.map(str::to_string),
-        others: others.iter().map(|s| s.to_string()).collect(),
+        primary: primary.map(anchor),
+        others: others.iter().map(|k| anchor(k)).collect(),
         items: vec![TxnItem {
             table,
             key: blob(key.as_bytes()),
@@ -272,7 +277,7 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
     let s = RpcConn::connect(&owner).await.unwrap();
     let txn = 0xfeed;
     let r = s
-        .call(&prepare(txn, Some(&dest_shard), &[], t, "k", "committed"))
+        .call(&prepare(txn, Some("primary-key"), &[], t, "k", "committed"))
         .await
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
@@ -301,6 +306,69 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
     drop(c.node);
 }
 
+/// A commit decision lives in the log of the primary's anchor tablet, and
+/// moves with it: the primary commits (its client then vanishes before
+/// telling the secondary), the anchor's tablet moves to the secondary's
+/// server, and the secondary's resolution, routed by the anchor key to its
+/// new owner, still learns the commit. (Before decisions were records, the
+/// new owner knew nothing and the secondary aborted: half a commit.)
+#[tokio::test]
+async fn a_commit_decision_moves_with_its_anchor_tablet() {
+    let c = cluster(1).await;
+    let mut config = ServerConfig::new(c.node.addr(), c.node.dir.path().join("s2"));
+    config.shards = 1;
+    let second = insitu_server::start(config).await.unwrap();
+    let info = c.client.create_table("carried", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
+    let (s1, s2) = (
+        RpcConn::connect(&a1).await.unwrap(),
+        RpcConn::connect(&a2).await.unwrap(),
+    );
+    let txn = 0xdec1;
+    for (conn, request) in [
+        (&s1, prepare(txn, None, &[&k2], t, &k1, "v1")),
+        (&s2, prepare(txn, Some(&k1), &[], t, &k2, "v2")),
+    ] {
+        let r = conn.call(&request).await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    }
+    // The primary alone hears the commit.
+    let r = s1
+        .call(&Request::TxnDecide { txn, commit: true })
+        .await
+        .unwrap();
+    assert!(matches!(
+        r.decode().unwrap(),
+        Response::TxnDecided { committed: true }
+    ));
+    wait_for(&c.client, t, &k1, Some("v1"), Duration::from_secs(1)).await;
+    // Move the anchor's tablet onto the secondary's server.
+    let h1 = key_hash(t, k1.as_bytes());
+    let index = info
+        .tablets
+        .iter()
+        .position(|tb| tb.start_hash <= h1 && h1 <= tb.end_hash)
+        .unwrap();
+    let servers = c.client.list_servers().await.unwrap();
+    let dest = servers
+        .iter()
+        .find(|s| s.shard_addrs.contains(&a2))
+        .expect("the secondary's server");
+    c.client
+        .move_tablet("carried", index as u32, dest.id)
+        .await
+        .expect("the anchor's tablet moves (the primary holds no lock)");
+    // The secondary resolves after its 2 s timeout and learns the commit
+    // from the anchor's new owner.
+    wait_for(&c.client, t, &k2, Some("v2"), Duration::from_secs(15)).await;
+    wait_for(&c.client, t, &k1, Some("v1"), Duration::from_secs(1)).await;
+    tokio::task::spawn_blocking(move || second.shutdown())
+        .await
+        .unwrap();
+    drop(c.node);
+}
+
 #[tokio::test]
 async fn a_vanished_clients_transactions_are_resolved() {
     let c = cluster(2).await;
@@ -316,12 +384,12 @@ async fn a_vanished_clients_transactions_are_resolved() {
     // yes, so the primary's resolution commits it.
     let txn = 0xabc1;
     let r = s1
-        .call(&prepare(txn, None, &[&a2], t, &k1, "v1"))
+        .call(&prepare(txn, None, &[&k2], t, &k1, "v1"))
         .await
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
     let r = s2
-        .call(&prepare(txn, Some(&a1), &[], t, &k2, "v2"))
+        .call(&prepare(txn, Some(&k1), &[], t, &k2, "v2"))
         .await
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
@@ -350,7 +418,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
     // primary answers aborted, the secondary drops it and its lock.
     let txn = 0xabc2;
     let r = s2
-        .call(&prepare(txn, Some(&a1), &[], t, &k2, "never"))
+        .call(&prepare(txn, Some(&k1), &[], t, &k2, "never"))
         .await
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
@@ -376,7 +444,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
     wait_for(&c.client, t, &k2, Some("after"), Duration::from_secs(1)).await;
     // Its prepare reaching the primary late is refused: it was aborted.
     let r = s1
-        .call(&prepare(txn, None, &[&a2], t, &k1, "never"))
+        .call(&prepare(txn, None, &[&k2], t, &k1, "never"))
         .await
         .unwrap();
     assert_eq!(r.status, Status::Conflict, "{}", r.error_message());

@@ -164,6 +164,19 @@ pub struct WriteResult {
     pub version: u64,
 }
 
+/// A tablet's side record (a transaction's durable record) as it travels
+/// in a migration: the destination keeps it under the same id and anchor.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SideRecord<'a> {
+    /// The record family (the engine's `RecordId::class`).
+    pub class: u8,
+    pub id: u64,
+    #[serde(borrow)]
+    pub anchor: Blob<'a>,
+    #[serde(borrow)]
+    pub payload: Blob<'a>,
+}
+
 /// An object as it travels in enumeration and migration.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Object<'a> {

@@ -177,6 +177,16 @@ impl Replicator {
             .map_or(0, |i| i.cluster_id)
     }
 
+    /// The coordinator's address, once enlisted (transactions find the
+    /// owners of their anchors through it).
+    pub fn coordinator(&self) -> Option<String> {
+        self.shared
+            .identity
+            .borrow()
+            .as_ref()
+            .map(|i| i.coordinator.clone())
+    }
+
     pub fn new(shared: Arc<ServerReplication>) -> Replicator {
         Replicator {
             shared,

@@ -1,0 +1,208 @@
+//! Transactions caught by a crash in the middle of their commit (separate
+//! processes, kill -9, R = 2): a participant killed after its yes vote, a
+//! primary killed after it committed but before anyone else heard, and a
+//! primary killed before it decided. In each case the transaction ends the
+//! same on both keys once the dead server's tablets are recovered: the
+//! prepared parts and the commit decision are records in the tablets' logs,
+//! replicated like writes and replayed by the recovery.
+//!
+//! The prepares and decisions are sent by hand (as a client's commit would
+//! send them) so the kill lands exactly between two steps.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Cluster, ok, rt};
+use insitu_client::{Client, ClientConfig, RpcConn, Status};
+use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
+use insitu_protocol::{Request, Response, blob};
+
+/// How long a recovery plus a resolution may take: failure detection
+/// (seconds), replay, then the prepared part's 2 s timeout.
+const SETTLE: Duration = Duration::from_secs(90);
+
+struct Setup {
+    cluster: Cluster,
+    client: Client,
+    table: u64,
+    /// The primary's key and the index of its server in `cluster.servers`.
+    k1: String,
+    a1: String,
+    s1: usize,
+    /// The secondary's key, on another server.
+    k2: String,
+    a2: String,
+    s2: usize,
+}
+
+/// Three servers, one shard each; two keys owned by different servers.
+async fn setup(cluster: Cluster, name: &str) -> Setup {
+    ok(cluster.cli(&["table", "create", name, "--tablets", "6"]));
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
+    let table = client.table_id(name).await.unwrap();
+    let mut servers = client.list_servers().await.unwrap();
+    // Servers enlist in the order the harness starts them, so ids sort in
+    // that order too.
+    servers.sort_by_key(|s| s.id);
+    assert_eq!(servers.len(), cluster.servers.len());
+    let server_of = |addr: &str| {
+        servers
+            .iter()
+            .position(|s| s.shard_addrs.iter().any(|a| a == addr))
+            .expect("a shard of a listed server")
+    };
+    let k1 = "key-0".to_string();
+    let a1 = client.owner_of(table, k1.as_bytes(), true).await.unwrap();
+    let mut second = None;
+    for i in 1..1000 {
+        let k = format!("key-{i}");
+        let a = client.owner_of(table, k.as_bytes(), false).await.unwrap();
+        if server_of(&a) != server_of(&a1) {
+            second = Some((k, a));
+            break;
+        }
+    }
+    let (k2, a2) = second.expect("keys on two servers");
+    // A server learns of the others from the coordinator's server list,
+    // fetched every second; until then it keeps its replicas on its own
+    // disk (a one-server cluster's rule), which a kill -9 takes with it.
+    // Wait for every server to have heard of every other.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    Setup {
+        s1: server_of(&a1),
+        s2: server_of(&a2),
+        cluster,
+        client,
+        table,
+        k1,
+        a1,
+        k2,
+        a2,
+    }
+}
+
+fn put<'a>(table: u64, key: &'a str, value: &'a str) -> Vec<TxnItem<'a>> {
+    vec![TxnItem {
+        table,
+        key: blob(key.as_bytes()),
+        read_version: None,
+        write: TxnWrite::Put(blob(value.as_bytes())),
+    }]
+}
+
+/// Prepare `txn` on both participants (k1's shard the primary), as a
+/// client's commit does; both must vote yes.
+async fn prepare_both(s: &Setup, txn: u64) -> RpcConn {
+    let primary = RpcConn::connect(&s.a1).await.unwrap();
+    let secondary = RpcConn::connect(&s.a2).await.unwrap();
+    let p1 = Request::TxnPrepare {
+        txn,
+        primary: None,
+        others: vec![TxnAnchor {
+            table: s.table,
+            key: blob(s.k2.as_bytes()),
+        }],
+        items: put(s.table, &s.k1, "v1"),
+    };
+    let p2 = Request::TxnPrepare {
+        txn,
+        primary: Some(TxnAnchor {
+            table: s.table,
+            key: blob(s.k1.as_bytes()),
+        }),
+        others: vec![],
+        items: put(s.table, &s.k2, "v2"),
+    };
+    for (conn, request) in [(&primary, &p1), (&secondary, &p2)] {
+        let r = conn.call(request).await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+        assert!(matches!(r.decode().unwrap(), Response::TxnPrepared));
+    }
+    primary
+}
+
+async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
+    let r = conn
+        .call(&Request::TxnDecide { txn, commit })
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    match r.decode().unwrap() {
+        Response::TxnDecided { committed } => committed,
+        other => panic!("{other:?} to TxnDecide"),
+    }
+}
+
+/// Wait until `key` reads `want`; reads that fail meanwhile (a tablet being
+/// recovered) are retried.
+async fn wait_for(client: &Client, table: u64, key: &str, want: &str) {
+    let deadline = Instant::now() + SETTLE;
+    let mut last;
+    loop {
+        match client.read(table, key).await {
+            Ok(Some((v, _))) if v.as_ref() == want.as_bytes() => return,
+            Ok(v) => last = format!("{v:?}"),
+            Err(e) => last = e.to_string(),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} never became {want:?} (last: {last})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn a_participant_killed_after_its_yes_vote_applies_the_commit_when_recovered() {
+    rt().block_on(async {
+        let mut s = setup(Cluster::start(3, 1), "crash_secondary").await;
+        let txn = 0x5ec0;
+        let primary = prepare_both(&s, txn).await;
+        // The secondary's server dies holding a yes vote; the primary commits.
+        s.cluster.servers[s.s2].kill();
+        assert!(decide(&primary, txn, true).await);
+        wait_for(&s.client, s.table, &s.k1, "v1").await;
+        // The recovered tablet locks k2 again from its record, resolves with
+        // the primary and applies the commit.
+        wait_for(&s.client, s.table, &s.k2, "v2").await;
+    });
+}
+
+#[test]
+fn a_primary_killed_after_committing_still_commits_everywhere() {
+    rt().block_on(async {
+        let mut s = setup(Cluster::start(3, 1), "crash_primary").await;
+        let txn = 0x9c0;
+        let primary = prepare_both(&s, txn).await;
+        // The primary commits (durably) and dies before anyone else hears.
+        assert!(decide(&primary, txn, true).await);
+        s.cluster.servers[s.s1].kill();
+        // The secondary's resolution finds the commit record at the anchor's
+        // new owner.
+        wait_for(&s.client, s.table, &s.k2, "v2").await;
+        wait_for(&s.client, s.table, &s.k1, "v1").await;
+    });
+}
+
+#[test]
+fn a_primary_killed_before_deciding_is_resolved_once() {
+    rt().block_on(async {
+        let mut s = setup(Cluster::start(3, 1), "crash_undecided").await;
+        let txn = 0x0dec;
+        let _primary = prepare_both(&s, txn).await;
+        // Both voted yes and the primary dies undecided: the recovered
+        // primary part asks the secondary, which is prepared, so it commits;
+        // both keys end committed (never one without the other).
+        s.cluster.servers[s.s1].kill();
+        wait_for(&s.client, s.table, &s.k2, "v2").await;
+        wait_for(&s.client, s.table, &s.k1, "v1").await;
+        // And no lock is left: plain writes go through.
+        s.client.write(s.table, &s.k1, "after").await.unwrap();
+        s.client.write(s.table, &s.k2, "after").await.unwrap();
+    });
+}

@@ -1,0 +1,401 @@
+//! The durable side of a shard's transactions: the records a participant
+//! keeps in its tablets' logs (`insitu_txn::record`), the order in which a
+//! decision reaches the log, and taking the state back from the records
+//! after a recovery or a tablet move. ARCHITECTURE.md, "Transactions",
+//! "Durable records", has the crash cases this order answers.
+//!
+//! A *part* is what a transaction does in one tablet here: its writes, and
+//! the record that holds them until the decision. Why per tablet: a tablet
+//! is recovered on its own (onto any server), and its log is the only thing
+//! that survives with it. Why each part's decision is one *group* of
+//! appends in one log segment (`Engine::reserve_head`): a backup's replica
+//! of a segment holds a prefix of it, so after a crash the record's removal
+//! is present only if every write of the group before it is.
+
+use std::collections::HashMap;
+
+use insitu_engine::{Engine, EngineError, RecordId, key_hash, max_entry_bytes};
+use insitu_protocol::Status;
+use insitu_txn::{
+    Anchor, CLASS_ABORTED, CLASS_COMMITTED, CLASS_PREPARED, Item, Prepared, PreparedRecord,
+    RecordItem, TxnId, Write,
+};
+
+use crate::shard::ShardState;
+
+/// One tablet's part of a prepared transaction.
+#[derive(Debug)]
+pub(crate) struct Part {
+    pub table: u64,
+    /// The key its record is anchored at: the primary's anchor for the
+    /// primary's anchor tablet, else the part's first written key.
+    pub anchor: Vec<u8>,
+    /// Whether this is the primary's anchor tablet (its record names the
+    /// other participants; the commit record goes beside it).
+    pub primary_anchor: bool,
+    /// Its written items (reads need no record).
+    pub items: Vec<Item>,
+}
+
+/// A prepared transaction's parts here, the primary's anchor part first.
+/// Tablets are found through the engine; an item whose tablet is gone (a
+/// bug: tablets with locks neither move nor split away) forms its own part.
+pub(crate) fn parts(engine: &Engine, p: &Prepared) -> Vec<Part> {
+    let tablet_of = |table: u64, hash: u64| engine.tablet_for(table, hash).map(|r| r.start);
+    let mut order: Vec<(u64, Option<u64>)> = Vec::new();
+    let mut by_tablet: HashMap<(u64, Option<u64>), Part> = HashMap::new();
+    if p.is_primary {
+        let t = (
+            p.primary.table,
+            tablet_of(p.primary.table, key_hash(p.primary.table, &p.primary.key)),
+        );
+        order.push(t);
+        by_tablet.insert(
+            t,
+            Part {
+                table: p.primary.table,
+                anchor: p.primary.key.clone(),
+                primary_anchor: true,
+                items: Vec::new(),
+            },
+        );
+    }
+    for item in p.items.iter().filter(|i| i.write != Write::None) {
+        let t = (item.table, tablet_of(item.table, item.hash));
+        by_tablet
+            .entry(t)
+            .or_insert_with(|| {
+                order.push(t);
+                Part {
+                    table: item.table,
+                    anchor: item.key.clone(),
+                    primary_anchor: false,
+                    items: Vec::new(),
+                }
+            })
+            .items
+            .push(item.clone());
+    }
+    order
+        .into_iter()
+        .filter_map(|t| by_tablet.remove(&t))
+        .collect()
+}
+
+/// Most bytes a part's decision appends in one group: the commit record
+/// (primary anchor only), every write, the record's removal.
+pub(crate) fn group_bytes(part: &Part) -> usize {
+    let writes: usize = part
+        .items
+        .iter()
+        .map(|i| match &i.write {
+            Write::Put(v) => max_entry_bytes(i.key.len(), v.len()),
+            _ => max_entry_bytes(i.key.len(), 8),
+        })
+        .sum();
+    let commit = if part.primary_anchor {
+        max_entry_bytes(part.anchor.len(), 9)
+    } else {
+        0
+    };
+    commit + writes + max_entry_bytes(part.anchor.len(), 17)
+}
+
+fn prepared_id(txn: TxnId) -> RecordId {
+    RecordId {
+        class: CLASS_PREPARED,
+        id: txn,
+    }
+}
+
+fn status_of(e: &EngineError) -> Status {
+    crate::handler::engine_status(e)
+}
+
+/// Write the prepared records of `txn` (prepared in the participant): one
+/// per part. Refused (and nothing left written) if a part's decision would
+/// not fit one log segment or the engine refuses a record. The caller makes
+/// them durable before the vote leaves (the conn's ack rule).
+pub(crate) fn write_prepared(state: &ShardState, txn: TxnId) -> Result<(), (Status, String)> {
+    let mut engine = state.engine.borrow_mut();
+    let participant = state.txns.participant.borrow();
+    let Some(p) = participant.prepared(txn) else {
+        return Ok(());
+    };
+    let parts = parts(&engine, p);
+    let segment_bytes = engine.config().segment_bytes;
+    for part in &parts {
+        let bytes = group_bytes(part);
+        if bytes > segment_bytes {
+            return Err((
+                Status::BadRequest,
+                format!(
+                    "transaction {txn:#x} writes {bytes} bytes in one tablet of table {}; a transaction may write at most {segment_bytes} bytes (one log segment) per tablet",
+                    part.table
+                ),
+            ));
+        }
+    }
+    let mut written: Vec<(u64, Vec<u8>)> = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let record = PreparedRecord {
+            primary: p.primary.clone(),
+            others: if part.primary_anchor {
+                p.others.clone()
+            } else {
+                Vec::new()
+            },
+            items: part
+                .items
+                .iter()
+                .map(|i| RecordItem {
+                    table: i.table,
+                    key: i.key.clone(),
+                    write: i.write.clone(),
+                })
+                .collect(),
+        };
+        if let Err(e) =
+            engine.put_record(part.table, &part.anchor, prepared_id(txn), &record.encode())
+        {
+            for (table, anchor) in &written {
+                let _ = engine.remove_record(*table, anchor, prepared_id(txn));
+            }
+            return Err((
+                status_of(&e),
+                format!(
+                    "transaction {txn:#x}: cannot record its part in table {}: {e}",
+                    part.table
+                ),
+            ));
+        }
+        written.push((part.table, part.anchor.clone()));
+    }
+    drop(participant);
+    state.txns.records.borrow_mut().insert(txn, written);
+    Ok(())
+}
+
+/// What `apply_part` writes besides the part's own changes.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupPlan {
+    /// The decision (apply the writes or not).
+    pub commit: bool,
+    /// Write the commit record first (the primary's anchor part of a commit
+    /// that has records elsewhere to answer).
+    pub commit_record: bool,
+    /// The part has a prepared record to remove.
+    pub has_record: bool,
+}
+
+/// Append one part's decision as one group: the commit record, the writes
+/// (on a commit), the record's removal, in one log segment. A write the
+/// engine refuses now is logged and lost for its key alone (the decision
+/// is taken; ARCHITECTURE.md lists it among the known gaps).
+pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: GroupPlan) {
+    let mut engine = state.engine.borrow_mut();
+    let hash = key_hash(part.table, &part.anchor);
+    let bytes = group_bytes(part);
+    if let Err(e) = engine.reserve_head(part.table, hash, bytes) {
+        tracing::warn!(
+            shard = state.index,
+            txn,
+            table = part.table,
+            "a transaction's decision may span two log segments: {e}"
+        );
+    }
+    if plan.commit_record {
+        let id = RecordId {
+            class: CLASS_COMMITTED,
+            id: txn,
+        };
+        match engine.put_record(part.table, &part.anchor, id, &[]) {
+            Ok(()) => {
+                state
+                    .txns
+                    .decided_records
+                    .borrow_mut()
+                    .insert(txn, (part.table, part.anchor.clone(), CLASS_COMMITTED));
+            }
+            Err(e) => tracing::error!(
+                shard = state.index,
+                txn,
+                "cannot record a commit decision: {e}"
+            ),
+        }
+    }
+    if plan.commit {
+        let rules = insitu_engine::RejectRules::default();
+        for item in &part.items {
+            let result = match &item.write {
+                Write::Put(v) => engine.write(item.table, &item.key, v, &rules).map(|_| ()),
+                Write::Remove => match engine.remove(item.table, &item.key, &rules) {
+                    Err(EngineError::ObjectDoesntExist) => Ok(()),
+                    r => r.map(|_| ()),
+                },
+                Write::None => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::error!(
+                    shard = state.index,
+                    txn,
+                    table = item.table,
+                    "committed transaction: a write could not be applied: {e}"
+                );
+            }
+        }
+    }
+    if plan.has_record
+        && let Err(e) = engine.remove_record(part.table, &part.anchor, prepared_id(txn))
+    {
+        tracing::error!(
+            shard = state.index,
+            txn,
+            "cannot remove a decided transaction's record: {e}"
+        );
+    }
+}
+
+/// Record at the primary's anchor that `txn` was aborted before its
+/// prepare arrived here (a participant's resolution asked first), so the
+/// prepare, if it comes after a crash of this server, is still refused.
+pub(crate) fn record_abort(state: &ShardState, txn: TxnId, anchor: &Anchor) {
+    let id = RecordId {
+        class: CLASS_ABORTED,
+        id: txn,
+    };
+    match state
+        .engine
+        .borrow_mut()
+        .put_record(anchor.table, &anchor.key, id, &[])
+    {
+        Ok(()) => {
+            state
+                .txns
+                .decided_records
+                .borrow_mut()
+                .insert(txn, (anchor.table, anchor.key.clone(), CLASS_ABORTED));
+        }
+        Err(e) => tracing::error!(
+            shard = state.index,
+            txn,
+            "cannot record an abort decision: {e}"
+        ),
+    }
+}
+
+/// Remove the decision records of decisions forgotten (their time to live
+/// passed): nobody can ask about them any more.
+pub(crate) fn forget(state: &ShardState, gone: &[TxnId]) {
+    if gone.is_empty() {
+        return;
+    }
+    let mut records = state.txns.decided_records.borrow_mut();
+    let mut engine = state.engine.borrow_mut();
+    for txn in gone {
+        if let Some((table, anchor, class)) = records.remove(txn) {
+            // A tablet moved away took its records along: nothing here.
+            let _ = engine.remove_record(table, &anchor, RecordId { class, id: *txn });
+        }
+    }
+}
+
+/// Take back the transaction state held in one tablet's records (after a
+/// recovery replayed it, or a move installed it): prepared parts lock their
+/// keys again, decisions are known again. Overdue parts are resolved by the
+/// sweep (`txn::sweep`) as if their client had gone silent.
+pub(crate) fn restore_tablet(state: &ShardState, table: u64, start_hash: u64) -> usize {
+    let records = state.engine.borrow().records(table, start_hash);
+    let n = records.len();
+    for r in records {
+        restore_record(state, table, r.id, &r.anchor, &r.payload);
+    }
+    n
+}
+
+/// Take back one record (see `restore_tablet`).
+pub(crate) fn restore_record(
+    state: &ShardState,
+    table: u64,
+    id: RecordId,
+    anchor: &[u8],
+    payload: &[u8],
+) {
+    let now = state.txns.now_ms();
+    let txn = id.id;
+    match id.class {
+        CLASS_PREPARED => {
+            let record = match PreparedRecord::decode(payload) {
+                Ok(r) => r,
+                Err(why) => {
+                    tracing::error!(
+                        shard = state.index,
+                        txn,
+                        table,
+                        "a transaction record cannot be read; its keys are not locked: {why}"
+                    );
+                    return;
+                }
+            };
+            let is_primary = record.primary.table == table && record.primary.key == anchor;
+            let items: Vec<Item> = record
+                .items
+                .into_iter()
+                .map(|i| Item {
+                    hash: key_hash(i.table, &i.key),
+                    table: i.table,
+                    key: i.key,
+                    read_version: None,
+                    write: i.write,
+                })
+                .collect();
+            let bytes: usize = items.iter().map(|i| i.key.len() + value_len(i)).sum();
+            if let Err(why) = state.txns.participant.borrow_mut().restore(
+                txn,
+                record.primary,
+                is_primary,
+                record.others,
+                items,
+                now,
+            ) {
+                tracing::error!(shard = state.index, txn, "restoring a transaction: {why}");
+            }
+            state
+                .txns
+                .records
+                .borrow_mut()
+                .entry(txn)
+                .or_default()
+                .push((table, anchor.to_vec()));
+            // Charged when it fits; a recovery is never refused for it.
+            if let Ok(charge) = state.engine.borrow().try_charge_transient(bytes as u64) {
+                state.txns.charges.borrow_mut().insert(txn, charge);
+            }
+        }
+        CLASS_COMMITTED | CLASS_ABORTED => {
+            let committed = id.class == CLASS_COMMITTED;
+            state
+                .txns
+                .participant
+                .borrow_mut()
+                .restore_decision(txn, committed, now);
+            state
+                .txns
+                .decided_records
+                .borrow_mut()
+                .insert(txn, (table, anchor.to_vec(), id.class));
+        }
+        other => tracing::error!(
+            shard = state.index,
+            txn,
+            "a record of unknown class {other} is kept but not understood"
+        ),
+    }
+}
+
+pub(crate) fn value_len(i: &Item) -> usize {
+    match &i.write {
+        Write::Put(v) => v.len(),
+        _ => 0,
+    }
+}
