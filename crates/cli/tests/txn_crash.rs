@@ -108,6 +108,7 @@ async fn prepare_both(s: &Setup, txn: u64) -> RpcConn {
             key: blob(s.k2.as_bytes()),
         }],
         items: put(s.table, &s.k1, "v1"),
+        writes: true,
     };
     let p2 = Request::TxnPrepare {
         txn,
@@ -117,6 +118,7 @@ async fn prepare_both(s: &Setup, txn: u64) -> RpcConn {
         }),
         others: vec![],
         items: put(s.table, &s.k2, "v2"),
+        writes: true,
     };
     for (conn, request) in [(&primary, &p1), (&secondary, &p2)] {
         let r = conn.call(request).await.unwrap();

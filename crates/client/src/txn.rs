@@ -252,6 +252,7 @@ impl Transaction {
             }
         };
         let primary_anchor = anchor(&primary);
+        let writes = !self.writes.is_empty();
         let other_anchors: Vec<TxnAnchor<'_>> = addrs[1..].iter().map(anchor).collect();
 
         let prepares = shares.iter().map(|(addr, share)| {
@@ -279,6 +280,7 @@ impl Transaction {
                     Vec::new()
                 },
                 items,
+                writes,
             };
             async move {
                 let reply = call_endpoint(&share.ep, &request, false, deadline).await;
@@ -334,11 +336,13 @@ impl Transaction {
             Vote::Yes => None,
         });
 
-        if !uncertain && !commit {
+        if !uncertain && (!commit || !writes) {
             // Every vote is known and one is a no: the outcome is an abort
             // whoever decides (a resolution would find that participant
             // unprepared), so every participant, the primary included, is
-            // told at once. A commit goes to the primary first (below): its
+            // told at once. So is a read-only transaction's commit: nothing
+            // is applied anywhere, so nothing needs a durable decision. A
+            // commit that writes goes to the primary first (below): its
             // durable decision must exist before any participant applies,
             // or a crash of the primary could leave a commit applied by some
             // and aborted by a resolution.
@@ -364,11 +368,15 @@ impl Transaction {
                         ));
                     }
                     // One that does not hear it resolves with the primary
-                    // after its timeout: presumed abort there.
+                    // after its timeout (nothing to apply either way).
                     Ok(_) | Err(_) => {}
                 }
             }
-            return Err(first_no.unwrap_or_else(|| aborted(txn, "aborted")));
+            return if commit {
+                Ok(())
+            } else {
+                Err(first_no.unwrap_or_else(|| aborted(txn, "aborted")))
+            };
         }
 
         // All yes, or a vote unknown (it may have been a yes): the primary

@@ -297,6 +297,12 @@ pub enum Request<'a> {
         others: Vec<crate::txn::TxnAnchor<'a>>,
         #[serde(borrow, deserialize_with = "crate::limits::txn_items")]
         items: Vec<crate::txn::TxnItem<'a>>,
+        /// Whether the transaction writes any key at any participant. When
+        /// false nothing is recorded and the decision need not be durable
+        /// (nothing is applied anywhere): a read-only transaction costs no
+        /// log write and no replication wait. A write item under `false` is
+        /// refused.
+        writes: bool,
     },
     /// The decision. A commit goes to the primary first, which makes it
     /// durable (or answers the decision it already took for an orphan),

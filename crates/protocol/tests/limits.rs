@@ -193,6 +193,7 @@ fn transaction_items_and_participants_are_bounded_while_decoding() {
                 others
             ],
             items: vec![item.clone(); items],
+            writes: true,
         })
         .unwrap()
     };

@@ -476,7 +476,8 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             primary,
             others,
             items,
-        } => crate::txn::prepare(state, id, txn, primary, others, &items, out).await,
+            writes,
+        } => crate::txn::prepare(state, id, txn, primary, others, &items, writes, out).await,
         Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out).await,
         Request::TxnResolve { txn, anchor } => {
             crate::txn::resolve(state, id, txn, anchor, out).await

@@ -135,7 +135,9 @@ pub async fn wait_no_locks(
 
 /// `TxnPrepare`: validate and lock, record the parts durably (the vote
 /// leaves once they are held by the backups: the conn's ack rule); a
-/// primary with no others commits at once.
+/// primary with no others commits at once. `writes`: whether the
+/// transaction writes anywhere (when not, nothing is recorded).
+#[allow(clippy::too_many_arguments)] // the request's fields, as dispatched
 pub async fn prepare(
     state: &ShardState,
     id: u64,
@@ -143,8 +145,19 @@ pub async fn prepare(
     primary: Option<TxnAnchor<'_>>,
     others: Vec<TxnAnchor<'_>>,
     items: &[TxnItem<'_>],
+    writes: bool,
     out: &mut BytesMut,
 ) {
+    if !writes && items.iter().any(|it| !matches!(it.write, TxnWrite::None)) {
+        return encode_error(
+            out,
+            id,
+            Status::BadRequest,
+            format!(
+                "transaction {txn:#x}: a write item in a prepare that says the transaction writes nothing"
+            ),
+        );
+    }
     // Every item's tablet must be here and accept what the item does: a
     // move in progress (frozen) refuses the locks, a moved-out tablet sends
     // the client to refresh its map. Nothing is locked on a refusal.
@@ -253,7 +266,10 @@ pub async fn prepare(
                 .count()
         })
     };
-    if (!one_phase || parts > 1)
+    // A read-only transaction records nothing: nothing is applied anywhere,
+    // so neither a vote nor the decision has anything to keep.
+    if writes
+        && (!one_phase || parts > 1)
         && let Err((status, why)) = txn_durable::write_prepared(state, txn)
     {
         abort_here(state, txn);

@@ -233,6 +233,7 @@ fn prepare<'a>(
             read_version: None,
             write: TxnWrite::Put(blob(value.as_bytes())),
         }],
+        writes: true,
     }
 }
 
@@ -485,6 +486,7 @@ async fn bad_prepares_are_refused_without_locking() {
                 write: TxnWrite::Remove,
             },
         ],
+        writes: true,
     };
     let r = s.call(&twice).await.unwrap();
     assert_eq!(r.status, Status::BadRequest);
@@ -498,6 +500,19 @@ async fn bad_prepares_are_refused_without_locking() {
         .await
         .unwrap();
     assert_eq!(r.status, Status::EmptyKey, "{}", r.error_message());
+    // A write in a prepare that says the transaction writes nothing (it
+    // would be applied without a record).
+    let mut quiet = prepare(4, None, &[], info.id, "k", "v");
+    if let Request::TxnPrepare { writes, .. } = &mut quiet {
+        *writes = false;
+    }
+    let r = s.call(&quiet).await.unwrap();
+    assert_eq!(r.status, Status::BadRequest, "{}", r.error_message());
+    assert!(
+        r.error_message().contains("writes nothing"),
+        "{}",
+        r.error_message()
+    );
     // Nothing stayed locked: a plain write goes through.
     c.client.write(info.id, "k", "v").await.unwrap();
 }
