@@ -26,6 +26,7 @@ mod shard;
 mod sindex;
 mod txn;
 mod txn_durable;
+mod txn_peers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

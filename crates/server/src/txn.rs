@@ -9,8 +9,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use insitu_client::rpc::RpcConn;
-use insitu_client::{Client, ClientConfig};
+use insitu_client::Client;
 use insitu_engine::{TransientCharge, key_hash};
 use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnPhase, TxnWrite};
 use insitu_protocol::{Request, Response, Status, blob, encode_error};
@@ -19,6 +18,7 @@ use insitu_txn::{Anchor, Item, Participant, Phase, Refusal, Write};
 use crate::handler::reply;
 use crate::shard::ShardState;
 use crate::txn_durable::{self, GroupPlan};
+use crate::txn_peers::routed_call;
 
 /// How long a transaction may stay prepared before this participant stops
 /// waiting for its client and resolves it with the primary. Why 2 s: a
@@ -32,7 +32,7 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// One call to another participant (resolve, inquire) must finish within
 /// this; an unreachable participant leaves the transaction prepared, and the
 /// next sweep tries again.
-const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// A tablet move or bulk update waits this long for the tablet's
 /// transaction locks to be released before giving up with Retry. Why: a
 /// lock lives at most `PREPARED_TIMEOUT` plus a resolution unless a
@@ -63,7 +63,7 @@ pub struct ShardTxns {
     applying: RefCell<HashSet<TxnId>>,
     /// A client of the cluster, made on first use: it finds the shard that
     /// owns an anchor now (the coordinator's maps), for resolutions.
-    client: tokio::sync::OnceCell<Client>,
+    pub(crate) client: tokio::sync::OnceCell<Client>,
     /// Origin of the participant's millisecond clock.
     epoch: Instant,
 }
@@ -503,94 +503,6 @@ async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool 
     // a caller waiting for this application.
     state.holds_released.notify_waiters();
     committed
-}
-
-/// One request to the shard that owns `anchor` now, with a bound on its
-/// time. The owner comes from the cluster's maps (refreshed once when the
-/// cached one is stale).
-///
-/// It presents the *client* token, not the cluster credential: the anchor
-/// came from a client's `TxnPrepare` and the request is one a client may
-/// send, so nothing more than a client's rights is needed.
-async fn routed_call(
-    state: &ShardState,
-    anchor: &Anchor,
-    request: &Request<'_>,
-) -> Result<Response<'static>, String> {
-    let client = txn_client(state).await?;
-    let mut refresh = false;
-    loop {
-        let addr = client
-            .owner_of(anchor.table, &anchor.key, refresh)
-            .await
-            .map_err(|e| format!("cannot find the owner of a transaction's anchor: {e}"))?;
-        match peer_call(state, &addr, request).await {
-            Err((Some(Status::UnknownTablet), _)) if !refresh => refresh = true,
-            Err((_, why)) => return Err(why),
-            Ok(r) => return Ok(r),
-        }
-    }
-}
-
-/// The shard's cluster client (see `ShardTxns::client`).
-async fn txn_client(state: &ShardState) -> Result<&Client, String> {
-    let Some(coordinator) = state.repl.coordinator() else {
-        return Err("the cluster is not known yet (not enlisted)".into());
-    };
-    state
-        .txns
-        .client
-        .get_or_try_init(|| async {
-            let credentials = state.gate.as_client();
-            let config = ClientConfig {
-                auth_token: credentials.token.clone(),
-                tls: credentials.tls.clone(),
-                op_timeout: PEER_CALL_TIMEOUT,
-                ..ClientConfig::default()
-            };
-            Client::connect_with(&coordinator, config).await
-        })
-        .await
-        .map_err(|e| format!("cannot reach the coordinator at {coordinator}: {e}"))
-}
-
-/// One request to another shard, with a bound on its time. Err carries the
-/// refusal's status, if it was one.
-async fn peer_call(
-    state: &ShardState,
-    addr: &str,
-    request: &Request<'_>,
-) -> Result<Response<'static>, (Option<Status>, String)> {
-    let call = async {
-        let conn = RpcConn::open(addr, state.gate.as_client())
-            .await
-            .map_err(|e| (None, e.to_string()))?;
-        let reply = conn
-            .call(request)
-            .await
-            .map_err(|e| (None, e.to_string()))?;
-        if reply.status != Status::Ok {
-            return Err((
-                Some(reply.status),
-                format!("{}: {}", reply.status, reply.error_message()),
-            ));
-        }
-        match reply.decode().map_err(|e| (None, e.to_string()))? {
-            Response::TxnPhase(p) => Ok(Response::TxnPhase(p)),
-            Response::TxnDecided { committed } => Ok(Response::TxnDecided { committed }),
-            other => Err((None, format!("unexpected answer {other:?}"))),
-        }
-    };
-    match tokio::time::timeout(PEER_CALL_TIMEOUT, call).await {
-        Ok(r) => r.map_err(|(s, e)| (s, format!("participant {addr}: {e}"))),
-        Err(_) => Err((
-            None,
-            format!(
-                "participant {addr} did not answer within {} ms",
-                PEER_CALL_TIMEOUT.as_millis()
-            ),
-        )),
-    }
 }
 
 /// The shard's resolver: transactions prepared here for longer than

@@ -1,0 +1,100 @@
+//! How a shard reaches the other participants of a transaction: by anchor
+//! key, through the cluster's maps (a tablet moves or is recovered onto
+//! another server with its records, so an address would go stale), with a
+//! bound on every call. ARCHITECTURE.md, "Transactions".
+
+use insitu_client::rpc::RpcConn;
+use insitu_client::{Client, ClientConfig};
+use insitu_protocol::{Request, Response, Status};
+use insitu_txn::Anchor;
+
+use crate::shard::ShardState;
+use crate::txn::PEER_CALL_TIMEOUT;
+
+/// One request to the shard that owns `anchor` now, with a bound on its
+/// time. The owner comes from the cluster's maps (refreshed once when the
+/// cached one is stale).
+///
+/// It presents the *client* token, not the cluster credential: the anchor
+/// came from a client's `TxnPrepare` and the request is one a client may
+/// send, so nothing more than a client's rights is needed.
+pub(crate) async fn routed_call(
+    state: &ShardState,
+    anchor: &Anchor,
+    request: &Request<'_>,
+) -> Result<Response<'static>, String> {
+    let client = txn_client(state).await?;
+    let mut refresh = false;
+    loop {
+        let addr = client
+            .owner_of(anchor.table, &anchor.key, refresh)
+            .await
+            .map_err(|e| format!("cannot find the owner of a transaction's anchor: {e}"))?;
+        match peer_call(state, &addr, request).await {
+            Err((Some(Status::UnknownTablet), _)) if !refresh => refresh = true,
+            Err((_, why)) => return Err(why),
+            Ok(r) => return Ok(r),
+        }
+    }
+}
+
+/// The shard's cluster client (see `ShardTxns::client`).
+async fn txn_client(state: &ShardState) -> Result<&Client, String> {
+    let Some(coordinator) = state.repl.coordinator() else {
+        return Err("the cluster is not known yet (not enlisted)".into());
+    };
+    state
+        .txns
+        .client
+        .get_or_try_init(|| async {
+            let credentials = state.gate.as_client();
+            let config = ClientConfig {
+                auth_token: credentials.token.clone(),
+                tls: credentials.tls.clone(),
+                op_timeout: PEER_CALL_TIMEOUT,
+                ..ClientConfig::default()
+            };
+            Client::connect_with(&coordinator, config).await
+        })
+        .await
+        .map_err(|e| format!("cannot reach the coordinator at {coordinator}: {e}"))
+}
+
+/// One request to another shard, with a bound on its time. Err carries the
+/// refusal's status, if it was one.
+async fn peer_call(
+    state: &ShardState,
+    addr: &str,
+    request: &Request<'_>,
+) -> Result<Response<'static>, (Option<Status>, String)> {
+    let call = async {
+        let conn = RpcConn::open(addr, state.gate.as_client())
+            .await
+            .map_err(|e| (None, e.to_string()))?;
+        let reply = conn
+            .call(request)
+            .await
+            .map_err(|e| (None, e.to_string()))?;
+        if reply.status != Status::Ok {
+            return Err((
+                Some(reply.status),
+                format!("{}: {}", reply.status, reply.error_message()),
+            ));
+        }
+        match reply.decode().map_err(|e| (None, e.to_string()))? {
+            Response::TxnPhase(p) => Ok(Response::TxnPhase(p)),
+            Response::TxnDecided { committed } => Ok(Response::TxnDecided { committed }),
+            other => Err((None, format!("unexpected answer {other:?}"))),
+        }
+    };
+    match tokio::time::timeout(PEER_CALL_TIMEOUT, call).await {
+        Ok(r) => r.map_err(|(s, e)| (s, format!("participant {addr}: {e}"))),
+        Err(_) => Err((
+            None,
+            format!(
+                "participant {addr} did not answer within {} ms",
+                PEER_CALL_TIMEOUT.as_millis()
+            ),
+        )),
+    }
+}
