@@ -237,6 +237,18 @@ fn prepare<'a>(
     }
 }
 
+/// Send decision `commit` of `txn` on `conn`; the decision that stands there.
+async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
+    let r = conn
+        .call(&Request::TxnDecide { txn, commit })
+        .await
+        .unwrap();
+    match r.decode().unwrap() {
+        Response::TxnDecided { committed } => committed,
+        other => panic!("{other:?} to TxnDecide"),
+    }
+}
+
 /// Wait until `key` reads `want` (None: absent), or fail after `within`.
 async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, within: Duration) {
     let deadline = Instant::now() + within;
@@ -286,14 +298,7 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
     let mover = tokio::spawn(async move { client.move_tablet("moving", 0, dest_id).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!mover.is_finished(), "the move did not wait for the lock");
-    let r = s
-        .call(&Request::TxnDecide { txn, commit: true })
-        .await
-        .unwrap();
-    assert!(matches!(
-        r.decode().unwrap(),
-        Response::TxnDecided { committed: true }
-    ));
+    assert!(decide(&s, txn, true).await);
     mover
         .await
         .unwrap()
@@ -335,14 +340,7 @@ async fn a_commit_decision_moves_with_its_anchor_tablet() {
         assert_eq!(r.status, Status::Ok, "{}", r.error_message());
     }
     // The primary alone hears the commit.
-    let r = s1
-        .call(&Request::TxnDecide { txn, commit: true })
-        .await
-        .unwrap();
-    assert!(matches!(
-        r.decode().unwrap(),
-        Response::TxnDecided { committed: true }
-    ));
+    assert!(decide(&s1, txn, true).await);
     wait_for(&c.client, t, &k1, Some("v1"), Duration::from_secs(1)).await;
     // Move the anchor's tablet onto the secondary's server.
     let h1 = key_hash(t, k1.as_bytes());
@@ -450,14 +448,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
         .unwrap();
     assert_eq!(r.status, Status::Conflict, "{}", r.error_message());
     // And the client's commit decision, if it came now, learns the abort.
-    let r = s1
-        .call(&Request::TxnDecide { txn, commit: true })
-        .await
-        .unwrap();
-    assert!(matches!(
-        r.decode().unwrap(),
-        Response::TxnDecided { committed: false }
-    ));
+    assert!(!decide(&s1, txn, true).await);
     drop(c.node);
 }
 
@@ -513,7 +504,38 @@ async fn bad_prepares_are_refused_without_locking() {
         "{}",
         r.error_message()
     );
-    // Nothing stayed locked: a plain write goes through.
+    // A part whose decision would not fit one log segment (2 MiB): three
+    // 1 MB values in one tablet.
+    let one = c.client.create_table("big", 1).await.unwrap();
+    let value = vec![7u8; 1_000_000];
+    let keys = ["b0", "b1", "b2"];
+    let big = Request::TxnPrepare {
+        txn: 5,
+        primary: Some(TxnAnchor {
+            table: one.id,
+            key: blob(b"elsewhere"),
+        }),
+        others: vec![],
+        items: keys
+            .iter()
+            .map(|k| TxnItem {
+                table: one.id,
+                key: blob(k.as_bytes()),
+                read_version: None,
+                write: TxnWrite::Put(blob(&value)),
+            })
+            .collect(),
+        writes: true,
+    };
+    let r = s.call(&big).await.unwrap();
+    assert_eq!(r.status, Status::BadRequest, "{}", r.error_message());
+    assert!(
+        r.error_message().contains("one log segment"),
+        "{}",
+        r.error_message()
+    );
+    // Nothing stayed locked: plain writes go through.
+    c.client.write(one.id, "b0", "v").await.unwrap();
     c.client.write(info.id, "k", "v").await.unwrap();
 }
 
