@@ -215,6 +215,27 @@ pub(crate) fn clean_segment(
     }
 }
 
+/// Copy the live entry of `len` bytes at `at` of `src` (an object or a side
+/// record) into a survivor segment of `t`, counted live there; returns the
+/// survivor's slot and the entry's offset in it. Inlined: it is the body of
+/// the cleaner's per-entry loop.
+#[inline(always)]
+fn copy_live(
+    t: &mut Tablet,
+    budget: &mut Budget,
+    src: &Segment,
+    at: usize,
+    len: usize,
+) -> Result<(u32, u32), EngineError> {
+    let sv = survivor_with_room(t, budget, len)?;
+    let survivor = &mut t.segs[sv as usize];
+    let new_at = survivor.append_raw(&src.buf[at..at + len]);
+    budget.changes += 1;
+    survivor.live_bytes += len as u64;
+    survivor.stamp = survivor.stamp.max(src.stamp);
+    Ok((sv, new_at))
+}
+
 /// Copy what the entries of `src` (slot `slot`, taken out of the tablet)
 /// keep, starting at byte `from` and stopping at the first entry boundary at
 /// or past `from + max_scan` bytes; returns that offset (`src.buf.len()` when
@@ -244,18 +265,13 @@ pub(crate) fn copy_kept(
         let len = entry::len_at(&src.buf, at);
         match entry::kind(&src.buf, at) {
             KIND_OBJECT if !entry::is_dead(&src.buf, at) => {
-                let sv = match survivor_with_room(t, budget, len) {
-                    Ok(sv) => sv,
+                let (sv, new_at) = match copy_live(t, budget, src, at, len) {
+                    Ok(copied) => copied,
                     Err(e) => {
                         relink(t, &moved[..pending]);
                         return Err(e);
                     }
                 };
-                let survivor = &mut t.segs[sv as usize];
-                let new_at = survivor.append_raw(&src.buf[at..at + len]);
-                budget.changes += 1;
-                survivor.live_bytes += len as u64;
-                survivor.stamp = survivor.stamp.max(src.stamp);
                 let hash = crate::key_hash(t.table, entry::key_at(&src.buf, at));
                 moved[pending] = (hash, loc(slot, at as u32), loc(sv, new_at));
                 pending += 1;
@@ -270,18 +286,13 @@ pub(crate) fn copy_kept(
                 stats.entries_moved += 1;
             }
             KIND_RECORD if !entry::is_dead(&src.buf, at) => {
-                let sv = match survivor_with_room(t, budget, len) {
-                    Ok(sv) => sv,
+                let (sv, new_at) = match copy_live(t, budget, src, at, len) {
+                    Ok(copied) => copied,
                     Err(e) => {
                         relink(t, &moved[..pending]);
                         return Err(e);
                     }
                 };
-                let survivor = &mut t.segs[sv as usize];
-                let new_at = survivor.append_raw(&src.buf[at..at + len]);
-                budget.changes += 1;
-                survivor.live_bytes += len as u64;
-                survivor.stamp = survivor.stamp.max(src.stamp);
                 // Re-pointed at once (records are few: no batching).
                 let id = entry::record_at(&src.buf, at).id;
                 let mapped = t.records.get_mut(&id).expect("a live record is mapped");
