@@ -332,22 +332,10 @@ impl Participant {
                 }
             }
         }
-        for item in items.iter().filter(|i| i.write != Write::None) {
-            self.locks
-                .insert((item.table, item.key.clone()), (txn, item.hash));
-        }
-        self.held_bytes += bytes;
-        self.prepared.insert(
-            txn,
-            Prepared {
-                primary,
-                is_primary,
-                others,
-                items,
-                since_ms: now_ms,
-                bytes,
-            },
-        );
+        // Validated: locking and keeping are what a restore does too (no
+        // key can clash now, every one was checked above).
+        let kept = self.restore(txn, primary, is_primary, others, items, now_ms);
+        debug_assert!(kept.is_ok(), "a validated prepare clashed: {kept:?}");
         Ok(())
     }
 

@@ -285,6 +285,16 @@ mod tests {
         assert!(PreparedRecord::decode(&future).is_err());
     }
 
+    #[test]
+    fn a_huge_count_is_refused_before_anything_is_reserved() {
+        let mut bytes = vec![FORMAT];
+        bytes.extend_from_slice(&3u64.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes()); // empty primary key
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes()); // others
+        let e = PreparedRecord::decode(&bytes).unwrap_err();
+        assert!(e.contains("passes"), "{e}");
+    }
+
     proptest! {
         /// Any bytes decode to an error or a record, never a panic, and a
         /// huge count is refused before anything is reserved for it.
