@@ -95,11 +95,13 @@ fn control_requests(table: u64, attacker: &str) -> Vec<Request<'_>> {
             end_hash: u64::MAX / 4,
             map_version: u64::MAX,
             state: TabletState::Receiving,
+            migration: 1,
         },
         Request::MigrateTablet {
             table,
             start_hash: 0,
             dest_addr: attacker.to_string(),
+            migration: 1,
         },
         Request::ActivateTablet {
             table,

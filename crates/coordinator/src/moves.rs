@@ -117,13 +117,18 @@ impl Coordinator {
             .await?;
         }
 
-        // (1) The destination prepares an empty, not-yet-serving copy.
+        // (1) The destination prepares an empty, not-yet-serving copy that
+        // accepts only this attempt's batches (`migration`). Not recorded: a
+        // restarted coordinator never resumes a copy, it undoes or finishes
+        // the move, so the id only has to differ from every other attempt's.
+        let migration = move_id(table, index);
         let receive = Request::TakeTablet {
             table,
             start_hash,
             end_hash: old.end_hash,
             map_version: old.map_version,
             state: TabletState::Receiving,
+            migration,
         };
         if let Err(e) = self
             .shards
@@ -149,6 +154,7 @@ impl Coordinator {
             table,
             start_hash,
             dest_addr: dest_addr.clone(),
+            migration,
         };
         if let Err(e) = self
             .shards
@@ -301,4 +307,13 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// A fresh id for one move attempt: random (the process's hasher keys are
+/// random and each `RandomState` differs), nonzero, so two attempts, even by
+/// coordinators before and after a restart, collide with odds of 2^-64.
+fn move_id(table: u64, index: u32) -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now();
+    std::collections::hash_map::RandomState::new().hash_one((table, index, now)) | 1
 }

@@ -83,6 +83,7 @@ impl Coordinator {
                 end_hash: record.old.end_hash,
                 map_version: record.old.map_version,
                 state: TabletState::Active,
+                migration: 0,
             };
             self.call_with_retries(src, &unfreeze, CONTROL_TIMEOUT)
                 .await

@@ -81,6 +81,7 @@ impl Coordinator {
                 end_hash: t.end_hash,
                 map_version: version,
                 state: TabletState::Active,
+                migration: 0,
             };
             async move { self.shards.call(addr, &request, CONTROL_TIMEOUT).await }
         });

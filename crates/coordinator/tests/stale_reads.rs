@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use insitu_client::{Client, RpcConn};
-use insitu_protocol::{Request, Response, Status, TabletState, blob};
+use insitu_protocol::{Object, Request, Response, Status, TabletState, blob};
 use insitu_server::{ServerConfig, ServerHandle};
 
 async fn server(coordinator: &str, dir: &TempDir, name: &str) -> ServerHandle {
@@ -50,20 +50,34 @@ fn write(table: u64, value: &'static [u8]) -> Request<'static> {
 }
 
 fn take(table: u64, version: u64, state: TabletState) -> Request<'static> {
+    let migration = if state == TabletState::Receiving { MOVE } else { 0 };
+    take_for(table, version, state, migration)
+}
+
+fn take_for(table: u64, version: u64, state: TabletState, migration: u64) -> Request<'static> {
     Request::TakeTablet {
         table,
         start_hash: 0,
         end_hash: u64::MAX,
         map_version: version,
         state,
+        migration,
     }
 }
 
+/// The id of the moves these tests drive by hand.
+const MOVE: u64 = 7;
+
 fn migrate(table: u64, dest: &ServerHandle) -> Request<'static> {
+    migrate_for(table, dest, MOVE)
+}
+
+fn migrate_for(table: u64, dest: &ServerHandle, migration: u64) -> Request<'static> {
     Request::MigrateTablet {
         table,
         start_hash: 0,
         dest_addr: dest.shard_addrs[0].to_string(),
+        migration,
     }
 }
 
@@ -180,6 +194,87 @@ async fn a_reader_with_a_stale_map_never_sees_an_older_value_than_an_acknowledge
     assert_eq!(value_of(&src, table).await, b"w");
 
     drop((src, dest, reader, writer));
+    stop(vec![s1, s2]).await;
+    coord.shutdown().await;
+}
+
+/// A receiving copy takes only its own move's batches, and each move
+/// attempt starts from an empty copy: a late batch of an aborted attempt,
+/// or the aborted attempt's copy itself, would otherwise bring back an
+/// object deleted between the attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
+    let dir = TempDir::new("moveids");
+    let coord = start_coordinator(&dir).await;
+    let addr = coord.addr().to_string();
+    let s1 = server(&addr, &dir, "s1").await;
+    let s2 = server(&addr, &dir, "s2").await;
+    let (src, dest) = (shard(&s1).await, shard(&s2).await);
+    let table = 900;
+    let (first, second) = (0x11, 0x22);
+    expect_ok(&call(&src, take(table, 1, TabletState::Active)).await);
+    expect_ok(&call(&src, write(table, b"kept")).await);
+    let gone = Request::Write {
+        table,
+        key: blob(b"gone"),
+        value: blob(b"old"),
+        rules: Default::default(),
+    };
+    expect_ok(&call(&src, gone).await);
+
+    // Attempt 1 copies both objects, then is aborted (the source serves again).
+    let receive_first = take_for(table, 1, TabletState::Receiving, first);
+    expect_ok(&call(&dest, receive_first.clone()).await);
+    // A resent take of the same attempt keeps its copy.
+    expect_ok(&call(&dest, receive_first).await);
+    expect_ok(&call(&src, migrate_for(table, &s2, first)).await);
+    expect_ok(&call(&src, take(table, 1, TabletState::Active)).await);
+    // Deleted between the attempts.
+    let remove = Request::Remove {
+        table,
+        key: blob(b"gone"),
+        rules: Default::default(),
+    };
+    expect_ok(&call(&src, remove).await);
+
+    // Attempt 2: its take empties the copy; attempt 1's late batch is refused.
+    expect_ok(&call(&dest, take_for(table, 1, TabletState::Receiving, second)).await);
+    let late = Request::MigrateBatch {
+        table,
+        start_hash: 0,
+        migration: first,
+        next_version: 1,
+        objects: vec![Object {
+            key: blob(b"gone"),
+            value: blob(b"old"),
+            version: 2,
+        }],
+        records: Vec::new(),
+    };
+    let refused = expect_err(&call(&dest, late).await, Status::BadRequest);
+    assert!(refused.contains("aborted move"), "{refused}");
+    expect_ok(&call(&src, migrate_for(table, &s2, second)).await);
+    let activate = Request::ActivateTablet {
+        table,
+        start_hash: 0,
+        map_version: 2,
+    };
+    expect_ok(&call(&dest, activate).await);
+    assert_eq!(value_of(&dest, table).await, b"kept");
+    let gone = Request::Read {
+        table,
+        key: blob(b"gone"),
+    };
+    assert_eq!(status_of(&dest, gone).await, Status::ObjectDoesntExist, "deleted stays deleted");
+
+    // A receiving take without a move id, or over a copy that serves, is refused.
+    let no_id = take_for(901, 1, TabletState::Receiving, 0);
+    expect_err(&call(&dest, no_id).await, Status::BadRequest);
+    let over_serving = take_for(table, 3, TabletState::Receiving, 0x33);
+    expect_err(&call(&dest, over_serving).await, Status::BadRequest);
+    assert_eq!(value_of(&dest, table).await, b"kept", "the serving copy is untouched");
+
+    drop((src, dest));
     stop(vec![s1, s2]).await;
     coord.shutdown().await;
 }

@@ -97,6 +97,11 @@ pub enum Request<'a> {
         end_hash: u64,
         map_version: u64,
         state: TabletState,
+        /// For `Receiving`: the move's id (nonzero, chosen by the coordinator
+        /// per move attempt). The copy accepts only `MigrateBatch`es of this
+        /// id, so a late batch of an aborted attempt can never land in (and
+        /// bring deleted objects back into) a later attempt's copy. 0 otherwise.
+        migration: u64,
     },
     DropTablet {
         table: u64,
@@ -111,11 +116,15 @@ pub enum Request<'a> {
         table: u64,
         start_hash: u64,
         dest_addr: String,
+        /// The move's id, as given to the destination's `TakeTablet`; every batch carries it.
+        migration: u64,
     },
     /// One batch of a migration: source shard -> destination shard.
     MigrateBatch {
         table: u64,
         start_hash: u64,
+        /// The move's id: must match the receiving copy's (see `TakeTablet`).
+        migration: u64,
         next_version: u64,
         #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         objects: Vec<Object<'a>>,

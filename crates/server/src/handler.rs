@@ -313,10 +313,16 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             end_hash,
             map_version,
             state: tablet_state,
+            migration,
         } => {
             let Some(range) = HashRange::new(start_hash, end_hash) else {
                 return encode_error(out, id, Status::BadRequest, "tablet range start > end");
             };
+            if tablet_state == TabletState::Receiving {
+                if let Err(message) = crate::migrate::fresh_receiving_copy(state, table, start_hash, migration) {
+                    return encode_error(out, id, Status::BadRequest, message);
+                }
+            }
             let exists = state.tablets.borrow().contains_key(&(table, start_hash));
             if !exists {
                 if let Err(e) = state.engine.borrow_mut().create_tablet(table, range) {
@@ -334,6 +340,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             meta.frozen = false;
             meta.moved_out = false;
             meta.migration = 0;
+            meta.receiving = if tablet_state == TabletState::Receiving { migration } else { 0 };
             drop(tablets);
             state.recount_unusual();
             tracing::info!(
@@ -401,21 +408,22 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             table,
             start_hash,
             dest_addr,
-        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr).await {
+            migration,
+        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr, migration).await {
             Ok(()) => reply(out, id, &Response::Done),
             Err((status, message)) => encode_error(out, id, status, message),
         },
         Request::MigrateBatch {
             table,
             start_hash,
+            migration,
             next_version,
             objects,
             records,
         } => {
             match crate::migrate::install_batch(
                 state,
-                table,
-                start_hash,
+                (table, start_hash, migration),
                 next_version,
                 &objects,
                 &records,

@@ -33,6 +33,7 @@ pub async fn migrate_out(
     table: u64,
     start_hash: u64,
     dest_addr: &str,
+    migration: u64,
 ) -> Result<(), (Status, String)> {
     // Never copy half an update: wait for it (no await between here and the freeze).
     crate::hold::wait_no_update(state, table, start_hash).await?;
@@ -59,7 +60,7 @@ pub async fn migrate_out(
     }
     state.migrations.set(id);
     state.recount_unusual();
-    let result = copy_out(state, table, start_hash, dest_addr).await;
+    let result = copy_out(state, (table, start_hash, migration), dest_addr).await;
     let mut tablets = state.tablets.borrow_mut();
     let ours = tablets
         .get_mut(&(table, start_hash))
@@ -97,8 +98,7 @@ pub async fn migrate_out(
 /// The copy itself: every live object with its version, then the version floor.
 async fn copy_out(
     state: &ShardState,
-    table: u64,
-    start_hash: u64,
+    (table, start_hash, migration): (u64, u64, u64),
     dest_addr: &str,
 ) -> Result<(), (Status, String)> {
     // Writes are refused from here on, so this copy is the tablet's final
@@ -154,6 +154,7 @@ async fn copy_out(
         let request = Request::MigrateBatch {
             table,
             start_hash,
+            migration,
             next_version,
             objects: batch,
             records: Vec::new(),
@@ -185,6 +186,7 @@ async fn copy_out(
         let request = Request::MigrateBatch {
             table,
             start_hash,
+            migration,
             next_version,
             objects: Vec::new(),
             records: records[at..end]
@@ -237,16 +239,64 @@ async fn send_batch(
     Ok(())
 }
 
-pub fn install_batch(
+/// Prepare for `TakeTablet{Receiving}` of move `migration`: a copy already
+/// here that is not this move's receiving copy is dropped, so the move starts
+/// from an empty tablet. Why: a copy left by an aborted attempt, or one moved
+/// out earlier, holds objects that may have been deleted since; batches
+/// installed on top would bring them back. A copy that serves here is
+/// refused instead (the coordinator never moves a tablet onto its owner).
+pub fn fresh_receiving_copy(
     state: &ShardState,
     table: u64,
     start_hash: u64,
+    migration: u64,
+) -> Result<(), String> {
+    if migration == 0 {
+        return Err("a receiving copy needs the move's id (nonzero)".into());
+    }
+    let stale = match state.tablets.borrow().get(&(table, start_hash)) {
+        None => false,
+        Some(m) if m.serves_reads() => {
+            return Err(format!(
+                "tablet {table}/{start_hash:#x} serves here; it cannot receive a copy over itself"
+            ));
+        }
+        Some(m) => !(m.state == TabletState::Receiving && m.receiving == migration),
+    };
+    if stale {
+        state.tablets.borrow_mut().remove(&(table, start_hash));
+        state.engine.borrow_mut().drop_tablet(table, start_hash);
+        tracing::info!(
+            shard = state.index,
+            table,
+            start_hash,
+            migration,
+            "dropped a stale copy before receiving a move"
+        );
+    }
+    Ok(())
+}
+
+/// Install one batch of move `migration` into the receiving copy.
+pub fn install_batch(
+    state: &ShardState,
+    (table, start_hash, migration): (u64, u64, u64),
     next_version: u64,
     objects: &[Object<'_>],
     records: &[SideRecord<'_>],
 ) -> Result<(), (Status, String)> {
     match state.tablets.borrow().get(&(table, start_hash)) {
-        Some(m) if m.state == TabletState::Receiving => {}
+        Some(m) if m.state == TabletState::Receiving && m.receiving == migration && migration != 0 => {}
+        Some(m) if m.state == TabletState::Receiving => {
+            return Err((
+                Status::BadRequest,
+                format!(
+                    "a batch of move {migration:#x} does not belong to this receiving copy (move {:#x}): \
+                     a late batch of an aborted move is refused",
+                    m.receiving
+                ),
+            ));
+        }
         Some(_) => {
             return Err((
                 Status::BadRequest,

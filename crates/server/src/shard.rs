@@ -33,6 +33,10 @@ pub struct TabletMeta {
     /// that was aborted meanwhile neither marks the tablet moved out nor
     /// un-freezes a state that an abort or a newer migration set.
     pub migration: u64,
+    /// For a `Receiving` copy made for a move: that move's id (see
+    /// `Request::TakeTablet`); only its batches are installed. 0 for a
+    /// recovery's receiving copy and for every other state.
+    pub receiving: u64,
     /// Scans and updates holding the tablet still (`hold.rs`): writes get Retry.
     pub write_holds: u32,
     /// An update holds the tablet (exclusive: other updates and moves wait).
@@ -48,6 +52,7 @@ impl TabletMeta {
             frozen: false,
             moved_out: false,
             migration: 0,
+            receiving: 0,
             write_holds: 0,
             updating: false,
         }

@@ -172,6 +172,7 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                             end_hash,
                             map_version,
                             state,
+                            ..
                         }) => Some(Ctl::Take {
                             table,
                             start: start_hash,
@@ -189,6 +190,7 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                             table,
                             start_hash,
                             dest_addr,
+                            ..
                         }) => Some(Ctl::Migrate {
                             table,
                             start: start_hash,

@@ -281,6 +281,7 @@ pub async fn take_tablet(conn: &RpcConn) -> Result<Status, insitu_client::rpc::R
             end_hash: u64::MAX,
             map_version: 1,
             state: TabletState::Active,
+            migration: 0,
         })
         .await?;
     Ok(reply.status)
