@@ -27,6 +27,8 @@ mod sindex;
 mod txn;
 mod txn_durable;
 mod txn_peers;
+mod update_keys;
+mod update_log;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

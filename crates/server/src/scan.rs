@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use insitu_compute::aggregate::{F64AggK, IntAggK};
-use insitu_compute::kernel::{CountK, GradK, Kernel, KeysK, Visit};
+use insitu_compute::kernel::{CountK, GradK, Kernel, Visit};
 use insitu_compute::validate::describe_need;
 use insitu_compute::{GradAcc, apply_update, eval, new_value, validate_plan};
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult, UpdateAction};
@@ -34,6 +34,8 @@ use crate::handler::engine_status;
 use crate::hold::Hold;
 use crate::scan_run::{CHUNK, Refusal, Run, show_key};
 use crate::shard::ShardState;
+use crate::update_keys::ChargedKeys;
+use crate::update_log::{self, UpdateKey, UpdateState};
 
 /// Updated objects between two clock checks in an update's apply phase.
 const UPDATES_PER_STEP: usize = 64;
@@ -69,15 +71,14 @@ async fn run_kernel<K: Kernel>(
     if filtered { go!(true) } else { go!(false) }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Run `plan` over one tablet. An update named by `op` records its progress
+/// (`update_log.rs`), so a resend is never applied twice.
 async fn execute(
     state: &ShardState,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
+    (table, start_hash, end_hash): (u64, u64, u64),
     map_version: u64,
     plan: &ScanPlan,
-    deadline: Option<Instant>,
+    (deadline, op): (Option<Instant>, Option<UpdateKey>),
 ) -> Result<ScanResult, Refusal> {
     let started = Instant::now();
     let need = validate_plan(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
@@ -93,6 +94,8 @@ async fn execute(
         index_snap: std::cell::RefCell::new(None),
         hold: None,
     };
+    // The anchor of this update's started record, once written.
+    let mut begun: Option<Vec<u8>> = None;
     if matches!(plan.op, Op::Update { .. }) {
         // Checked first so a moving tablet is refused at once, not waited for.
         run.check()?;
@@ -143,7 +146,19 @@ async fn execute(
             (Partial::Gradient(k.acc.finish()), vis, m)
         }
         Op::Update { field, action } => {
-            let (keys, vis, m) = run_kernel(&mut run, plan, KeysK::default(), need).await?;
+            let (mut keys, vis, m) =
+                run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need).await?;
+            keys.settle();
+            if keys.refused {
+                return Err((
+                    Status::OutOfMemory,
+                    format!(
+                        "the update's list of matched keys does not fit in this server's memory budget \
+                         ({} bytes were charged when it was refused); nothing was written on this tablet",
+                        keys.charged_bytes()
+                    ),
+                ));
+            }
             // The client stops waiting at its deadline: then write nothing.
             // Past this check the apply phase runs to its end (yielding, with
             // the tablet held), so a tablet's update is applied fully or not at all.
@@ -152,7 +167,7 @@ async fn execute(
                     Status::Retry,
                     format!(
                         "the update's time budget passed after collecting {} keys; nothing was written on this tablet",
-                        keys.0.len()
+                        keys.keys.len()
                     ),
                 ));
             }
@@ -160,20 +175,31 @@ async fn execute(
             if let Some(hold) = run.hold.as_mut() {
                 hold.release_cleaner();
             }
-            let updated = apply_updates(&run, plan, &keys.0, *field, *action, need).await?;
+            check_updates(&run, plan, &keys.keys, *field, *action, need).await?;
+            // From the first write on, a crash leaves a trace a resend finds.
+            if let (Some(k), Some(anchor)) = (op, keys.keys.first()) {
+                update_log::begin(state, k, anchor)?;
+                begun = Some(anchor.clone());
+            }
+            let updated = write_updates(&run, plan, &keys.keys, *field, *action).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
-    Ok(ScanResult {
+    let result = ScanResult {
         visited,
         matched,
         server_nanos: started.elapsed().as_nanos() as u64,
         restarts: run.restarts,
         partial,
-    })
+    };
+    if let (Some(k), Some(anchor)) = (op, begun) {
+        update_log::finish(state, k, &anchor, &result);
+    }
+    Ok(result)
 }
 
-/// Update, phase two: read-modify-write each collected key.
+/// Update, phase two, first pass: check that every collected key can take
+/// the change, writing nothing.
 ///
 /// Two passes over the keys, each in slices of about `CHUNK` with a yield
 /// between them. The run's hold keeps other writes, other updates and tablet
@@ -183,14 +209,14 @@ async fn execute(
 /// one object cannot take it (too short, or an `add` that overflows the
 /// field); only then does the second write. A refused update therefore
 /// writes nothing on this tablet.
-async fn apply_updates(
+async fn check_updates(
     run: &Run<'_>,
     plan: &ScanPlan,
     keys: &[Vec<u8>],
     field: Field,
     action: UpdateAction,
     need: usize,
-) -> Result<u64, Refusal> {
+) -> Result<(), Refusal> {
     assert!(run.hold.is_some(), "an update runs holding its tablet");
     run.check()?;
     let mut slice_start = Instant::now();
@@ -221,6 +247,19 @@ async fn apply_updates(
             ));
         }
     }
+    Ok(())
+}
+
+/// Update, phase two, second pass: write every collected key that still
+/// matches (`check_updates` ran over the same, unchanged objects).
+async fn write_updates(
+    run: &Run<'_>,
+    plan: &ScanPlan,
+    keys: &[Vec<u8>],
+    field: Field,
+    action: UpdateAction,
+) -> Result<u64, Refusal> {
+    assert!(run.hold.is_some(), "an update runs holding its tablet");
     let mut value = Vec::new();
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
@@ -260,67 +299,6 @@ async fn apply_updates(
     Ok(updated)
 }
 
-/// Updates a shard remembers by operation id, so a resend is answered, not
-/// applied again. Why 4096: a client resends within its operation timeout
-/// (seconds), and even thousands of updates a second on one shard stay
-/// within this window; a few hundred bytes each keeps it under ~1 MB.
-const REMEMBERED_UPDATES: usize = 4096;
-
-/// What a shard knows of an update operation on one tablet.
-#[derive(Clone)]
-enum UpdateState {
-    /// Running (in its chunked key-collection phase): a resend is told to retry.
-    Running,
-    /// Applied: a resend gets this result again.
-    Done(ScanResult),
-}
-
-/// (table, tablet start_hash, op id) -> state, oldest first for eviction.
-#[derive(Default)]
-struct UpdateLog {
-    states: std::collections::HashMap<(u64, u64, u64), UpdateState>,
-    order: std::collections::VecDeque<(u64, u64, u64)>,
-}
-
-thread_local! {
-    /// One shard per thread (see `shard.rs`), so this is the shard's own log.
-    static UPDATES: std::cell::RefCell<UpdateLog> = std::cell::RefCell::new(UpdateLog::default());
-}
-
-fn update_state(id: (u64, u64, u64)) -> Option<UpdateState> {
-    UPDATES.with(|u| u.borrow().states.get(&id).cloned())
-}
-
-fn set_update_state(id: (u64, u64, u64), state: Option<UpdateState>) {
-    UPDATES.with(|u| {
-        let mut u = u.borrow_mut();
-        let UpdateLog { states, order } = &mut *u;
-        match state {
-            None => {
-                states.remove(&id);
-                order.retain(|k| *k != id);
-            }
-            Some(s) => {
-                if states.insert(id, s).is_none() {
-                    order.push_back(id);
-                }
-            }
-        }
-        // Evict the oldest finished ones; a running one stays (bounded by
-        // the shard's connections) and is removed when it ends.
-        let mut tries = order.len();
-        while order.len() > REMEMBERED_UPDATES && tries > 0 {
-            tries -= 1;
-            let Some(old) = order.pop_front() else { break };
-            if let Some(UpdateState::Running) = states.get(&old) {
-                order.push_back(old);
-            } else {
-                states.remove(&old);
-            }
-        }
-    });
-}
-
 #[allow(clippy::too_many_arguments)] // the fields of Request::Scan
 pub async fn handle(
     state: &ShardState,
@@ -337,30 +315,34 @@ pub async fn handle(
         (budget_ms > 0).then(|| Instant::now() + Duration::from_millis(budget_ms as u64));
     let remembered =
         (op_id != 0 && matches!(plan.op, Op::Update { .. })).then_some((table, start_hash, op_id));
-    let result = match remembered.and_then(update_state) {
+    let result = match remembered.and_then(|k| update_log::lookup(state, k)) {
         Some(UpdateState::Done(r)) => Ok(r),
         Some(UpdateState::Running) => Err((
             Status::Retry,
             format!("update {op_id:#x} is still running on this tablet"),
         )),
+        Some(UpdateState::Interrupted) => Err(update_log::interrupted(op_id)),
         None => {
             if let Some(k) = remembered {
-                set_update_state(k, Some(UpdateState::Running));
+                update_log::remember(k, Some(UpdateState::Running));
             }
             let r = execute(
                 state,
-                table,
-                start_hash,
-                end_hash,
+                (table, start_hash, end_hash),
                 map_version,
                 &plan,
-                deadline,
+                (deadline, remembered),
             )
             .await;
             if let Some(k) = remembered {
-                // Only an applied update is remembered: a refusal wrote nothing
-                // (see apply_updates), so a resend may run it afresh.
-                set_update_state(k, r.as_ref().ok().cloned().map(UpdateState::Done));
+                // An applied update is remembered; a refusal before its first
+                // write is forgotten (a resend may run it afresh); one cut
+                // off part-way left its started record (see update_log.rs).
+                let after = match &r {
+                    Ok(result) => Some(UpdateState::Done(result.clone())),
+                    Err(_) => update_log::lookup_durable(state, k),
+                };
+                update_log::remember(k, after);
             }
             r
         }

@@ -385,6 +385,8 @@ pub(crate) fn restore_record(
                 .borrow_mut()
                 .insert(txn, (table, anchor.to_vec(), id.class));
         }
+        // An update's progress: read where it is needed (update_log.rs).
+        crate::update_log::CLASS_UPDATE => {}
         other => tracing::error!(
             shard = state.index,
             txn,
