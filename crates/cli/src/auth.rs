@@ -54,7 +54,8 @@ pub fn client_token(cluster: &ClusterArg) -> anyhow::Result<Option<Token>> {
 /// local experiment needs no set-up) but says loudly that it is open.
 pub fn role_gate(args: &RoleAuthArgs, cluster: &ClusterArg) -> anyhow::Result<Gate> {
     if args.no_auth {
-        eprintln!("{}", no_auth_warning());
+        // Through `note`: these roles run under the abort-on-panic hook.
+        crate::cluster::note(format_args!("{}", no_auth_warning()));
         return Ok(Gate::open());
     }
     let client = client_token(cluster)?;
@@ -73,11 +74,11 @@ pub fn role_gate(args: &RoleAuthArgs, cluster: &ClusterArg) -> anyhow::Result<Ga
             Ok(Gate::new(client, member))
         }
         (None, None) => {
-            eprintln!(
+            crate::cluster::note(format_args!(
                 "{} (give --auth-token-file and --cluster-token-file, made by \
                  `insitu auth init DIR`, or pass --no-auth to say this is intended)",
                 no_auth_warning()
-            );
+            ));
             Ok(Gate::open())
         }
         (Some(_), None) => anyhow::bail!(

@@ -178,6 +178,24 @@ pub enum ServerAction {
     },
 }
 
+/// Print a line of a server role's banner on stdout, ignoring a closed one.
+/// Why not `println!`: it panics when stdout is a closed pipe (`insitu up |
+/// head -1`), and in these processes a panic aborts the whole cluster (the
+/// panic hook); a banner nobody reads is no reason to stop serving.
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    // A line at a time, for whoever waits for the banner through a pipe.
+    let _ = out.flush();
+}
+
+/// `say` for stderr (`eprintln!` panics on a closed stderr just the same).
+pub(crate) fn note(line: std::fmt::Arguments) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// "R = 2 replicas per segment", or the warning that goes with R = 0.
 fn replicas_note(replicas: u32) -> String {
     match replicas {
@@ -323,9 +341,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
-        println!("insitu is up: coordinator at {addr}, {} servers, {shards} shards, {}, data under {}", servers.len(), replicas_note(replicas), args.dir.display());
+        say(format_args!("insitu is up: coordinator at {addr}, {} servers, {shards} shards, {}, data under {}", servers.len(), replicas_note(replicas), args.dir.display()));
         if !kept.is_empty() {
-            println!("warning: {}", kept_tables_warning(&kept, replicas));
+            say(format_args!("warning: {}", kept_tables_warning(&kept, replicas)));
         }
         // What a client passes: the try line and its `export` twin.
         let mut flags = String::new();
@@ -333,32 +351,32 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         match &token_file {
             Some(path) => {
                 let path = path.display();
-                println!("  clients present the token in {path} (it stays across restarts; the cluster credential beside it is for servers only)");
+                say(format_args!("  clients present the token in {path} (it stays across restarts; the cluster credential beside it is for servers only)"));
                 flags.push_str(&format!(" --auth-token-file {path}"));
                 exports.push_str(&format!(" INSITU_AUTH_TOKEN_FILE={path}"));
             }
-            None => println!("  {}", no_auth_warning()),
+            None => say(format_args!("  {}", no_auth_warning())),
         }
         if let Some((_, files)) = &tls {
             let ca = files.ca.display();
-            println!("  TLS on every port; clients verify the servers with the CA in {ca}");
+            say(format_args!("  TLS on every port; clients verify the servers with the CA in {ca}"));
             flags.push_str(&format!(" --tls-ca {ca}"));
             exports.push_str(&format!(" INSITU_TLS_CA={ca}"));
         }
-        println!("  try: insitu --cluster {addr}{flags} table create demo --tablets 4   (or export {exports})");
+        say(format_args!("  try: insitu --cluster {addr}{flags} table create demo --tablets 4   (or export {exports})"));
         if let Some(resp) = servers.first().and_then(|s| s.resp_addr) {
             let tls_files = tls.as_ref().map(|(_, files)| files);
-            println!("  Redis protocol on {resp} (table {}): {}", args.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files));
+            say(format_args!("  Redis protocol on {resp} (table {}): {}", args.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files)));
         }
         if let Some(url) = &metrics_url {
-            println!("  metrics at {url}/metrics, status page at {url}/");
+            say(format_args!("  metrics at {url}/metrics, status page at {url}/"));
         }
-        println!("  Ctrl-C to stop.");
+        say(format_args!("  Ctrl-C to stop."));
         wait_for_stop().await?;
-        eprintln!("shutting down...");
+        note(format_args!("shutting down..."));
         tokio::task::spawn_blocking(move || servers.into_iter().for_each(|s| s.shutdown())).await?;
         coordinator.shutdown().await;
-        eprintln!("stopped.");
+        note(format_args!("stopped."));
         Ok(())
     })
 }
@@ -383,14 +401,16 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
             Some(port) => Some(start_metrics(&args.host, port, Some(handle.status_page())).await?),
             None => None,
         };
-        println!(
+        say(format_args!(
             "insitu coordinator at {}, metadata in {}, {}",
             handle.addr(),
             args.dir.display(),
             replicas_note(handle.replicas())
-        );
+        ));
         if let Some(url) = &metrics_url {
-            println!("metrics at {url}/metrics, status page at {url}/");
+            say(format_args!(
+                "metrics at {url}/metrics, status page at {url}/"
+            ));
         }
         wait_for_stop().await?;
         handle.shutdown().await;
@@ -427,17 +447,20 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         };
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();
-        println!(
+        say(format_args!(
             "insitu server {} up, shards at {}, backup at {}",
             handle.server_id,
             addrs.join(" "),
             handle.backup_addr
-        );
+        ));
         if let Some(url) = &metrics_url {
-            println!("metrics at {url}/metrics");
+            say(format_args!("metrics at {url}/metrics"));
         }
         if let Some(resp) = handle.resp_addr {
-            println!("Redis protocol on {resp} (table {})", args.resp_table);
+            say(format_args!(
+                "Redis protocol on {resp} (table {})",
+                args.resp_table
+            ));
         }
         wait_for_stop().await?;
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;

@@ -269,22 +269,6 @@ fn refuse_cluster_for_roles(matches: &clap::ArgMatches, command: &Command) -> an
     anyhow::bail!("--cluster is for the client commands; {hint}")
 }
 
-/// A panic in any thread of a server process ends the whole process.
-/// Why: a shard thread that panicked mid-request may leave its engine half
-/// updated; if the other threads went on serving, clients would meet a dead
-/// shard (or worse, its state) while the process looks alive. Better to stop
-/// at once, loudly, and let the cluster treat the server as failed.
-fn abort_on_panic() {
-    let report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        report(info);
-        eprintln!(
-            "insitu: a thread panicked; stopping the process so no half-updated state is served"
-        );
-        std::process::abort();
-    }));
-}
-
 fn main() -> std::process::ExitCode {
     use clap::{CommandFactory, FromArgMatches};
     let matches = Cli::command().get_matches();
@@ -296,12 +280,12 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Up(args) => {
             init_tracing("info");
-            abort_on_panic();
+            insitu_telemetry::abort_on_panic();
             cluster::up(args)
         }
         Command::Coordinator(args) => {
             init_tracing("info");
-            abort_on_panic();
+            insitu_telemetry::abort_on_panic();
             cluster::coordinator(args, cluster)
         }
         Command::Auth(cmd) => {
@@ -321,7 +305,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Server(args) => {
             init_tracing("info");
-            abort_on_panic();
+            insitu_telemetry::abort_on_panic();
             cluster::server(args, cluster)
         }
         Command::Bench(BenchCmd::Engine {

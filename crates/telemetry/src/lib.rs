@@ -6,8 +6,14 @@
 //! Why one recorder per process: `insitu up` runs the coordinator and every
 //! server in one process; their series are told apart by labels (`server`,
 //! `shard`), so one endpoint shows the whole local cluster.
+//!
+//! Also the server processes' panic policy (`panic.rs`): a panic in any
+//! thread aborts the process.
 
 pub mod http;
+mod panic;
+
+pub use panic::{ABORT_MESSAGE, abort_on_panic};
 
 use std::sync::OnceLock;
 use std::time::Duration;

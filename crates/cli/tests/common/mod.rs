@@ -4,7 +4,7 @@
 pub mod pushdown;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 #[allow(unused_imports)] // each test binary uses a different subset
@@ -33,6 +33,28 @@ pub fn start(name: &str, args: &[&str], ready: &str) -> (Proc, String) {
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Start `insitu ARGS` with stdout and stderr pipes whose read ends are
+/// already closed (what `insitu up | head -1` leaves once `head` has exited):
+/// every line the process prints meets EPIPE. Returns at once; nothing
+/// tells when it is ready, so poll it (e.g. with `insitu status`).
+pub fn spawn_with_closed_output(name: &str, args: &[&str]) -> Proc {
+    let (out_reader, out_writer) = std::io::pipe().expect("pipe");
+    let (err_reader, err_writer) = std::io::pipe().expect("pipe");
+    // Closed before the child writes anything, so no line can slip into
+    // the pipe's buffer unread: the result does not depend on timing.
+    drop((out_reader, err_reader));
+    let child = insitu_command(args)
+        .stdin(Stdio::null())
+        .stdout(out_writer)
+        .stderr(err_writer)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+    Proc {
+        child,
+        name: name.to_string(),
+    }
+}
+
 /// Send SIGTERM to `child` and expect a clean exit (status 0).
 pub fn stop_cleanly(child: &mut std::process::Child) {
     let pid = child.id().to_string();
@@ -48,6 +70,9 @@ pub struct Cluster {
     pub port: u16,
     pub coordinator: Proc,
     pub servers: Vec<Proc>,
+    /// The id each of `servers` enlisted with (same index), as `add_server`
+    /// started them: how a test finds the process of a server it picked by id.
+    pub server_ids: Vec<u64>,
 }
 
 impl Cluster {
@@ -64,6 +89,7 @@ impl Cluster {
             port,
             coordinator,
             servers: Vec::new(),
+            server_ids: Vec::new(),
         };
         for _ in 0..servers {
             c.add_server(shards);
@@ -71,18 +97,27 @@ impl Cluster {
         c
     }
 
-    pub fn add_server(&mut self, shards: usize) {
+    /// Start one more server (`server-N`); returns the id it enlisted with.
+    pub fn add_server(&mut self, shards: usize) -> u64 {
         let i = self.servers.len();
-        let p = self.start_server(i, shards);
+        let (p, id) = self.start_server_with_id(i, shards);
         self.servers.push(p);
+        self.server_ids.push(id);
+        id
     }
 
     /// Start server `i` on its own data directory (`server-i`): a restart of
     /// a killed server `i` finds its replicas there again.
     pub fn start_server(&self, i: usize, shards: usize) -> Proc {
+        self.start_server_with_id(i, shards).0
+    }
+
+    /// `start_server`, and the id the server enlisted with (from its
+    /// "insitu server ID up, ..." line).
+    pub fn start_server_with_id(&self, i: usize, shards: usize) -> (Proc, u64) {
         let sdir: PathBuf = self.dir.path().join(format!("server-{i}"));
         let shards = shards.to_string();
-        let (p, _) = start(
+        let (p, line) = start(
             &format!("server-{i}"),
             &[
                 "server",
@@ -97,7 +132,22 @@ impl Cluster {
             ],
             "up, shards at",
         );
-        p
+        let id = line
+            .strip_prefix("insitu server ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("no server id in {line:?}"));
+        (p, id)
+    }
+
+    /// kill -9 the server that enlisted as `id` (started by `add_server`).
+    pub fn kill_server(&mut self, id: u64) {
+        let i = self
+            .server_ids
+            .iter()
+            .position(|&s| s == id)
+            .unwrap_or_else(|| panic!("no server {id} was started here"));
+        self.servers[i].kill();
     }
 
     pub fn restart_coordinator(&mut self) {
