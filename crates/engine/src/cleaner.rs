@@ -339,14 +339,16 @@ pub(crate) fn copy_kept(
 }
 
 /// Make room for an entry of `len` bytes in tablet `t` by compacting the
-/// tablet itself, without growing its segment count: the full head is
-/// sealed (so it can be cleaned like any other segment), the sealed segments
-/// with the most reclaimable bytes are copied into the tablet's survivor, and
-/// as soon as the open survivor has room for a version mark plus `len`, it
-/// is adopted as the new head. Needs at most one free segment at a time (a
-/// survivor may be opened before its source is freed), which the cleaner
-/// reserve provides; every source is freed once copied, so the tablet ends
-/// with no more segments than it started with (plus at most that one).
+/// tablet itself, without growing its segment count: the full head and an
+/// open survivor too full to adopt are sealed (so they can be cleaned like
+/// any other segment), the sealed segments with the most reclaimable bytes
+/// are copied into a new survivor, and as soon as the open survivor has room
+/// for a version mark plus `len`, it is adopted as the new head. Needs at
+/// most one free segment at a time (a survivor may be opened before its
+/// source is freed), which the cleaner reserve provides; every source is
+/// freed once copied, so the tablet ends with no more segments than it
+/// started with (plus at most that one). If no survivor is adopted, the old
+/// head is the head again unless it was cleaned.
 ///
 /// This is what makes removes and writes succeed on a full budget when the
 /// freed space is scattered over many tablets with few segments each: a
@@ -370,6 +372,7 @@ pub(crate) fn compact_into_head(
             Some(s) if t.segs[s as usize].room(segment_bytes) >= need => {
                 t.survivor = None;
                 t.head = Some(s);
+                t.slack_waived = false;
                 t.append_mark(budget);
                 true
             }
@@ -383,10 +386,9 @@ pub(crate) fn compact_into_head(
     if sources.try_reserve_exact(t.order.len()).is_err() {
         return false;
     }
+    // The open survivor counts too (it could not be adopted): removes may
+    // have left its copies dead, and once sealed below it can be cleaned.
     for &slot in &t.order {
-        if t.survivor == Some(slot) {
-            continue;
-        }
         let seg = &t.segs[slot as usize];
         sources.push((kept_bytes(t, slot, seg), slot, seg.id));
     }
@@ -398,8 +400,11 @@ pub(crate) fn compact_into_head(
         return false; // not worth it: keep the head as it is
     }
     // The full head is sealed: cleanable like any other segment. If nothing
-    // is adopted below, the next write simply opens a new head.
+    // is adopted below and it was not cleaned, it is the head again (with
+    // its room for a tombstone); else the next write opens a new head.
+    let sealed = t.head.map(|h| (h, t.segs[h as usize].id));
     t.head = None;
+    t.survivor = None;
     sources.sort_unstable_by_key(|&(kept, _, _)| kept);
     for (_, slot, id) in sources {
         if t.segs[slot as usize].id != id || t.survivor == Some(slot) {
@@ -411,6 +416,12 @@ pub(crate) fn compact_into_head(
         if adopt(t, budget) {
             return true;
         }
+    }
+    if let Some((h, id)) = sealed
+        && t.segs[h as usize].id == id
+        && t.survivor != Some(h)
+    {
+        t.head = Some(h);
     }
     false
 }

@@ -9,6 +9,7 @@
 //! - `segment`: fixed-size append-only buffers and the memory budget;
 //! - `index`: the per-tablet hash index entry (key hash + log reference);
 //! - `tablet`: one tablet's segments, index and running statistics;
+//! - `slack`: the room a head keeps for one tombstone of its tablet's keys;
 //! - `cleaner`: cost-benefit compaction and the tombstone rule;
 //! - `cleaner_pass`: incremental passes carried out in slices after writes;
 //! - `replay`: rebuilding a tablet's contents from untrusted segment bytes
@@ -73,6 +74,7 @@ mod room;
 mod routing;
 mod scan;
 mod segment;
+mod slack;
 mod stats;
 mod tablet;
 mod visit;

@@ -48,6 +48,7 @@ impl Engine {
             return Ok(0);
         };
         self.tablet(slot).check_version_left()?;
+        // No slack asked: a tombstone may use the room its head kept for one.
         let len = entry::max_entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
         let cleaned = self.make_room(slot, len, Purpose::Tombstone)?;
         let (t, budget) = self.tablet_and_budget(slot);
@@ -139,7 +140,8 @@ impl Engine {
         if next_version <= self.tablet(slot).next_version {
             return Ok(());
         }
-        self.make_room(slot, entry::MAX_HEADER_BYTES, Purpose::Object)?;
+        let need = self.append_room(slot, entry::MAX_HEADER_BYTES, None);
+        self.make_room(slot, need, Purpose::Object)?;
         let (t, budget) = self.tablet_and_budget(slot);
         t.raise_version(next_version);
         t.append_mark(budget);
@@ -164,11 +166,10 @@ impl Engine {
         if old.is_none() {
             self.reserve_index_room(slot)?;
         }
-        let cleaned = self.make_room(
-            slot,
-            entry::max_entry_bytes(key.len(), value.len()),
-            Purpose::Object,
-        )?;
+        // A new key may raise the room the head keeps for a tombstone.
+        let len = entry::max_entry_bytes(key.len(), value.len());
+        let need = self.append_room(slot, len, old.is_none().then_some(key.len()));
+        let cleaned = self.make_room(slot, need, Purpose::Object)?;
         let (t, budget) = self.tablet_and_budget(slot);
         let old = if cleaned { t.find(hash, key) } else { old };
         let version = match version {

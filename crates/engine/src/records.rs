@@ -186,7 +186,8 @@ impl Tablet {
         version: u64,
     ) -> Result<(), EngineError> {
         let len = entry::entry_bytes(anchor.len(), RECORD_ID_BYTES + payload.len(), version);
-        if self.head_room(budget.segment_bytes) < len {
+        let need = self.append_room(len, self.tombstone_slack(), budget.segment_bytes);
+        if self.head_room(budget.segment_bytes) < need {
             self.open_head(budget, Purpose::Object)?;
         }
         self.reserve_records(budget, 1)?;
@@ -300,7 +301,8 @@ impl Engine {
             self.reserve_record_room(slot)?;
         }
         let len = entry::max_entry_bytes(anchor.len(), value_len);
-        self.make_room(slot, len, Purpose::Object)?;
+        let need = self.append_room(slot, len, None);
+        self.make_room(slot, need, Purpose::Object)?;
         let (t, budget) = self.tablet_and_budget(slot);
         // Looked up after `make_room`: the cleaner may have moved it.
         let old = t.records.get(&id).copied();
@@ -385,8 +387,9 @@ impl Engine {
     /// increments (value 8), tombstones (value 8), records (payload + 9),
     /// record removals (value 17)) all land in that one segment: a write
     /// opens a new head only when the head has less room than the
-    /// `max_entry_bytes` of that write, the exact entry never takes more, and
-    /// nothing else appends to a head (the cleaner copies into survivor
+    /// `max_entry_bytes` of that write and the room it keeps for a
+    /// tombstone (`slack.rs`; reserved here too), the exact entry never
+    /// takes more, and nothing else appends to a head (the cleaner copies into survivor
     /// segments; only a version mark from `raise_version`, not part of any
     /// group, would also take head room). A replica holds a prefix of its
     /// segment, so such a group survives a crash whole or as a prefix.
@@ -409,7 +412,19 @@ impl Engine {
         if bytes > max {
             return Err(EngineError::ValueTooLarge { len: bytes, max });
         }
-        self.make_room(slot, bytes, Purpose::Object)?;
+        // Each write of the group keeps the head's room for a tombstone
+        // behind it, which a new key (of at most `bytes`) may raise: that
+        // room is reserved too, unless the group is too close to a whole
+        // segment for it; then the group has the head, which keeps none.
+        let slack = self
+            .tablet(slot)
+            .tombstone_slack_with(bytes.min(self.max_key_bytes));
+        if bytes + slack <= max {
+            self.make_room(slot, bytes + slack, Purpose::Object)?;
+        } else {
+            self.make_room(slot, bytes, Purpose::Object)?;
+            self.tablet_and_budget(slot).0.slack_waived = true;
+        }
         debug_assert!(self.tablet(slot).head_room(self.config.segment_bytes) >= bytes);
         Ok(())
     }

@@ -141,6 +141,19 @@ impl Engine {
         done
     }
 
+    /// Head room an append of `len` bytes to tablet `slot` asks for when it
+    /// is not a removal: `len` and the tablet's room for one tombstone
+    /// behind it (`slack.rs`), grown to cover `new_key` (the length of the
+    /// key of an object the append adds, if any).
+    pub(crate) fn append_room(&self, slot: usize, len: usize, new_key: Option<usize>) -> usize {
+        let t = self.tablet(slot);
+        let slack = match new_key {
+            Some(key_len) => t.tombstone_slack_with(key_len),
+            None => t.tombstone_slack(),
+        };
+        t.append_room(len, slack, self.config.segment_bytes)
+    }
+
     /// Make sure the head of tablet `slot` has `len` bytes free, opening a
     /// new head if needed: after incremental cleaning when utilisation is
     /// low, after cleaning for room when the budget is full, and failing with

@@ -41,6 +41,12 @@ pub(crate) struct Tablet {
     pub order: Vec<u32>,
     /// Where writes append; never cleaned.
     pub head: Option<u32>,
+    /// Live objects by key length: sizes the head's room for one tombstone
+    /// (`slack.rs`).
+    pub key_classes: crate::slack::KeyClasses,
+    /// This head keeps no tombstone slack: a reserved group filled it
+    /// (`Engine::reserve_head`). Cleared whenever a new head is taken.
+    pub slack_waived: bool,
     /// Where the cleaner appends survivors; kept open across passes so a
     /// pass's last, partly filled survivor is topped up by the next pass.
     pub survivor: Option<u32>,
@@ -81,6 +87,8 @@ impl Tablet {
             free_slots: Vec::new(),
             order: Vec::new(),
             head: None,
+            key_classes: crate::slack::KeyClasses::default(),
+            slack_waived: false,
             survivor: None,
             next_segment_id: 1,
             index: HashTable::new(),
@@ -223,6 +231,7 @@ impl Tablet {
     pub fn open_head(&mut self, budget: &mut Budget, purpose: Purpose) -> Result<(), EngineError> {
         let slot = self.new_segment(budget, purpose)?;
         self.head = Some(slot);
+        self.slack_waived = false;
         self.append_mark(budget);
         Ok(())
     }
@@ -342,6 +351,7 @@ impl Tablet {
                     index::rehash,
                 );
                 self.object_count += 1;
+                self.key_classes.add(key.len());
             }
         }
         self.live_bytes += len as u64;
@@ -368,6 +378,7 @@ impl Tablet {
         seg.max_tombstone_segment = seg.max_tombstone_segment.max(newest);
         self.live_bytes -= self.kill(old);
         self.object_count -= 1;
+        self.key_classes.remove(key.len());
         if let Some(c) = &mut self.changes {
             c.record(hash);
         }
@@ -381,25 +392,6 @@ impl Tablet {
             }
             Err(_) => unreachable!("live object is indexed"),
         }
-    }
-
-    /// Append a new object while building a tablet off-line (split, replay):
-    /// opens heads as needed but never cleans.
-    pub fn push_new(
-        &mut self,
-        budget: &mut Budget,
-        hash: u64,
-        key: &[u8],
-        value: &[u8],
-        version: u64,
-    ) -> Result<(), EngineError> {
-        let len = entry::entry_bytes(key.len(), value.len(), version);
-        if self.head_room(budget.segment_bytes) < len {
-            self.open_head(budget, Purpose::Object)?;
-        }
-        self.reserve_index(budget, 1)?;
-        self.put(budget, hash, key, value, version, None);
-        Ok(())
     }
 
     /// Move the live objects whose hash lies in `part` into a new tablet
@@ -449,6 +441,7 @@ impl Tablet {
             self.records.remove(&id);
         }
         for &(loc, hash) in &movers {
+            self.key_classes.remove(self.object(loc).key.len());
             self.live_bytes -= self.kill(loc);
             self.object_count -= 1;
             let prefix = self.prefixer.prefix(hash);
@@ -580,6 +573,11 @@ impl Tablet {
             );
         }
         assert_eq!(count, self.object_count, "object count drifted");
+        assert_eq!(
+            self.key_classes,
+            self.count_key_classes(),
+            "key classes drifted"
+        );
         assert_eq!(live, self.live_bytes, "live bytes drifted");
         assert!(
             self.order

@@ -13,6 +13,11 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// Unconditional.
+    pub fn none() -> Rules {
+        Rules { flags: 0, rel: 0 }
+    }
+
     pub fn make(&self, current: u64) -> RejectRules {
         RejectRules {
             exists: self.flags & 1 != 0,
