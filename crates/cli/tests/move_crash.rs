@@ -407,11 +407,7 @@ fn killing_the_destination_during_a_move_leaves_one_owner_and_every_write() {
     // commit and the activation (densest there: the window is narrow), and
     // once it is over (then the tablet is recovered from the backups).
     let before = tablet(&cluster, &rt);
-    let dest = *cluster
-        .server_ids
-        .iter()
-        .rfind(|&&s| s != before.server_id)
-        .unwrap();
+    let dest = newest_but(&cluster, before.server_id);
     let started = Instant::now();
     let (out, acked) = move_and_crash(
         &mut cluster,
@@ -452,11 +448,7 @@ fn killing_the_destination_during_a_move_leaves_one_owner_and_every_write() {
         let before = tablet(&cluster, &rt);
         // The newest server: it has learned its peers, and is not the owner
         // (the tablet was placed before it enlisted).
-        let dest = *cluster
-            .server_ids
-            .iter()
-            .rfind(|&&s| s != before.server_id)
-            .unwrap();
+        let dest = newest_but(&cluster, before.server_id);
         let kill = |c: &mut Cluster| c.kill_server(dest);
         let (out, acked) = match when {
             When::Percent(p) => {
@@ -477,4 +469,13 @@ fn killing_the_destination_during_a_move_leaves_one_owner_and_every_write() {
         cluster.add_server(1);
         std::thread::sleep(LEARN_PEERS);
     }
+}
+
+/// The most recently started server other than `owner`.
+fn newest_but(cluster: &Cluster, owner: u64) -> u64 {
+    *cluster
+        .server_ids
+        .iter()
+        .rfind(|&&s| s != owner)
+        .expect("a server besides the owner")
 }

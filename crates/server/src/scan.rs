@@ -198,6 +198,26 @@ async fn execute(
     Ok(result)
 }
 
+/// Gives the shard back after about `CHUNK` of an update's per-key work
+/// (the clock is read every `UPDATES_PER_STEP` keys) and re-checks the
+/// tablet after each yield.
+struct Slices(Instant);
+
+impl Slices {
+    fn new() -> Slices {
+        Slices(Instant::now())
+    }
+
+    async fn at(&mut self, run: &Run<'_>, i: usize) -> Result<(), Refusal> {
+        if i % UPDATES_PER_STEP == 0 && i > 0 && self.0.elapsed() >= CHUNK {
+            tokio::task::yield_now().await;
+            run.check()?;
+            self.0 = Instant::now();
+        }
+        Ok(())
+    }
+}
+
 /// Update, phase two, first pass: check that every collected key can take
 /// the change, writing nothing.
 ///
@@ -219,13 +239,9 @@ async fn check_updates(
 ) -> Result<(), Refusal> {
     assert!(run.hold.is_some(), "an update runs holding its tablet");
     run.check()?;
-    let mut slice_start = Instant::now();
+    let mut slices = Slices::new();
     for (i, key) in keys.iter().enumerate() {
-        if i % UPDATES_PER_STEP == 0 && i > 0 && slice_start.elapsed() >= CHUNK {
-            tokio::task::yield_now().await;
-            run.check()?;
-            slice_start = Instant::now();
-        }
+        slices.at(run, i).await?;
         let engine = run.state.engine.borrow();
         let Ok(o) = engine.read(run.table, key) else {
             continue; // removed meanwhile: nothing to update
@@ -263,13 +279,9 @@ async fn write_updates(
     let mut value = Vec::new();
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
-    let mut slice_start = Instant::now();
+    let mut slices = Slices::new();
     for (i, key) in keys.iter().enumerate() {
-        if i % UPDATES_PER_STEP == 0 && i > 0 && slice_start.elapsed() >= CHUNK {
-            tokio::task::yield_now().await;
-            run.check()?;
-            slice_start = Instant::now();
-        }
+        slices.at(run, i).await?;
         let mut engine = run.state.engine.borrow_mut();
         {
             let Ok(o) = engine.read(run.table, key) else {
