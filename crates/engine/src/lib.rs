@@ -75,6 +75,7 @@ mod routing;
 mod scan;
 mod segment;
 mod slack;
+mod split;
 mod stats;
 mod tablet;
 mod visit;

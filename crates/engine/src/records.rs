@@ -5,7 +5,8 @@
 //! Why in the log: everything that makes objects durable then carries them
 //! for free. Segment replication copies them to backups, `Engine::replay`
 //! rebuilds them after a crash, the cleaner relocates the live ones and drops
-//! the dead ones, and a split sends each to the half holding its anchor.
+//! the dead ones, and a split sends each to the half holding its anchor
+//! (logging a removal in the half it left: `split.rs`).
 //!
 //! What they are: a record is named by a [`RecordId`] (the caller's `class`
 //! and an `id` unique within it) within its tablet, and has an *anchor*: a

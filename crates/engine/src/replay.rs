@@ -15,10 +15,13 @@
 //! identity is its id, not its anchor, so a record re-put under an anchor in
 //! the other half before a split leaves in the kept half's log an older
 //! entry of it, anchored in range, that only the out-of-range newer entry
-//! shows to be superseded. (For objects the key is the identity, so every
-//! version of a key shares its range.) Entries out of range are never newer
-//! than the truth for the range: after a split, a tablet's log gains only
-//! entries anchored in its range, each with a higher version.
+//! shows to be superseded (or, once that entry died in the split and the
+//! cleaner dropped it, the removal the split logged: `split.rs`).
+//! (For objects the key is the identity, so every version of a key shares
+//! its range.) Entries out of range are never newer than the truth for the
+//! range: after a split, a tablet's log gains only entries anchored in its
+//! range and the split's removals of the records that left, each with a
+//! higher version.
 
 use hashbrown::{HashMap, HashTable};
 

@@ -211,7 +211,9 @@ impl Engine {
     }
 
     /// Split the tablet containing `at` into `[start, at-1]` and `[at, end]`.
-    /// Both halves keep every object in their range and the version counter.
+    /// Both halves keep every object and side record in their range and the
+    /// version counter; the half left in place then logs a record removal
+    /// (one version each) for every record that moved (`split.rs`).
     pub fn split_tablet(&mut self, table: TableId, at: u64) -> Result<(), EngineError> {
         let slot = self.route(table, at).ok_or(EngineError::UnknownTablet)?;
         let range = self.tablet(slot).range;

@@ -197,19 +197,33 @@ impl Tablet {
         purpose: Purpose,
     ) -> Result<u32, EngineError> {
         // Bookkeeping room first, so a failure leaves nothing half done.
+        self.reserve_segment_slots(1)?;
+        let seg = budget.allocate(purpose, self.next_segment_id)?;
+        Ok(self.link_segment(seg))
+    }
+
+    /// Bookkeeping room for `n` more segments, so linking them cannot fail.
+    pub fn reserve_segment_slots(&mut self, n: usize) -> Result<(), EngineError> {
         self.order
-            .try_reserve(1)
+            .try_reserve(n)
             .map_err(|_| EngineError::OutOfMemory)?;
-        if self.free_slots.is_empty() {
+        let fresh_slots = n.saturating_sub(self.free_slots.len());
+        if fresh_slots > 0 {
             // Index slots address at most this many segments per tablet.
-            if self.segs.len() >= index::MAX_TABLET_SEGMENTS {
+            if self.segs.len() + fresh_slots > index::MAX_TABLET_SEGMENTS {
                 return Err(EngineError::OutOfMemory);
             }
             self.segs
-                .try_reserve(1)
+                .try_reserve(fresh_slots)
                 .map_err(|_| EngineError::OutOfMemory)?;
         }
-        let seg = budget.allocate(purpose, self.next_segment_id)?;
+        Ok(())
+    }
+
+    /// Register `seg` (allocated from the budget; `reserve_segment_slots`
+    /// made room) as the newest segment; returns its slot.
+    pub fn link_segment(&mut self, mut seg: Segment) -> u32 {
+        seg.id = self.next_segment_id;
         self.next_segment_id += 1;
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -218,22 +232,30 @@ impl Tablet {
                 s
             }
             None => {
+                debug_assert!(self.segs.capacity() > self.segs.len());
                 self.segs.push(seg);
                 (self.segs.len() - 1) as u32
             }
         };
+        debug_assert!(self.order.capacity() > self.order.len());
         self.order.push(slot);
-        Ok(slot)
+        slot
     }
 
     /// Seal the head and open a new one, starting with a version mark so
     /// that replaying the head alone restores the version counter.
     pub fn open_head(&mut self, budget: &mut Budget, purpose: Purpose) -> Result<(), EngineError> {
         let slot = self.new_segment(budget, purpose)?;
+        self.make_head(budget, slot);
+        Ok(())
+    }
+
+    /// Make the empty segment in `slot` the head, with its version mark.
+    pub fn make_head(&mut self, budget: &mut Budget, slot: u32) {
+        debug_assert!(self.segs[slot as usize].buf.is_empty());
         self.head = Some(slot);
         self.slack_waived = false;
         self.append_mark(budget);
-        Ok(())
     }
 
     /// Append a version mark to the head (the caller made room).
@@ -279,11 +301,14 @@ impl Tablet {
         budget: &mut Budget,
         additional: usize,
     ) -> Result<(), EngineError> {
-        let growth = index::growth_bytes(&self.index, additional) as u64;
-        if growth == 0 {
+        if additional <= self.index.capacity() - self.index.len() {
             return Ok(());
         }
-        if !budget.may_grow(growth, Purpose::Object) {
+        // No growth predicted can still mean no capacity left: removed
+        // entries (a split's movers) hold buckets until a rehash, which
+        // `try_reserve` then does in place, allocating nothing.
+        let growth = index::growth_bytes(&self.index, additional) as u64;
+        if growth > 0 && !budget.may_grow(growth, Purpose::Object) {
             return Err(EngineError::OutOfMemory);
         }
         self.index
@@ -298,7 +323,7 @@ impl Tablet {
     // ---- mutations (room in the head already made) ---------------------------
 
     /// Mark the object entry at `loc` dead; returns its length.
-    fn kill(&mut self, loc: u64) -> u64 {
+    pub fn kill(&mut self, loc: u64) -> u64 {
         let seg = &mut self.segs[slot_of(loc)];
         let at = offset_of(loc);
         debug_assert_eq!(entry::kind(&seg.buf, at), KIND_OBJECT);
@@ -392,70 +417,6 @@ impl Tablet {
             }
             Err(_) => unreachable!("live object is indexed"),
         }
-    }
-
-    /// Move the live objects whose hash lies in `part` into a new tablet
-    /// (same table and version counter). On failure nothing here changed.
-    pub fn split_off(
-        &mut self,
-        budget: &mut Budget,
-        part: HashRange,
-        expected: usize,
-    ) -> Result<Tablet, EngineError> {
-        let mut movers: Vec<(u64, u64)> = Vec::new();
-        movers
-            .try_reserve_exact(expected)
-            .map_err(|_| EngineError::OutOfMemory)?;
-        let table = self.table;
-        self.for_each_live_entry(|loc, obj| {
-            let hash = crate::key_hash(table, obj.key);
-            if part.contains(hash) && movers.len() < movers.capacity() {
-                movers.push((loc, hash));
-            }
-        });
-        debug_assert_eq!(movers.len(), expected);
-        // Side records go with their anchor's hash, keeping their versions.
-        let record_movers = self.record_movers(part)?;
-        let mut new = Tablet::new(table, part, self.next_version);
-        let built = new
-            .reserve_index(budget, movers.len())
-            .and_then(|()| {
-                movers.iter().try_for_each(|&(loc, hash)| {
-                    let o = self.object(loc);
-                    new.push_new(budget, hash, o.key, o.value, o.version)
-                })
-            })
-            .and_then(|()| new.reserve_records(budget, record_movers.len()))
-            .and_then(|()| {
-                record_movers.iter().try_for_each(|&(_, loc)| {
-                    let r = self.record_ref(loc);
-                    new.push_record(budget, r.id, r.anchor, r.payload, r.version)
-                })
-            });
-        if let Err(e) = built {
-            new.release(budget);
-            return Err(e);
-        }
-        for &(id, loc) in &record_movers {
-            self.record_bytes -= self.kill_record(loc);
-            self.records.remove(&id);
-        }
-        for &(loc, hash) in &movers {
-            self.key_classes.remove(self.object(loc).key.len());
-            self.live_bytes -= self.kill(loc);
-            self.object_count -= 1;
-            let prefix = self.prefixer.prefix(hash);
-            match self
-                .index
-                .find_entry(probe_hash(prefix), |e| e.loc() == loc)
-            {
-                Ok(e) => {
-                    e.remove();
-                }
-                Err(_) => unreachable!("live object is indexed"),
-            }
-        }
-        Ok(new)
     }
 
     // ---- visits -------------------------------------------------------------------

@@ -59,7 +59,19 @@ fn a_split_sends_each_record_to_the_half_holding_its_anchor() {
 
         e.split_tablet(T, at).expect("split");
         e.check_invariants();
+        // The staying half logged a removal, with a version, for each record
+        // that left it; the moved half keeps the counter.
+        let leaving = model
+            .values()
+            .filter(|(a, _)| (key_hash(T, a) >= at) == upper_moves)
+            .count() as u64;
+        assert!(leaving > 0);
         for (start, low) in [(0, true), (at, false)] {
+            let next = if low == upper_moves {
+                next + leaving
+            } else {
+                next
+            };
             let want: BTreeMap<_, _> = model
                 .iter()
                 .filter(|(_, (a, _))| (key_hash(T, a) < at) == low)
@@ -222,4 +234,134 @@ fn reserve_head_refuses_more_than_a_fresh_segment_and_keeps_a_head_with_room() {
     assert_eq!(e.tablet_stats(T, 0).expect("stats").segments, 2);
     assert!(SEG - head_len(&e) >= max);
     e.check_invariants();
+}
+
+/// A record re-put under an anchor of the other half, then split away: the
+/// staying half's log keeps its older entry, anchored in range and dead.
+/// Once the cleaner frees the segment holding the newer (moved, dead) entry
+/// while the older one's segment stays, nothing newer of that id is left in
+/// the staying half's log unless the split wrote a removal there.
+#[test]
+fn a_record_split_away_stays_gone_from_the_half_it_left_after_cleaning() {
+    let at = 1u64 << 63;
+    let mut e = engine();
+    let (low, high) = (
+        keys_in_half(at, true, 1, "re").remove(0),
+        keys_in_half(at, false, 1, "re").remove(0),
+    );
+    let moved = rid(9, 9);
+    // Segment 1: the first entry, among objects that stay live (never cleaned).
+    e.put_record(T, &low, moved, b"first").expect("put");
+    let keep = keys_in_half(at, true, 200, "keep");
+    let mut k = 0;
+    while e.tablet_stats(T, 0).expect("stats").segments < 2 {
+        e.write(T, &keep[k], &[1; 200], &ANY).expect("keep");
+        k += 1;
+    }
+    // Segment 2: the re-put, among fillers overwritten later.
+    e.put_record(T, &high, moved, b"second").expect("re-put");
+    let fillers = keys_in_half(at, true, 40, "filler");
+    let round = |e: &mut Engine, fill: u8| {
+        for f in &fillers {
+            e.write(T, f, &[fill; 200], &ANY).expect("filler");
+        }
+    };
+    round(&mut e, 0);
+    // Only lower-half objects: the upper half (with the record) moves.
+    e.split_tablet(T, at).expect("split");
+    assert_eq!(e.record(T, &high, moved), Some(&b"second"[..]));
+    assert_eq!(e.record_count(T, 0), 0);
+    for fill in 1..6 {
+        round(&mut e, fill);
+        e.clean();
+        e.check_invariants();
+        let (r, report) = replayed(&e, 0);
+        assert_eq!(report.records_loaded, 0, "back after round {fill}");
+        assert_eq!(r.record(T, &low, moved), None);
+    }
+    let log = raw::log(&e, T, 0);
+    assert!(log.iter().any(|(s, _)| *s == 1), "segment 1 was kept");
+}
+
+/// Many records leaving at once: their removals take more than the staying
+/// head's room, in fresh heads allocated before the split commits, and the
+/// staying half's replay loads none of them.
+#[test]
+fn removals_for_many_leaving_records_span_several_heads() {
+    let at = 1u64 << 63;
+    let mut e = engine();
+    // One object in the lower half, none in the upper: the upper half moves.
+    let stay = keys_in_half(at, true, 1, "stay").remove(0);
+    e.write(T, &stay, b"x", &ANY).expect("write");
+    let anchors = keys_in_half(at, false, 300, "a-long-anchor-of-a-leaving-record");
+    for (i, a) in anchors.iter().enumerate() {
+        e.put_record(T, a, rid(1, i as u64), b"p").expect("put");
+    }
+    let before = e.tablet_stats(T, 0).expect("stats");
+    e.split_tablet(T, at).expect("split");
+    e.check_invariants();
+    assert_eq!((e.record_count(T, 0), e.record_count(T, at)), (0, 300));
+    let removals: Vec<u64> = raw::log(&e, T, 0)
+        .into_iter()
+        .filter(|(_, r)| r.kind == raw::KIND_RECORD_REMOVED)
+        .map(|(segment, _)| segment)
+        .collect();
+    assert_eq!(removals.len(), 300);
+    let heads = removals.last().expect("removals") - removals[0];
+    assert!(heads >= 2, "removals over {} segments", heads + 1);
+    let after = e.tablet_stats(T, 0).expect("stats");
+    assert_eq!(after.next_version, before.next_version + 300);
+    let (_, report) = replayed(&e, 0);
+    assert_eq!((report.records_loaded, report.objects_loaded), (0, 1));
+    let (_, report) = replayed(&e, at);
+    assert_eq!((report.records_loaded, report.objects_loaded), (300, 0));
+}
+
+/// On a budget too small for the moved half or for the staying half's
+/// removals, a split fails with `OutOfMemory` and changes nothing; on a
+/// larger one it succeeds. Records with empty payloads and long anchors make
+/// the removals larger than the moved copies, so some budgets fail there.
+#[test]
+fn a_split_short_of_memory_for_its_removals_changes_nothing() {
+    let at = 1u64 << 63;
+    let anchors = keys_in_half(at, false, 300, &"r".repeat(56));
+    let (mut failed, mut split) = (0, 0);
+    for budget in 4..48 {
+        let mut e = engine_with(budget);
+        let stay = keys_in_half(at, true, 1, "stay").remove(0);
+        if e.write(T, &stay, b"x", &ANY).is_err() {
+            continue;
+        }
+        let put = anchors
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, a)| e.put_record(T, a, rid(2, i as u64), b""));
+        if put.is_err() {
+            continue;
+        }
+        let before = (e.records(T, 0), e.tablet_stats(T, 0).expect("stats"));
+        match e.split_tablet(T, at) {
+            Ok(()) => {
+                split += 1;
+                assert_eq!((e.record_count(T, 0), e.record_count(T, at)), (0, 300));
+                let (_, report) = replayed(&e, 0);
+                assert_eq!(report.records_loaded, 0);
+            }
+            Err(err) => {
+                assert_eq!(err, EngineError::OutOfMemory, "budget {budget}");
+                failed += 1;
+                assert_eq!(e.tablets().len(), 1);
+                let stats = e.tablet_stats(T, 0).expect("stats");
+                assert_eq!(e.records(T, 0), before.0);
+                assert_eq!(
+                    (stats.next_version, stats.object_count),
+                    (before.1.next_version, before.1.object_count)
+                );
+                let (_, report) = replayed(&e, 0);
+                assert_eq!(report.records_loaded, 300);
+            }
+        }
+        e.check_invariants();
+    }
+    assert!(failed > 0 && split > 0, "failed {failed} split {split}");
 }
