@@ -167,7 +167,7 @@ async fn execute(
                     Status::Retry,
                     format!(
                         "the update's time budget passed after collecting {} keys; nothing was written on this tablet",
-                        keys.keys.len()
+                        keys.len()
                     ),
                 ));
             }
@@ -175,13 +175,13 @@ async fn execute(
             if let Some(hold) = run.hold.as_mut() {
                 hold.release_cleaner();
             }
-            check_updates(&run, plan, &keys.keys, *field, *action, need).await?;
+            check_updates(&run, plan, &keys, *field, *action, need).await?;
             // From the first write on, a crash leaves a trace a resend finds.
-            if let (Some(k), Some(anchor)) = (op, keys.keys.first()) {
+            if let (Some(k), Some(anchor)) = (op, keys.iter().next()) {
                 update_log::begin(state, k, anchor)?;
-                begun = Some(anchor.clone());
+                begun = Some(anchor.to_vec());
             }
-            let updated = write_updates(&run, plan, &keys.keys, *field, *action).await?;
+            let updated = write_updates(&run, plan, &keys, *field, *action).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
@@ -232,7 +232,7 @@ impl Slices {
 async fn check_updates(
     run: &Run<'_>,
     plan: &ScanPlan,
-    keys: &[Vec<u8>],
+    keys: &ChargedKeys<'_>,
     field: Field,
     action: UpdateAction,
     need: usize,
@@ -271,7 +271,7 @@ async fn check_updates(
 async fn write_updates(
     run: &Run<'_>,
     plan: &ScanPlan,
-    keys: &[Vec<u8>],
+    keys: &ChargedKeys<'_>,
     field: Field,
     action: UpdateAction,
 ) -> Result<u64, Refusal> {
