@@ -36,7 +36,9 @@
 //! be allocated midway, the source stays (its copied objects marked dead,
 //! its tombstones still physically there), so a failed pass loses nothing.
 
-use crate::entry::{self, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE};
+use crate::entry::{
+    self, KIND_MARK, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE,
+};
 use crate::index::{loc, probe_hash};
 use crate::segment::{Budget, Purpose, Segment};
 use crate::tablet::Tablet;
@@ -328,14 +330,56 @@ pub(crate) fn copy_kept(
                     src.tombstone_bytes -= len as u64;
                 }
             }
-            // Dead objects go; marks go too: the head's mark and entries
-            // always bound the versions issued before it was opened.
+            // A mark of a headless tablet, unless the counter is held by
+            // another segment: carried on (see `carry_counter`).
+            KIND_MARK if t.head.is_none() && t.counter_mark.is_none_or(|id| id == src.id) => {
+                if let Err(e) = carry_counter(t, budget, src) {
+                    relink(t, &moved[..pending]);
+                    return Err(e);
+                }
+            }
+            // Dead objects go; other marks go too: the head's mark and
+            // entries always bound the versions issued before it was opened.
             _ => {}
         }
         at += len;
     }
     relink(t, &moved[..pending]);
     Ok(at)
+}
+
+/// Append a version mark holding the counter (`t.next_version`) to a
+/// survivor of `t`, which has no head, as the cleaner copies a mark out of
+/// `src`. Why: a tablet's counter is bounded by its log only through its
+/// head (its opening mark, `raise_version`'s marks, and the entries appended
+/// since, dead ones and tombstones included). `compact_into_head` seals the
+/// head and may clean it without adopting a new one; the versions above
+/// every surviving copy were then held only by the dropped mark, dead
+/// entries and dropped tombstones, and a replay from that log restored a
+/// lower counter (a raised version mark, then the head cleaned by a write
+/// that still found no room, then a replay: versions handed out again).
+/// While a tablet has no head its counter does not move (taking or raising
+/// a version opens a head first), so the fresh mark is its exact value.
+/// Until a mark is carried, the old head holds the counter, and it began
+/// with a mark; after, the segment named by `t.counter_mark` does, and only
+/// its mark is carried on (once: it then names the survivor). So cleaning
+/// whatever holds the counter carries it on, and cleaning anything else
+/// while the counter is held elsewhere adds no byte (repeated compactions of
+/// a headless tablet would otherwise multiply marks and eat the room a
+/// remove relies on). Once a head is opened again, its own mark holds it.
+fn carry_counter(t: &mut Tablet, budget: &mut Budget, src: &Segment) -> Result<(), EngineError> {
+    debug_assert!(t.head.is_none(), "a head's mark holds the counter");
+    let (table, version) = (t.table, t.next_version);
+    let len = entry::entry_bytes(0, 0, version);
+    let sv = survivor_with_room(t, budget, len)?;
+    let survivor = &mut t.segs[sv as usize];
+    // A survivor takes the age of the data copied in, not the clock's.
+    let stamp = survivor.stamp.max(src.stamp);
+    survivor.append(KIND_MARK, table, version, &[], &[], budget.clock);
+    survivor.stamp = stamp;
+    t.counter_mark = Some(survivor.id);
+    budget.changes += 1;
+    Ok(())
 }
 
 /// Make room for an entry of `len` bytes in tablet `t` by compacting the
@@ -368,16 +412,23 @@ pub(crate) fn compact_into_head(
     let segment_bytes = budget.segment_bytes;
     let need = len + entry::MAX_HEADER_BYTES; // the adopted head starts with a version mark
     let adopt = |t: &mut Tablet, budget: &mut Budget| -> bool {
-        match t.survivor {
-            Some(s) if t.segs[s as usize].room(segment_bytes) >= need => {
-                t.survivor = None;
-                t.head = Some(s);
-                t.slack_waived = false;
-                t.append_mark(budget);
-                true
-            }
-            _ => false,
+        let Some(s) = t.survivor else { return false };
+        // A survivor holding the carried counter (`carry_counter`; the
+        // counter has not moved since) needs no mark of its own: it then
+        // needs no more room than before the carried mark took its bytes.
+        let carries = t.head.is_none() && t.counter_mark == Some(t.segs[s as usize].id);
+        let room = t.segs[s as usize].room(segment_bytes);
+        if room < if carries { len } else { need } {
+            return false;
         }
+        t.survivor = None;
+        t.head = Some(s);
+        t.counter_mark = None; // the head holds the counter
+        t.slack_waived = false;
+        if !carries {
+            t.append_mark(budget);
+        }
+        true
     };
     if adopt(t, budget) {
         return true;
@@ -403,6 +454,11 @@ pub(crate) fn compact_into_head(
     // is adopted below and it was not cleaned, it is the head again (with
     // its room for a tombstone); else the next write opens a new head.
     let sealed = t.head.map(|h| (h, t.segs[h as usize].id));
+    if sealed.is_some() {
+        // The sealed head holds the counter now, not a mark of an earlier
+        // headless spell (`carry_counter`).
+        t.counter_mark = None;
+    }
     t.head = None;
     t.survivor = None;
     sources.sort_unstable_by_key(|&(kept, _, _)| kept);
@@ -456,132 +512,5 @@ fn survivor_with_room(t: &mut Tablet, budget: &mut Budget, len: usize) -> Result
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::HashRange;
-    use crate::entry::KIND_MARK;
-
-    const SEG: usize = 4096;
-
-    fn key(i: u32) -> Vec<u8> {
-        format!("key-{i}").into_bytes()
-    }
-
-    /// Tablet with a sealed segment of live objects (every third one dead),
-    /// a head, and an open survivor with little room left; budget exactly full.
-    fn setup() -> (Tablet, Budget, u32, Vec<u32>) {
-        let mut budget = Budget::new(3 * SEG as u64, SEG);
-        // Room for the index while building; cut back to exactly full below.
-        budget.budget_bytes += 1 << 20;
-        let mut t = Tablet::new(1, HashRange::FULL, 1);
-        t.open_head(&mut budget, Purpose::Object).expect("head");
-        let sealed = t.head.expect("head");
-        let mut i = 0;
-        while t.head_room(SEG) >= entry::max_entry_bytes(10, 100) {
-            let hash = crate::key_hash(1, &key(i));
-            t.reserve_index(&mut budget, 1).expect("index");
-            let v = t.take_version();
-            t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, None);
-            i += 1;
-        }
-        let live: Vec<u32> = (0..i).filter(|j| j % 3 != 0).collect();
-        t.open_head(&mut budget, Purpose::Object)
-            .expect("second head");
-        for j in (0..i).filter(|j| j % 3 == 0) {
-            let hash = crate::key_hash(1, &key(j));
-            let old = t.find(hash, &key(j)).expect("present");
-            let v = t.take_version();
-            t.remove(&mut budget, hash, &key(j), v, old);
-        }
-        let s = t
-            .new_segment(&mut budget, Purpose::Survivor)
-            .expect("survivor");
-        t.survivor = Some(s);
-        while t.segs[s as usize].room(SEG) > 600 {
-            t.segs[s as usize].append(KIND_MARK, 1, 1, &[], &[], 0);
-        }
-        budget.budget_bytes = budget.used_bytes();
-        assert!(
-            !budget.may_allocate(Purpose::Survivor),
-            "budget must be full"
-        );
-        (t, budget, sealed, live)
-    }
-
-    fn assert_all_readable(t: &Tablet, live: &[u32]) {
-        t.check_consistency();
-        assert_eq!(t.object_count, live.len() as u64);
-        for &j in live {
-            let loc = t
-                .find(crate::key_hash(1, &key(j)), &key(j))
-                .expect("live object lost");
-            assert_eq!(t.object(loc).value, &[j as u8; 100][..]);
-        }
-    }
-
-    #[test]
-    fn a_pass_that_runs_out_of_room_midway_loses_nothing() {
-        let (mut t, mut budget, sealed, live) = setup();
-        let mut stats = CleanStats::default();
-        assert_eq!(
-            clean_segment(&mut t, sealed, &mut budget, &mut stats),
-            Err(EngineError::OutOfMemory)
-        );
-        assert!(
-            stats.entries_moved > 0,
-            "some entries fitted in the open survivor"
-        );
-        assert_eq!(stats.segments_cleaned, 0);
-        assert!(t.order.contains(&sealed), "the source stays");
-        assert_all_readable(&t, &live);
-        // With room again the same segment is cleaned completely.
-        budget.budget_bytes += SEG as u64;
-        clean_segment(&mut t, sealed, &mut budget, &mut stats).expect("clean");
-        assert!(!t.order.contains(&sealed));
-        assert_eq!(stats.segments_cleaned, 1);
-        assert_all_readable(&t, &live);
-    }
-
-    #[test]
-    fn tombstones_are_kept_while_an_older_segment_exists() {
-        let (mut t, mut budget, sealed, live) = setup();
-        budget.budget_bytes += 4 * SEG as u64;
-        // The tombstones sit in the second head, which recorded the newest id (2)
-        // while segment 1 (the sealed one, holding the removed versions) exists.
-        let head = t.head.expect("head");
-        t.open_head(&mut budget, Purpose::Object)
-            .expect("third head");
-        let mut stats = CleanStats::default();
-        clean_segment(&mut t, head, &mut budget, &mut stats).expect("clean the old head");
-        assert_eq!(
-            stats.tombstones_dropped, 0,
-            "segment 1 still holds the removed versions"
-        );
-        // Once segment 1 is gone, every copy may go (all recorded id 2 < 3).
-        clean_segment(&mut t, sealed, &mut budget, &mut stats).expect("clean segment 1");
-        t.survivor = None; // seal it so it can be cleaned
-        let holding: Vec<u32> = t
-            .order
-            .iter()
-            .copied()
-            .filter(|&s| t.segs[s as usize].tombstone_bytes > 0 && t.head != Some(s))
-            .collect();
-        assert!(!holding.is_empty());
-        for s in holding {
-            if t.survivor == Some(s) {
-                t.survivor = None;
-            }
-            clean_segment(&mut t, s, &mut budget, &mut stats).expect("clean a tombstone holder");
-        }
-        assert!(stats.tombstones_dropped > 0);
-        assert_eq!(
-            t.order
-                .iter()
-                .map(|&s| t.segs[s as usize].tombstone_bytes)
-                .sum::<u64>(),
-            0,
-            "all tombstones dropped"
-        );
-        assert_all_readable(&t, &live);
-    }
-}
+#[path = "cleaner_tests.rs"]
+mod tests;

@@ -50,6 +50,10 @@ pub(crate) struct Tablet {
     /// Where the cleaner appends survivors; kept open across passes so a
     /// pass's last, partly filled survivor is topped up by the next pass.
     pub survivor: Option<u32>,
+    /// While the tablet has no head: the id of the segment holding the
+    /// cleaner's mark of the counter (`cleaner::carry_counter`), so each
+    /// cleaning carries one mark, not one per mark it meets.
+    pub counter_mark: Option<u64>,
     pub next_segment_id: u64,
     pub index: HashTable<IndexEntry>,
     /// Which bits of a key hash the index keeps (`index.rs`); fixed for the
@@ -90,6 +94,7 @@ impl Tablet {
             key_classes: crate::slack::KeyClasses::default(),
             slack_waived: false,
             survivor: None,
+            counter_mark: None,
             next_segment_id: 1,
             index: HashTable::new(),
             prefixer: Prefixer::new(range),
@@ -254,6 +259,7 @@ impl Tablet {
     pub fn make_head(&mut self, budget: &mut Budget, slot: u32) {
         debug_assert!(self.segs[slot as usize].buf.is_empty());
         self.head = Some(slot);
+        self.counter_mark = None; // the head's mark holds the counter
         self.slack_waived = false;
         self.append_mark(budget);
     }
