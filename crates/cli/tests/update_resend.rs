@@ -42,7 +42,10 @@ fn add_one(table: u64, tablet: &TabletInfo) -> Request<'static> {
 async fn send_until_answered(client: &Client, table: u64) -> ScanResult {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        assert!(std::time::Instant::now() < deadline, "no owner answered the update");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no owner answered the update"
+        );
         let info = client.open_table("u").await.unwrap();
         let tablet = &info.tablets[0];
         if let Ok(conn) = RpcConn::connect(&tablet.addr).await {
@@ -53,7 +56,10 @@ async fn send_until_answered(client: &Client, table: u64) -> ScanResult {
                         other => panic!("expected a scan result, got {other:?}"),
                     },
                     Status::Retry | Status::UnknownTablet | Status::StaleMap => {}
-                    other => panic!("the update was refused: {other:?} {}", reply.error_message()),
+                    other => panic!(
+                        "the update was refused: {other:?} {}",
+                        reply.error_message()
+                    ),
                 }
             }
         }
@@ -84,8 +90,15 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
             r.expect("write acknowledged");
         }
         let first = send_until_answered(&client, table).await;
-        assert_eq!(first.partial, Partial::Update { updated: OBJECTS as u64 });
-        let owner = client.open_table("u").await.unwrap().tablets[0].addr.clone();
+        assert_eq!(
+            first.partial,
+            Partial::Update {
+                updated: OBJECTS as u64
+            }
+        );
+        let owner = client.open_table("u").await.unwrap().tablets[0]
+            .addr
+            .clone();
         let mut servers = client.list_servers().await.unwrap();
         // Servers enlist in the order the harness starts them.
         servers.sort_by_key(|s| s.id);
@@ -107,15 +120,25 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
         let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
         let table = client.table_id("u").await.unwrap();
         let again = send_until_answered(&client, table).await;
-        let now = client.open_table("u").await.unwrap().tablets[0].addr.clone();
+        let now = client.open_table("u").await.unwrap().tablets[0]
+            .addr
+            .clone();
         assert_ne!(now, owner, "a survivor answered");
         assert_eq!(
             again.partial,
-            Partial::Update { updated: OBJECTS as u64 },
+            Partial::Update {
+                updated: OBJECTS as u64
+            },
             "the resend is answered with the first result"
         );
         let keys: Vec<Vec<u8>> = (0..OBJECTS).map(key).collect();
-        for (i, r) in client.multi_read(table, &keys).await.unwrap().into_iter().enumerate() {
+        for (i, r) in client
+            .multi_read(table, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
             let (value, _) = r.expect("read").expect("the object survived the crash");
             assert_eq!(
                 i64::from_le_bytes(value[..8].try_into().unwrap()),
@@ -128,7 +151,15 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
             field: Field::I64(0),
             action: UpdateAction::Add(Number::I64(1)),
         });
-        let fresh = client.execute_plan(table, &plan).await.expect("a new update");
-        assert_eq!(fresh.partial, Partial::Update { updated: OBJECTS as u64 });
+        let fresh = client
+            .execute_plan(table, &plan)
+            .await
+            .expect("a new update");
+        assert_eq!(
+            fresh.partial,
+            Partial::Update {
+                updated: OBJECTS as u64
+            }
+        );
     });
 }

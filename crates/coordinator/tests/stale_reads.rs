@@ -50,7 +50,11 @@ fn write(table: u64, value: &'static [u8]) -> Request<'static> {
 }
 
 fn take(table: u64, version: u64, state: TabletState) -> Request<'static> {
-    let migration = if state == TabletState::Receiving { MOVE } else { 0 };
+    let migration = if state == TabletState::Receiving {
+        MOVE
+    } else {
+        0
+    };
     take_for(table, version, state, migration)
 }
 
@@ -265,14 +269,22 @@ async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
         table,
         key: blob(b"gone"),
     };
-    assert_eq!(status_of(&dest, gone).await, Status::ObjectDoesntExist, "deleted stays deleted");
+    assert_eq!(
+        status_of(&dest, gone).await,
+        Status::ObjectDoesntExist,
+        "deleted stays deleted"
+    );
 
     // A receiving take without a move id, or over a copy that serves, is refused.
     let no_id = take_for(901, 1, TabletState::Receiving, 0);
     expect_err(&call(&dest, no_id).await, Status::BadRequest);
     let over_serving = take_for(table, 3, TabletState::Receiving, 0x33);
     expect_err(&call(&dest, over_serving).await, Status::BadRequest);
-    assert_eq!(value_of(&dest, table).await, b"kept", "the serving copy is untouched");
+    assert_eq!(
+        value_of(&dest, table).await,
+        b"kept",
+        "the serving copy is untouched"
+    );
 
     drop((src, dest));
     stop(vec![s1, s2]).await;

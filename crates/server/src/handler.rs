@@ -319,7 +319,9 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 return encode_error(out, id, Status::BadRequest, "tablet range start > end");
             };
             if tablet_state == TabletState::Receiving {
-                if let Err(message) = crate::migrate::fresh_receiving_copy(state, table, start_hash, migration) {
+                if let Err(message) =
+                    crate::migrate::fresh_receiving_copy(state, table, start_hash, migration)
+                {
                     return encode_error(out, id, Status::BadRequest, message);
                 }
             }
@@ -340,7 +342,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             meta.frozen = false;
             meta.moved_out = false;
             meta.migration = 0;
-            meta.receiving = if tablet_state == TabletState::Receiving { migration } else { 0 };
+            meta.receiving = if tablet_state == TabletState::Receiving {
+                migration
+            } else {
+                0
+            };
             drop(tablets);
             state.recount_unusual();
             tracing::info!(
@@ -409,7 +415,9 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             start_hash,
             dest_addr,
             migration,
-        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr, migration).await {
+        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr, migration)
+            .await
+        {
             Ok(()) => reply(out, id, &Response::Done),
             Err((status, message)) => encode_error(out, id, status, message),
         },

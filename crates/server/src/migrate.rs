@@ -286,7 +286,8 @@ pub fn install_batch(
     records: &[SideRecord<'_>],
 ) -> Result<(), (Status, String)> {
     match state.tablets.borrow().get(&(table, start_hash)) {
-        Some(m) if m.state == TabletState::Receiving && m.receiving == migration && migration != 0 => {}
+        Some(m)
+            if m.state == TabletState::Receiving && m.receiving == migration && migration != 0 => {}
         Some(m) if m.state == TabletState::Receiving => {
             return Err((
                 Status::BadRequest,

@@ -55,7 +55,9 @@ impl<'e> ChargedKeys<'e> {
     /// The keys, in scan order.
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts.zip(self.ends.iter()).map(|(s, &e)| &self.bytes[s..e])
+        starts
+            .zip(self.ends.iter())
+            .map(|(s, &e)| &self.bytes[s..e])
     }
 
     /// Bytes charged so far.
@@ -136,7 +138,11 @@ mod tests {
             .iter()
             .map(|key| u32::from_le_bytes(key.try_into().unwrap()))
             .collect();
-        assert_eq!(back, (0..10_000).collect::<Vec<u32>>(), "every key, in order");
+        assert_eq!(
+            back,
+            (0..10_000).collect::<Vec<u32>>(),
+            "every key, in order"
+        );
         assert_eq!(k.charged_bytes(), 10_000 * (4 + PER_KEY_BYTES));
         assert_eq!(e.borrow().memory().transient_bytes, k.charged_bytes());
         drop(k);
@@ -156,7 +162,10 @@ mod tests {
         assert_eq!(k.len(), 0);
         // It never held more than the budget plus one step beyond its charge.
         assert!(k.charged_bytes() <= 16 << 20);
-        assert!(k.charged_bytes() > 0, "it was charged until the budget said no");
+        assert!(
+            k.charged_bytes() > 0,
+            "it was charged until the budget said no"
+        );
         k.reset();
         assert_eq!(e.borrow().memory().transient_bytes, 0);
     }

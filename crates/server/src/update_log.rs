@@ -63,7 +63,7 @@ pub enum UpdateState {
     Running,
     /// Applied: a resend gets this result again.
     Done(ScanResult),
-    /// Begun, then cut off by a crash: some objects may hold its change.
+    /// Begun, then cut off (a crash, or a refused write): some objects may hold its change.
     Interrupted,
 }
 
@@ -93,7 +93,10 @@ pub fn lookup(state: &ShardState, key: UpdateKey) -> Option<UpdateState> {
 /// What the tablet's records say of update `key`.
 pub fn lookup_durable(state: &ShardState, key: UpdateKey) -> Option<UpdateState> {
     let (table, start_hash, op) = key;
-    let id = RecordId { class: CLASS_UPDATE, id: op };
+    let id = RecordId {
+        class: CLASS_UPDATE,
+        id: op,
+    };
     let records = state.engine.borrow().records(table, start_hash);
     let found = records.into_iter().find(|r| r.id == id)?;
     Some(match decode(&found.payload) {
@@ -147,7 +150,10 @@ pub fn begin(state: &ShardState, key: UpdateKey, anchor: &[u8]) -> Result<(), Re
     let mut payload = Vec::with_capacity(STARTED_BYTES);
     payload.push(STARTED);
     payload.extend_from_slice(&seq.to_le_bytes());
-    let id = RecordId { class: CLASS_UPDATE, id: op };
+    let id = RecordId {
+        class: CLASS_UPDATE,
+        id: op,
+    };
     state
         .engine
         .borrow_mut()
@@ -155,7 +161,9 @@ pub fn begin(state: &ShardState, key: UpdateKey, anchor: &[u8]) -> Result<(), Re
         .map_err(|e| {
             (
                 crate::handler::engine_status(&e),
-                format!("cannot record the update's start, so nothing was written on this tablet: {e}"),
+                format!(
+                    "cannot record the update's start, so nothing was written on this tablet: {e}"
+                ),
             )
         })
 }
@@ -164,7 +172,10 @@ pub fn begin(state: &ShardState, key: UpdateKey, anchor: &[u8]) -> Result<(), Re
 /// and drop the tablet's oldest update records beyond `KEPT_PER_TABLET`.
 pub fn finish(state: &ShardState, key: UpdateKey, anchor: &[u8], result: &ScanResult) {
     let (table, start_hash, op) = key;
-    let id = RecordId { class: CLASS_UPDATE, id: op };
+    let id = RecordId {
+        class: CLASS_UPDATE,
+        id: op,
+    };
     let mut engine = state.engine.borrow_mut();
     let seq = engine
         .records(table, start_hash)
@@ -240,8 +251,9 @@ pub fn interrupted(op: u64) -> Refusal {
     (
         Status::Internal,
         format!(
-            "update {op:#x} was cut off on this tablet by a server crash after it began writing: \
-             some objects may hold its change, so it is not applied again; check the data"
+            "update {op:#x} was cut off on this tablet after it began writing (a server crash, \
+             or a write the engine refused): some objects may hold its change, so it is not \
+             applied again; check the data"
         ),
     )
 }

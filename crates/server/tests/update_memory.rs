@@ -59,7 +59,10 @@ async fn an_update_whose_key_list_does_not_fit_the_budget_writes_nothing() {
         }),
         ..plan.clone()
     };
-    let applied = client.execute_plan(table, &small).await.expect("a small update fits");
+    let applied = client
+        .execute_plan(table, &small)
+        .await
+        .expect("a small update fits");
     assert_eq!(applied.matched, 10);
     node.server.shutdown();
     node.coordinator.shutdown().await;
