@@ -234,7 +234,12 @@ async fn bank_total(client: &Client, table: u64, accounts: u64) -> Result<i64, S
         .map_err(|e| e.to_string())
 }
 
+// Skipped (quarantined), not passing: on 2026-11-24 it failed in two clean-checkout
+// runs in a row with the total stuck at 30015 and once in three local runs (30001):
+// some transfer applied one side only. The defect is open (issue 12); run it with
+// `cargo test -p insitu --test txn_crash -- --ignored` while fixing it.
 #[test]
+#[ignore = "fails intermittently: a transfer applied on one side only (issue 12, open)"]
 fn a_bank_keeps_its_total_when_a_server_dies_mid_transfer() {
     rt().block_on(async {
         let mut s = setup(Cluster::start(3, 1), "crash_bank").await;
