@@ -224,6 +224,13 @@ fn init_tracing(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Why off: when a line cannot be written (stderr is a closed pipe),
+        // the subscriber would report it with `eprintln!`, which panics on
+        // that same closed stderr, and a panic aborts a server process. A
+        // log line nobody can read is dropped instead.
+        .log_internal_errors(false)
         .try_init();
 }
 

@@ -57,18 +57,11 @@ fn coordinator_and_server_serve_and_stop_cleanly_with_their_output_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port().to_string();
     let cluster = format!("127.0.0.1:{port}");
-    let meta = dir.path().join("coordinator");
+    // The server starts first, so it logs "cannot enlist with the
+    // coordinator yet" warnings into its closed stderr before the
+    // coordinator is up: a log line that cannot be written must be dropped,
+    // not reported with a panicking `eprintln!` (which once aborted it).
     // No auth flags: each role also warns on the closed stderr that it is open.
-    let mut coordinator = spawn_with_closed_output(
-        "coordinator",
-        &[
-            "coordinator",
-            "--port",
-            &port,
-            "--dir",
-            meta.to_str().unwrap(),
-        ],
-    );
     let data = dir.path().join("server");
     let mut server = spawn_with_closed_output(
         "server",
@@ -82,6 +75,22 @@ fn coordinator_and_server_serve_and_stop_cleanly_with_their_output_closed() {
             "1",
             "--memory-mb",
             "128",
+        ],
+    );
+    // Its retries start at 100 ms and double: 700 ms cover three warnings.
+    std::thread::sleep(Duration::from_millis(700));
+    if let Some(status) = server.child.try_wait().expect("try_wait") {
+        panic!("server died with {status} while it waited for the coordinator");
+    }
+    let meta = dir.path().join("coordinator");
+    let mut coordinator = spawn_with_closed_output(
+        "coordinator",
+        &[
+            "coordinator",
+            "--port",
+            &port,
+            "--dir",
+            meta.to_str().unwrap(),
         ],
     );
     wait_until_serving(&cluster, 1, &mut [&mut coordinator, &mut server]);
