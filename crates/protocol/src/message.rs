@@ -334,6 +334,12 @@ pub enum Request<'a> {
     /// The primary, deciding an orphan, asks a participant where it stands.
     TxnInquire {
         txn: crate::txn::TxnId,
+        /// The participant asked about (its anchor, by which the request
+        /// was routed). Why it is named: one shard may hold parts of several
+        /// participants of a transaction (a recovery or a move merged them),
+        /// and only this participant's own vote answers `Prepared`.
+        #[serde(borrow)]
+        anchor: crate::txn::TxnAnchor<'a>,
     },
 }
 

@@ -161,6 +161,8 @@ pub async fn handle(
             };
         }
     }
+    // `TxnInquire` exposes too: its `Prepared` answer must speak of a vote
+    // record the backups already hold.
     let exposes = !matches!(
         request,
         Request::Ping
@@ -168,7 +170,6 @@ pub async fn handle(
             | Request::DropTablet { .. }
             | Request::ActivateTablet { .. }
             | Request::ServerDown { .. }
-            | Request::TxnInquire { .. }
     );
     let kind = request.name();
     let _running = matches!(request, Request::Scan { .. } | Request::Query { .. })
@@ -498,7 +499,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         Request::TxnResolve { txn, anchor } => {
             crate::txn::resolve(state, id, txn, anchor, out).await
         }
-        Request::TxnInquire { txn } => crate::txn::inquire(state, id, txn, out),
+        Request::TxnInquire { txn, anchor } => crate::txn::inquire(state, id, txn, anchor, out),
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

@@ -218,11 +218,31 @@ pub async fn prepare(
         };
         return encode_error(out, id, status, format!("transaction {txn:#x}: {refusal}"));
     }
+    // The participant's anchor: its first item (the client names it so).
+    let own = Anchor {
+        table: items[0].table,
+        key: items[0].key.to_vec(),
+    };
     if state.txns.charges.borrow().contains_key(&txn)
         || state.txns.records.borrow().contains_key(&txn)
     {
-        // A resend of a prepare already taken: the same yes.
-        return reply(out, id, &Response::TxnPrepared);
+        // A resend of a prepare already taken: the same yes, once the first
+        // has recorded the whole vote.
+        let voted = state
+            .txns
+            .participant
+            .borrow()
+            .prepared(txn)
+            .is_some_and(|p| p.voters.contains(&own));
+        return match voted {
+            true => reply(out, id, &Response::TxnPrepared),
+            false => encode_error(
+                out,
+                id,
+                Status::Retry,
+                format!("transaction {txn:#x}: its prepare is still being recorded; ask again"),
+            ),
+        };
     }
     // The copies held until the decision count against the memory budget.
     let bytes = state
@@ -260,7 +280,7 @@ pub async fn prepare(
         let engine = state.engine.borrow();
         let participant = state.txns.participant.borrow();
         participant.prepared(txn).map_or(0, |p| {
-            txn_durable::parts(&engine, p)
+            txn_durable::parts(&engine, p, Some(&own))
                 .iter()
                 .filter(|part| !part.items.is_empty())
                 .count()
@@ -268,13 +288,46 @@ pub async fn prepare(
     };
     // A read-only transaction records nothing: nothing is applied anywhere,
     // so neither a vote nor the decision has anything to keep.
-    if writes
-        && (!one_phase || parts > 1)
-        && let Err((status, why)) = txn_durable::write_prepared(state, txn)
-    {
-        abort_here(state, txn);
-        return encode_error(out, id, status, why);
+    if writes && (!one_phase || parts > 1) {
+        // Every part's record but the vote record first; once those are
+        // durable, the vote record, at the anchor. Why this order: a tablet
+        // is recovered from its own log, so a crash may keep some records of
+        // a vote and lose others; a recovered vote record must prove that
+        // every other part survived (`txn_durable::write_prepared`). With one
+        // part (the common case) there is nothing to wait for.
+        match txn_durable::write_prepared(state, txn, &own, false) {
+            Err((status, why)) => {
+                abort_here(state, txn);
+                return encode_error(out, id, status, why);
+            }
+            Ok(0) => {}
+            Ok(_) => {
+                if let Err(why) = wait_durable(state).await {
+                    return encode_error(out, id, Status::Internal, why);
+                }
+                // A primary's resolution may have aborted it meanwhile (it
+                // was asked about before its vote was whole): nothing more
+                // is written, and the vote is a no.
+                if state.txns.participant.borrow().prepared(txn).is_none() {
+                    return encode_error(
+                        out,
+                        id,
+                        Status::Conflict,
+                        format!("transaction {txn:#x}: aborted while its prepare was recorded"),
+                    );
+                }
+            }
+        }
+        if let Err((status, why)) = txn_durable::write_prepared(state, txn, &own, true) {
+            // The other parts' records are in the log: an abort removes them.
+            settle_and_apply(state, txn, false).await;
+            return encode_error(out, id, status, why);
+        }
     }
+    // Every part is recorded (the conn makes the vote record durable before
+    // this reply leaves, and before any answer to an inquiry): the vote
+    // counts.
+    state.txns.participant.borrow_mut().voted(txn, own);
     if one_phase {
         if parts > 1 {
             // The records must be held by the backups before any part
@@ -322,10 +375,17 @@ pub async fn decide(state: &ShardState, id: u64, txn: TxnId, commit: bool, out: 
     reply(out, id, &Response::TxnDecided { committed });
 }
 
-/// `TxnInquire`: where the transaction stands here.
-pub fn inquire(state: &ShardState, id: u64, txn: TxnId, out: &mut BytesMut) {
+/// `TxnInquire`: where the participant named by `anchor` stands on the
+/// transaction here. Its reply waits, like a write's, until the log is
+/// durable (`handler`'s `exposes`): a `Prepared` answer then speaks of a
+/// vote record the backups hold.
+pub fn inquire(state: &ShardState, id: u64, txn: TxnId, anchor: TxnAnchor<'_>, out: &mut BytesMut) {
     let now = state.txns.now_ms();
-    let phase = match state.txns.participant.borrow_mut().phase(txn, now) {
+    let anchor = Anchor {
+        table: anchor.table,
+        key: anchor.key.to_vec(),
+    };
+    let phase = match state.txns.participant.borrow_mut().phase(txn, &anchor, now) {
         Phase::Prepared => TxnPhase::Prepared,
         Phase::Committed => TxnPhase::Committed,
         Phase::Aborted => TxnPhase::Aborted,
@@ -384,7 +444,12 @@ async fn resolve_as_primary(
         let p = state.txns.participant.borrow();
         (
             p.decision(txn),
-            p.prepared(txn).map(|p| (p.is_primary, p.others.clone())),
+            p.prepared(txn).map(|p| {
+                // The primary's own vote: whole (every part recorded) only
+                // once its vote record is written or was recovered.
+                let own_vote = p.voters.contains(&p.primary);
+                (p.is_primary && own_vote, p.is_primary, p.others.clone())
+            }),
         )
     };
     if let Some(d) = decided {
@@ -392,13 +457,17 @@ async fn resolve_as_primary(
         return Ok(settle_and_apply(state, txn, d).await);
     }
     let others = match prepared {
-        Some((true, others)) => others,
+        Some((true, _, others)) => others,
+        // The primary's part is here but its vote is not whole (still being
+        // recorded, or a recovery found some of its records and not its
+        // vote record): it never voted yes, so the outcome is an abort.
+        Some((false, true, _)) => return Ok(settle_and_apply(state, txn, false).await),
         // Not prepared here as the primary: no anchor record, no decision
         // record, so the primary never voted yes or aborted (presumed
         // abort). Recorded durably when the primary's prepare may still
         // come (a participant asked first), so it is refused even after a
         // crash here.
-        Some((false, _)) | None => {
+        Some((false, false, _)) | None => {
             if let Some(anchor) = anchor {
                 let now = state.txns.now_ms();
                 state.txns.participant.borrow_mut().settle(txn, false, now);
@@ -409,7 +478,14 @@ async fn resolve_as_primary(
     };
     let mut all_prepared = true;
     for other in &others {
-        let phase = match routed_call(state, other, &Request::TxnInquire { txn }).await? {
+        let inquire = Request::TxnInquire {
+            txn,
+            anchor: TxnAnchor {
+                table: other.table,
+                key: blob(&other.key),
+            },
+        };
+        let phase = match routed_call(state, other, &inquire).await? {
             Response::TxnPhase(p) => p,
             other => return Err(format!("answered {other:?} to TxnInquire")),
         };
@@ -449,20 +525,19 @@ async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool 
         let engine = state.engine.borrow();
         let participant = state.txns.participant.borrow();
         match participant.prepared(txn) {
-            Some(p) => txn_durable::parts(&engine, p),
+            Some(p) => txn_durable::parts(&engine, p, None),
             None => return committed, // nothing of it here, or applied already
         }
     };
     let recorded = state.txns.records.borrow_mut().remove(&txn);
-    let has_record = |table: u64, anchor: &[u8]| {
-        recorded
-            .as_ref()
-            .is_some_and(|r| r.iter().any(|(t, a)| *t == table && a == anchor))
-    };
+    let mut parts = parts;
+    if let Some(recorded) = &recorded {
+        txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
+    }
     let plan = |part: &txn_durable::Part| GroupPlan {
         commit: committed,
         commit_record: committed && part.primary_anchor && recorded.is_some(),
-        has_record: has_record(part.table, &part.anchor),
+        has_record: part.record,
     };
     let mut rest = &parts[..];
     if let Some(first) = parts.first()

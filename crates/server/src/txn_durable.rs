@@ -22,6 +22,7 @@ use insitu_txn::{
 };
 
 use crate::shard::ShardState;
+use crate::txn::RecordAt;
 
 /// One tablet's part of a prepared transaction.
 #[derive(Debug)]
@@ -35,28 +36,42 @@ pub(crate) struct Part {
     pub primary_anchor: bool,
     /// Its written items (reads need no record).
     pub items: Vec<Item>,
+    /// Whether a prepared record of the transaction is kept in this tablet
+    /// (at `anchor`): its removal joins the part's decision group. Set by
+    /// `attach_records` from the records actually written or restored.
+    pub record: bool,
 }
 
 /// A prepared transaction's parts here, the primary's anchor part first.
-/// Tablets are found through the engine; an item whose tablet is gone (a
-/// bug: tablets with locks neither move nor split away) forms its own part.
-pub(crate) fn parts(engine: &Engine, p: &Prepared) -> Vec<Part> {
+/// `own`: the participant's anchor when it prepares here; its tablet gets a
+/// part keyed at it even if nothing is written there (the *vote part*,
+/// whose record is written last, see `write_prepared`); the primary's
+/// anchor part is the primary's vote part. Tablets are found through the
+/// engine; an item whose tablet is gone (a bug: tablets with locks neither
+/// move nor split away) forms its own part.
+pub(crate) fn parts(engine: &Engine, p: &Prepared, own: Option<&Anchor>) -> Vec<Part> {
     let tablet_of = |table: u64, hash: u64| engine.tablet_for(table, hash).map(|r| r.start);
     let mut order: Vec<(u64, Option<u64>)> = Vec::new();
     let mut by_tablet: HashMap<(u64, Option<u64>), Part> = HashMap::new();
-    if p.is_primary {
+    let first = match (p.is_primary, own) {
+        (true, _) => Some((&p.primary, true)),
+        (false, Some(own)) => Some((own, false)),
+        (false, None) => None,
+    };
+    if let Some((anchor, primary_anchor)) = first {
         let t = (
-            p.primary.table,
-            tablet_of(p.primary.table, key_hash(p.primary.table, &p.primary.key)),
+            anchor.table,
+            tablet_of(anchor.table, key_hash(anchor.table, &anchor.key)),
         );
         order.push(t);
         by_tablet.insert(
             t,
             Part {
-                table: p.primary.table,
-                anchor: p.primary.key.clone(),
-                primary_anchor: true,
+                table: anchor.table,
+                anchor: anchor.key.clone(),
+                primary_anchor,
                 items: Vec::new(),
+                record: false,
             },
         );
     }
@@ -71,6 +86,7 @@ pub(crate) fn parts(engine: &Engine, p: &Prepared) -> Vec<Part> {
                     anchor: item.key.clone(),
                     primary_anchor: false,
                     items: Vec::new(),
+                    record: false,
                 }
             })
             .items
@@ -80,6 +96,40 @@ pub(crate) fn parts(engine: &Engine, p: &Prepared) -> Vec<Part> {
         .into_iter()
         .filter_map(|t| by_tablet.remove(&t))
         .collect()
+}
+
+/// Join the records `recorded` (table, key) of a transaction to its parts:
+/// each goes with the part in its tablet, whose group then removes it at
+/// that key; a record in a tablet with no part (a vote record at a key
+/// only read) becomes a part of its own, with nothing to write. Why by
+/// tablet and not by key: the records of a shard's transaction may come
+/// from several participants (a recovery or a move merged them), each
+/// keyed by its own rule, and every one must go with the decision.
+pub(crate) fn attach_records(engine: &Engine, parts: &mut Vec<Part>, recorded: &[RecordAt]) {
+    let tablet_of = |table: u64, key: &[u8]| {
+        engine
+            .tablet_for(table, key_hash(table, key))
+            .map(|r| r.start)
+    };
+    for (table, key) in recorded {
+        let at = tablet_of(*table, key);
+        let part = parts
+            .iter_mut()
+            .find(|p| !p.record && p.table == *table && tablet_of(p.table, &p.anchor) == at);
+        match part {
+            Some(part) => {
+                part.anchor = key.clone();
+                part.record = true;
+            }
+            None => parts.push(Part {
+                table: *table,
+                anchor: key.clone(),
+                primary_anchor: false,
+                items: Vec::new(),
+                record: true,
+            }),
+        }
+    }
 }
 
 /// Most bytes a part's decision appends in one group: the commit record
@@ -112,17 +162,32 @@ fn status_of(e: &EngineError) -> Status {
     crate::handler::engine_status(e)
 }
 
-/// Write the prepared records of `txn` (prepared in the participant): one
-/// per part. Refused (and nothing left written) if a part's decision would
-/// not fit one log segment or the engine refuses a record. The caller makes
-/// them durable before the vote leaves (the conn's ack rule).
-pub(crate) fn write_prepared(state: &ShardState, txn: TxnId) -> Result<(), (Status, String)> {
+/// Write the prepared records of `txn` (prepared in the participant whose
+/// anchor is `own`): one per part; with `vote` false every part's but the
+/// vote part's, with `vote` true the vote part's alone. Returns how many it
+/// wrote. Refused (and nothing of this call left written) if a part's
+/// decision would not fit one log segment or the engine refuses a record.
+///
+/// Why two calls: each tablet's log is replicated and recovered on its own,
+/// so a crash may keep some of one vote's records and lose others. The
+/// caller writes the vote record only once the others are durable; then a
+/// recovered vote record proves the whole vote survived (`restore_record`),
+/// and only a proven vote makes a participant `Prepared` to a primary
+/// deciding an orphan, or lets a recovered primary commit one. The caller
+/// makes the vote record durable before the vote leaves (the conn's ack
+/// rule).
+pub(crate) fn write_prepared(
+    state: &ShardState,
+    txn: TxnId,
+    own: &Anchor,
+    vote: bool,
+) -> Result<usize, (Status, String)> {
     let mut engine = state.engine.borrow_mut();
     let participant = state.txns.participant.borrow();
     let Some(p) = participant.prepared(txn) else {
-        return Ok(());
+        return Ok(0);
     };
-    let parts = parts(&engine, p);
+    let parts = parts(&engine, p, Some(own));
     let segment_bytes = engine.config().segment_bytes;
     for part in &parts {
         let bytes = group_bytes(part);
@@ -137,9 +202,12 @@ pub(crate) fn write_prepared(state: &ShardState, txn: TxnId) -> Result<(), (Stat
         }
     }
     let mut written: Vec<(u64, Vec<u8>)> = Vec::with_capacity(parts.len());
-    for part in &parts {
+    // The vote part is the first (`parts`).
+    let chosen = parts.iter().enumerate().filter(|(i, _)| (*i == 0) == vote);
+    for (_, part) in chosen {
         let record = PreparedRecord {
             primary: p.primary.clone(),
+            participant: Some(own.clone()),
             others: if part.primary_anchor {
                 p.others.clone()
             } else {
@@ -172,8 +240,17 @@ pub(crate) fn write_prepared(state: &ShardState, txn: TxnId) -> Result<(), (Stat
         written.push((part.table, part.anchor.clone()));
     }
     drop(participant);
-    state.txns.records.borrow_mut().insert(txn, written);
-    Ok(())
+    let n = written.len();
+    if n > 0 {
+        state
+            .txns
+            .records
+            .borrow_mut()
+            .entry(txn)
+            .or_default()
+            .extend(written);
+    }
+    Ok(n)
 }
 
 /// What `apply_part` writes besides the part's own changes.
@@ -338,6 +415,13 @@ pub(crate) fn restore_record(
                 }
             };
             let is_primary = record.primary.table == table && record.primary.key == anchor;
+            // The record kept at the participant's own anchor is its vote
+            // record, written after every other part's was durable: finding
+            // it proves the whole vote survived (`write_prepared`).
+            let vote = record
+                .participant
+                .clone()
+                .filter(|a| a.table == table && a.key == anchor);
             let items: Vec<Item> = record
                 .items
                 .into_iter()
@@ -359,6 +443,9 @@ pub(crate) fn restore_record(
                 now,
             ) {
                 tracing::error!(shard = state.index, txn, "restoring a transaction: {why}");
+            }
+            if let Some(vote) = vote {
+                state.txns.participant.borrow_mut().voted(txn, vote);
             }
             state
                 .txns

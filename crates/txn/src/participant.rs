@@ -163,6 +163,12 @@ pub struct Prepared {
     /// At the primary: the other participants' anchors.
     pub others: Vec<Anchor>,
     pub items: Vec<Item>,
+    /// The participants whose yes vote is held here, by anchor (`voted`).
+    /// Why not "prepared here" alone: a recovery or a move can bring parts
+    /// of several participants of one transaction onto one shard, and a
+    /// primary asking whether participant P voted yes must hear about P, not
+    /// about another participant's part that happens to sit beside it.
+    pub voters: Vec<Anchor>,
     /// When it was prepared (the caller's clock, ms): overdue after the timeout.
     pub since_ms: u64,
     /// Bytes charged for it (`held_bytes`).
@@ -397,6 +403,7 @@ impl Participant {
                         is_primary,
                         others,
                         items,
+                        voters: Vec::new(),
                         since_ms: now_ms,
                         bytes,
                     },
@@ -475,12 +482,35 @@ impl Participant {
         self.decisions.get(&txn).copied()
     }
 
-    /// Where `txn` stands here, for a primary deciding an orphan. A
-    /// transaction never seen is recorded aborted first, so its prepare,
-    /// if still on its way, is refused when it comes.
-    pub fn phase(&mut self, txn: TxnId, now_ms: u64) -> Phase {
-        if self.prepared.contains_key(&txn) {
-            return Phase::Prepared;
+    /// Record that the participant named by `anchor` voted yes for `txn`
+    /// here: every part of its prepare is held (the caller has written all
+    /// of its records, or restored the record that proves it). Only then
+    /// may `phase` answer `Prepared` for it.
+    pub fn voted(&mut self, txn: TxnId, anchor: Anchor) {
+        if let Some(p) = self.prepared.get_mut(&txn)
+            && !p.voters.contains(&anchor)
+        {
+            p.voters.push(anchor);
+        }
+    }
+
+    /// Where the participant named by `anchor` stands on `txn` here, for a
+    /// primary deciding an orphan. A transaction never seen is recorded
+    /// aborted first, so its prepare, if still on its way, is refused when
+    /// it comes. One held here only as other participants' parts (brought
+    /// by a recovery or a move) is `Aborted` for this participant, which
+    /// never voted here, and nothing is recorded: its late prepare is
+    /// refused anyway (the id is in use here for other keys, or decided by
+    /// then), and the parts here follow the primary's decision.
+    pub fn phase(&mut self, txn: TxnId, anchor: &Anchor, now_ms: u64) -> Phase {
+        if let Some(p) = self.prepared.get(&txn) {
+            if p.voters.contains(anchor) {
+                return Phase::Prepared;
+            }
+            return match self.decisions.get(&txn) {
+                Some(true) => Phase::Committed,
+                _ => Phase::Aborted,
+            };
         }
         match self.decisions.get(&txn) {
             Some(true) => Phase::Committed,

@@ -207,7 +207,7 @@ fn the_first_decision_stands() {
 #[test]
 fn asking_about_an_unknown_transaction_aborts_its_late_prepare() {
     let mut p = Participant::new(Limits::default());
-    assert_eq!(p.phase(9, 0), Phase::Aborted);
+    assert_eq!(p.phase(9, &anchor("a"), 0), Phase::Aborted);
     let refused = p.prepare(9, Some(anchor("x")), vec![], vec![put("a", None)], 1, none);
     assert_eq!(refused, Err(Refusal::Decided { committed: false }));
     assert_eq!(p.lock_count(), 0);
@@ -305,9 +305,12 @@ enum Step {
         txn: u8,
         commit: bool,
     },
-    /// Another participant's primary asks about `txn`.
+    /// Another participant's primary asks about `txn`: about the
+    /// participant whose prepare this model sends (`other` false), or about
+    /// one that never prepared here (`other` true: its parts live elsewhere).
     Phase {
         txn: u8,
+        other: bool,
     },
     /// A plain write (no transaction) to a key, allowed only when unlocked.
     Plain {
@@ -324,7 +327,7 @@ fn step() -> impl Strategy<Value = Step> {
         )
             .prop_map(|(txn, reads, writes)| Step::Prepare { txn, reads, writes }),
         (0..6u8, any::<bool>()).prop_map(|(txn, commit)| Step::Decide { txn, commit }),
-        (0..6u8).prop_map(|txn| Step::Phase { txn }),
+        (0..6u8, any::<bool>()).prop_map(|(txn, other)| Step::Phase { txn, other }),
         (0..5u8).prop_map(|key| Step::Plain { key }),
     ]
 }
@@ -367,6 +370,9 @@ proptest! {
                     if let Some(&c) = decided.get(&txn) {
                         prop_assert_eq!(r, Err(Refusal::Decided { committed: c }));
                     } else if r.is_ok() && !was_prepared {
+                        // Its one part is held: the vote counts (the server
+                        // says so once every record is written).
+                        p.voted(txn as u64, Anchor { table: 1, key: items[0].key.clone() });
                         read_at.insert(txn, items.iter().filter_map(|i| i.read_version.map(|v| (i.key[0], v))).collect());
                     }
                 }
@@ -402,14 +408,26 @@ proptest! {
                         }
                     }
                 }
-                Step::Phase { txn } => {
-                    let phase = p.phase(txn as u64, now);
+                Step::Phase { txn, other } => {
+                    let asked = match (p.prepared(txn as u64), other) {
+                        (Some(prep), false) => prep.voters[0].clone(),
+                        // A key no model transaction writes: never a voter.
+                        _ => Anchor { table: 2, key: vec![txn] },
+                    };
+                    let prepared = p.prepared(txn as u64).is_some();
+                    let phase = p.phase(txn as u64, &asked, now);
                     if let Some(&c) = decided.get(&txn) {
                         prop_assert_eq!(phase, if c { Phase::Committed } else { Phase::Aborted });
-                    } else if phase == Phase::Aborted {
-                        decided.insert(txn, false);
-                    } else {
+                    } else if prepared && other {
+                        // Another participant: it never voted here, and the
+                        // part here is left to the primary (nothing decided).
+                        prop_assert_eq!(phase, Phase::Aborted);
+                        prop_assert_eq!(p.decision(txn as u64), None);
+                    } else if prepared {
                         prop_assert_eq!(phase, Phase::Prepared);
+                    } else {
+                        prop_assert_eq!(phase, Phase::Aborted);
+                        decided.insert(txn, false);
                     }
                 }
                 Step::Plain { key } => {
@@ -422,4 +440,38 @@ proptest! {
             p.check();
         }
     }
+}
+
+#[test]
+fn a_participant_is_prepared_only_for_its_own_vote() {
+    // A recovery put the primary's part of transaction 4 (anchor "a") on
+    // the shard that owns "b", whose own prepare was refused: asked about
+    // "b", the shard must not answer for the primary's part.
+    let mut p = Participant::new(Limits::default());
+    p.restore(
+        4,
+        anchor("a"),
+        true,
+        vec![anchor("b")],
+        vec![put("a", None)],
+        0,
+    )
+    .unwrap();
+    p.voted(4, anchor("a"));
+    assert_eq!(p.phase(4, &anchor("b"), 1), Phase::Aborted);
+    // Nothing is decided by the answer: the part here still follows the
+    // primary, and the primary is asked about itself as prepared.
+    assert_eq!(p.decision(4), None);
+    assert_eq!(p.phase(4, &anchor("a"), 1), Phase::Prepared);
+    // "b"'s late prepare is refused: the id is in use here for other keys.
+    let late = p.prepare(4, Some(anchor("a")), vec![], vec![put("b", None)], 2, none);
+    assert!(matches!(late, Err(Refusal::Bad(_))), "{late:?}");
+    // A prepare is not a vote until the caller says every part is held.
+    p.prepare(8, None, vec![anchor("z")], vec![put("c", None)], 3, none)
+        .unwrap();
+    assert_eq!(p.phase(8, &anchor("c"), 3), Phase::Aborted);
+    assert_eq!(p.decision(8), None);
+    p.voted(8, anchor("c"));
+    assert_eq!(p.phase(8, &anchor("c"), 3), Phase::Prepared);
+    p.check();
 }

@@ -24,8 +24,9 @@
 //! u32 length then the bytes):
 //!
 //! ```text
-//! u8     format (1)
+//! u8     format (2; 1 lacks the participant field)
 //! u64    primary anchor's table     bytes  primary anchor's key
+//! u64    participant's anchor table bytes  participant's anchor key   (format 2)
 //! u32    others count, then per other: u64 table, bytes key
 //! u32    item count, then per item: u64 table, u8 kind (1 put, 2 remove),
 //!        bytes key, and for a put: bytes value
@@ -46,8 +47,10 @@ pub const CLASS_COMMITTED: u8 = 2;
 /// the late prepare must be refused even after a crash. Empty payload.
 pub const CLASS_ABORTED: u8 = 3;
 
-/// Format byte of a prepared record's payload.
-const FORMAT: u8 = 1;
+/// Format byte of a prepared record's payload (with the participant).
+const FORMAT: u8 = 2;
+/// The first format, without the participant's anchor: still read.
+const FORMAT_1: u8 = 1;
 
 /// Most entries of any count field a decoder accepts (the protocol's own
 /// limits are far below: 10,000 items, 1,024 participants). Why a bound:
@@ -70,6 +73,12 @@ pub struct PreparedRecord {
     /// The primary's anchor: whom to ask for the outcome (routed by key, so
     /// a primary recovered onto another server is still found).
     pub primary: Anchor,
+    /// The anchor of the participant that wrote it (its first item). The
+    /// record kept at that very key is the participant's *vote record*: it
+    /// is written only once every other part's record is durable, so a
+    /// recovery that finds it knows the whole vote survived (`voted`).
+    /// None in a format-1 record: its vote is never taken as proven.
+    pub participant: Option<Anchor>,
     /// The other participants' anchors; only in the primary's anchor
     /// record (the primary asks them before deciding an orphan).
     pub others: Vec<Anchor>,
@@ -79,8 +88,15 @@ pub struct PreparedRecord {
 impl PreparedRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
-        out.push(FORMAT);
+        out.push(if self.participant.is_some() {
+            FORMAT
+        } else {
+            FORMAT_1
+        });
         put_anchor(&mut out, &self.primary);
+        if let Some(a) = &self.participant {
+            put_anchor(&mut out, a);
+        }
         out.extend_from_slice(&(self.others.len() as u32).to_le_bytes());
         for a in &self.others {
             put_anchor(&mut out, a);
@@ -109,6 +125,7 @@ impl PreparedRecord {
     pub fn encoded_len(&self) -> usize {
         let anchor = |a: &Anchor| 8 + 4 + a.key.len();
         1 + anchor(&self.primary)
+            + self.participant.as_ref().map_or(0, anchor)
             + 4
             + self.others.iter().map(anchor).sum::<usize>()
             + 4
@@ -130,10 +147,14 @@ impl PreparedRecord {
     pub fn decode(bytes: &[u8]) -> Result<PreparedRecord, String> {
         let mut r = Reader { bytes, at: 0 };
         let format = r.u8()?;
-        if format != FORMAT {
+        if format != FORMAT && format != FORMAT_1 {
             return Err(format!("unknown prepared-record format {format}"));
         }
         let primary = r.anchor()?;
+        let participant = match format {
+            FORMAT => Some(r.anchor()?),
+            _ => None,
+        };
         let n = r.count()?;
         let mut others = Vec::with_capacity(n.min(1024));
         for _ in 0..n {
@@ -160,6 +181,7 @@ impl PreparedRecord {
         }
         Ok(PreparedRecord {
             primary,
+            participant,
             others,
             items,
         })
@@ -244,6 +266,10 @@ mod tests {
                 table: 3,
                 key: b"acct-1".to_vec(),
             },
+            participant: Some(Anchor {
+                table: 3,
+                key: b"acct-0".to_vec(),
+            }),
             others: vec![Anchor {
                 table: 4,
                 key: vec![],
@@ -268,7 +294,16 @@ mod tests {
         let r = sample();
         let bytes = r.encode();
         assert_eq!(bytes.len(), r.encoded_len());
-        assert_eq!(PreparedRecord::decode(&bytes), Ok(r));
+        assert_eq!(PreparedRecord::decode(&bytes), Ok(r.clone()));
+        // A format-1 record (no participant) is still read.
+        let old = PreparedRecord {
+            participant: None,
+            ..r
+        };
+        let bytes = old.encode();
+        assert_eq!(bytes[0], FORMAT_1);
+        assert_eq!(bytes.len(), old.encoded_len());
+        assert_eq!(PreparedRecord::decode(&bytes), Ok(old));
     }
 
     #[test]
@@ -281,7 +316,7 @@ mod tests {
         longer.push(0);
         assert!(PreparedRecord::decode(&longer).is_err());
         let mut future = bytes;
-        future[0] = 2;
+        future[0] = 3;
         assert!(PreparedRecord::decode(&future).is_err());
     }
 
@@ -290,6 +325,8 @@ mod tests {
         let mut bytes = vec![FORMAT];
         bytes.extend_from_slice(&3u64.to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes()); // empty primary key
+        bytes.extend_from_slice(&3u64.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes()); // empty participant key
         bytes.extend_from_slice(&u32::MAX.to_le_bytes()); // others
         let e = PreparedRecord::decode(&bytes).unwrap_err();
         assert!(e.contains("passes"), "{e}");

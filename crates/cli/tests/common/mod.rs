@@ -22,7 +22,11 @@ pub fn free_port() -> u16 {
 /// `insitu ARGS` with warnings-only logging.
 pub fn insitu_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(insitu_bin());
-    cmd.args(args).env("INSITU_LOG", "warn");
+    // Warnings only, unless a person chasing a failure asks for more
+    // (`INSITU_TEST_LOG=info,insitu_server::txn=debug cargo test ...`): the
+    // processes' stderr reaches the test's output.
+    let log = std::env::var("INSITU_TEST_LOG").unwrap_or_else(|_| "warn".into());
+    cmd.args(args).env("INSITU_LOG", log);
     cmd
 }
 
