@@ -53,19 +53,19 @@ async fn send_until_answered(client: &Client, table: u64, op: u64) -> ScanResult
         );
         let info = client.open_table("u").await.unwrap();
         let tablet = &info.tablets[0];
-        if let Ok(conn) = RpcConn::connect(&tablet.addr).await {
-            if let Ok(reply) = conn.call(&add_one(table, tablet, op)).await {
-                match reply.status {
-                    Status::Ok => match reply.decode().unwrap() {
-                        Response::Scan(r) => return r,
-                        other => panic!("expected a scan result, got {other:?}"),
-                    },
-                    Status::Retry | Status::UnknownTablet | Status::StaleMap => {}
-                    other => panic!(
-                        "the update was refused: {other:?} {}",
-                        reply.error_message()
-                    ),
-                }
+        if let Ok(conn) = RpcConn::connect(&tablet.addr).await
+            && let Ok(reply) = conn.call(&add_one(table, tablet, op)).await
+        {
+            match reply.status {
+                Status::Ok => match reply.decode().unwrap() {
+                    Response::Scan(r) => return r,
+                    other => panic!("expected a scan result, got {other:?}"),
+                },
+                Status::Retry | Status::UnknownTablet | Status::StaleMap => {}
+                other => panic!(
+                    "the update was refused: {other:?} {}",
+                    reply.error_message()
+                ),
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -93,12 +93,7 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
     cluster.servers[victim].kill();
 
     rt.block_on(async {
-        let config = ClientConfig {
-            op_timeout: Duration::from_secs(60),
-            ..ClientConfig::default()
-        };
-        let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
-        let table = client.table_id("u").await.unwrap();
+        let (client, table) = connect(&cluster).await;
         let again = send_until_answered(&client, table, OP).await;
         let now = client.open_table("u").await.unwrap().tablets[0]
             .addr
@@ -111,21 +106,7 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
             },
             "the resend is answered with the first result"
         );
-        let keys: Vec<Vec<u8>> = (0..OBJECTS).map(key).collect();
-        for (i, r) in client
-            .multi_read(table, &keys)
-            .await
-            .unwrap()
-            .into_iter()
-            .enumerate()
-        {
-            let (value, _) = r.expect("read").expect("the object survived the crash");
-            assert_eq!(
-                i64::from_le_bytes(value[..8].try_into().unwrap()),
-                11,
-                "object {i}: added once, not twice"
-            );
-        }
+        assert_eq!(the_value(&client, table).await, 11, "added once, not twice");
         // A new operation id is a new update: it applies.
         let plan = ScanPlan::new(Op::Update {
             field: Field::I64(0),
@@ -148,12 +129,7 @@ fn an_update_resent_after_its_server_died_is_answered_not_applied_twice() {
 /// the client, the table id, and the index and address of the tablet's
 /// owner.
 async fn fill(cluster: &Cluster) -> (Client, u64, usize, String) {
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
-    let table = client.table_id("u").await.unwrap();
+    let (client, table) = connect(cluster).await;
     // Servers learn of each other from the coordinator's list, fetched
     // every second; until then each keeps its replicas on its own disk.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
@@ -173,6 +149,17 @@ async fn fill(cluster: &Cluster) -> (Client, u64, usize, String) {
         .position(|s| s.shard_addrs.contains(&owner))
         .expect("the owner is a listed server");
     (client, table, victim, owner)
+}
+
+/// A client whose calls outlast a recovery (seconds), and table "u"'s id.
+async fn connect(cluster: &Cluster) -> (Client, u64) {
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
+    let table = client.table_id("u").await.unwrap();
+    (client, table)
 }
 
 /// Every object's value, which must be the same for all.
@@ -215,12 +202,7 @@ fn a_tablet_remembers_its_newest_64_updates_across_a_crash() {
     });
     cluster.servers[victim].kill();
     rt.block_on(async {
-        let config = ClientConfig {
-            op_timeout: Duration::from_secs(60),
-            ..ClientConfig::default()
-        };
-        let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
-        let table = client.table_id("u").await.unwrap();
+        let (client, table) = connect(&cluster).await;
         let all = 10 + updates as i64;
         // The oldest kept: answered, not applied again.
         let kept = first_op + updates - KEPT_PER_TABLET;
