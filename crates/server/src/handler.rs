@@ -497,9 +497,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         } => crate::txn::prepare(state, id, txn, primary, others, &items, writes, out).await,
         Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out).await,
         Request::TxnResolve { txn, anchor } => {
-            crate::txn::resolve(state, id, txn, anchor, out).await
+            crate::txn_resolve::resolve(state, id, txn, anchor, out).await
         }
-        Request::TxnInquire { txn, anchor } => crate::txn::inquire(state, id, txn, anchor, out),
+        Request::TxnInquire { txn, anchor } => {
+            crate::txn_resolve::inquire(state, id, txn, anchor, out)
+        }
         Request::Enlist { .. }
         | Request::CreateTable { .. }
         | Request::DropTable { .. }

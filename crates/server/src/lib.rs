@@ -27,6 +27,7 @@ mod sindex;
 mod txn;
 mod txn_durable;
 mod txn_peers;
+mod txn_resolve;
 mod update_keys;
 mod update_log;
 

@@ -1,24 +1,23 @@
 //! A shard's side of multi-key transactions: the `txn` crate's participant
-//! wired to the engine (validation reads versions, a commit writes) and to
-//! the network (an orphaned transaction is resolved with the primary).
-//! ARCHITECTURE.md, "Transactions", has the protocol and its crash cases.
+//! wired to the engine (validation reads versions, a commit writes): the
+//! prepare, the decision and its application. Orphans (a silent client) are
+//! resolved in `txn_resolve.rs`. ARCHITECTURE.md, "Transactions", has the
+//! protocol and its crash cases.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use insitu_client::Client;
 use insitu_engine::{TransientCharge, key_hash};
-use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnPhase, TxnWrite};
-use insitu_protocol::{Request, Response, Status, blob, encode_error};
-use insitu_txn::{Anchor, Item, Participant, Phase, Refusal, Write};
+use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnWrite};
+use insitu_protocol::{Response, Status, encode_error};
+use insitu_txn::{Anchor, Item, Participant, Refusal, Write};
 
 use crate::handler::reply;
 use crate::shard::ShardState;
 use crate::txn_durable::{self, GroupPlan};
-use crate::txn_peers::routed_call;
 
 /// How long a transaction may stay prepared before this participant stops
 /// waiting for its client and resolves it with the primary. Why 2 s: a
@@ -27,8 +26,6 @@ use crate::txn_peers::routed_call;
 /// slow client's commit race its resolution (harmless: the primary's
 /// decision stands either way, the client learns it).
 pub const PREPARED_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often overdue transactions and expired decisions are looked for.
-const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// One call to another participant (resolve, inquire) must finish within
 /// this; an unreachable participant leaves the transaction prepared, and the
 /// next sweep tries again.
@@ -375,142 +372,13 @@ pub async fn decide(state: &ShardState, id: u64, txn: TxnId, commit: bool, out: 
     reply(out, id, &Response::TxnDecided { committed });
 }
 
-/// `TxnInquire`: where the participant named by `anchor` stands on the
-/// transaction here. Its reply waits, like a write's, until the log is
-/// durable (`handler`'s `exposes`): a `Prepared` answer then speaks of a
-/// vote record the backups hold.
-pub fn inquire(state: &ShardState, id: u64, txn: TxnId, anchor: TxnAnchor<'_>, out: &mut BytesMut) {
-    let now = state.txns.now_ms();
-    let anchor = Anchor {
-        table: anchor.table,
-        key: anchor.key.to_vec(),
-    };
-    let phase = match state.txns.participant.borrow_mut().phase(txn, &anchor, now) {
-        Phase::Prepared => TxnPhase::Prepared,
-        Phase::Committed => TxnPhase::Committed,
-        Phase::Aborted => TxnPhase::Aborted,
-    };
-    reply(out, id, &Response::TxnPhase(phase));
-}
-
-/// `TxnResolve` (this shard owns the primary's anchor): the decision,
-/// taking it first if there is none yet.
-pub async fn resolve(
-    state: &ShardState,
-    id: u64,
-    txn: TxnId,
-    anchor: TxnAnchor<'_>,
-    out: &mut BytesMut,
-) {
-    // Only the anchor's owner may answer: "no record here" means aborted
-    // only where the record would be.
-    let owned =
-        crate::handler::admit_tablet(state, anchor.table, anchor.key, false).and_then(|()| {
-            let hash = key_hash(anchor.table, anchor.key);
-            match state.engine.borrow().tablet_for(anchor.table, hash) {
-                Some(_) => Ok(()),
-                None => Err(Status::UnknownTablet),
-            }
-        });
-    if let Err(s) = owned {
-        return encode_error(
-            out,
-            id,
-            s,
-            format!("transaction {txn:#x}: the primary's anchor is not served here ({s})"),
-        );
-    }
-    let anchor = Anchor {
-        table: anchor.table,
-        key: anchor.key.to_vec(),
-    };
-    match resolve_as_primary(state, txn, Some(&anchor)).await {
-        Ok(committed) => reply(out, id, &Response::TxnDecided { committed }),
-        Err(why) => encode_error(out, id, Status::Retry, why),
-    }
-}
-
-/// Take the decision the primary must: commit if every participant is
-/// prepared (all voted yes), abort if any is not (asking it aborts it
-/// there). `anchor`: the primary's anchor, when a participant asked (then
-/// a transaction unknown here is aborted durably). Err: a participant could
-/// not be asked; nothing was decided.
-async fn resolve_as_primary(
-    state: &ShardState,
-    txn: TxnId,
-    anchor: Option<&Anchor>,
-) -> Result<bool, String> {
-    let (decided, prepared) = {
-        let p = state.txns.participant.borrow();
-        (
-            p.decision(txn),
-            p.prepared(txn).map(|p| {
-                // The primary's own vote: whole (every part recorded) only
-                // once its vote record is written or was recovered.
-                let own_vote = p.voters.contains(&p.primary);
-                (p.is_primary && own_vote, p.is_primary, p.others.clone())
-            }),
-        )
-    };
-    if let Some(d) = decided {
-        // A part restored beside its decision is applied now.
-        return Ok(settle_and_apply(state, txn, d).await);
-    }
-    let others = match prepared {
-        Some((true, _, others)) => others,
-        // The primary's part is here but its vote is not whole (still being
-        // recorded, or a recovery found some of its records and not its
-        // vote record): it never voted yes, so the outcome is an abort.
-        Some((false, true, _)) => return Ok(settle_and_apply(state, txn, false).await),
-        // Not prepared here as the primary: no anchor record, no decision
-        // record, so the primary never voted yes or aborted (presumed
-        // abort). Recorded durably when the primary's prepare may still
-        // come (a participant asked first), so it is refused even after a
-        // crash here.
-        Some((false, false, _)) | None => {
-            if let Some(anchor) = anchor {
-                let now = state.txns.now_ms();
-                state.txns.participant.borrow_mut().settle(txn, false, now);
-                txn_durable::record_abort(state, txn, anchor);
-            }
-            return Ok(settle_and_apply(state, txn, false).await);
-        }
-    };
-    let mut all_prepared = true;
-    for other in &others {
-        let inquire = Request::TxnInquire {
-            txn,
-            anchor: TxnAnchor {
-                table: other.table,
-                key: blob(&other.key),
-            },
-        };
-        let phase = match routed_call(state, other, &inquire).await? {
-            Response::TxnPhase(p) => p,
-            other => return Err(format!("answered {other:?} to TxnInquire")),
-        };
-        match phase {
-            TxnPhase::Prepared => {}
-            // Only the primary decides; a participant that committed learned
-            // it from here, so a decision is recorded already (checked below).
-            TxnPhase::Committed => {}
-            TxnPhase::Aborted => {
-                all_prepared = false;
-                break;
-            }
-        }
-    }
-    // The client's own decision may have come while we asked: it stands.
-    Ok(settle_and_apply(state, txn, all_prepared).await)
-}
-
 /// Record the decision (the one already recorded wins) and apply it to the
 /// parts prepared here, durably and in order: at the primary, its anchor
 /// part (with the commit record) first, held by the backups before any
 /// other part changes; then every other part, each as one group (the
 /// writes on a commit, the record's removal). Returns the decision that
 /// stands.
-async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
+pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
     let now = state.txns.now_ms();
     let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
     // One application at a time: a second caller waits for the first.
@@ -578,63 +446,4 @@ async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool 
     // a caller waiting for this application.
     state.holds_released.notify_waiters();
     committed
-}
-
-/// The shard's resolver: transactions prepared here for longer than
-/// `PREPARED_TIMEOUT` are resolved (as primary: decided; else: the
-/// primary's decision is asked and applied), and old decisions forgotten
-/// with their records.
-pub async fn sweep(state: Rc<ShardState>) {
-    loop {
-        tokio::time::sleep(SWEEP_EVERY).await;
-        let now = state.txns.now_ms();
-        let (overdue, gone) = {
-            let mut p = state.txns.participant.borrow_mut();
-            let gone = p.expire(now);
-            (p.overdue(now, PREPARED_TIMEOUT.as_millis() as u64), gone)
-        };
-        txn_durable::forget(&state, &gone);
-        for txn in overdue {
-            let primary = state
-                .txns
-                .participant
-                .borrow()
-                .prepared(txn)
-                .map(|p| (p.is_primary, p.primary.clone()));
-            let Some((is_primary, anchor)) = primary else {
-                continue; // decided meanwhile
-            };
-            let outcome = if is_primary {
-                resolve_as_primary(&state, txn, None).await
-            } else {
-                let request = Request::TxnResolve {
-                    txn,
-                    anchor: TxnAnchor {
-                        table: anchor.table,
-                        key: blob(&anchor.key),
-                    },
-                };
-                match routed_call(&state, &anchor, &request).await {
-                    Ok(Response::TxnDecided { committed }) => {
-                        Ok(settle_and_apply(&state, txn, committed).await)
-                    }
-                    Ok(other) => Err(format!("answered {other:?} to TxnResolve")),
-                    Err(e) => Err(e),
-                }
-            };
-            match outcome {
-                Ok(committed) => tracing::info!(
-                    shard = state.index,
-                    txn,
-                    committed,
-                    "resolved a transaction whose client went silent"
-                ),
-                Err(why) => tracing::warn!(
-                    shard = state.index,
-                    txn,
-                    "cannot resolve a prepared transaction yet (its keys stay locked): {why}"
-                ),
-            }
-        }
-    }
 }

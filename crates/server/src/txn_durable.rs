@@ -380,7 +380,7 @@ pub(crate) fn forget(state: &ShardState, gone: &[TxnId]) {
 /// Take back the transaction state held in one tablet's records (after a
 /// recovery replayed it, or a move installed it): prepared parts lock their
 /// keys again, decisions are known again. Overdue parts are resolved by the
-/// sweep (`txn::sweep`) as if their client had gone silent.
+/// sweep (`txn_resolve::sweep`) as if their client had gone silent.
 pub(crate) fn restore_tablet(state: &ShardState, table: u64, start_hash: u64) -> usize {
     let records = state.engine.borrow().records(table, start_hash);
     let n = records.len();
