@@ -44,9 +44,11 @@ pub(crate) type DecisionAt = (u64, Vec<u8>, u8);
 /// A shard's transactions: the participant state and what it holds.
 pub struct ShardTxns {
     pub participant: RefCell<Participant>,
-    /// The memory-budget charge of each prepared transaction (its keys and
-    /// values are copies held outside the log until decided).
-    pub(crate) charges: RefCell<HashMap<TxnId, TransientCharge>>,
+    /// The memory-budget charges of each prepared transaction (its keys and
+    /// values are copies held outside the log until decided). Several when
+    /// a recovery brings several parts of one transaction: each part's
+    /// charge is kept until the decision, none replaces another.
+    pub(crate) charges: RefCell<HashMap<TxnId, Vec<TransientCharge>>>,
     /// The prepared records each transaction has here: (table, anchor key)
     /// per part (`txn_durable`). Absent: its parts have no records (a
     /// one-phase commit in one tablet).
@@ -256,7 +258,7 @@ pub async fn prepare(
     let charge = state.engine.borrow().try_charge_transient(bytes as u64);
     match charge {
         Ok(charge) => {
-            state.txns.charges.borrow_mut().insert(txn, charge);
+            state.txns.charges.borrow_mut().insert(txn, vec![charge]);
         }
         Err(_) => {
             abort_here(state, txn);

@@ -242,15 +242,16 @@ pub(crate) fn write_prepared(
     drop(participant);
     let n = written.len();
     if n > 0 {
-        state
-            .txns
-            .records
-            .borrow_mut()
-            .entry(txn)
-            .or_default()
-            .extend(written);
+        note_records(state, txn, written);
     }
     Ok(n)
+}
+
+/// Remember that `txn` has prepared records at `at` here (its decision
+/// removes them: `attach_records`).
+fn note_records(state: &ShardState, txn: TxnId, at: impl IntoIterator<Item = RecordAt>) {
+    let mut records = state.txns.records.borrow_mut();
+    records.entry(txn).or_default().extend(at);
 }
 
 /// What `apply_part` writes besides the part's own changes.
@@ -447,16 +448,16 @@ pub(crate) fn restore_record(
             if let Some(vote) = vote {
                 state.txns.participant.borrow_mut().voted(txn, vote);
             }
-            state
-                .txns
-                .records
-                .borrow_mut()
-                .entry(txn)
-                .or_default()
-                .push((table, anchor.to_vec()));
+            note_records(state, txn, [(table, anchor.to_vec())]);
             // Charged when it fits; a recovery is never refused for it.
             if let Ok(charge) = state.engine.borrow().try_charge_transient(bytes as u64) {
-                state.txns.charges.borrow_mut().insert(txn, charge);
+                state
+                    .txns
+                    .charges
+                    .borrow_mut()
+                    .entry(txn)
+                    .or_default()
+                    .push(charge);
             }
         }
         CLASS_COMMITTED | CLASS_ABORTED => {
