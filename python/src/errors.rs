@@ -130,7 +130,8 @@ fn for_status(status: Status, msg: String) -> PyErr {
         OutOfMemory | NoSpace => self::OutOfMemory::new_err(msg),
         KeyTooLarge | ValueTooLarge => TooLarge::new_err(msg),
         BadRequest | EmptyKey | NotANumber => self::BadRequest::new_err(msg),
-        Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired => {
+        Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired
+        | SnapshotTooOld => {
             Unavailable::new_err(msg)
         }
         Unauthenticated | Forbidden => AuthenticationError::new_err(msg),

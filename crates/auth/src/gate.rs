@@ -235,7 +235,9 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | TxnPrepare { .. }
         | TxnDecide { .. }
         | TxnResolve { .. }
-        | TxnInquire { .. } => false,
+        | TxnInquire { .. }
+        // A client takes timestamps for its own transactions and snapshots.
+        | Timestamps { .. } => false,
     }
 }
 
@@ -327,6 +329,8 @@ mod tests {
             Admission::Welcome { member: false }
         );
         assert_eq!(gate.admit(&mut s, &read()), Admission::Proceed);
+        let timestamps = Request::Timestamps { count: 1 };
+        assert_eq!(gate.admit(&mut s, &timestamps), Admission::Proceed);
         match gate.admit(&mut s, &drop_tablet()) {
             Admission::Refuse {
                 status,

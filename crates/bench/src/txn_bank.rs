@@ -1,6 +1,8 @@
 //! The bank workload of `insitu bench txn`: concurrent transfers between
-//! accounts and concurrent audits (a read-only transaction over every
-//! account), every attempt recorded for the history checker.
+//! accounts and two kinds of concurrent audits: a read-only transaction over
+//! every account (every attempt recorded for the history checker), and a
+//! sum of every balance computed on the servers at one snapshot
+//! (`AtSnapshot::On`).
 //!
 //! A balance is stored as 16 bytes: the balance (i64, little-endian), then
 //! the tag of the attempt that wrote it (0: the initial value). Tags make
@@ -12,7 +14,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use insitu_client::txn::is_retryable;
-use insitu_client::{Client, ClientConfig};
+use insitu_client::{AtSnapshot, Client, ClientConfig, Selection};
+use insitu_protocol::plan::Field;
 use insitu_txn::checker::{Recorded, Verdict, check};
 
 /// Every account's balance at the start.
@@ -25,6 +28,12 @@ pub struct BankOutcome {
     pub violations: u64,
     pub transfers: u64,
     pub audits: u64,
+    /// Sums at a snapshot computed, and those that were not the total (or
+    /// did not count every account).
+    pub snapshot_audits: u64,
+    pub snapshot_violations: u64,
+    /// Mean time of one sum at a snapshot, milliseconds.
+    pub snapshot_audit_mean_ms: f64,
     /// Attempts recorded (committed or not).
     pub recorded: usize,
     pub verdict: Verdict,
@@ -115,6 +124,26 @@ pub async fn run(
             anyhow::Ok(moved)
         }));
     }
+    let snapshot_auditor = {
+        let client = Client::connect_with(addr, config.clone()).await?;
+        tokio::task::spawn_local(async move {
+            let sel = Selection {
+                at_snapshot: AtSnapshot::On,
+                ..Selection::all()
+            };
+            let (mut audits, mut violations, mut spent) = (0u64, 0u64, Duration::ZERO);
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                let a = client.aggregate(t, Field::I64(0), &sel).await?;
+                spent += started.elapsed();
+                audits += 1;
+                if a.sum_int != total as i128 || a.count != accounts {
+                    violations += 1;
+                }
+            }
+            anyhow::Ok((audits, violations, spent))
+        })
+    };
     let auditor = {
         let client = Client::connect_with(addr, config).await?;
         let (keys, history) = (keys.clone(), history.clone());
@@ -156,6 +185,7 @@ pub async fn run(
         transfers += task.await??;
     }
     let (audits, mut violations) = auditor.await??;
+    let (snapshot_audits, snapshot_violations, spent) = snapshot_auditor.await??;
     let last = client.multi_read(t, &keys).await?;
     let mut sum = 0;
     for r in last {
@@ -170,6 +200,9 @@ pub async fn run(
         violations,
         transfers,
         audits,
+        snapshot_audits,
+        snapshot_violations,
+        snapshot_audit_mean_ms: spent.as_secs_f64() * 1e3 / snapshot_audits.max(1) as f64,
         recorded: history.len(),
         verdict,
     })

@@ -24,6 +24,42 @@ use insitu_protocol::plan::{Field, KeyRange, PointLayout, UpdateAction};
 
 use crate::ClusterArg;
 
+/// When an operation reads one snapshot of the table.
+#[derive(clap::Args)]
+pub struct SnapshotArgs {
+    /// Read every tablet at one timestamp, so the answer is the table at one
+    /// instant as transactions committed it (the default when the table has
+    /// more than one tablet; untyped tables). Costs one timestamp from the
+    /// coordinator, and retries if a server has just begun keeping versions.
+    #[arg(long, conflicts_with = "no_snapshot")]
+    pub at_snapshot: bool,
+    /// Read each tablet as it is when its scan runs (no timestamp): a little
+    /// faster, but a transaction committed mid-operation may be counted on
+    /// one tablet and not another.
+    #[arg(long)]
+    pub no_snapshot: bool,
+}
+
+impl SnapshotArgs {
+    fn mode(&self) -> insitu_client::AtSnapshot {
+        match (self.at_snapshot, self.no_snapshot) {
+            (true, _) => insitu_client::AtSnapshot::On,
+            (_, true) => insitu_client::AtSnapshot::Off,
+            _ => insitu_client::AtSnapshot::Auto,
+        }
+    }
+
+    /// Typed tables are read through queries, which have no snapshot yet.
+    fn refuse_typed(&self, table: &str) -> anyhow::Result<()> {
+        if self.at_snapshot {
+            bail!(
+                "--at-snapshot works on untyped tables only; {table:?} is typed (its rows are not written by transactions, and typed queries read each tablet as it is)"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[derive(clap::Args)]
 pub struct CountArgs {
     /// The table (see `insitu table list`).
@@ -41,6 +77,8 @@ pub struct CountArgs {
     /// Only keys < this (bytewise).
     #[arg(long)]
     pub to_key: Option<String>,
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
 }
 
 #[derive(clap::Args)]
@@ -55,6 +93,8 @@ pub struct AggArgs {
     /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
     pub filter: Option<String>,
+    #[command(flatten)]
+    pub snapshot: SnapshotArgs,
 }
 
 #[derive(clap::Args)]
@@ -141,6 +181,7 @@ fn show(n: Number) -> String {
 
 pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
+        a.snapshot.refuse_typed(&a.table)?;
         if a.from_key.is_some() || a.to_key.is_some() {
             bail!(
                 "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
@@ -154,6 +195,7 @@ pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         return runtime()?.block_on(async { crate::typed::count(&client, table, &a.filter).await });
     }
     let mut sel = selection(&a.filter)?;
+    sel.at_snapshot = a.snapshot.mode();
     if a.from_key.is_some() || a.to_key.is_some() {
         sel.key_range = Some(KeyRange {
             start: a.from_key.clone().unwrap_or_default().into_bytes(),
@@ -184,6 +226,7 @@ fn typed_table(cluster: &ClusterArg, table: &str) -> anyhow::Result<Option<(Clie
 
 pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
+        a.snapshot.refuse_typed(&a.table)?;
         let func = a.func.to_ascii_lowercase();
         let table = crate::typed::Typed {
             id,
@@ -207,7 +250,8 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             a.func
         );
     }
-    let sel = selection(&a.filter)?;
+    let mut sel = selection(&a.filter)?;
+    sel.at_snapshot = a.snapshot.mode();
     runtime()?.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         // An untyped table's values are opaque bytes: say what the field

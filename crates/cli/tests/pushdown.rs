@@ -38,7 +38,7 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
                 start: vec![10],
                 end: Some(vec![20]),
             }),
-            filter: vec![],
+            ..Selection::all()
         };
         let want = (0..n).filter(|i| (10..20).contains(&(i & 0xff))).count() as u64;
         assert_eq!(client.count(t, &kr).await.unwrap(), want);
@@ -390,6 +390,7 @@ fn out_of_range_numbers_are_refused_and_sums_are_exact() {
         }),
         op_id: 0,
         budget_ms: 0,
+        snapshot_ts: 0,
     };
     let (status, body) = raw_call(&tab.addr, &request);
     assert_eq!(status, Status::BadRequest);
@@ -465,6 +466,7 @@ fn a_resent_update_is_applied_once() {
         }),
         op_id,
         budget_ms: 10_000,
+        snapshot_ts: 0,
     };
     let first = raw_call(&tab.addr, &add(0xfeed));
     let resent = raw_call(&tab.addr, &add(0xfeed));

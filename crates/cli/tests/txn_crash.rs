@@ -138,12 +138,16 @@ async fn prepare_both(s: &Setup, txn: u64) -> RpcConn {
 
 async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
     let r = conn
-        .call(&Request::TxnDecide { txn, commit })
+        .call(&Request::TxnDecide {
+            txn,
+            commit,
+            commit_ts: 0, // no snapshot is read in these tests
+        })
         .await
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
     match r.decode().unwrap() {
-        Response::TxnDecided { committed } => committed,
+        Response::TxnDecided { committed, .. } => committed,
         other => panic!("{other:?} to TxnDecide"),
     }
 }

@@ -39,6 +39,7 @@ fn add_one(table: u64, tablet: &TabletInfo, op: u64) -> Request<'static> {
         }),
         op_id: op,
         budget_ms: 0,
+        snapshot_ts: 0,
     }
 }
 

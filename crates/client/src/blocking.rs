@@ -125,6 +125,11 @@ impl BlockingClient {
         &self.client
     }
 
+    /// A fresh timestamp from the coordinator's oracle (`Client::timestamp`).
+    pub fn timestamp(&self) -> Result<u64, ClientError> {
+        self.run(self.client.timestamp())
+    }
+
     pub fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
         self.run(self.client.create_table(name, tablets))
     }

@@ -132,6 +132,8 @@ pub(crate) struct Inner {
     pub(crate) routes: RouteCache,
     /// Time budget and batch sizes.
     pub(crate) config: ClientConfig,
+    /// Callers waiting for a timestamp, who share requests (`oracle.rs`).
+    pub(crate) timestamps: crate::oracle::Timestamps,
 }
 
 /// What a failed attempt asks the retry loop to do.
@@ -201,6 +203,7 @@ impl Client {
                 pool,
                 routes: RouteCache::default(),
                 config,
+                timestamps: Default::default(),
             }),
         };
         // One round trip, so a cluster that refuses this client (no token,
@@ -355,7 +358,7 @@ impl Client {
                             let ep = route.endpoint(i);
                             let tablet = route.tablet(i);
                             let request = make(tablet);
-                            match ep.conn(deadline).await {
+                            match ep.conn_for(&request, deadline).await {
                                 Err(e) if e.is_connection() => Some(Again {
                                     err: e,
                                     backoff: true,
@@ -445,6 +448,7 @@ mod tests {
         send(c.multi_read(1, &[b"k"]));
         send(c.multi_write(1, &[(b"k", b"v")]));
         send(c.create_table("t", 1));
+        send(c.timestamp());
         let mut cursor = c.enumerate(1);
         send(async move { cursor.next_batch().await });
     }

@@ -33,6 +33,11 @@ use crate::error::ClientError;
 
 /// Layout changes tolerated before an operation gives up.
 const MAX_LAYOUT_RETRIES: u32 = 20;
+/// Fresh snapshots tried before a snapshot read gives up. Why more than
+/// one: the first snapshot read after a quiet time is always refused (the
+/// shards start keeping versions then), and a tablet arriving on a shard
+/// (a move, a recovery) refuses the snapshots older than it.
+const MAX_SNAPSHOT_RETRIES: u32 = 10;
 
 /// A merged result and what it cost.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +53,28 @@ pub struct PlanOutcome {
     pub max_server_time: Duration,
     /// Scan restarts on the servers (tablet written or cleaned between chunks).
     pub restarts: u32,
+    /// The snapshot every tablet was read at (0: none, each tablet as it was
+    /// when scanned).
+    pub snapshot_ts: u64,
+}
+
+/// Whether an operation reads every tablet at one snapshot timestamp: the
+/// result is then the table's contents at one instant, as transactions
+/// committed it (ARCHITECTURE.md, "Snapshot reads"). Costs a timestamp
+/// from the coordinator per operation and makes the servers keep replaced
+/// versions while snapshots are read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtSnapshot {
+    /// On when the table has more than one tablet (one tablet is read at
+    /// one instant anyway).
+    #[default]
+    Auto,
+    On,
+    Off,
+    /// At this timestamp (from `Client::timestamp`), e.g. to run several
+    /// operations on one snapshot. Refused with `SnapshotTooOld` (not
+    /// retried) when a server no longer keeps, or never kept, what it needs.
+    At(u64),
 }
 
 /// Which objects an operation covers.
@@ -56,6 +83,8 @@ pub struct Selection {
     pub key_range: Option<KeyRange>,
     /// Postfix predicate program (see `insitu_protocol::plan`); empty = all.
     pub filter: Vec<PredOp>,
+    /// As of one snapshot, or each tablet as it is (see [`AtSnapshot`]).
+    pub at_snapshot: AtSnapshot,
 }
 
 impl Selection {
@@ -66,6 +95,7 @@ impl Selection {
         Selection {
             key_range: None,
             filter,
+            at_snapshot: AtSnapshot::Auto,
         }
     }
     fn plan(&self, op: Op) -> ScanPlan {
@@ -86,11 +116,23 @@ fn merge(into: &mut Option<Partial>, p: Partial) -> Result<(), ClientError> {
 }
 
 impl Client {
-    /// Run `plan` on every tablet of `table` and merge the partial results.
+    /// Run `plan` on every tablet of `table` and merge the partial results
+    /// (read-only plans at one snapshot when the table has several tablets).
     pub async fn execute_plan(
         &self,
         table: u64,
         plan: &ScanPlan,
+    ) -> Result<PlanOutcome, ClientError> {
+        self.execute_plan_at(table, plan, AtSnapshot::Auto).await
+    }
+
+    /// `execute_plan`, saying whether to read one snapshot (never for an
+    /// update: it changes the newest versions).
+    pub async fn execute_plan_at(
+        &self,
+        table: u64,
+        plan: &ScanPlan,
+        at: AtSnapshot,
     ) -> Result<PlanOutcome, ClientError> {
         // Refuse a bad plan here with the server's own check (the servers
         // check again): an out-of-range `set` never leaves the client.
@@ -98,21 +140,39 @@ impl Client {
             .map_err(|e| ClientError::Status(Status::BadRequest, format!("bad plan: {e}")))?;
         let is_update = matches!(plan.op, Op::Update { .. });
         let deadline = Instant::now() + self.inner.config.op_timeout;
+        if is_update && matches!(at, AtSnapshot::On | AtSnapshot::At(_)) {
+            return Err(ClientError::Status(
+                Status::BadRequest,
+                "an update cannot run at a snapshot (it changes the newest versions)".into(),
+            ));
+        }
         let mut layout_retries = 0;
+        let mut snapshot_retries = 0;
         loop {
             let (ranges, seen) = self.tablet_ranges(table, deadline).await?;
             let op_id = if is_update { new_op_id() } else { 0 };
-            let calls = ranges
-                .iter()
-                .map(|&(s, e)| self.scan_tablet(table, s, e, plan, op_id, deadline));
+            let snapshot_ts = match at {
+                _ if is_update => 0,
+                AtSnapshot::Off => 0,
+                AtSnapshot::Auto if ranges.len() < 2 => 0,
+                AtSnapshot::At(ts) => ts,
+                AtSnapshot::Auto | AtSnapshot::On => self.timestamp().await?,
+            };
+            let calls = ranges.iter().map(|&(s, e)| {
+                self.scan_tablet(table, (s, e), plan, (op_id, snapshot_ts), deadline)
+            });
             let results = futures::future::join_all(calls).await;
             let mut layout_changed = None;
+            let mut too_old = None;
             let mut ok = Vec::with_capacity(results.len());
             let mut failed = Vec::new();
             for (r, &(s, _)) in results.into_iter().zip(&ranges) {
                 match r {
                     Ok(r) => ok.push((s, r)),
                     Err(LayoutOr::Layout(why)) => layout_changed = Some(why),
+                    Err(LayoutOr::Error(e)) if e.status() == Some(Status::SnapshotTooOld) => {
+                        too_old = Some(e)
+                    }
                     Err(LayoutOr::Error(e)) if is_update => failed.push((s, e)),
                     Err(LayoutOr::Error(e)) => return Err(e),
                 }
@@ -138,6 +198,17 @@ impl Client {
                 self.refresh(table, seen, deadline).await?;
                 continue;
             }
+            if let Some(e) = too_old {
+                // Every tablet must be read at the same timestamp: all again.
+                snapshot_retries += 1;
+                if matches!(at, AtSnapshot::At(_))
+                    || snapshot_retries > MAX_SNAPSHOT_RETRIES
+                    || Instant::now() >= deadline
+                {
+                    return Err(e);
+                }
+                continue;
+            }
             let mut partial = None;
             let mut out = PlanOutcome {
                 partial: Partial::Count(0),
@@ -146,6 +217,7 @@ impl Client {
                 tablets: ok.len(),
                 max_server_time: Duration::ZERO,
                 restarts: 0,
+                snapshot_ts,
             };
             for (_, r) in ok {
                 out.visited += r.visited;
@@ -167,10 +239,9 @@ impl Client {
     async fn scan_tablet(
         &self,
         table: u64,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         plan: &ScanPlan,
-        op_id: u64,
+        (op_id, snapshot_ts): (u64, u64),
         deadline: Instant,
     ) -> Result<ScanResult, LayoutOr> {
         self.tablet_op(
@@ -188,6 +259,7 @@ impl Client {
                     .saturating_duration_since(Instant::now())
                     .as_millis()
                     .clamp(1, u32::MAX as u128) as u32,
+                snapshot_ts,
             },
             "Scan",
             |r| match r {
@@ -201,7 +273,7 @@ impl Client {
     /// Number of objects of `table` in the selection.
     pub async fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
         match self
-            .execute_plan(table, &sel.plan(Op::Count))
+            .execute_plan_at(table, &sel.plan(Op::Count), sel.at_snapshot)
             .await?
             .partial
         {
@@ -233,7 +305,7 @@ impl Client {
     ) -> Result<(AggPartial, PlanOutcome), ClientError> {
         let mut plan = sel.plan(Op::Aggregate { field });
         plan.source = source;
-        let out = self.execute_plan(table, &plan).await?;
+        let out = self.execute_plan_at(table, &plan, sel.at_snapshot).await?;
         match &out.partial {
             Partial::Aggregate(a) => Ok((*a, out)),
             other => Err(wrong_kind(other.clone())),

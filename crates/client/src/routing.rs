@@ -12,29 +12,34 @@ use crate::client::{Again, gave_up, since};
 use crate::error::ClientError;
 use crate::rpc::{Reply, RpcConn};
 
-/// One remote address (a shard or the coordinator) and its cached connection.
+/// One remote address (a shard or the coordinator) and its cached
+/// connections: one for point requests and one for whole-tablet scans and
+/// queries. Why two: a server answers a connection's requests in order, so
+/// a scan (which may wait, e.g. a snapshot read waiting for a transaction's
+/// decision) would hold every request pipelined behind it on the same
+/// connection, the decision it waits for included.
 pub(crate) struct Endpoint {
     /// "host:port" to connect to.
     pub(crate) addr: String,
+    /// Point requests, transactions, metadata.
+    point: Lane,
+    /// `Scan` and `Query` requests.
+    bulk: Lane,
+    /// Token (for the `Hello`) and TLS trust of every connection opened.
+    credentials: Credentials,
+}
+
+/// One cached connection of an endpoint.
+#[derive(Default)]
+struct Lane {
     /// The live connection, if any. A std mutex: held only to clone or swap,
     /// never across an await, so the hot path pays one uncontended lock.
     conn: Mutex<Option<RpcConn>>,
     /// Serialises (re)connecting so concurrent callers open one socket, not many.
     connecting: tokio::sync::Mutex<()>,
-    /// Token (for the `Hello`) and TLS trust of every connection opened.
-    credentials: Credentials,
 }
 
-impl Endpoint {
-    fn new(addr: &str, credentials: Credentials) -> Endpoint {
-        Endpoint {
-            credentials,
-            addr: addr.to_string(),
-            conn: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-        }
-    }
-
+impl Lane {
     fn cached(&self) -> Option<RpcConn> {
         match &*self.conn.lock().expect("endpoint conn") {
             Some(c) if !c.is_closed() => Some(c.clone()),
@@ -42,18 +47,55 @@ impl Endpoint {
         }
     }
 
-    /// The cached connection, or a new one if there is none or it closed.
+    fn drop_if_closed(&self) {
+        let mut slot = self.conn.lock().expect("endpoint conn");
+        if slot.as_ref().is_some_and(|c| c.is_closed()) {
+            *slot = None;
+        }
+    }
+}
+
+impl Endpoint {
+    fn new(addr: &str, credentials: Credentials) -> Endpoint {
+        Endpoint {
+            credentials,
+            addr: addr.to_string(),
+            point: Lane::default(),
+            bulk: Lane::default(),
+        }
+    }
+
+    /// The cached connection for point requests, or a new one if there is
+    /// none or it closed.
     pub(crate) async fn conn(&self, deadline: Instant) -> Result<RpcConn, ClientError> {
-        if let Some(c) = self.cached() {
+        self.lane_conn(&self.point, deadline).await
+    }
+
+    /// The connection for `request`: the bulk one for scans and queries.
+    pub(crate) async fn conn_for(
+        &self,
+        request: &Request<'_>,
+        deadline: Instant,
+    ) -> Result<RpcConn, ClientError> {
+        match request {
+            Request::Scan { .. } | Request::Query { .. } => {
+                self.lane_conn(&self.bulk, deadline).await
+            }
+            _ => self.lane_conn(&self.point, deadline).await,
+        }
+    }
+
+    async fn lane_conn(&self, lane: &Lane, deadline: Instant) -> Result<RpcConn, ClientError> {
+        if let Some(c) = lane.cached() {
             return Ok(c);
         }
-        self.connect_slow(deadline).await
+        self.connect_slow(lane, deadline).await
     }
 
     #[cold]
-    async fn connect_slow(&self, deadline: Instant) -> Result<RpcConn, ClientError> {
-        let _guard = self.connecting.lock().await;
-        if let Some(c) = self.cached() {
+    async fn connect_slow(&self, lane: &Lane, deadline: Instant) -> Result<RpcConn, ClientError> {
+        let _guard = lane.connecting.lock().await;
+        if let Some(c) = lane.cached() {
             return Ok(c);
         }
         let budget = deadline.saturating_duration_since(Instant::now());
@@ -69,21 +111,20 @@ impl Endpoint {
                 });
             }
         };
-        *self.conn.lock().expect("endpoint conn") = Some(conn.clone());
+        *lane.conn.lock().expect("endpoint conn") = Some(conn.clone());
         Ok(conn)
     }
 
-    /// Forget the cached connection if it has closed (a live one that another
-    /// caller opened meanwhile is kept).
+    /// Forget the cached connections that have closed (a live one that
+    /// another caller opened meanwhile is kept).
     pub(crate) fn drop_if_closed(&self) {
-        let mut slot = self.conn.lock().expect("endpoint conn");
-        if slot.as_ref().is_some_and(|c| c.is_closed()) {
-            *slot = None;
-        }
+        self.point.drop_if_closed();
+        self.bulk.drop_if_closed();
     }
 }
 
-/// Endpoints by address, shared by all tables so one shard gets one connection.
+/// Endpoints by address, shared by all tables so one shard gets one
+/// connection per lane.
 #[derive(Default)]
 pub(crate) struct EndpointPool {
     /// Address -> endpoint; entries are never removed (an address is small).

@@ -296,8 +296,12 @@ impl Transaction {
                 Ok(r) => self
                     .after_refusal(&r, &addr)
                     .and_then(|()| match decode(&r, &addr)? {
-                        Response::TxnDecided { committed: true } => Ok(()),
-                        Response::TxnDecided { committed: false } => Err(aborted(txn, "")),
+                        Response::TxnDecided {
+                            committed: true, ..
+                        } => Ok(()),
+                        Response::TxnDecided {
+                            committed: false, ..
+                        } => Err(aborted(txn, "")),
                         other => Err(ClientError::unexpected(
                             &addr,
                             format!("{other:?} to TxnPrepare"),
@@ -331,7 +335,7 @@ impl Transaction {
         }
         let commit = votes.iter().all(|(_, v)| matches!(v, Vote::Yes));
         let uncertain = votes.iter().any(|(_, v)| matches!(v, Vote::Unknown(_)));
-        let first_no = votes.iter().find_map(|(_, v)| match v {
+        let mut first_no = votes.iter().find_map(|(_, v)| match v {
             Vote::No(e) | Vote::Unknown(e) => Some(e.clone()),
             Vote::Yes => None,
         });
@@ -351,7 +355,7 @@ impl Transaction {
                 |(addr, _)| async move {
                     (
                         addr.clone(),
-                        decide(&shares[addr].ep, txn, commit, deadline).await,
+                        decide(&shares[addr].ep, txn, (commit, 0), deadline).await,
                     )
                 },
             );
@@ -359,7 +363,7 @@ impl Transaction {
                 match outcome {
                     // A participant that already took the other decision
                     // lost its prepared state (ARCHITECTURE.md, known gaps).
-                    Ok(c) if c != commit => {
+                    Ok((c, _)) if c != commit => {
                         return Err(ClientError::Status(
                             Status::Internal,
                             format!(
@@ -384,20 +388,37 @@ impl Transaction {
         // a resolution's included), then the others learn it. With a vote
         // unknown the client asks for an abort; the primary's answer may
         // still be a commit that a resolution took.
-        let primary_ep = &shares[&primary].ep;
-        let committed = match decide(primary_ep, txn, commit, deadline).await {
-            Ok(c) => c,
-            Err(e) => {
-                return Err(ClientError::TxnOutcomeUnknown {
-                    txn,
-                    why: format!("the deciding shard {primary} did not answer: {e}"),
-                });
+        //
+        // A commit's timestamp is taken now, after every participant locked
+        // its keys: a snapshot read that could miss the commit anywhere was
+        // issued before it (ARCHITECTURE.md, "Snapshot reads"). No
+        // timestamp, no commit: the primary is asked to abort.
+        let mut commit_ts = 0;
+        let mut commit = commit;
+        if commit {
+            match self.client.timestamp().await {
+                Ok(ts) => commit_ts = ts,
+                Err(e) => {
+                    first_no.get_or_insert(e);
+                    commit = false;
+                }
             }
-        };
+        }
+        let primary_ep = &shares[&primary].ep;
+        let (committed, commit_ts) =
+            match decide(primary_ep, txn, (commit, commit_ts), deadline).await {
+                Ok(c) => c,
+                Err(e) => {
+                    return Err(ClientError::TxnOutcomeUnknown {
+                        txn,
+                        why: format!("the deciding shard {primary} did not answer: {e}"),
+                    });
+                }
+            };
         let tell = votes
             .iter()
             .filter(|(addr, v)| *addr != primary && !matches!(v, Vote::No(_)))
-            .map(|(addr, _)| decide(&shares[addr].ep, txn, committed, deadline));
+            .map(|(addr, _)| decide(&shares[addr].ep, txn, (committed, commit_ts), deadline));
         // Waiting here makes the writes visible before commit returns. A
         // participant that does not hear it asks the primary after its
         // timeout, so a failed call here loses nothing.
@@ -460,16 +481,25 @@ impl Transaction {
 }
 
 /// Send the decision to one participant; its answer is the outcome there.
+/// Answers the decision that stands there and its commit timestamp.
 async fn decide(
     ep: &Endpoint,
     txn: TxnId,
-    commit: bool,
+    (commit, commit_ts): (bool, u64),
     deadline: Instant,
-) -> Result<bool, ClientError> {
-    let reply = call_endpoint(ep, &Request::TxnDecide { txn, commit }, true, deadline).await?;
+) -> Result<(bool, u64), ClientError> {
+    let request = Request::TxnDecide {
+        txn,
+        commit,
+        commit_ts,
+    };
+    let reply = call_endpoint(ep, &request, true, deadline).await?;
     crate::client::check_ok(&reply)?;
     match decode(&reply, &ep.addr)? {
-        Response::TxnDecided { committed } => Ok(committed),
+        Response::TxnDecided {
+            committed,
+            commit_ts,
+        } => Ok((committed, commit_ts)),
         other => Err(ClientError::unexpected(
             &ep.addr,
             format!("{other:?} to TxnDecide"),

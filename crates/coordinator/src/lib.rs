@@ -2,9 +2,10 @@
 //!
 //! Start it with [`start`] on a bound listener; it serves the metadata
 //! requests of `insitu_protocol` (Enlist, CreateTable, DropTable, OpenTable,
-//! TableMap, ListTables, ListServers, MoveTablet, RemoveServer, Ping) and
-//! drives storage shards with the control requests (TakeTablet, DropTablet,
-//! MigrateTablet, ActivateTablet, ServerDown).
+//! TableMap, ListTables, ListServers, MoveTablet, RemoveServer, Ping), hands
+//! out timestamps (Timestamps, `oracle.rs`) and drives storage shards with
+//! the control requests (TakeTablet, DropTablet, MigrateTablet,
+//! ActivateTablet, ServerDown).
 //!
 //! Metadata is durable in `DIR/coordinator.redb`; the layout is documented in
 //! the `store` module. Every change is one redb write transaction, committed
@@ -79,6 +80,7 @@ mod membership;
 mod metrics;
 mod model;
 mod moves;
+mod oracle;
 mod reconcile;
 mod recovery;
 mod service;
@@ -86,6 +88,8 @@ mod shards;
 mod status_page;
 mod store;
 mod tables;
+#[cfg(test)]
+mod test_dir;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -325,6 +329,7 @@ pub async fn start(
         cluster_id = format_args!("{:016x}", model.cluster_id),
         new_cluster = opened.new_cluster,
         replicas = model.replicas,
+        timestamp_reservation = opened.timestamp_reservation,
         "coordinator started"
     );
     if model.replicas == 0 {
@@ -342,6 +347,7 @@ pub async fn start(
         model,
         config.rehome_after_servers,
         config.gate.as_member().clone(),
+        opened.timestamp_reservation,
     ));
     if config.forget_servers {
         // Committed before the first request is served.

@@ -3,8 +3,7 @@
 //! tablets are lost, persistence of `lost_from` across a restart, and
 //! idempotence.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use insitu_protocol::{Request, Response, Status, decode_request, encode_error, encode_response};
@@ -80,30 +79,17 @@ async fn fake_shard() -> Fake {
     }
 }
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "insitu-recovery-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        Dir(path)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::test_dir::TestDir as Dir;
 
 fn open(dir: &Dir) -> Coordinator {
-    let (store, model, _) = Store::open(&dir.0, 2).unwrap();
-    Coordinator::new(store, model, 0, insitu_auth::Credentials::none())
+    let (store, model, opened) = Store::open(&dir.0, 2).unwrap();
+    Coordinator::new(
+        store,
+        model,
+        0,
+        insitu_auth::Credentials::none(),
+        opened.timestamp_reservation,
+    )
 }
 
 const TABLE: u64 = 1;
@@ -160,7 +146,7 @@ fn take(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
 
 #[tokio::test]
 async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
-    let dir = Dir::new();
+    let dir = Dir::new("recovery");
     let (a, b) = (fake_shard().await, fake_shard().await);
     let coord = open(&dir);
     setup(&coord, &a, &b).await;
@@ -226,7 +212,7 @@ async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
 
 #[tokio::test]
 async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
-    let dir = Dir::new();
+    let dir = Dir::new("recovery");
     let (a, b) = (fake_shard().await, fake_shard().await);
     let coord = open(&dir);
     setup(&coord, &a, &b).await;

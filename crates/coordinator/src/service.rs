@@ -8,6 +8,7 @@ use insitu_protocol::{Request, Response, Status};
 use tracing::{error, warn};
 
 use crate::model::{Model, Op};
+use crate::oracle::Oracle;
 use crate::shards::{CallError, ShardPool};
 use crate::store::Store;
 
@@ -65,20 +66,26 @@ pub struct Coordinator {
     /// coordinator's lifetime: their disks are not coming back, so recovering
     /// other servers no longer waits for their replicas (`death.rs`).
     pub(crate) operator_removed: Mutex<std::collections::HashSet<u64>>,
+    /// The timestamp oracle (`oracle.rs`): its own lock, so handing out
+    /// timestamps never waits for a metadata change.
+    pub(crate) oracle: Oracle,
 }
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
 
 impl Coordinator {
     /// `member`: what the coordinator presents to servers (the cluster
-    /// credential, the TLS trust).
+    /// credential, the TLS trust). `timestamp_reservation`: the oracle's
+    /// reservation on record (`Opened::timestamp_reservation`).
     pub fn new(
         store: Store,
         model: Model,
         rehome_after_servers: usize,
         member: insitu_auth::Credentials,
+        timestamp_reservation: u64,
     ) -> Coordinator {
         Coordinator {
+            oracle: Oracle::new(timestamp_reservation),
             rehome_after_servers,
             reconcile_wake: tokio::sync::Notify::new(),
             recovery_wake: tokio::sync::Notify::new(),
@@ -118,6 +125,8 @@ impl Coordinator {
     /// on a blocking thread.
     pub async fn close(&self) {
         let _guard = self.meta_lock.lock().await;
+        // No reservation write holds the store while it is closed.
+        let _oracle = self.oracle.pause().await;
         self.shards.clear();
         let store = self.store.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(store) = store else { return };
@@ -186,6 +195,7 @@ impl Coordinator {
                 metrics::counter!("insitu_tablet_moves_total", "outcome" => outcome).increment(1);
                 moved
             }
+            Request::Timestamps { count } => self.timestamps(count).await,
             other => Err(Reject::bad(format!(
                 "{} is not a coordinator request",
                 other.name()

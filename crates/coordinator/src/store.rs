@@ -28,6 +28,10 @@
 //!   backups can refuse replicas of another cluster.
 //! - `replicas`: R, replicas per segment, as last configured: the configured
 //!   value wins at every open (the change is logged).
+//! - `timestamp_reservation`: the timestamp oracle's high-water mark: every
+//!   timestamp ever handed out is below it (`oracle.rs`). Only grows; no row:
+//!   0 (none handed out yet). Written by the oracle alone, in a transaction
+//!   of its own (`Store::reserve_timestamps`), never through `Op`.
 //!
 //! A tablet row with `server_id` 0 (server ids start at 1) is *orphaned*: its
 //! server was retired (its process is gone) and no server holds it yet; its
@@ -47,7 +51,8 @@
 //! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from`, `table_schemas` and `table_indexes` were added
 //! without changing the layout version: an older database simply has none,
 //! and they are created empty on open (likewise the `cluster_id` and
-//! `replicas` counters).
+//! `replicas` counters; `timestamp_reservation` is read as 0 until the
+//! oracle first writes it).
 //!
 //! A server in `dead_servers` stays in `servers` until recovery forgets it:
 //! its tablets still name it (whose replicas to read) but nothing is routed to it.
@@ -87,6 +92,9 @@ const SCHEMAS: TableDefinition<u64, &[u8]> = TableDefinition::new("table_schemas
 /// A typed table's indexed columns, postcard-encoded `Vec<u16>`.
 const INDEXES: TableDefinition<u64, &[u8]> = TableDefinition::new("table_indexes");
 
+/// Counter: the timestamp oracle's reservation (see the module docs).
+const TIMESTAMP_RESERVATION: &str = "timestamp_reservation";
+
 const LAYOUT_VERSION: &str = "layout_version";
 const LAYOUT: u64 = 1;
 
@@ -104,6 +112,9 @@ pub struct Opened {
     /// R on record before this open, if any (differs from the model's when
     /// the configuration changed it).
     pub previous_replicas: Option<u32>,
+    /// The timestamp oracle's reservation on record (0: none yet): every
+    /// timestamp handed out before this open is below it (`oracle.rs`).
+    pub timestamp_reservation: u64,
 }
 
 impl Store {
@@ -154,9 +165,13 @@ impl Store {
                 .get(REPLICAS)?
                 .map(|v| u32::try_from(v.value()).unwrap_or(u32::MAX));
             counters.insert(REPLICAS, u64::from(replicas))?;
+            let timestamp_reservation = counters
+                .get(TIMESTAMP_RESERVATION)?
+                .map_or(0, |v| v.value());
             opened = Opened {
                 new_cluster,
                 previous_replicas,
+                timestamp_reservation,
             };
             txn.open_table(SERVERS)?;
             txn.open_table(TABLES)?;
@@ -444,6 +459,25 @@ impl Store {
                         )?;
                     }
                 }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Record `reservation` as the timestamp oracle's high-water mark, in a
+    /// write transaction of its own, durably (fsync) before returning. A
+    /// value not above the one on record changes nothing (it only grows), so
+    /// a late write can never lower it. Blocking: call from a blocking thread.
+    pub fn reserve_timestamps(&self, reservation: u64) -> anyhow::Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut counters = txn.open_table(COUNTERS)?;
+            let on_record = counters
+                .get(TIMESTAMP_RESERVATION)?
+                .map_or(0, |v| v.value());
+            if reservation > on_record {
+                counters.insert(TIMESTAMP_RESERVATION, reservation)?;
             }
         }
         txn.commit()?;

@@ -66,12 +66,16 @@ pub enum Status {
     /// A cluster-internal request (tablet control, enlistment, replication)
     /// from a connection that authenticated with a client token.
     Forbidden = 25,
+    /// A snapshot read's timestamp is older than the versions the shard
+    /// keeps (or the shard has just started keeping them): take a new
+    /// timestamp and run the whole operation again.
+    SnapshotTooOld = 26,
 }
 
 impl Status {
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
-        const ALL: [Status; 26] = [
+        const ALL: [Status; 27] = [
             Ok,
             UnknownTablet,
             ObjectDoesntExist,
@@ -98,6 +102,7 @@ impl Status {
             Conflict,
             Unauthenticated,
             Forbidden,
+            SnapshotTooOld,
         ];
         ALL.get(v as usize).copied().filter(|s| *s as u16 == v)
     }
@@ -137,6 +142,9 @@ impl std::fmt::Display for Status {
             Status::Unauthenticated => "authentication failed",
             Status::Forbidden => {
                 "forbidden: a cluster-internal request needs the cluster credential"
+            }
+            Status::SnapshotTooOld => {
+                "the snapshot is older than the versions kept; take a new one and run again"
             }
         };
         f.write_str(s)

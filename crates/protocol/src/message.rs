@@ -265,6 +265,13 @@ pub enum Request<'a> {
         /// Milliseconds the client still waits for the reply (0 = no limit):
         /// an update whose budget has passed stops before it writes anything.
         budget_ms: u32,
+        /// Read the tablet as of this timestamp (from the coordinator's
+        /// oracle): every transaction committed at or before it, none after
+        /// (0 = no snapshot: the tablet as it is). Read-only plans only.
+        /// Refused with `SnapshotTooOld` when the shard no longer keeps (or
+        /// does not yet keep) the versions it needs: the client takes a new
+        /// timestamp and runs the operation again.
+        snapshot_ts: u64,
     },
     /// Run a query over the tablet `start_hash..=end_hash` of a typed table
     /// (checked like `Scan`). `resume`: continue a paged answer (the
@@ -320,6 +327,10 @@ pub enum Request<'a> {
     TxnDecide {
         txn: crate::txn::TxnId,
         commit: bool,
+        /// The commit's timestamp (from the oracle, taken after every vote):
+        /// snapshots at or after it see the writes, earlier ones do not. 0
+        /// with an abort. The primary answers the timestamp that stands.
+        commit_ts: u64,
     },
     /// A participant whose prepared transaction waited too long asks the
     /// primary for the outcome; the primary decides it if it has not.
@@ -341,7 +352,23 @@ pub enum Request<'a> {
         #[serde(borrow)]
         anchor: crate::txn::TxnAnchor<'a>,
     },
+
+    // ---- timestamps: client -> coordinator (ARCHITECTURE.md, "Timestamp oracle") ----
+    /// `count` fresh timestamps from the coordinator's oracle (1 to
+    /// [`MAX_TIMESTAMPS`], else `BadRequest`), answered `Timestamps`. Every
+    /// timestamp handed out is strictly greater than every timestamp the
+    /// oracle handed out before this request was received, across
+    /// coordinator restarts too; 0 is never handed out (0 means "no
+    /// timestamp" elsewhere). A client token suffices.
+    Timestamps {
+        count: u32,
+    },
 }
+
+/// Most timestamps one `Request::Timestamps` may ask for: enough for a
+/// client to serve all its concurrent callers with one request, few enough
+/// that no caller can drain the oracle's reservation in one go.
+pub const MAX_TIMESTAMPS: u32 = 65_536;
 
 impl Request<'_> {
     /// Whether it reads or writes given keys (read, write, remove,
@@ -405,6 +432,7 @@ impl Request<'_> {
             TxnDecide { .. } => "TxnDecide",
             TxnResolve { .. } => "TxnResolve",
             TxnInquire { .. } => "TxnInquire",
+            Timestamps { .. } => "Timestamps",
         }
     }
 }
@@ -498,7 +526,18 @@ pub enum Response<'a> {
     /// `TxnPrepare`): whether it committed.
     TxnDecided {
         committed: bool,
+        /// The commit's timestamp (0: aborted, or committed without one: a
+        /// one-phase commit on a shard where no snapshot was being read).
+        commit_ts: u64,
     },
     /// Where a transaction stands on the participant asked (`TxnInquire`).
     TxnPhase(crate::txn::TxnPhase),
+
+    /// The timestamps `first..first + count` (`count` as asked), each
+    /// strictly greater than every timestamp handed out before the request
+    /// was received, none of them 0 (see `Request::Timestamps`).
+    Timestamps {
+        first: u64,
+        count: u32,
+    },
 }

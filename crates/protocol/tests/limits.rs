@@ -110,6 +110,7 @@ fn a_frame_of_millions_of_predicate_ops_is_refused_before_it_is_built() {
             },
             op_id: 0,
             budget_ms: 0,
+            snapshot_ts: 0,
         })
         .unwrap()
     };

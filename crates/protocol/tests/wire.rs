@@ -135,7 +135,8 @@ fn status_codes_round_trip() {
     assert_eq!(Status::from_u16(23), Some(Status::Conflict));
     assert_eq!(Status::from_u16(24), Some(Status::Unauthenticated));
     assert_eq!(Status::from_u16(25), Some(Status::Forbidden));
-    assert_eq!(Status::from_u16(26), None);
+    assert_eq!(Status::from_u16(26), Some(Status::SnapshotTooOld));
+    assert_eq!(Status::from_u16(27), None);
 }
 
 proptest! {
@@ -163,4 +164,27 @@ proptest! {
         prop_assert_eq!(decode_request(&frame.body).unwrap(), req.clone());
         prop_assert_eq!(encoded_len(&req) + HEADER_BYTES, frame.body.len() + HEADER_BYTES);
     }
+}
+
+#[test]
+fn timestamps_round_trip_and_are_named() {
+    let req = Request::Timestamps {
+        count: MAX_TIMESTAMPS,
+    };
+    assert_eq!(req.name(), "Timestamps");
+    assert!(!req.is_point());
+    let mut buf = BytesMut::new();
+    encode_request(&mut buf, 3, &req).unwrap();
+    let frame = one_frame(&mut buf);
+    assert_eq!(decode_request(&frame.body).unwrap(), req);
+
+    let resp = Response::Timestamps {
+        first: u64::MAX - 7,
+        count: 7,
+    };
+    let mut buf = BytesMut::new();
+    encode_response(&mut buf, 3, Status::Ok, &resp).unwrap();
+    let frame = one_frame(&mut buf);
+    assert_eq!(frame.header.kind, FrameKind::Response);
+    assert_eq!(decode_response(&frame.body).unwrap(), resp);
 }

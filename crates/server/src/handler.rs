@@ -392,6 +392,16 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         } => {
             let found = match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
                 Some(m) => {
+                    // A moved or recovered tablet starts to serve: its
+                    // objects' replaced versions were not kept here
+                    // (`versions.rs`). Not for a tablet that served
+                    // already (an aborted move re-activates its source).
+                    if m.state == TabletState::Receiving {
+                        let end = state.engine.borrow().tablet_for(table, start_hash);
+                        if let Some(r) = end {
+                            state.versions.borrow_mut().arrive(table, (r.start, r.end));
+                        }
+                    }
                     m.state = TabletState::Active;
                     m.frozen = false;
                     m.map_version = map_version;
@@ -449,6 +459,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             plan,
             op_id,
             budget_ms,
+            snapshot_ts,
         } => {
             crate::scan::handle(
                 state,
@@ -458,7 +469,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 end_hash,
                 map_version,
                 plan,
-                (op_id, budget_ms),
+                (op_id, budget_ms, snapshot_ts),
                 out,
             )
             .await
@@ -495,7 +506,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             items,
             writes,
         } => crate::txn::prepare(state, id, txn, primary, others, &items, writes, out).await,
-        Request::TxnDecide { txn, commit } => crate::txn::decide(state, id, txn, commit, out).await,
+        Request::TxnDecide {
+            txn,
+            commit,
+            commit_ts,
+        } => crate::txn::decide(state, id, txn, (commit, commit_ts), out).await,
         Request::TxnResolve { txn, anchor } => {
             crate::txn_resolve::resolve(state, id, txn, anchor, out).await
         }
@@ -511,6 +526,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         | Request::TableMap { .. }
         | Request::ListTables
         | Request::ListServers
+        | Request::Timestamps { .. }
         | Request::RemoveServer { .. }
         | Request::MoveTablet { .. } => encode_error(
             out,

@@ -24,12 +24,14 @@ mod scan;
 mod scan_run;
 mod shard;
 mod sindex;
+mod snapshot;
 mod txn;
 mod txn_durable;
 mod txn_peers;
 mod txn_resolve;
 mod update_keys;
 mod update_log;
+mod versions;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -304,6 +304,11 @@ fn install(
         state.recount_unusual();
         // Transactions caught mid-commit: their parts lock again and their
         // decisions are known again before the tablet serves anything.
+        // Its objects' replaced versions were not kept here (`versions.rs`).
+        state
+            .versions
+            .borrow_mut()
+            .arrive(req.table, (range.start, range.end));
         let records = crate::txn_durable::restore_tablet(state, req.table, req.start_hash);
         if records > 0 {
             tracing::info!(

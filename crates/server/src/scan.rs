@@ -34,6 +34,7 @@ use crate::handler::engine_status;
 use crate::hold::Hold;
 use crate::scan_run::{CHUNK, Refusal, Run, show_key};
 use crate::shard::ShardState;
+use crate::snapshot::{self, Overlay, Snap};
 use crate::update_keys::ChargedKeys;
 use crate::update_log::{self, UpdateKey, UpdateState};
 
@@ -56,12 +57,21 @@ async fn run_kernel<K: Kernel>(
     plan: &ScanPlan,
     kernel: K,
     need: usize,
+    snap: Option<&Snap>,
 ) -> Result<(K, u64, u64), Refusal> {
     let filtered = plan.key_range.is_some() || !plan.filter.is_empty();
     macro_rules! go {
         ($f:literal) => {{
             let mut v: Visit<'_, K, $f> = Visit::new(kernel, need, plan);
-            run.scan(&mut v).await?;
+            match snap {
+                None => run.scan(&mut v).await?,
+                Some(snap) => {
+                    let tablet = (run.table, (run.start_hash, run.end_hash));
+                    let mut o = Overlay::new(v, run.state, tablet, snap, &plan.source);
+                    run.scan(&mut o).await?;
+                    v = o.finish();
+                }
+            }
             if let Some((key, len)) = &v.short {
                 return Err(short_error(plan, need, key, *len));
             }
@@ -79,9 +89,16 @@ async fn execute(
     map_version: u64,
     plan: &ScanPlan,
     (deadline, op): (Option<Instant>, Option<UpdateKey>),
+    snapshot_ts: u64,
 ) -> Result<ScanResult, Refusal> {
     let started = Instant::now();
     let need = validate_plan(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
+    if snapshot_ts != 0 && matches!(plan.op, Op::Update { .. }) {
+        return Err((
+            Status::BadRequest,
+            "an update cannot run at a snapshot (it changes the newest versions)".into(),
+        ));
+    }
     let mut run = Run {
         state,
         table,
@@ -101,9 +118,18 @@ async fn execute(
         run.check()?;
         run.hold = Some(Hold::update(state, table, start_hash).await?);
     }
+    let snap = match snapshot_ts {
+        0 => None,
+        ts => {
+            // Checked first so a moving tablet is refused at once, not waited for.
+            run.check()?;
+            Some(snapshot::begin(state, table, (start_hash, end_hash), ts).await?)
+        }
+    };
+    let snap = snap.as_ref();
     let (partial, visited, matched) = match &plan.op {
         Op::Count => {
-            let (k, vis, m) = run_kernel(&mut run, plan, CountK::default(), need).await?;
+            let (k, vis, m) = run_kernel(&mut run, plan, CountK::default(), need, snap).await?;
             (Partial::Count(k.0), vis, m)
         }
         Op::Aggregate { field } => {
@@ -111,21 +137,22 @@ async fn execute(
             let (p, vis, m) = match field {
                 Field::I32(_) => {
                     let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<4>::new(off), need).await?;
+                        run_kernel(&mut run, plan, IntAggK::<4>::new(off), need, snap).await?;
                     (k.partial(), vis, m)
                 }
                 Field::I64(_) => {
                     let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<8>::new(off), need).await?;
+                        run_kernel(&mut run, plan, IntAggK::<8>::new(off), need, snap).await?;
                     (k.partial(), vis, m)
                 }
                 Field::U8(_) => {
                     let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<1>::new(off), need).await?;
+                        run_kernel(&mut run, plan, IntAggK::<1>::new(off), need, snap).await?;
                     (k.partial(), vis, m)
                 }
                 Field::F64(_) => {
-                    let (k, vis, m) = run_kernel(&mut run, plan, F64AggK::new(off), need).await?;
+                    let (k, vis, m) =
+                        run_kernel(&mut run, plan, F64AggK::new(off), need, snap).await?;
                     (k.out, vis, m)
                 }
             };
@@ -142,12 +169,12 @@ async fn execute(
                 bytes: layout.dims as usize * 4,
                 label: layout.label_offset as usize,
             };
-            let (k, vis, m) = run_kernel(&mut run, plan, k, need).await?;
+            let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
             (Partial::Gradient(k.acc.finish()), vis, m)
         }
         Op::Update { field, action } => {
             let (mut keys, vis, m) =
-                run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need).await?;
+                run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need, None).await?;
             keys.settle();
             if keys.refused {
                 return Err((
@@ -185,6 +212,9 @@ async fn execute(
             (Partial::Update { updated }, vis, m)
         }
     };
+    if let Some(snap) = snap {
+        snapshot::check_end(state, snap)?;
+    }
     let result = ScanResult {
         visited,
         matched,
@@ -320,7 +350,7 @@ pub async fn handle(
     end_hash: u64,
     map_version: u64,
     plan: ScanPlan,
-    (op_id, budget_ms): (u64, u32),
+    (op_id, budget_ms, snapshot_ts): (u64, u32, u64),
     out: &mut BytesMut,
 ) {
     let deadline =
@@ -344,6 +374,7 @@ pub async fn handle(
                 map_version,
                 &plan,
                 (deadline, remembered),
+                snapshot_ts,
             )
             .await;
             if let Some(k) = remembered {

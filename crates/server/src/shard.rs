@@ -114,6 +114,8 @@ pub struct ShardState {
     pub repl: crate::replicate::Replicator,
     /// Transactions prepared here, their locks and the decisions kept (`txn.rs`).
     pub txns: crate::txn::ShardTxns,
+    /// Older versions kept for snapshot reads while they are read (`versions.rs`).
+    pub versions: RefCell<crate::versions::Versions>,
     /// Who may send what here (`insitu_auth`); checked on every request.
     pub gate: insitu_auth::Gate,
     /// Request counters and latency for the metrics port (`metrics.rs`).
@@ -221,6 +223,7 @@ pub fn run_shard(
         recovering: RefCell::new(HashSet::new()),
         repl: crate::replicate::Replicator::new(replication),
         txns: crate::txn::ShardTxns::default(),
+        versions: RefCell::new(crate::versions::Versions::default()),
         gate,
         metrics: crate::metrics::ShardMetrics::new(addr),
     });

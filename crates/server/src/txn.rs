@@ -60,6 +60,11 @@ pub struct ShardTxns {
     /// anchor part and the rest, a durable wait): another caller waits for
     /// it instead of applying the rest out of order.
     applying: RefCell<HashSet<TxnId>>,
+    /// The timestamp of each commit decided or learned here (none: aborted,
+    /// or committed without one), answered to a resend or a resolution so
+    /// every participant applies the commit at the same timestamp;
+    /// forgotten with the decision.
+    pub(crate) commit_ts: RefCell<HashMap<TxnId, u64>>,
     /// A client of the cluster, made on first use: it finds the shard that
     /// owns an anchor now (the coordinator's maps), for resolutions.
     pub(crate) client: tokio::sync::OnceCell<Client>,
@@ -75,6 +80,7 @@ impl Default for ShardTxns {
             records: RefCell::new(HashMap::new()),
             decided_records: RefCell::new(HashMap::new()),
             applying: RefCell::new(HashSet::new()),
+            commit_ts: RefCell::new(HashMap::new()),
             client: tokio::sync::OnceCell::new(),
             epoch: Instant::now(),
         }
@@ -319,7 +325,7 @@ pub async fn prepare(
         }
         if let Err((status, why)) = txn_durable::write_prepared(state, txn, &own, true) {
             // The other parts' records are in the log: an abort removes them.
-            settle_and_apply(state, txn, false).await;
+            settle_and_apply(state, txn, false, 0).await;
             return encode_error(out, id, status, why);
         }
     }
@@ -335,8 +341,28 @@ pub async fn prepare(
                 return encode_error(out, id, Status::Internal, why);
             }
         }
-        let committed = settle_and_apply(state, txn, true).await;
-        reply(out, id, &Response::TxnDecided { committed });
+        // While snapshots are read here, the commit needs a timestamp: one
+        // taken now, with every key locked, is later than any snapshot that
+        // could miss it (ARCHITECTURE.md, "Snapshot reads"). Otherwise none:
+        // a snapshot arriving while this is prepared waits for it.
+        let commit_ts = if state.versions.borrow().is_active() {
+            match crate::txn_peers::oracle_timestamp(state).await {
+                Ok(ts) => ts,
+                Err(why) => {
+                    settle_and_apply(state, txn, false, 0).await;
+                    return encode_error(
+                        out,
+                        id,
+                        Status::Retry,
+                        format!("transaction {txn:#x} did not commit: {why}"),
+                    );
+                }
+            }
+        } else {
+            0
+        };
+        let decided = settle_and_apply(state, txn, true, commit_ts).await;
+        reply_decided(out, id, decided);
     } else {
         reply(out, id, &Response::TxnPrepared);
     }
@@ -365,24 +391,57 @@ async fn wait_durable(state: &ShardState) -> Result<(), String> {
 /// decision that stands here. A commit for a transaction neither prepared
 /// nor decided here is an abort: at the primary, no record means aborted
 /// (presumed abort); a participant that voted yes holds its part.
-pub async fn decide(state: &ShardState, id: u64, txn: TxnId, commit: bool, out: &mut BytesMut) {
+pub async fn decide(
+    state: &ShardState,
+    id: u64,
+    txn: TxnId,
+    (commit, commit_ts): (bool, u64),
+    out: &mut BytesMut,
+) {
     let known = {
         let p = state.txns.participant.borrow();
         p.prepared(txn).is_some() || p.decision(txn).is_some()
     };
-    let committed = settle_and_apply(state, txn, commit && known).await;
-    reply(out, id, &Response::TxnDecided { committed });
+    let decided = settle_and_apply(state, txn, commit && known, commit_ts).await;
+    reply_decided(out, id, decided);
+}
+
+/// Answer the decision that stands and its commit timestamp.
+pub(crate) fn reply_decided(out: &mut BytesMut, id: u64, (committed, commit_ts): (bool, u64)) {
+    reply(
+        out,
+        id,
+        &Response::TxnDecided {
+            committed,
+            commit_ts,
+        },
+    );
 }
 
 /// Record the decision (the one already recorded wins) and apply it to the
 /// parts prepared here, durably and in order: at the primary, its anchor
 /// part (with the commit record) first, held by the backups before any
 /// other part changes; then every other part, each as one group (the
-/// writes on a commit, the record's removal). Returns the decision that
-/// stands.
-pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: bool) -> bool {
+/// writes on a commit, the record's removal). `commit_ts`: the commit's
+/// timestamp if this call decides it (the first one known here stands).
+/// Returns the decision that stands and its timestamp.
+pub(crate) async fn settle_and_apply(
+    state: &ShardState,
+    txn: TxnId,
+    commit: bool,
+    commit_ts: u64,
+) -> (bool, u64) {
     let now = state.txns.now_ms();
     let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
+    let commit_ts = match committed {
+        false => 0,
+        true => *state
+            .txns
+            .commit_ts
+            .borrow_mut()
+            .entry(txn)
+            .or_insert(commit_ts),
+    };
     // One application at a time: a second caller waits for the first.
     loop {
         let released = state.holds_released.notified();
@@ -396,7 +455,7 @@ pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: boo
         let participant = state.txns.participant.borrow();
         match participant.prepared(txn) {
             Some(p) => txn_durable::parts(&engine, p, None),
-            None => return committed, // nothing of it here, or applied already
+            None => return (committed, commit_ts), // nothing of it here, or applied already
         }
     };
     let recorded = state.txns.records.borrow_mut().remove(&txn);
@@ -408,6 +467,7 @@ pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: boo
         commit: committed,
         commit_record: committed && part.primary_anchor && recorded.is_some(),
         has_record: part.record,
+        commit_ts,
     };
     let mut rest = &parts[..];
     if let Some(first) = parts.first()
@@ -429,7 +489,7 @@ pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: boo
                 "{why}: the decision is not applied"
             );
             state.holds_released.notify_waiters();
-            return committed;
+            return (committed, commit_ts);
         }
         rest = &parts[1..];
     }
@@ -447,5 +507,5 @@ pub(crate) async fn settle_and_apply(state: &ShardState, txn: TxnId, commit: boo
     // Moves and updates waiting for this tablet's locks re-check; so does
     // a caller waiting for this application.
     state.holds_released.notify_waiters();
-    committed
+    (committed, commit_ts)
 }

@@ -264,6 +264,9 @@ pub(crate) struct GroupPlan {
     pub commit_record: bool,
     /// The part has a prepared record to remove.
     pub has_record: bool,
+    /// The commit's timestamp (0: none): kept in the commit record, and the
+    /// values its writes replace are kept for snapshot reads under it.
+    pub commit_ts: u64,
 }
 
 /// Append one part's decision as one group: the commit record, the writes
@@ -287,7 +290,8 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
             class: CLASS_COMMITTED,
             id: txn,
         };
-        match engine.put_record(part.table, &part.anchor, id, &[]) {
+        let payload = insitu_txn::commit_payload(plan.commit_ts);
+        match engine.put_record(part.table, &part.anchor, id, &payload) {
             Ok(()) => {
                 state
                     .txns
@@ -304,7 +308,20 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
     }
     if plan.commit {
         let rules = insitu_engine::RejectRules::default();
+        let mut versions = state.versions.borrow_mut();
+        let now = std::time::Instant::now();
         for item in &part.items {
+            if versions.is_active() && plan.commit_ts != 0 && !matches!(item.write, Write::None) {
+                // The value this commit replaces, for snapshots before it.
+                let before = engine.read(item.table, &item.key).ok().map(|o| o.value);
+                versions.keep(
+                    (item.table, &item.key, item.hash),
+                    plan.commit_ts,
+                    before,
+                    now,
+                    |n| engine.try_charge_transient(n).ok(),
+                );
+            }
             let result = match &item.write {
                 Write::Put(v) => engine.write(item.table, &item.key, v, &rules).map(|_| ()),
                 Write::Remove => match engine.remove(item.table, &item.key, &rules) {
@@ -370,7 +387,9 @@ pub(crate) fn forget(state: &ShardState, gone: &[TxnId]) {
     }
     let mut records = state.txns.decided_records.borrow_mut();
     let mut engine = state.engine.borrow_mut();
+    let mut stamps = state.txns.commit_ts.borrow_mut();
     for txn in gone {
+        stamps.remove(txn);
         if let Some((table, anchor, class)) = records.remove(txn) {
             // A tablet moved away took its records along: nothing here.
             let _ = engine.remove_record(table, &anchor, RecordId { class, id: *txn });
@@ -462,6 +481,19 @@ pub(crate) fn restore_record(
         }
         CLASS_COMMITTED | CLASS_ABORTED => {
             let committed = id.class == CLASS_COMMITTED;
+            if committed {
+                match insitu_txn::decode_commit_payload(payload) {
+                    Ok(0) => {}
+                    Ok(ts) => {
+                        state.txns.commit_ts.borrow_mut().insert(txn, ts);
+                    }
+                    Err(why) => tracing::error!(
+                        shard = state.index,
+                        txn,
+                        "a commit record's timestamp cannot be read (the commit stands, without it): {why}"
+                    ),
+                }
+            }
             state
                 .txns
                 .participant

@@ -83,7 +83,13 @@ async fn peer_call(
         }
         match reply.decode().map_err(|e| (None, e.to_string()))? {
             Response::TxnPhase(p) => Ok(Response::TxnPhase(p)),
-            Response::TxnDecided { committed } => Ok(Response::TxnDecided { committed }),
+            Response::TxnDecided {
+                committed,
+                commit_ts,
+            } => Ok(Response::TxnDecided {
+                committed,
+                commit_ts,
+            }),
             other => Err((None, format!("unexpected answer {other:?}"))),
         }
     };
@@ -95,6 +101,21 @@ async fn peer_call(
                 "participant {addr} did not answer within {} ms",
                 PEER_CALL_TIMEOUT.as_millis()
             ),
+        )),
+    }
+}
+
+/// A fresh timestamp from the coordinator's oracle (a commit's, decided
+/// here for an orphan or a one-phase commit under snapshot reads; a
+/// snapshot floor), through the shard's cluster client.
+pub(crate) async fn oracle_timestamp(state: &ShardState) -> Result<u64, String> {
+    let client = txn_client(state).await?;
+    match tokio::time::timeout(PEER_CALL_TIMEOUT, client.timestamp()).await {
+        Ok(Ok(ts)) => Ok(ts),
+        Ok(Err(e)) => Err(format!("the timestamp oracle refused: {e}")),
+        Err(_) => Err(format!(
+            "the timestamp oracle did not answer within {} ms",
+            PEER_CALL_TIMEOUT.as_millis()
         )),
     }
 }

@@ -72,7 +72,7 @@ pub async fn resolve(
         key: anchor.key.to_vec(),
     };
     match resolve_as_primary(state, txn, Some(&anchor)).await {
-        Ok(committed) => reply(out, id, &Response::TxnDecided { committed }),
+        Ok(decided) => crate::txn::reply_decided(out, id, decided),
         Err(why) => encode_error(out, id, Status::Retry, why),
     }
 }
@@ -86,7 +86,7 @@ async fn resolve_as_primary(
     state: &ShardState,
     txn: TxnId,
     anchor: Option<&Anchor>,
-) -> Result<bool, String> {
+) -> Result<(bool, u64), String> {
     let (decided, prepared) = {
         let p = state.txns.participant.borrow();
         (
@@ -101,14 +101,14 @@ async fn resolve_as_primary(
     };
     if let Some(d) = decided {
         // A part restored beside its decision is applied now.
-        return Ok(settle_and_apply(state, txn, d).await);
+        return Ok(settle_and_apply(state, txn, d, 0).await);
     }
     let others = match prepared {
         Some((true, _, others)) => others,
         // The primary's part is here but its vote is not whole (still being
         // recorded, or a recovery found some of its records and not its
         // vote record): it never voted yes, so the outcome is an abort.
-        Some((false, true, _)) => return Ok(settle_and_apply(state, txn, false).await),
+        Some((false, true, _)) => return Ok(settle_and_apply(state, txn, false, 0).await),
         // Not prepared here as the primary: no anchor record, no decision
         // record, so the primary never voted yes or aborted (presumed
         // abort). Recorded durably when the primary's prepare may still
@@ -120,7 +120,7 @@ async fn resolve_as_primary(
                 state.txns.participant.borrow_mut().settle(txn, false, now);
                 txn_durable::record_abort(state, txn, anchor);
             }
-            return Ok(settle_and_apply(state, txn, false).await);
+            return Ok(settle_and_apply(state, txn, false, 0).await);
         }
     };
     let mut all_prepared = true;
@@ -147,8 +147,15 @@ async fn resolve_as_primary(
             }
         }
     }
+    // A commit's timestamp is taken now, every participant holding its
+    // locks (as a client takes it after the votes). Unreachable oracle:
+    // nothing is decided, the next sweep tries again.
+    let commit_ts = match all_prepared {
+        true => crate::txn_peers::oracle_timestamp(state).await?,
+        false => 0,
+    };
     // The client's own decision may have come while we asked: it stands.
-    Ok(settle_and_apply(state, txn, all_prepared).await)
+    Ok(settle_and_apply(state, txn, all_prepared, commit_ts).await)
 }
 
 /// The shard's resolver: transactions prepared here for longer than
@@ -165,6 +172,11 @@ pub async fn sweep(state: Rc<ShardState>) {
             (p.overdue(now, PREPARED_TIMEOUT.as_millis() as u64), gone)
         };
         txn_durable::forget(&state, &gone);
+        // Kept versions past their time go; keeping stops when snapshots do.
+        state
+            .versions
+            .borrow_mut()
+            .expire(std::time::Instant::now());
         for txn in overdue {
             let primary = state
                 .txns
@@ -186,18 +198,20 @@ pub async fn sweep(state: Rc<ShardState>) {
                     },
                 };
                 match routed_call(&state, &anchor, &request).await {
-                    Ok(Response::TxnDecided { committed }) => {
-                        Ok(settle_and_apply(&state, txn, committed).await)
-                    }
+                    Ok(Response::TxnDecided {
+                        committed,
+                        commit_ts,
+                    }) => Ok(settle_and_apply(&state, txn, committed, commit_ts).await),
                     Ok(other) => Err(format!("answered {other:?} to TxnResolve")),
                     Err(e) => Err(e),
                 }
             };
             match outcome {
-                Ok(committed) => tracing::info!(
+                Ok((committed, commit_ts)) => tracing::info!(
                     shard = state.index,
                     txn,
                     committed,
+                    commit_ts,
                     "resolved a transaction whose client went silent"
                 ),
                 Err(why) => tracing::warn!(

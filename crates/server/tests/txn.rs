@@ -240,11 +240,15 @@ fn prepare<'a>(
 /// Send decision `commit` of `txn` on `conn`; the decision that stands there.
 async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
     let r = conn
-        .call(&Request::TxnDecide { txn, commit })
+        .call(&Request::TxnDecide {
+            txn,
+            commit,
+            commit_ts: 0, // no snapshot is read in these tests
+        })
         .await
         .unwrap();
     match r.decode().unwrap() {
-        Response::TxnDecided { committed } => committed,
+        Response::TxnDecided { committed, .. } => committed,
         other => panic!("{other:?} to TxnDecide"),
     }
 }

@@ -10,4 +10,7 @@ pub mod record;
 pub use participant::{
     Anchor, Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write,
 };
-pub use record::{CLASS_ABORTED, CLASS_COMMITTED, CLASS_PREPARED, PreparedRecord, RecordItem};
+pub use record::{
+    CLASS_ABORTED, CLASS_COMMITTED, CLASS_PREPARED, PreparedRecord, RecordItem, commit_payload,
+    decode_commit_payload,
+};

@@ -557,6 +557,16 @@ impl Participant {
             .count()
     }
 
+    /// The transactions holding locks on keys of `table` with hash in
+    /// `start..=end`: a snapshot read of that tablet waits for them.
+    pub fn lockers_in(&self, table: u64, start: u64, end: u64) -> HashSet<TxnId> {
+        self.locks
+            .iter()
+            .filter(|((t, _), (_, h))| *t == table && (start..=end).contains(h))
+            .map(|(_, (txn, _))| *txn)
+            .collect()
+    }
+
     pub fn lock_count(&self) -> usize {
         self.locks.len()
     }

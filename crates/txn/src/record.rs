@@ -40,12 +40,28 @@ use crate::participant::{Anchor, Write};
 
 /// Record class of a prepared transaction's part in one tablet.
 pub const CLASS_PREPARED: u8 = 1;
-/// Record class of a commit decision at the primary's anchor.
+/// Record class of a commit decision at the primary's anchor. Payload: the
+/// commit timestamp, 8 bytes little-endian (`commit_payload`); empty in
+/// records written before timestamps, read as 0 (no timestamp).
 pub const CLASS_COMMITTED: u8 = 2;
 /// Record class of an abort taken at the primary's anchor before the
 /// primary's own prepare arrived (a participant's resolution asked first):
 /// the late prepare must be refused even after a crash. Empty payload.
 pub const CLASS_ABORTED: u8 = 3;
+
+/// A commit record's payload: its timestamp.
+pub fn commit_payload(commit_ts: u64) -> [u8; 8] {
+    commit_ts.to_le_bytes()
+}
+
+/// The timestamp of a commit record's payload (empty: 0, an older record).
+pub fn decode_commit_payload(payload: &[u8]) -> Result<u64, String> {
+    match payload.len() {
+        0 => Ok(0),
+        8 => Ok(u64::from_le_bytes(payload.try_into().expect("8 bytes"))),
+        n => Err(format!("a commit record of {n} bytes (0 or 8 expected)")),
+    }
+}
 
 /// Format byte of a prepared record's payload (with the participant).
 const FORMAT: u8 = 2;
@@ -287,6 +303,15 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn commit_payloads_round_trip_and_old_ones_read_as_no_timestamp() {
+        for ts in [1, 77, u64::MAX] {
+            assert_eq!(decode_commit_payload(&commit_payload(ts)), Ok(ts));
+        }
+        assert_eq!(decode_commit_payload(&[]), Ok(0));
+        assert!(decode_commit_payload(&[1, 2, 3]).is_err());
     }
 
     #[test]

@@ -301,6 +301,27 @@ pub async fn start_coordinator_with(config: CoordinatorConfig) -> CoordinatorHan
         .expect("start coordinator")
 }
 
+/// Start a coordinator on `dir` listening on `addr` again (a restart its
+/// clients find at the address they know). The port was just released:
+/// binding is retried for a little while.
+pub async fn start_coordinator_on(dir: &TempDir, addr: std::net::SocketAddr) -> CoordinatorHandle {
+    let mut tries = 0;
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => break listener,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                eprintln!("rebinding {addr}: {e}; trying again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot bind {addr} again: {e}"),
+        }
+    };
+    insitu_coordinator::start(CoordinatorConfig::new(dir.0.clone()), listener)
+        .await
+        .expect("start coordinator")
+}
+
 pub async fn connect(handle: &CoordinatorHandle) -> RpcConn {
     RpcConn::connect(&handle.addr().to_string())
         .await

@@ -1,0 +1,212 @@
+//! Snapshot reads on a real server with several shards: a count or an
+//! aggregate at a snapshot sees the table at one instant of the
+//! transactions' commits, while transfers go on; a snapshot read sees the
+//! values as of its timestamp, not later commits; a snapshot older than what
+//! a shard keeps is refused, and the client takes a new one.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use insitu_client::{AtSnapshot, Client, ClientConfig, Selection, Status};
+use insitu_protocol::plan::Field;
+
+async fn cluster(shards: usize) -> (Client, common::Node) {
+    let node = common::start(|c| c.shards = shards).await;
+    let config = ClientConfig {
+        // Contended transactions retry until this passes.
+        op_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    (client, node)
+}
+
+fn as_i64(v: Option<bytes::Bytes>) -> i64 {
+    v.map_or(0, |b| i64::from_le_bytes(b[..8].try_into().unwrap()))
+}
+
+fn at(mode: AtSnapshot) -> Selection {
+    Selection {
+        at_snapshot: mode,
+        ..Selection::all()
+    }
+}
+
+async fn sum(client: &Client, t: u64, mode: AtSnapshot) -> Result<(i128, u64), Status> {
+    client
+        .aggregate(t, Field::I64(0), &at(mode))
+        .await
+        .map(|a| (a.sum_int, a.count))
+        .map_err(|e| e.status().unwrap_or(Status::Internal))
+}
+
+/// 40 accounts of 100 over 6 tablets on 3 shards; 4 clients move money
+/// without pause: a transfer may empty an account and remove it, or credit
+/// an account that does not exist yet (60 names). Every sum at a snapshot
+/// is the initial total, though transfers commit on two shards at different
+/// moments (one-phase commits on one shard, two-phase across two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
+    let (client, _node) = cluster(3).await;
+    let t = client.create_table("bank", 6).await.unwrap().id;
+    const NAMES: u64 = 60;
+    const INITIAL: i64 = 100;
+    for a in 0..40 {
+        client
+            .write(t, format!("acct{a}"), INITIAL.to_le_bytes())
+            .await
+            .unwrap();
+    }
+    let total = INITIAL as i128 * 40;
+    let stop = Arc::new(AtomicBool::new(false));
+    let transfers = Arc::new(AtomicU64::new(0));
+    let movers: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let client = client.clone();
+            let (stop, transfers) = (stop.clone(), transfers.clone());
+            tokio::spawn(async move {
+                let mut rng = insitu_testkit::rng(seed);
+                while !stop.load(Ordering::Relaxed) {
+                    let from = format!("acct{}", rng.u64(0..NAMES));
+                    let to = format!("acct{}", rng.u64(0..NAMES));
+                    let all = rng.u64(0..4) == 0;
+                    let (from, to) = (&from, &to);
+                    let moved = client
+                        .transaction(|mut tx| async move {
+                            let a = tx.read(t, from).await?;
+                            if from == to || a.is_none() {
+                                return Ok((tx, false));
+                            }
+                            let a = as_i64(a);
+                            let amount = if all { a } else { a.min(7) };
+                            let b = as_i64(tx.read(t, to).await?);
+                            if all {
+                                tx.remove(t, from);
+                            } else {
+                                tx.write(t, from, (a - amount).to_le_bytes());
+                            }
+                            tx.write(t, to, (b + amount).to_le_bytes());
+                            Ok((tx, true))
+                        })
+                        .await
+                        .unwrap();
+                    if moved {
+                        transfers.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut audits = 0;
+    let mut snapshots = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (audits < 40 || transfers.load(Ordering::Relaxed) < 200) && Instant::now() < deadline {
+        let out = client
+            .execute_plan_at(
+                t,
+                &insitu_protocol::plan::ScanPlan::new(insitu_protocol::plan::Op::Aggregate {
+                    field: Field::I64(0),
+                }),
+                AtSnapshot::On,
+            )
+            .await
+            .unwrap();
+        let insitu_protocol::plan::Partial::Aggregate(a) = out.partial else {
+            panic!("not an aggregate: {:?}", out.partial);
+        };
+        assert_eq!(
+            a.sum_int,
+            total,
+            "the sum at snapshot {} ({} accounts, after {} transfers)",
+            out.snapshot_ts,
+            a.count,
+            transfers.load(Ordering::Relaxed)
+        );
+        assert!(out.snapshot_ts > 0);
+        snapshots.insert(out.snapshot_ts);
+        audits += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for m in movers {
+        m.await.unwrap();
+    }
+    let moved = transfers.load(Ordering::Relaxed);
+    assert!(
+        audits >= 40 && moved >= 200,
+        "{audits} audits, {moved} transfers"
+    );
+    assert_eq!(snapshots.len(), audits, "every audit had its own snapshot");
+    // Auto reads a snapshot too (the table has 6 tablets), and a quiet
+    // table sums the same either way.
+    assert_eq!(sum(&client, t, AtSnapshot::Auto).await.unwrap().0, total);
+    assert_eq!(sum(&client, t, AtSnapshot::Off).await.unwrap().0, total);
+}
+
+/// A snapshot sees each key as of its timestamp: a later commit's new
+/// value, a later removal and a later creation are not seen by it, and are
+/// by a newer snapshot; a snapshot the shards cannot read is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
+    let (client, _node) = cluster(2).await;
+    let t = client.create_table("vals", 4).await.unwrap().id;
+    for (k, v) in [("a", 5i64), ("b", 10), ("c", 100)] {
+        client.write(t, k, v.to_le_bytes()).await.unwrap();
+    }
+    // A timestamp from before any snapshot was read: the shards kept
+    // nothing for it, so it is refused, not answered from today's values.
+    let early = client.timestamp().await.unwrap();
+    assert_eq!(
+        sum(&client, t, AtSnapshot::At(early)).await,
+        Err(Status::SnapshotTooOld)
+    );
+    // The client's own retry takes fresh timestamps until the shards keep
+    // versions: then snapshots are read.
+    assert_eq!(sum(&client, t, AtSnapshot::On).await, Ok((115, 3)));
+    let before = client.timestamp().await.unwrap();
+    client
+        .transaction(|mut tx| async move {
+            tx.write(t, "a", 7i64.to_le_bytes());
+            tx.remove(t, "c");
+            tx.write(t, "d", 1000i64.to_le_bytes());
+            Ok((tx, ()))
+        })
+        .await
+        .unwrap();
+    // One key of a one-key transaction too (a one-phase commit).
+    client
+        .transaction(|mut tx| async move {
+            let b = as_i64(tx.read(t, "b").await?);
+            tx.write(t, "b", (b + 1).to_le_bytes());
+            Ok((tx, ()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        sum(&client, t, AtSnapshot::At(before)).await,
+        Ok((115, 3)),
+        "as of before the commits"
+    );
+    assert_eq!(
+        client.count(t, &at(AtSnapshot::At(before))).await.unwrap(),
+        3
+    );
+    let after = client.timestamp().await.unwrap();
+    assert_eq!(sum(&client, t, AtSnapshot::At(after)).await, Ok((1018, 3)));
+    assert_eq!(sum(&client, t, AtSnapshot::Off).await, Ok((1018, 3)));
+    // An update is never at a snapshot.
+    let e = client
+        .execute_plan_at(
+            t,
+            &insitu_protocol::plan::ScanPlan::new(insitu_protocol::plan::Op::Update {
+                field: Field::I64(0),
+                action: insitu_protocol::plan::UpdateAction::Add(insitu_protocol::Number::I64(1)),
+            }),
+            AtSnapshot::On,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(Status::BadRequest));
+}
