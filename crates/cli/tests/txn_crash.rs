@@ -131,7 +131,7 @@ async fn prepare_both(s: &Setup, txn: u64) -> RpcConn {
     for (conn, request) in [(&primary, &p1), (&secondary, &p2)] {
         let r = conn.call(request).await.unwrap();
         assert_eq!(r.status, Status::Ok, "{}", r.error_message());
-        assert!(matches!(r.decode().unwrap(), Response::TxnPrepared));
+        assert!(matches!(r.decode().unwrap(), Response::TxnPrepared { .. }));
     }
     primary
 }

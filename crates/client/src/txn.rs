@@ -43,7 +43,9 @@ struct Share {
 
 /// How a participant answered the prepare.
 enum Vote {
-    Yes,
+    /// `needs_ts`: the participant keeps versions for snapshot reads, so the
+    /// commit needs a timestamp.
+    Yes { needs_ts: bool },
     /// A definite no: the participant holds nothing of the transaction.
     No(ClientError),
     /// No answer: it may or may not be prepared.
@@ -318,7 +320,7 @@ impl Transaction {
         for (addr, reply) in replies {
             let vote = match reply {
                 Ok(r) if r.status == Status::Ok => match decode(&r, &addr) {
-                    Ok(Response::TxnPrepared) => Vote::Yes,
+                    Ok(Response::TxnPrepared { needs_ts }) => Vote::Yes { needs_ts },
                     Ok(other) => Vote::Unknown(ClientError::unexpected(
                         &addr,
                         format!("{other:?} to TxnPrepare"),
@@ -333,11 +335,14 @@ impl Transaction {
             };
             votes.push((addr, vote));
         }
-        let commit = votes.iter().all(|(_, v)| matches!(v, Vote::Yes));
+        let commit = votes.iter().all(|(_, v)| matches!(v, Vote::Yes { .. }));
+        let needs_ts = votes
+            .iter()
+            .any(|(_, v)| matches!(v, Vote::Yes { needs_ts: true }));
         let uncertain = votes.iter().any(|(_, v)| matches!(v, Vote::Unknown(_)));
         let mut first_no = votes.iter().find_map(|(_, v)| match v {
             Vote::No(e) | Vote::Unknown(e) => Some(e.clone()),
-            Vote::Yes => None,
+            Vote::Yes { .. } => None,
         });
 
         if !uncertain && (!commit || !writes) {
@@ -391,11 +396,12 @@ impl Transaction {
         //
         // A commit's timestamp is taken now, after every participant locked
         // its keys: a snapshot read that could miss the commit anywhere was
-        // issued before it (ARCHITECTURE.md, "Snapshot reads"). No
-        // timestamp, no commit: the primary is asked to abort.
+        // issued before it (ARCHITECTURE.md, "Snapshot reads"). Only when a
+        // participant keeps versions for snapshot reads; otherwise none is
+        // needed (0). No timestamp, no commit: the primary is asked to abort.
         let mut commit_ts = 0;
         let mut commit = commit;
-        if commit {
+        if commit && needs_ts {
             match self.client.timestamp().await {
                 Ok(ts) => commit_ts = ts,
                 Err(e) => {

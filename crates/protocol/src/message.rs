@@ -521,7 +521,13 @@ pub enum Response<'a> {
     Query(crate::query::QueryResult),
 
     /// A yes vote to `TxnPrepare`: the items are validated and locked.
-    TxnPrepared,
+    TxnPrepared {
+        /// The shard kept versions for snapshot reads when it locked the
+        /// items: the commit then needs a timestamp. When no participant
+        /// did, it commits without one (0) and saves the oracle's round
+        /// trip (ARCHITECTURE.md, "Snapshot reads", says why that is safe).
+        needs_ts: bool,
+    },
     /// The outcome of a transaction (`TxnDecide`, `TxnResolve`, a one-phase
     /// `TxnPrepare`): whether it committed.
     TxnDecided {

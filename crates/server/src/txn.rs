@@ -205,6 +205,8 @@ pub async fn prepare(
     let primary = primary.as_ref().map(anchor);
     let others = others.iter().map(anchor).collect();
     let now = state.txns.now_ms();
+    // Whether snapshots are read here as the keys are locked (same step).
+    let needs_ts = state.versions.borrow().is_active();
     let result = {
         let engine = state.engine.borrow();
         state
@@ -240,7 +242,13 @@ pub async fn prepare(
             .prepared(txn)
             .is_some_and(|p| p.voters.contains(&own));
         return match voted {
-            true => reply(out, id, &Response::TxnPrepared),
+            true => reply(
+                out,
+                id,
+                &Response::TxnPrepared {
+                    needs_ts: state.versions.borrow().is_active(),
+                },
+            ),
             false => encode_error(
                 out,
                 id,
@@ -364,7 +372,7 @@ pub async fn prepare(
         let decided = settle_and_apply(state, txn, true, commit_ts).await;
         reply_decided(out, id, decided);
     } else {
-        reply(out, id, &Response::TxnPrepared);
+        reply(out, id, &Response::TxnPrepared { needs_ts });
     }
 }
 
