@@ -155,6 +155,15 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         out.trim().to_string()
     };
     assert_eq!(ok(&["count", "nums"]), n.to_string());
+    // At one snapshot (the default with 6 tablets), forced, or not.
+    assert_eq!(ok(&["count", "nums", "--at-snapshot"]), n.to_string());
+    assert_eq!(ok(&["count", "nums", "--no-snapshot"]), n.to_string());
+    assert_eq!(
+        ok(&["agg", "nums", "count", "i64@0", "--at-snapshot"]),
+        n.to_string()
+    );
+    let (code, _, err) = cluster.cli(&["count", "nums", "--at-snapshot", "--no-snapshot"]);
+    assert!(code != 0 && err.contains("cannot be used with"), "{err}");
     assert_eq!(
         ok(&["count", "nums", "--where", "i64@0 < 100 and not i32@16 = 3"]),
         (0..n)

@@ -15,6 +15,9 @@ fn typed_table_from_the_cli() {
     let mut cluster = Cluster::start(2, 2);
     users_table(&cluster);
     assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "3");
+    // Typed queries have no snapshot: asked for one, the CLI says so.
+    let (code, _, err) = cluster.cli(&["count", "users", "--at-snapshot"]);
+    assert!(code != 0 && err.contains("untyped tables only"), "{err}");
     assert_eq!(
         ok(cluster.cli(&["count", "users", "--where", "age > 30"])).trim(),
         "2"
