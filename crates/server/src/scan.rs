@@ -69,7 +69,7 @@ async fn run_kernel<K: Kernel>(
                     let tablet = (run.table, (run.start_hash, run.end_hash));
                     let mut o = Overlay::new(v, run.state, tablet, snap, &plan.source);
                     run.scan(&mut o).await?;
-                    v = o.finish();
+                    v = o.finish().await;
                 }
             }
             if let Some((key, len)) = &v.short {

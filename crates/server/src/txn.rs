@@ -95,21 +95,20 @@ impl ShardTxns {
     /// Whether a transaction holds `key`'s lock (plain writes then wait).
     #[inline]
     pub fn is_locked(&self, table: u64, key: &[u8]) -> bool {
-        let p = self.participant.borrow();
-        p.lock_count() > 0 && p.is_locked(table, key)
+        self.participant.borrow().locks().is_locked(table, key)
     }
 }
 
 /// Locks held on the tablet of `table` starting at `start_hash`.
 pub fn locks_on_tablet(state: &ShardState, table: u64, start_hash: u64) -> usize {
     let p = state.txns.participant.borrow();
-    if p.lock_count() == 0 {
+    if p.locks().is_empty() {
         return 0;
     }
     let Some(range) = state.engine.borrow().tablet_for(table, start_hash) else {
         return 0;
     };
-    p.locks_in(table, range.start, range.end)
+    p.locks().count_in(table, range.start, range.end)
 }
 
 /// Wait until no transaction holds a lock on the tablet (a move calls this

@@ -173,10 +173,14 @@ pub async fn sweep(state: Rc<ShardState>) {
         };
         txn_durable::forget(&state, &gone);
         // Kept versions past their time go; keeping stops when snapshots do.
-        state
+        // A step at a time, yielding between: a reset may leave 64 MiB.
+        while state
             .versions
             .borrow_mut()
-            .expire(std::time::Instant::now());
+            .expire(std::time::Instant::now())
+        {
+            tokio::task::yield_now().await;
+        }
         for txn in overdue {
             let primary = state
                 .txns

@@ -28,12 +28,35 @@
 //! budget or `MAX_BYTES` refuses to keep one, it rises to that commit's
 //! timestamp, since only snapshots older than that commit needed it. A
 //! tablet that arrives on this shard (a move, a recovery) brings objects
-//! whose replaced versions were never kept here: `arrive` forgets what was
-//! kept for its keys and gives it a floor of its own, learned from the
-//! oracle after it arrived, so only snapshots of that tablet are refused
-//! meanwhile, not those of the shard's other tablets.
+//! whose replaced versions were never kept here: `arrive` gives it a floor
+//! of its own, learned from the oracle after it arrived, so only snapshots
+//! of that tablet are refused meanwhile, not those of the shard's other
+//! tablets.
+//!
+//! Nothing here walks all kept versions at once (a shard must never stall):
+//! a reset or an arrival forgets nothing eagerly, and versions go a bounded
+//! number per sweep (`DRAIN_PER_SWEEP`) or one per new one over the byte
+//! limit. Why stale versions are harmless: every version kept before a
+//! reset or before a tablet's arrival has a commit timestamp below the
+//! floor learned after it (that commit's timestamp was handed out before
+//! the floor was), and a snapshot read only ever looks for the first kept
+//! commit *later* than its timestamp, which is at or above that floor.
+//!
+//! A snapshot scan reads the kept versions lazily: each object it visits is
+//! looked up (`as_of`; only when its table has kept versions), and the
+//! values as of the snapshot are fed afterwards in bounded batches walked in
+//! hash order (`changed_in`), so a tablet is a range. Each kept version
+//! carries a sequence number: a scan counts only those kept before its
+//! attempt began, so a commit applied while it feeds (between batches) is
+//! not read twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// Looked up once per object a snapshot scan visits: hashbrown's default
+/// hasher is several times faster than std's on short keys.
+type FastMap<K, V> = hashbrown::HashMap<K, V>;
+use std::ops::Bound;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use insitu_engine::TransientCharge;
@@ -50,22 +73,44 @@ pub const IDLE: Duration = Duration::from_secs(30);
 pub const MAX_BYTES: usize = 64 << 20;
 /// Bookkeeping bytes counted per kept version beside its key and value.
 const ENTRY_OVERHEAD: usize = 64;
+/// At most this many versions go between two yields of the sweep (about a
+/// millisecond: a version's removal costs up to ~1.3 us when 64 MiB are kept).
+pub const DRAIN_PER_STEP: usize = 1024;
+
+/// A key as kept here: one copy shared by its chain, its place in the hash
+/// order and the expiry queue.
+type Key = Rc<[u8]>;
 
 /// One kept version: the value a commit replaced.
 struct Kept {
     /// The commit that replaced it: snapshots before this read `before`.
     commit_ts: u64,
+    /// Its number in the order versions were kept (see `Versions::next_seq`).
+    seq: u64,
     /// The value before the commit; None: the key was absent.
-    before: Option<Vec<u8>>,
+    before: Option<Box<[u8]>>,
     /// Its memory, released when the version goes.
     _charge: TransientCharge,
 }
 
-/// A key's kept versions, oldest first, and its key hash (to find a
-/// tablet's keys without hashing every key again).
+/// A key's kept versions, oldest first (commit timestamps increasing), and
+/// its key hash (its place in `TableVersions::by_hash`).
 struct Chain {
     hash: u64,
     kept: VecDeque<Kept>,
+}
+
+/// One table's kept versions.
+#[derive(Default)]
+struct TableVersions {
+    /// key -> its chain: the lookup of a scanned object.
+    by_key: FastMap<Key, Chain>,
+    /// The latest commit kept here: a snapshot at or after it finds no key
+    /// of the table changed, and looks nothing up. Not lowered when versions
+    /// go (it only costs lookups).
+    max_commit_ts: u64,
+    /// (key hash, key) of every chain: a tablet's keys are a range.
+    by_hash: BTreeSet<(u64, Key)>,
 }
 
 /// A shard's kept versions and what snapshots may be read (see the module).
@@ -78,6 +123,11 @@ pub struct Versions {
     /// Snapshots below this cannot be read here. None: not learned yet since
     /// keeping began (a fetch from the oracle is due).
     floor: Option<u64>,
+    /// The highest commit whose version went (or was never kept) while
+    /// keeping: every floor is at least this. Why apart from `floor`: a
+    /// version may go before the floor is learned. Never lowered (a stale
+    /// value is below any floor learned later, so it costs nothing).
+    raised: u64,
     /// A fetch of the floor is under way (one at a time).
     pub(crate) fetching: bool,
     /// Bumped by every `reset`: a floor fetched or a scan begun before it
@@ -89,22 +139,19 @@ pub struct Versions {
     arrived: HashMap<(u64, u64), (u64, Option<u64>)>,
     /// Numbers arrivals, so a floor fetched before a newer one does not count.
     arrivals: u64,
-    /// (table, key) -> its kept versions.
-    chains: HashMap<(u64, Vec<u8>), Chain>,
+    /// table -> its kept versions.
+    tables: FastMap<u64, TableVersions>,
     /// Every kept version in the order it was kept (when, table, key), so
     /// expiry drops the oldest first (a key's oldest is its chain's front).
-    order: VecDeque<(Instant, u64, Vec<u8>)>,
+    order: VecDeque<(Instant, u64, Key)>,
+    /// The sequence number of the next version kept.
+    seq: u64,
     /// Bytes of kept versions (keys, values, `ENTRY_OVERHEAD` each).
     bytes: usize,
 }
 
-/// What a snapshot scan of one tablet needs from the kept versions: the keys
-/// changed after the snapshot (the scan skips their current value) and their
-/// value as of the snapshot (None: absent then).
-pub struct Changed {
-    pub keys: std::collections::HashSet<Vec<u8>>,
-    pub values: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-}
+/// Where a walk of changed keys (`Versions::changed_in`) goes on from.
+pub type Resume = (u64, Key);
 
 impl Versions {
     pub fn is_active(&self) -> bool {
@@ -117,14 +164,14 @@ impl Versions {
 
     #[cfg(test)]
     pub fn floor(&self) -> Option<u64> {
-        self.floor
+        self.floor.map(|f| f.max(self.raised))
     }
 
     /// The floor for snapshots of the tablet `(table, start)`: the shard's,
     /// or the tablet's own if it arrived since and is higher. None: one of
     /// them is still to be learned.
     pub fn floor_for(&self, tablet: (u64, u64)) -> Option<u64> {
-        let shard = self.floor?;
+        let shard = self.floor?.max(self.raised);
         match self.arrived.get(&tablet) {
             None => Some(shard),
             Some((_, own)) => own.map(|f| f.max(shard)),
@@ -152,27 +199,13 @@ impl Versions {
         }
     }
 
-    /// A tablet arrived here (`table`, hash range `start..=end`): what was
-    /// kept for its keys belongs to an earlier stay, and its objects'
-    /// replaced versions were not kept here, so its snapshots need a floor
-    /// learned after now.
-    pub fn arrive(&mut self, table: u64, (start, end): (u64, u64)) {
+    /// A tablet arrived here (`table`, hash range `start..=_end`): its
+    /// objects' replaced versions were not kept here, so its snapshots need
+    /// a floor learned after now. What was kept for its keys in an earlier
+    /// stay stays until it expires: it is below that floor (module doc).
+    pub fn arrive(&mut self, table: u64, (start, _end): (u64, u64)) {
         if !self.active {
             return; // nothing kept; the shard's floor will be learned after now
-        }
-        let gone: Vec<(u64, Vec<u8>)> = self
-            .chains
-            .iter()
-            .filter(|((t, _), c)| *t == table && (start..=end).contains(&c.hash))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            if let Some(chain) = self.chains.remove(&k) {
-                for kept in chain.kept {
-                    self.bytes -=
-                        k.1.len() + kept.before.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
-                }
-            }
         }
         self.arrivals += 1;
         self.arrived.insert((table, start), (self.arrivals, None));
@@ -188,16 +221,13 @@ impl Versions {
         self.bytes
     }
 
-    /// Forget every kept version and the floor (a tablet arrived, or reads
-    /// stopped): the next snapshot read starts afresh.
+    /// Stop keeping and forget the floor (reads stopped): the next snapshot
+    /// read starts afresh. What was kept goes by the sweep (`expire`).
     pub fn reset(&mut self) {
         self.active = false;
         self.floor = None;
         self.generation += 1;
-        self.chains.clear();
-        self.order.clear();
         self.arrived.clear();
-        self.bytes = 0;
     }
 
     /// A snapshot read arrived: keep versions from now on.
@@ -216,9 +246,7 @@ impl Versions {
 
     /// No snapshot below `ts` can be read any more.
     fn raise_floor(&mut self, ts: u64) {
-        if let Some(f) = self.floor.as_mut() {
-            *f = (*f).max(ts);
-        }
+        self.raised = self.raised.max(ts);
     }
 
     /// A commit at `commit_ts` is about to replace `before` (None: absent)
@@ -245,22 +273,33 @@ impl Versions {
             self.raise_floor(commit_ts);
             return;
         };
-        let chain = self
-            .chains
-            .entry((table, key.to_vec()))
-            .or_insert_with(|| Chain {
-                hash,
-                kept: VecDeque::new(),
-            });
+        let t = self.tables.entry(table).or_default();
+        t.max_commit_ts = t.max_commit_ts.max(commit_ts);
+        let k: Key = match t.by_key.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => {
+                let k: Key = Rc::from(key);
+                t.by_hash.insert((hash, k.clone()));
+                let chain = Chain {
+                    hash,
+                    kept: VecDeque::new(),
+                };
+                t.by_key.insert(k.clone(), chain);
+                k
+            }
+        };
+        let chain = t.by_key.get_mut(&k).expect("just found or made");
         // Commits of one key come in timestamp order: each took its
         // timestamp while it held the key's lock, after the previous one.
         debug_assert!(chain.kept.back().is_none_or(|k| k.commit_ts < commit_ts));
         chain.kept.push_back(Kept {
             commit_ts,
-            before: before.map(<[u8]>::to_vec),
+            seq: self.seq,
+            before: before.map(Box::from),
             _charge: charge,
         });
-        self.order.push_back((now, table, key.to_vec()));
+        self.seq += 1;
+        self.order.push_back((now, table, k));
         self.bytes += size;
     }
 
@@ -269,62 +308,123 @@ impl Versions {
         let Some((_, table, key)) = self.order.pop_front() else {
             return false;
         };
-        let mut ts = None;
-        let mut empty = false;
-        if let Some(chain) = self.chains.get_mut(&(table, key.clone())) {
+        let Some(t) = self.tables.get_mut(&table) else {
+            debug_assert!(false, "a kept version's table is gone");
+            return true;
+        };
+        let mut gone = None;
+        if let Some(chain) = t.by_key.get_mut(&key) {
+            // The oldest kept version of all is its key's oldest.
             if let Some(k) = chain.kept.pop_front() {
-                self.bytes -= key.len() + k.before.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
-                ts = Some(k.commit_ts);
+                self.bytes -= key.len() + k.before.as_ref().map_or(0, |b| b.len()) + ENTRY_OVERHEAD;
+                gone = Some(k.commit_ts);
             }
-            empty = chain.kept.is_empty();
+            if chain.kept.is_empty() {
+                let hash = chain.hash;
+                t.by_key.remove(&key);
+                t.by_hash.remove(&(hash, key));
+                if t.by_key.is_empty() {
+                    self.tables.remove(&table);
+                }
+            }
         }
-        if empty {
-            self.chains.remove(&(table, key));
-        }
-        if let Some(ts) = ts {
+        if let Some(ts) = gone {
             self.raise_floor(ts);
         }
         true
     }
 
-    /// Drop versions kept longer than `KEEP`; stop keeping `IDLE` after the
-    /// last snapshot read. Called by the shard's periodic sweep.
-    pub fn expire(&mut self, now: Instant) {
+    /// Drop versions kept longer than `KEEP`, or all of them once keeping
+    /// stopped; stop keeping `IDLE` after the last snapshot read. At most
+    /// `DRAIN_PER_STEP` go per call: true if more are due (the caller
+    /// yields and calls again). Called by the shard's periodic sweep.
+    pub fn expire(&mut self, now: Instant) -> bool {
         if self.active
             && self
                 .last_read
                 .is_some_and(|t| now.duration_since(t) >= IDLE)
         {
             self.reset();
-            return;
         }
-        while self
-            .order
-            .front()
-            .is_some_and(|(t, ..)| now.duration_since(*t) >= KEEP)
-        {
+        let due = |v: &Self| {
+            v.order
+                .front()
+                .is_some_and(|(t, ..)| !v.active || now.duration_since(*t) >= KEEP)
+        };
+        for _ in 0..DRAIN_PER_STEP {
+            if !due(self) {
+                return false;
+            }
             self.drop_oldest();
         }
+        due(self)
     }
 
-    /// The keys of `table` with hash in `start..=end` that a commit later
-    /// than `snapshot` changed, and their values as of `snapshot`.
-    pub fn changed_after(&self, table: u64, (start, end): (u64, u64), snapshot: u64) -> Changed {
-        let mut out = Changed {
-            keys: Default::default(),
-            values: Vec::new(),
+    /// The sequence number the next kept version gets: a read that began
+    /// when this was `n` counts only versions numbered below `n`.
+    pub fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Whether `table` may have a key a commit later than `snapshot`
+    /// changed (else a scan at it looks nothing up).
+    pub fn changed_after(&self, table: u64, snapshot: u64) -> bool {
+        self.tables
+            .get(&table)
+            .is_some_and(|t| t.max_commit_ts > snapshot)
+    }
+
+    /// `key` of `table` as of `snapshot`, counting versions numbered below
+    /// `seq`: None if no such kept commit is later than the snapshot (its
+    /// value now is the one then), else Some(its value then; None: absent).
+    pub fn as_of(&self, table: u64, key: &[u8], snapshot: u64, seq: u64) -> Option<Option<&[u8]>> {
+        let chain = self.tables.get(&table)?.by_key.get(key)?;
+        first_after(chain, snapshot, seq).map(|k| k.before.as_deref())
+    }
+
+    /// Visit up to `limit` kept keys of `table` with hash in `start..=end`,
+    /// in hash order from `from` (None: the range's start); `f` gets each key a commit later than
+    /// `snapshot` changed (counting versions numbered below `seq`) and its
+    /// value as of the snapshot (None: absent then). Returns the first key
+    /// not visited, to go on from, or None when the range is done.
+    pub fn changed_in(
+        &self,
+        table: u64,
+        (start, end): (u64, u64),
+        from: Option<Resume>,
+        (snapshot, seq): (u64, u64),
+        limit: usize,
+        mut f: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Option<Resume> {
+        let t = self.tables.get(&table)?;
+        let lower = match from {
+            Some(pos) => Bound::Included(pos),
+            None => Bound::Included((start, Rc::from(&[][..]))),
         };
-        for ((t, key), chain) in &self.chains {
-            if *t != table || !(start..=end).contains(&chain.hash) {
-                continue;
+        for (n, (hash, key)) in t.by_hash.range((lower, Bound::Unbounded)).enumerate() {
+            if *hash > end {
+                return None;
             }
-            if let Some(k) = chain.kept.iter().find(|k| k.commit_ts > snapshot) {
-                out.keys.insert(key.clone());
-                out.values.push((key.clone(), k.before.clone()));
+            if n == limit {
+                return Some((*hash, key.clone()));
+            }
+            let chain = t.by_key.get(key).expect("by_hash and by_key agree");
+            if let Some(k) = first_after(chain, snapshot, seq) {
+                f(key, k.before.as_deref());
             }
         }
-        out
+        None
     }
+}
+
+/// The first version of `chain` numbered below `seq` whose commit is later
+/// than `snapshot`. Numbers and timestamps both increase along a chain.
+fn first_after(chain: &Chain, snapshot: u64, seq: u64) -> Option<&Kept> {
+    chain
+        .kept
+        .iter()
+        .take_while(|k| k.seq < seq)
+        .find(|k| k.commit_ts > snapshot)
 }
 
 #[cfg(test)]

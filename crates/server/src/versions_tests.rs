@@ -10,11 +10,51 @@ fn engine() -> Engine {
     Engine::new(EngineConfig::default()).expect("engine")
 }
 
+/// An engine whose budget holds `MAX_BYTES` of versions and more.
+fn big_engine() -> Engine {
+    Engine::new(EngineConfig {
+        memory_budget_bytes: 1 << 30,
+        ..EngineConfig::default()
+    })
+    .expect("engine")
+}
+
+/// Versions kept since a read at `now`, with the floor learned at `floor`.
+fn keeping(now: Instant, floor: u64) -> Versions {
+    let mut v = Versions::default();
+    v.note_read(now);
+    v.set_floor(v.generation(), floor);
+    v
+}
+
 /// Keep with the engine's budget.
 fn keep(v: &mut Versions, e: &Engine, key: &[u8], ts: u64, before: Option<&[u8]>, now: Instant) {
     v.keep((1, key, 7), ts, before, now, |n| {
         e.try_charge_transient(n).ok()
     });
+}
+
+/// Every key of `table`'s tablet `range` changed after `ts` (counting every
+/// version kept so far), with its value then, walked 2 keys a batch.
+fn changed(
+    v: &Versions,
+    table: u64,
+    range: (u64, u64),
+    ts: u64,
+) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut from = None;
+    loop {
+        from = v.changed_in(table, range, from, (ts, v.next_seq()), 2, |k, b| {
+            assert!(
+                out.insert(k.to_vec(), b.map(<[u8]>::to_vec)).is_none(),
+                "a key twice"
+            );
+        });
+        if from.is_none() {
+            return out;
+        }
+    }
 }
 
 #[test]
@@ -24,17 +64,86 @@ fn nothing_is_kept_until_a_snapshot_is_read() {
     let now = Instant::now();
     keep(&mut v, &e, b"a", 5, Some(b"old"), now);
     assert_eq!(v.kept_bytes(), 0);
-    assert!(v.changed_after(1, (0, u64::MAX), 1).keys.is_empty());
+    assert!(changed(&v, 1, (0, u64::MAX), 1).is_empty());
+    assert!(!v.changed_after(1, 0));
     v.note_read(now);
     let g = v.generation();
     v.set_floor(g, 10);
     keep(&mut v, &e, b"a", 11, Some(b"old"), now);
-    let c = v.changed_after(1, (0, u64::MAX), 10);
-    assert_eq!(c.values, vec![(b"a".to_vec(), Some(b"old".to_vec()))]);
-    assert!(v.changed_after(1, (0, u64::MAX), 11).keys.is_empty());
+    let c = changed(&v, 1, (0, u64::MAX), 10);
+    assert_eq!(c, BTreeMap::from([(b"a".to_vec(), Some(b"old".to_vec()))]));
+    assert_eq!(v.as_of(1, b"a", 10, v.next_seq()), Some(Some(&b"old"[..])));
+    assert_eq!(
+        v.as_of(1, b"a", 11, v.next_seq()),
+        None,
+        "as of 11 it is now"
+    );
+    assert_eq!(v.as_of(1, b"b", 10, v.next_seq()), None, "never changed");
+    assert!(changed(&v, 1, (0, u64::MAX), 11).is_empty());
     // Another table, or a tablet without the key's hash, has nothing.
-    assert!(v.changed_after(2, (0, u64::MAX), 10).keys.is_empty());
-    assert!(v.changed_after(1, (8, u64::MAX), 10).keys.is_empty());
+    assert!(changed(&v, 2, (0, u64::MAX), 10).is_empty());
+    assert!(changed(&v, 1, (8, u64::MAX), 10).is_empty());
+    assert!(v.changed_after(1, 10) && !v.changed_after(1, 11) && !v.changed_after(2, 0));
+}
+
+#[test]
+fn versions_kept_after_a_read_began_are_not_its() {
+    let e = engine();
+    let mut v = Versions::default();
+    let now = Instant::now();
+    v.note_read(now);
+    v.set_floor(v.generation(), 10);
+    keep(&mut v, &e, b"a", 11, Some(b"a0"), now);
+    let began = v.next_seq();
+    keep(&mut v, &e, b"a", 12, Some(b"a1"), now);
+    keep(&mut v, &e, b"b", 13, Some(b"b0"), now);
+    // The read at 11 began before the commits at 12 and 13 were applied:
+    // it saw a and b as they were then (a1, b0), so neither is changed
+    // for it; a is as of 11 already, b too.
+    assert_eq!(v.as_of(1, b"a", 11, began), None);
+    assert_eq!(v.as_of(1, b"b", 11, began), None);
+    assert_eq!(v.as_of(1, b"a", 10, began), Some(Some(&b"a0"[..])));
+    let mut seen = Vec::new();
+    v.changed_in(1, (0, u64::MAX), None, (10, began), 100, |k, b| {
+        seen.push((k.to_vec(), b.map(<[u8]>::to_vec)))
+    });
+    assert_eq!(seen, vec![(b"a".to_vec(), Some(b"a0".to_vec()))]);
+}
+
+#[test]
+fn a_version_gone_before_the_floor_is_learned_still_raises_it() {
+    let mut v = Versions::default();
+    let now = Instant::now();
+    v.note_read(now);
+    // Refused while the floor is being fetched: snapshots before 40 can no
+    // longer be read, whatever floor the fetch brings.
+    v.keep((1, b"a", 7), 40, Some(b"x"), now, |_| None);
+    v.set_floor(v.generation(), 10);
+    assert_eq!(v.floor(), Some(40));
+    assert_eq!(v.floor_for((1, 0)), Some(40));
+}
+
+#[test]
+fn the_sweep_drains_a_bounded_number_per_step() {
+    let e = big_engine();
+    let now = Instant::now();
+    let mut v = keeping(now, 1);
+    let n = DRAIN_PER_STEP as u64 + 10;
+    for i in 0..n {
+        keep(&mut v, &e, &i.to_le_bytes(), 2 + i, None, now);
+    }
+    v.reset();
+    assert!(v.kept_bytes() > 0, "a reset forgets nothing at once");
+    assert!(v.expire(now), "more to drain");
+    assert_eq!(
+        v.kept_bytes(),
+        10 * (8 + ENTRY_OVERHEAD),
+        "one step's worth went"
+    );
+    assert!(!v.expire(now), "all drained");
+    assert_eq!(v.kept_bytes(), 0);
+    assert!(!v.changed_after(1, 0));
+    assert_eq!(e.memory().transient_bytes, 0);
 }
 
 #[test]
@@ -47,7 +156,8 @@ fn a_reset_forgets_and_a_stale_floor_fetch_does_not_count() {
     keep(&mut v, &e, b"a", 3, None, now);
     v.reset();
     assert!(!v.is_active());
-    assert_eq!(v.kept_bytes(), 0);
+    v.expire(now);
+    assert_eq!(v.kept_bytes(), 0, "the sweep drains a reset's versions");
     assert_eq!(e.memory().transient_bytes, 0, "the charges are released");
     v.note_read(now);
     v.set_floor(g, 10);
@@ -68,8 +178,8 @@ fn expiry_and_idleness_raise_the_floor_or_stop_keeping() {
     v.note_read(t0 + KEEP / 2);
     v.expire(t0 + KEEP);
     assert_eq!(v.floor(), Some(5), "the commit at 5 is forgotten");
-    let c = v.changed_after(1, (0, u64::MAX), 5);
-    assert_eq!(c.values, vec![(b"a".to_vec(), Some(b"y".to_vec()))]);
+    let c = changed(&v, 1, (0, u64::MAX), 5);
+    assert_eq!(c, BTreeMap::from([(b"a".to_vec(), Some(b"y".to_vec()))]));
     v.expire(t0 + KEEP / 2 + IDLE);
     assert!(!v.is_active());
     assert_eq!(v.floor(), None);
@@ -89,15 +199,9 @@ fn a_refused_charge_raises_the_floor_past_the_commit() {
 
 #[test]
 fn the_byte_limit_drops_the_oldest() {
-    let e = Engine::new(EngineConfig {
-        memory_budget_bytes: 1 << 30,
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    let mut v = Versions::default();
+    let e = big_engine();
     let now = Instant::now();
-    v.note_read(now);
-    v.set_floor(v.generation(), 1);
+    let mut v = keeping(now, 1);
     let value = vec![0u8; 1 << 20];
     for ts in 2..80u64 {
         keep(&mut v, &e, &ts.to_le_bytes(), ts, Some(&value), now);
@@ -106,17 +210,24 @@ fn the_byte_limit_drops_the_oldest() {
     let floor = v.floor().expect("floor");
     assert!(floor > 2, "the oldest went: floor {floor}");
     // Every version above the floor is still answered.
-    let c = v.changed_after(1, (0, u64::MAX), floor);
-    assert_eq!(c.keys.len() as u64, 79 - floor);
+    let c = changed(&v, 1, (0, u64::MAX), floor);
+    assert_eq!(c.len() as u64, 79 - floor);
 }
 
 proptest! {
     /// Against a model of every key's whole history: for any snapshot at or
     /// above the floor, the kept versions and the current values give
     /// exactly the values as of the snapshot.
+    /// Against a model of every key's whole history: for any snapshot at or
+    /// above the floor, the kept versions and the current values give
+    /// exactly the values as of the snapshot, by a lookup (`as_of`) and by a
+    /// walk of the tablet (`changed_in`) alike. Keeping stops and starts
+    /// again (kind 7: commits meanwhile are not kept) and the tablet
+    /// arrives again (kind 6), leaving stale versions behind.
     #[test]
     fn snapshots_match_the_whole_history(
-        ops in proptest::collection::vec((0u8..6, proptest::option::of(0u8..50), 0u64..3), 1..120),
+        ops in proptest::collection::vec(
+            (0u8..8, 0u8..6, proptest::option::of(0u8..50), 0u64..3), 1..120),
         probes in proptest::collection::vec(0u64..400, 1..20),
     ) {
         let e = engine();
@@ -128,31 +239,54 @@ proptest! {
         let mut history: BTreeMap<u8, Vec<(u64, Option<u8>)>> = BTreeMap::new();
         let mut current: BTreeMap<u8, u8> = BTreeMap::new();
         let mut ts = 0u64;
-        for (i, (key, value, gap)) in ops.iter().enumerate() {
+        for (i, (kind, key, value, gap)) in ops.iter().enumerate() {
             ts += 1 + gap;
-            let before = current.get(key).map(|b| vec![*b]);
             let now = t0 + Duration::from_millis(i as u64 * 500);
             v.expire(now);
-            v.note_read(now);
-            keep(&mut v, &e, &[*key], ts, before.as_deref(), now);
+            if *kind == 7 {
+                v.reset();
+            }
+            if *kind == 6 {
+                v.arrive(1, (0, u64::MAX));
+            }
+            if *kind != 7 {
+                v.note_read(now);
+            }
+            let before = current.get(key).map(|b| vec![*b]);
+            // Hashes spread the keys over the tablet's range.
+            v.keep((1, &[*key], u64::from(*key) << 56), ts, before.as_deref(), now, |n| {
+                e.try_charge_transient(n).ok()
+            });
             match value {
                 Some(b) => { current.insert(*key, *b); }
                 None => { current.remove(key); }
             }
             history.entry(*key).or_default().push((ts, *value));
+            if *kind >= 6 {
+                // Read again: the floor fetched now is above every commit.
+                ts += 1;
+                v.note_read(now);
+                let tag = v.fetch_tag((1, 0));
+                v.set_floors((1, 0), tag, ts);
+            }
         }
-        let floor = v.floor().expect("floor");
+        let floor = v.floor_for((1, 0)).expect("floor");
         for s in probes {
             let s = s.max(floor);
-            let changed = v.changed_after(1, (0, u64::MAX), s);
+            let walked = changed(&v, 1, (0, u64::MAX), s);
             for key in 0u8..6 {
                 let expect = history.get(&key).and_then(|h| {
                     h.iter().rev().find(|(t, _)| *t <= s).and_then(|(_, v)| *v)
                 });
-                let got = if changed.keys.contains(&vec![key]) {
-                    changed.values.iter().find(|(k, _)| *k == vec![key]).and_then(|(_, v)| v.as_ref().map(|v| v[0]))
-                } else {
-                    current.get(&key).copied()
+                let looked = v.as_of(1, &[key], s, v.next_seq());
+                prop_assert_eq!(
+                    looked.map(|b| b.map(<[u8]>::to_vec)),
+                    walked.get(&vec![key]).cloned(),
+                    "lookup and walk differ on key {}", key
+                );
+                let got = match looked {
+                    Some(then) => then.map(|b| b[0]),
+                    None => current.get(&key).copied(),
                 };
                 prop_assert_eq!(got, expect, "key {} at snapshot {} (floor {})", key, s, floor);
             }
@@ -161,7 +295,7 @@ proptest! {
 }
 
 #[test]
-fn an_arrived_tablet_needs_its_own_floor_and_forgets_its_keys() {
+fn an_arrived_tablet_needs_its_own_floor() {
     let e = engine();
     let mut v = Versions::default();
     let now = Instant::now();
@@ -175,11 +309,9 @@ fn an_arrived_tablet_needs_its_own_floor_and_forgets_its_keys() {
         Some(10),
         "another tablet is unaffected"
     );
-    assert_eq!(v.changed_after(1, (0, 100), 10).keys.len(), 1);
+    assert_eq!(changed(&v, 1, (0, 100), 10).len(), 1);
     v.arrive(1, (0, 100));
     assert_eq!(v.floor_for((1, 0)), None, "to be learned after the arrival");
-    assert!(v.changed_after(1, (0, 100), 10).keys.is_empty());
-    assert_eq!(v.kept_bytes(), 0);
     let tag = v.fetch_tag((1, 0));
     // A second arrival while the fetch was out: that fetch does not count.
     v.arrive(1, (0, 100));
@@ -188,6 +320,10 @@ fn an_arrived_tablet_needs_its_own_floor_and_forgets_its_keys() {
     let tag = v.fetch_tag((1, 0));
     v.set_floors((1, 0), tag, 30);
     assert_eq!(v.floor_for((1, 0)), Some(30));
+    // The version of the earlier stay is still kept but below the floor:
+    // no snapshot this tablet admits reads it.
+    assert!(v.kept_bytes() > 0);
+    assert!(changed(&v, 1, (0, 100), 30).is_empty());
     assert_eq!(v.floor_for((1, 200)), None, "the other arrival still waits");
     // A reset forgets arrivals with everything else.
     v.reset();

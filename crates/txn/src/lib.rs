@@ -4,9 +4,11 @@
 //! (`client/src/txn.rs`). ARCHITECTURE.md, "Transactions", has the flow.
 
 pub mod checker;
+pub mod locks;
 pub mod participant;
 pub mod record;
 
+pub use locks::Locks;
 pub use participant::{
     Anchor, Apply, Item, Limits, Participant, Phase, Prepared, Refusal, TxnId, Write,
 };

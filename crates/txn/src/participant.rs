@@ -27,7 +27,8 @@
 //! which everything it read was still current (RAMCloud, Lee et al. 2015).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::RandomState;
+
+use crate::locks::Locks;
 
 /// A transaction's id (the protocol's `TxnId`).
 pub type TxnId = u64;
@@ -211,27 +212,12 @@ pub enum Apply {
     Nothing,
 }
 
-/// A lock-map key borrowed from a request: hashes as `(u64, Vec<u8>)` does
-/// (the derive hashes the fields in order, and `Vec<u8>` hashes as its
-/// slice), and compares equal to it, so lookups need no owned copy.
-#[derive(Hash)]
-struct KeyRef<'a>(u64, &'a [u8]);
-
-impl hashbrown::Equivalent<(u64, Vec<u8>)> for KeyRef<'_> {
-    fn equivalent(&self, key: &(u64, Vec<u8>)) -> bool {
-        self.0 == key.0 && self.1 == key.1.as_slice()
-    }
-}
-
 /// A participant's transaction state (one per shard).
 #[derive(Debug)]
 pub struct Participant {
     limits: Limits,
-    /// (table, key) -> (holder, key hash): the write locks. hashbrown's
-    /// map so a plain write's check probes it with a borrowed key
-    /// (`KeyRef`) instead of copying the key; std's `RandomState`, since
-    /// keys come from clients (a seeded SipHash resists collision floods).
-    locks: hashbrown::HashMap<(u64, Vec<u8>), (TxnId, u64), RandomState>,
+    /// The write locks (`locks.rs`).
+    locks: Locks,
     prepared: HashMap<TxnId, Prepared>,
     /// Decisions taken or learned here, and their order for expiry.
     decisions: HashMap<TxnId, bool>,
@@ -247,7 +233,7 @@ impl Participant {
     pub fn new(limits: Limits) -> Participant {
         Participant {
             limits,
-            locks: hashbrown::HashMap::with_hasher(RandomState::new()),
+            locks: Locks::default(),
             prepared: HashMap::new(),
             decisions: HashMap::new(),
             decided_order: VecDeque::new(),
@@ -319,7 +305,7 @@ impl Participant {
             });
         }
         for item in &items {
-            if let Some(&(by, _)) = self.locks.get(&KeyRef(item.table, &item.key)) {
+            if let Some(by) = self.locks.holder(item.table, &item.key) {
                 return Err(Refusal::Locked {
                     table: item.table,
                     key: item.key.clone(),
@@ -368,8 +354,8 @@ impl Participant {
             if item.write == Write::None {
                 return true;
             }
-            match self.locks.get(&KeyRef(item.table, &item.key)) {
-                Some(&(by, _)) if by != txn => {
+            match self.locks.holder(item.table, &item.key) {
+                Some(by) if by != txn => {
                     clash = Some(format!(
                         "key {} of table {} is locked by transaction {by:#x} and recorded by {txn:#x}",
                         show_key(&item.key),
@@ -378,8 +364,7 @@ impl Participant {
                     false
                 }
                 _ => {
-                    self.locks
-                        .insert((item.table, item.key.clone()), (txn, item.hash));
+                    self.locks.lock(item.table, &item.key, txn, item.hash);
                     true
                 }
             }
@@ -459,9 +444,9 @@ impl Participant {
         };
         self.held_bytes -= p.bytes;
         for item in p.items.iter().filter(|i| i.write != Write::None) {
-            let removed = self.locks.remove(&KeyRef(item.table, &item.key));
+            let removed = self.locks.unlock(item.table, &item.key);
             debug_assert_eq!(
-                removed.map(|(t, _)| t),
+                removed,
                 Some(txn),
                 "a prepared key is locked by its transaction"
             );
@@ -540,35 +525,9 @@ impl Participant {
         v
     }
 
-    /// Whether a transaction holds the lock of `key` of `table`: plain
-    /// writes to it wait (the caller answers Retry).
-    pub fn is_locked(&self, table: u64, key: &[u8]) -> bool {
-        // A miss is the common case: no allocation, one probe (and none
-        // while no lock is held).
-        !self.locks.is_empty() && self.locks.contains_key(&KeyRef(table, key))
-    }
-
-    /// Locks held on keys of `table` with hash in `start..=end` (a tablet):
-    /// a tablet is moved or updated in bulk only when it has none.
-    pub fn locks_in(&self, table: u64, start: u64, end: u64) -> usize {
-        self.locks
-            .iter()
-            .filter(|((t, _), (_, h))| *t == table && (start..=end).contains(h))
-            .count()
-    }
-
-    /// The transactions holding locks on keys of `table` with hash in
-    /// `start..=end`: a snapshot read of that tablet waits for them.
-    pub fn lockers_in(&self, table: u64, start: u64, end: u64) -> HashSet<TxnId> {
-        self.locks
-            .iter()
-            .filter(|((t, _), (_, h))| *t == table && (start..=end).contains(h))
-            .map(|(_, (txn, _))| *txn)
-            .collect()
-    }
-
-    pub fn lock_count(&self) -> usize {
-        self.locks.len()
+    /// The write locks held here.
+    pub fn locks(&self) -> &Locks {
+        &self.locks
     }
 
     pub fn prepared_count(&self) -> usize {
@@ -612,8 +571,11 @@ impl Participant {
     /// Check the invariants (tests): every lock belongs to a prepared
     /// transaction that writes the key; the held bytes add up.
     pub fn check(&self) {
-        for ((table, key), (txn, _)) in &self.locks {
-            let p = self.prepared.get(txn).expect("a lock's holder is prepared");
+        for ((table, key), txn) in self.locks.iter() {
+            let p = self
+                .prepared
+                .get(&txn)
+                .expect("a lock's holder is prepared");
             assert!(
                 p.items
                     .iter()

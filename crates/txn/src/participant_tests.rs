@@ -3,6 +3,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::locks::KeyRef;
+use std::hash::RandomState;
 
 fn item(key: &str, read: Option<u64>, write: Write) -> Item {
     Item {
@@ -67,7 +69,7 @@ fn restored_parts_merge_lock_and_follow_a_known_decision() {
     )
     .unwrap();
     p.check();
-    assert!(p.is_locked(1, b"a") && p.is_locked(1, b"b"));
+    assert!(p.locks().is_locked(1, b"a") && p.locks().is_locked(1, b"b"));
     let prepared = p.prepared(5).unwrap();
     assert!(prepared.is_primary);
     assert_eq!(prepared.others, vec![anchor("x")]);
@@ -87,7 +89,7 @@ fn restored_parts_merge_lock_and_follow_a_known_decision() {
         Apply::Writes(items) => assert_eq!(items.len(), 2),
         Apply::Nothing => panic!("the restored commit was not applied"),
     }
-    assert_eq!(p.lock_count(), 0);
+    assert_eq!(p.locks().len(), 0);
     p.check();
 }
 
@@ -111,10 +113,10 @@ fn a_borrowed_key_hashes_and_compares_as_the_owned_one() {
     let mut p = Participant::new(Limits::default());
     p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
         .unwrap();
-    assert!(p.is_locked(1, b"a"));
-    assert!(!p.is_locked(1, b"b") && !p.is_locked(2, b"a"));
+    assert!(p.locks().is_locked(1, b"a"));
+    assert!(!p.locks().is_locked(1, b"b") && !p.locks().is_locked(2, b"a"));
     p.decide(1, true, 1);
-    assert!(!p.is_locked(1, b"a"));
+    assert!(!p.locks().is_locked(1, b"a"));
 }
 
 #[test]
@@ -122,7 +124,7 @@ fn a_locked_key_refuses_other_transactions_until_decided() {
     let mut p = Participant::new(Limits::default());
     p.prepare(1, None, vec![], vec![put("a", None)], 0, none)
         .unwrap();
-    assert!(p.is_locked(1, b"a"));
+    assert!(p.locks().is_locked(1, b"a"));
     let refused = p.prepare(2, None, vec![], vec![put("a", None)], 0, none);
     assert!(
         matches!(refused, Err(Refusal::Locked { by: 1, .. })),
@@ -144,7 +146,7 @@ fn a_locked_key_refuses_other_transactions_until_decided() {
     let (committed, apply) = p.decide(1, true, 1);
     assert!(committed);
     assert_eq!(apply, Apply::Writes(vec![put("a", None)]));
-    assert!(!p.is_locked(1, b"a"));
+    assert!(!p.locks().is_locked(1, b"a"));
     p.prepare(2, None, vec![], vec![put("a", None)], 1, none)
         .unwrap();
     p.check();
@@ -170,7 +172,7 @@ fn a_changed_read_is_refused_and_locks_nothing() {
             now: 4
         })
     );
-    assert_eq!(p.lock_count(), 0);
+    assert_eq!(p.locks().len(), 0);
     assert_eq!(p.held_bytes(), 0);
     p.check();
 }
@@ -187,7 +189,7 @@ fn reads_are_validated_but_not_locked() {
         none,
     )
     .unwrap();
-    assert!(!p.is_locked(1, b"a"));
+    assert!(!p.locks().is_locked(1, b"a"));
     assert_eq!(p.decide(1, true, 0), (true, Apply::Writes(vec![])));
 }
 
@@ -210,7 +212,7 @@ fn asking_about_an_unknown_transaction_aborts_its_late_prepare() {
     assert_eq!(p.phase(9, &anchor("a"), 0), Phase::Aborted);
     let refused = p.prepare(9, Some(anchor("x")), vec![], vec![put("a", None)], 1, none);
     assert_eq!(refused, Err(Refusal::Decided { committed: false }));
-    assert_eq!(p.lock_count(), 0);
+    assert_eq!(p.locks().len(), 0);
 }
 
 #[test]
@@ -284,11 +286,11 @@ fn overdue_and_expiry_follow_the_clock() {
     p.prepare(5, None, vec![], vec![put("e", None)], 0, none)
         .unwrap();
     assert!(p.settle(5, true, 0));
-    assert!(p.is_locked(1, b"e"), "settle keeps the locks");
+    assert!(p.locks().is_locked(1, b"e"), "settle keeps the locks");
     assert!(!p.expire(1_000).contains(&5));
     assert_eq!(p.decision(5), Some(true));
     assert!(matches!(p.finish(5), Apply::Writes(w) if w.len() == 1));
-    assert!(!p.is_locked(1, b"e"));
+    assert!(!p.locks().is_locked(1, b"e"));
 }
 
 /// One step of the model test.
@@ -431,7 +433,7 @@ proptest! {
                     }
                 }
                 Step::Plain { key } => {
-                    if !p.is_locked(1, &[key]) {
+                    if !p.locks().is_locked(1, &[key]) {
                         store.insert(key, next_version);
                         next_version += 1;
                     }
