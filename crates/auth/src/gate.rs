@@ -216,6 +216,7 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | Remove { .. }
         | Increment { .. }
         | MultiRead { .. }
+        | SnapshotRead { .. }
         | MultiWrite { .. }
         | MultiRemove { .. }
         | Enumerate { .. }

@@ -54,6 +54,12 @@ fn scripts_commit_as_one_or_not_at_all() {
     let out = ok(cluster.cli(&["txn", script.to_str().unwrap()]));
     assert_eq!(out, "80\n");
     assert_eq!(ok(cluster.cli(&["get", "accounts", "alice"])), "70\n");
+    // Gets only: read at one snapshot.
+    let out = ok(txn_stdin(
+        &cluster,
+        "get accounts alice\nget accounts bob\nget accounts carol\n",
+    ));
+    assert_eq!(out, "70\n80\n(nil)\n");
 
     // A script failing half-way writes nothing: `add` on a value that is not
     // a number comes after a put.

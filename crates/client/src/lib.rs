@@ -18,6 +18,7 @@ mod oracle;
 mod point;
 pub mod routing;
 pub mod rpc;
+pub mod snapshot;
 pub mod txn;
 pub mod typed;
 
@@ -31,5 +32,6 @@ pub use insitu_tls::ClientTls;
 pub use multi::MAX_ITEMS_PER_REQUEST;
 pub use ops::{AtSnapshot, PlanOutcome, Selection, TrainedModel};
 pub use rpc::{Reply, RpcConn, RpcError};
+pub use snapshot::Snapshot;
 pub use txn::{Transaction, is_retryable};
 pub use typed::{QueryAnswer, QueryOutcome};

@@ -75,7 +75,13 @@ enum Kind {
     Read,
     Write,
     Remove,
+    /// A read at this snapshot timestamp (`Request::SnapshotRead`).
+    SnapshotRead(u64),
 }
+
+/// Encoded bytes a `SnapshotRead` carries beyond `REQUEST_OVERHEAD`: its
+/// timestamp's varint.
+const SNAPSHOT_TS_BYTES: usize = 10;
 
 /// The caller's items, borrowed, and what to do with them.
 struct Batch<'a> {
@@ -99,6 +105,11 @@ impl<'a> Batch<'a> {
         match self.kind {
             Kind::Read => Request::MultiRead {
                 table,
+                keys: positions.iter().map(|&i| blob(self.keys[i])).collect(),
+            },
+            Kind::SnapshotRead(snapshot_ts) => Request::SnapshotRead {
+                table,
+                snapshot_ts,
                 keys: positions.iter().map(|&i| blob(self.keys[i])).collect(),
             },
             Kind::Remove => Request::MultiRemove {
@@ -134,7 +145,7 @@ fn parse_items(
     addr: &str,
 ) -> Result<Vec<Item>, ClientError> {
     let items: Vec<Item> = match (kind, decode(reply, addr)?) {
-        (Kind::Read, Response::MultiRead { results }) => results
+        (Kind::Read | Kind::SnapshotRead(_), Response::MultiRead { results }) => results
             .into_iter()
             .map(|r| Item {
                 status: r.status,
@@ -177,9 +188,29 @@ impl Client {
         table: u64,
         keys: &[K],
     ) -> Result<PerItem<Found>, ClientError> {
+        self.read_batch(table, keys, Kind::Read).await
+    }
+
+    /// `multi_read` as of the snapshot timestamp `ts` (`Snapshot`, in
+    /// `snapshot.rs`, says how to get one and what a refusal means).
+    pub(crate) async fn snapshot_multi_read<K: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        keys: &[K],
+        ts: u64,
+    ) -> Result<PerItem<Found>, ClientError> {
+        self.read_batch(table, keys, Kind::SnapshotRead(ts)).await
+    }
+
+    async fn read_batch<K: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        keys: &[K],
+        kind: Kind,
+    ) -> Result<PerItem<Found>, ClientError> {
         let batch = Batch {
             table,
-            kind: Kind::Read,
+            kind,
             keys: keys.iter().map(|k| k.as_ref()).collect(),
             values: Vec::new(),
         };
@@ -260,6 +291,10 @@ impl Client {
         let start = Instant::now();
         let deadline = start + self.inner.config.op_timeout;
         let hashes: Vec<u64> = batch.keys.iter().map(|k| key_hash(table, k)).collect();
+        let max_body = match batch.kind {
+            Kind::SnapshotRead(_) => MAX_BODY_BYTES - SNAPSHOT_TS_BYTES,
+            _ => MAX_BODY_BYTES,
+        };
         let mut route = self.route(table, deadline).await?;
         let mut pending: Vec<usize> = (0..n).collect();
         let mut backoff = Backoff::new();
@@ -298,7 +333,7 @@ impl Client {
             let chunks: Vec<(Arc<Endpoint>, Vec<usize>)> = groups
                 .into_iter()
                 .flat_map(|(ep, positions)| {
-                    split_batch(positions, MAX_ITEMS_PER_REQUEST, MAX_BODY_BYTES, |i| {
+                    split_batch(positions, MAX_ITEMS_PER_REQUEST, max_body, |i| {
                         batch.item_size(i)
                     })
                     .into_iter()
@@ -311,7 +346,9 @@ impl Client {
                 .collect();
             let replies = join_all(chunks.iter().zip(&requests).map(
                 |((ep, _), request)| async move {
-                    let conn = ep.conn(deadline).await?;
+                    // A snapshot read may wait for transactions: not on the
+                    // connection their decisions come by (`conn_for`).
+                    let conn = ep.conn_for(request, deadline).await?;
                     let reply = conn
                         .call_timeout(request, deadline.saturating_duration_since(Instant::now()))
                         .await;

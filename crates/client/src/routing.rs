@@ -71,14 +71,16 @@ impl Endpoint {
         self.lane_conn(&self.point, deadline).await
     }
 
-    /// The connection for `request`: the bulk one for scans and queries.
+    /// The connection for `request`: the bulk one for scans, queries and
+    /// snapshot reads (they may wait for a transaction's decision, which
+    /// must not queue behind them on the point connection).
     pub(crate) async fn conn_for(
         &self,
         request: &Request<'_>,
         deadline: Instant,
     ) -> Result<RpcConn, ClientError> {
         match request {
-            Request::Scan { .. } | Request::Query { .. } => {
+            Request::Scan { .. } | Request::Query { .. } | Request::SnapshotRead { .. } => {
                 self.lane_conn(&self.bulk, deadline).await
             }
             _ => self.lane_conn(&self.point, deadline).await,

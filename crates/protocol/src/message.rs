@@ -363,6 +363,19 @@ pub enum Request<'a> {
     Timestamps {
         count: u32,
     },
+    /// Read keys of one table as of the snapshot timestamp `snapshot_ts`
+    /// (from the oracle): each key's value as every transaction committed at
+    /// or before it left it, none after. Answered `MultiRead` (one result
+    /// per key, in order). Refused as a whole with `SnapshotTooOld` like a
+    /// snapshot `Scan`: the caller takes a new timestamp and reads again.
+    /// May wait (for the floor, for transactions locking a key), so it is
+    /// not a point request.
+    SnapshotRead {
+        table: u64,
+        snapshot_ts: u64,
+        #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
+        keys: Vec<Blob<'a>>,
+    },
 }
 
 /// Most timestamps one `Request::Timestamps` may ask for: enough for a
@@ -433,6 +446,7 @@ impl Request<'_> {
             TxnResolve { .. } => "TxnResolve",
             TxnInquire { .. } => "TxnInquire",
             Timestamps { .. } => "Timestamps",
+            SnapshotRead { .. } => "SnapshotRead",
         }
     }
 }

@@ -167,6 +167,13 @@ fn sequences_within_the_limits_still_decode() {
     };
     let bytes = postcard::to_stdvec(&over).unwrap();
     assert!(decode_request(&bytes).is_err());
+    let over = Request::SnapshotRead {
+        table: 1,
+        snapshot_ts: 5,
+        keys: vec![blob(b"k"); MAX_MULTI_ITEMS + 1],
+    };
+    let bytes = postcard::to_stdvec(&over).unwrap();
+    assert!(decode_request(&bytes).is_err());
     // A refusal is not remembered into the next, good, decode.
     let ok = postcard::to_stdvec(&Request::Ping).unwrap();
     assert_eq!(decode_request(&ok).unwrap(), Request::Ping);

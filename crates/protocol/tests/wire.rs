@@ -188,3 +188,19 @@ fn timestamps_round_trip_and_are_named() {
     assert_eq!(frame.header.kind, FrameKind::Response);
     assert_eq!(decode_response(&frame.body).unwrap(), resp);
 }
+
+#[test]
+fn snapshot_reads_round_trip_and_are_named() {
+    let keys: Vec<&[u8]> = vec![b"a", b"", &[0xff; 40]];
+    let req = Request::SnapshotRead {
+        table: 9,
+        snapshot_ts: u64::MAX - 1,
+        keys: keys.iter().map(|k| blob(k)).collect(),
+    };
+    assert_eq!(req.name(), "SnapshotRead");
+    assert!(!req.is_point(), "it may wait for the floor and for locks");
+    let mut buf = BytesMut::new();
+    encode_request(&mut buf, 4, &req).unwrap();
+    let frame = one_frame(&mut buf);
+    assert_eq!(decode_request(&frame.body).unwrap(), req);
+}

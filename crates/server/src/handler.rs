@@ -272,6 +272,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             reply_result(out, id, result);
         }
         Request::MultiRead { table, keys } => crate::multi::read(state, id, table, &keys, out),
+        Request::SnapshotRead {
+            table,
+            snapshot_ts,
+            keys,
+        } => crate::snapshot_read::read(state, id, (table, snapshot_ts), &keys, out).await,
         Request::MultiWrite { table, items } => crate::multi::write(state, id, table, &items, out),
         Request::MultiRemove { table, keys } => crate::multi::remove(state, id, table, &keys, out),
         Request::Enumerate {

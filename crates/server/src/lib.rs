@@ -25,6 +25,7 @@ mod scan_run;
 mod shard;
 mod sindex;
 mod snapshot;
+mod snapshot_read;
 mod txn;
 mod txn_durable;
 mod txn_peers;

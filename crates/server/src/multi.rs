@@ -12,7 +12,7 @@ use crate::shard::ShardState;
 
 /// Refuse a request of more than `MAX_MULTI_ITEMS` items (the decoder's
 /// limit too; checked again here so no path skips it).
-fn too_many(out: &mut BytesMut, id: u64, n: usize, what: &str) -> bool {
+pub(crate) fn too_many(out: &mut BytesMut, id: u64, n: usize, what: &str) -> bool {
     if n <= MAX_MULTI_ITEMS {
         return false;
     }
@@ -89,53 +89,56 @@ pub fn read(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mu
         return;
     }
     let engine = state.engine.borrow();
+    reply_reads(out, id, keys, |key| {
+        admit(state, table, key, false)?;
+        engine
+            .read(table, key)
+            .map(|o| (o.version, o.value))
+            .map_err(|e| engine_status(&e))
+    })
+}
+
+/// Answer a read of `keys` with `MultiRead`: `lookup` gives each key's
+/// version and value (or its status). Stops with `Truncated` before the
+/// reply would overflow a frame; nothing after a truncated key is served,
+/// so the results keep the keys' order.
+pub(crate) fn reply_reads<'v>(
+    out: &mut BytesMut,
+    id: u64,
+    keys: &[Blob<'_>],
+    mut lookup: impl FnMut(&[u8]) -> Result<(u64, &'v [u8]), Status>,
+) {
     let budget = MAX_BODY_BYTES - REPLY_SLACK_BYTES;
     let mut used = 0usize;
     let mut results = Vec::with_capacity(keys.len());
     let empty = blob(&[]);
+    let refused = |status| ReadResult {
+        status,
+        version: 0,
+        value: empty,
+    };
     for key in keys {
         // Per-entry overhead of the encoding: status, version varint, length varint.
         if used + 24 > budget {
-            results.push(ReadResult {
-                status: Status::Truncated,
-                version: 0,
-                value: empty,
-            });
+            results.push(refused(Status::Truncated));
             continue;
         }
-        if let Err(status) = admit(state, table, key, false) {
-            results.push(ReadResult {
-                status,
-                version: 0,
-                value: empty,
-            });
-            used += 24;
-            continue;
-        }
-        match engine.read(table, key) {
-            Ok(obj) if used + 24 + obj.value.len() > budget => {
-                results.push(ReadResult {
-                    status: Status::Truncated,
-                    version: 0,
-                    value: empty,
-                });
+        match lookup(key) {
+            Ok((_, value)) if used + 24 + value.len() > budget => {
+                results.push(refused(Status::Truncated));
                 used = budget; // keep order: nothing after a truncated key is served
             }
-            Ok(obj) => {
-                used += 24 + obj.value.len();
+            Ok((version, value)) => {
+                used += 24 + value.len();
                 results.push(ReadResult {
                     status: Status::Ok,
-                    version: obj.version,
-                    value: blob(obj.value),
+                    version,
+                    value: blob(value),
                 });
             }
-            Err(e) => {
+            Err(status) => {
                 used += 24;
-                results.push(ReadResult {
-                    status: engine_status(&e),
-                    version: 0,
-                    value: empty,
-                });
+                results.push(refused(status));
             }
         }
     }

@@ -38,7 +38,7 @@ const FLOOR_WAIT: Duration = Duration::from_secs(3);
 pub(crate) struct Snap {
     pub ts: u64,
     /// (table, start hash) of the tablet read.
-    tablet: (u64, u64),
+    pub tablet: (u64, u64),
     /// The kept versions' generation and the tablet's arrival when
     /// admitted: a reset or an arrival since makes the answer
     /// `SnapshotTooOld`.
@@ -69,6 +69,38 @@ pub(crate) async fn begin(
     (start, end): (u64, u64),
     ts: u64,
 ) -> Result<Snap, Refusal> {
+    admit_floor(state, table, start, ts).await?;
+    let holders = state
+        .txns
+        .participant
+        .borrow()
+        .locks()
+        .holders_in(table, start, end);
+    let what = format!("on tablet {table}/{start:#x}");
+    wait_for(state, holders, &what).await?;
+    Ok(admitted(state, table, start, ts))
+}
+
+/// The snapshot read at `ts` of the tablet `(table, start)` as admitted now.
+pub(crate) fn admitted(state: &ShardState, table: u64, start: u64, ts: u64) -> Snap {
+    let tablet = (table, start);
+    let v = state.versions.borrow();
+    Snap {
+        ts,
+        tablet,
+        generation: v.generation(),
+        arrival: v.arrival(tablet),
+    }
+}
+
+/// Start keeping versions, learn the floor of the tablet `(table, start)`
+/// if it is not known, and refuse a snapshot `ts` below it.
+pub(crate) async fn admit_floor(
+    state: &ShardState,
+    table: u64,
+    start: u64,
+    ts: u64,
+) -> Result<(), Refusal> {
     let arrived = Instant::now();
     let tablet = (table, start);
     loop {
@@ -81,7 +113,7 @@ pub(crate) async fn begin(
         };
         match floor {
             Some(f) if ts < f => return Err(too_old(ts, Some(f))),
-            Some(_) => break,
+            Some(_) => return Ok(()),
             None if arrived.elapsed() >= FLOOR_WAIT => {
                 return Err((
                     Status::Retry,
@@ -104,12 +136,16 @@ pub(crate) async fn begin(
             }
         }
     }
-    let waiting: HashSet<_> = state
-        .txns
-        .participant
-        .borrow()
-        .locks()
-        .holders_in(table, start, end);
+}
+
+/// Wait until none of the transactions `waiting` (prepared when the read
+/// arrived) is still prepared here: each is then applied or aborted, with
+/// its timestamp. At most `LOCK_WAIT`, then `Retry`.
+pub(crate) async fn wait_for(
+    state: &ShardState,
+    waiting: HashSet<u64>,
+    what: &str,
+) -> Result<(), Refusal> {
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
     loop {
         let released = state.holds_released.notified();
@@ -118,25 +154,18 @@ pub(crate) async fn begin(
             waiting.iter().filter(|t| p.prepared(**t).is_some()).count()
         };
         if left == 0 {
-            break;
+            return Ok(());
         }
         if tokio::time::timeout_at(deadline, released).await.is_err() {
             return Err((
                 Status::Retry,
                 format!(
-                    "snapshot read: {left} transactions prepared on tablet {table}/{start:#x} are still undecided after {} s",
+                    "snapshot read: {left} transactions prepared {what} are still undecided after {} s",
                     LOCK_WAIT.as_secs()
                 ),
             ));
         }
     }
-    let v = state.versions.borrow();
-    Ok(Snap {
-        ts,
-        tablet,
-        generation: v.generation(),
-        arrival: v.arrival(tablet),
-    })
 }
 
 /// After the scan: the versions it read are still the ones kept since

@@ -313,7 +313,10 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         for item in &part.items {
             if versions.is_active() && plan.commit_ts != 0 && !matches!(item.write, Write::None) {
                 // The value this commit replaces, for snapshots before it.
-                let before = engine.read(item.table, &item.key).ok().map(|o| o.value);
+                let before = engine
+                    .read(item.table, &item.key)
+                    .ok()
+                    .map(|o| (o.version, o.value));
                 versions.keep(
                     (item.table, &item.key, item.hash),
                     plan.commit_ts,

@@ -87,8 +87,8 @@ struct Kept {
     commit_ts: u64,
     /// Its number in the order versions were kept (see `Versions::next_seq`).
     seq: u64,
-    /// The value before the commit; None: the key was absent.
-    before: Option<Box<[u8]>>,
+    /// The version and value before the commit; None: the key was absent.
+    before: Option<(u64, Box<[u8]>)>,
     /// Its memory, released when the version goes.
     _charge: TransientCharge,
 }
@@ -249,22 +249,22 @@ impl Versions {
         self.raised = self.raised.max(ts);
     }
 
-    /// A commit at `commit_ts` is about to replace `before` (None: absent)
-    /// under `(table, key)`. Kept only while snapshots are read; `charge`
+    /// A commit at `commit_ts` is about to replace `before` (version and
+    /// value; None: absent) under `(table, key)`. Kept only while snapshots are read; `charge`
     /// asks the memory budget (refused: the version is not kept and the
     /// floor rises past this commit instead).
     pub fn keep(
         &mut self,
         (table, key, hash): (u64, &[u8], u64),
         commit_ts: u64,
-        before: Option<&[u8]>,
+        before: Option<(u64, &[u8])>,
         now: Instant,
         charge: impl FnOnce(u64) -> Option<TransientCharge>,
     ) {
         if !self.active || commit_ts == 0 {
             return;
         }
-        let size = key.len() + before.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD;
+        let size = key.len() + before.map_or(0, |(_, b)| b.len()) + ENTRY_OVERHEAD;
         while self.bytes + size > MAX_BYTES && self.drop_oldest() {}
         let Some(charge) = (self.bytes + size <= MAX_BYTES)
             .then(|| charge(size as u64))
@@ -295,7 +295,7 @@ impl Versions {
         chain.kept.push_back(Kept {
             commit_ts,
             seq: self.seq,
-            before: before.map(Box::from),
+            before: before.map(|(version, b)| (version, Box::from(b))),
             _charge: charge,
         });
         self.seq += 1;
@@ -316,7 +316,8 @@ impl Versions {
         if let Some(chain) = t.by_key.get_mut(&key) {
             // The oldest kept version of all is its key's oldest.
             if let Some(k) = chain.kept.pop_front() {
-                self.bytes -= key.len() + k.before.as_ref().map_or(0, |b| b.len()) + ENTRY_OVERHEAD;
+                self.bytes -=
+                    key.len() + k.before.as_ref().map_or(0, |(_, b)| b.len()) + ENTRY_OVERHEAD;
                 gone = Some(k.commit_ts);
             }
             if chain.kept.is_empty() {
@@ -376,10 +377,16 @@ impl Versions {
 
     /// `key` of `table` as of `snapshot`, counting versions numbered below
     /// `seq`: None if no such kept commit is later than the snapshot (its
-    /// value now is the one then), else Some(its value then; None: absent).
-    pub fn as_of(&self, table: u64, key: &[u8], snapshot: u64, seq: u64) -> Option<Option<&[u8]>> {
+    /// value now is the one then), else Some(its version and value then; None: absent).
+    pub fn as_of(
+        &self,
+        table: u64,
+        key: &[u8],
+        snapshot: u64,
+        seq: u64,
+    ) -> Option<Option<(u64, &[u8])>> {
         let chain = self.tables.get(&table)?.by_key.get(key)?;
-        first_after(chain, snapshot, seq).map(|k| k.before.as_deref())
+        first_after(chain, snapshot, seq).map(|k| k.before.as_ref().map(|(v, b)| (*v, &b[..])))
     }
 
     /// Visit up to `limit` kept keys of `table` with hash in `start..=end`,
@@ -410,7 +417,7 @@ impl Versions {
             }
             let chain = t.by_key.get(key).expect("by_hash and by_key agree");
             if let Some(k) = first_after(chain, snapshot, seq) {
-                f(key, k.before.as_deref());
+                f(key, k.before.as_ref().map(|(_, b)| &b[..]));
             }
         }
         None

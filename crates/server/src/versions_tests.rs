@@ -28,7 +28,9 @@ fn keeping(now: Instant, floor: u64) -> Versions {
 }
 
 /// Keep with the engine's budget.
+/// The version kept with a value is its first byte (0 for none).
 fn keep(v: &mut Versions, e: &Engine, key: &[u8], ts: u64, before: Option<&[u8]>, now: Instant) {
+    let before = before.map(|b| (u64::from(b.first().copied().unwrap_or(0)), b));
     v.keep((1, key, 7), ts, before, now, |n| {
         e.try_charge_transient(n).ok()
     });
@@ -72,7 +74,10 @@ fn nothing_is_kept_until_a_snapshot_is_read() {
     keep(&mut v, &e, b"a", 11, Some(b"old"), now);
     let c = changed(&v, 1, (0, u64::MAX), 10);
     assert_eq!(c, BTreeMap::from([(b"a".to_vec(), Some(b"old".to_vec()))]));
-    assert_eq!(v.as_of(1, b"a", 10, v.next_seq()), Some(Some(&b"old"[..])));
+    assert_eq!(
+        v.as_of(1, b"a", 10, v.next_seq()),
+        Some(Some((u64::from(b'o'), &b"old"[..])))
+    );
     assert_eq!(
         v.as_of(1, b"a", 11, v.next_seq()),
         None,
@@ -102,7 +107,10 @@ fn versions_kept_after_a_read_began_are_not_its() {
     // for it; a is as of 11 already, b too.
     assert_eq!(v.as_of(1, b"a", 11, began), None);
     assert_eq!(v.as_of(1, b"b", 11, began), None);
-    assert_eq!(v.as_of(1, b"a", 10, began), Some(Some(&b"a0"[..])));
+    assert_eq!(
+        v.as_of(1, b"a", 10, began),
+        Some(Some((u64::from(b'a'), &b"a0"[..])))
+    );
     let mut seen = Vec::new();
     v.changed_in(1, (0, u64::MAX), None, (10, began), 100, |k, b| {
         seen.push((k.to_vec(), b.map(<[u8]>::to_vec)))
@@ -117,7 +125,7 @@ fn a_version_gone_before_the_floor_is_learned_still_raises_it() {
     v.note_read(now);
     // Refused while the floor is being fetched: snapshots before 40 can no
     // longer be read, whatever floor the fetch brings.
-    v.keep((1, b"a", 7), 40, Some(b"x"), now, |_| None);
+    v.keep((1, b"a", 7), 40, Some((1, b"x")), now, |_| None);
     v.set_floor(v.generation(), 10);
     assert_eq!(v.floor(), Some(40));
     assert_eq!(v.floor_for((1, 0)), Some(40));
@@ -192,7 +200,7 @@ fn a_refused_charge_raises_the_floor_past_the_commit() {
     let now = Instant::now();
     v.note_read(now);
     v.set_floor(v.generation(), 1);
-    v.keep((1, b"a", 7), 40, Some(b"x"), now, |_| None);
+    v.keep((1, b"a", 7), 40, Some((1, b"x")), now, |_| None);
     assert_eq!(v.floor(), Some(40));
     assert_eq!(v.kept_bytes(), 0);
 }
@@ -252,9 +260,10 @@ proptest! {
             if *kind != 7 {
                 v.note_read(now);
             }
-            let before = current.get(key).map(|b| vec![*b]);
+            let before = current.get(key).map(|b| [*b]);
             // Hashes spread the keys over the tablet's range.
-            v.keep((1, &[*key], u64::from(*key) << 56), ts, before.as_deref(), now, |n| {
+            let before = before.as_ref().map(|b| (u64::from(b[0]), &b[..]));
+            v.keep((1, &[*key], u64::from(*key) << 56), ts, before, now, |n| {
                 e.try_charge_transient(n).ok()
             });
             match value {
@@ -280,12 +289,15 @@ proptest! {
                 });
                 let looked = v.as_of(1, &[key], s, v.next_seq());
                 prop_assert_eq!(
-                    looked.map(|b| b.map(<[u8]>::to_vec)),
+                    looked.map(|b| b.map(|(_, b)| b.to_vec())),
                     walked.get(&vec![key]).cloned(),
                     "lookup and walk differ on key {}", key
                 );
                 let got = match looked {
-                    Some(then) => then.map(|b| b[0]),
+                    Some(then) => then.map(|(version, b)| {
+                        assert_eq!(version, u64::from(b[0]), "the version kept with the value");
+                        b[0]
+                    }),
                     None => current.get(&key).copied(),
                 };
                 prop_assert_eq!(got, expect, "key {} at snapshot {} (floor {})", key, s, floor);

@@ -101,6 +101,7 @@ async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
         })
         .collect();
     let mut audits = 0;
+    let mut point_audits = 0;
     let mut snapshots = std::collections::BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while (audits < 40 || transfers.load(Ordering::Relaxed) < 200) && Instant::now() < deadline {
@@ -128,6 +129,22 @@ async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
         assert!(out.snapshot_ts > 0);
         snapshots.insert(out.snapshot_ts);
         audits += 1;
+        // A read-only transaction: every name read at one snapshot, on
+        // every shard at once. It never aborts, and it sums to the total.
+        let names: Vec<String> = (0..NAMES).map(|a| format!("acct{a}")).collect();
+        let names = &names;
+        let (read_sum, ts) = client
+            .read_only(|snap| async move {
+                let mut sum = 0i128;
+                for found in snap.multi_read(t, names).await? {
+                    sum += as_i64(found?.map(|(v, _)| v)) as i128;
+                }
+                Ok((sum, snap.ts()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(read_sum, total, "the balances read at snapshot {ts}");
+        point_audits += 1;
     }
     stop.store(true, Ordering::Relaxed);
     for m in movers {
@@ -135,8 +152,8 @@ async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
     }
     let moved = transfers.load(Ordering::Relaxed);
     assert!(
-        audits >= 40 && moved >= 200,
-        "{audits} audits, {moved} transfers"
+        audits >= 40 && point_audits >= 40 && moved >= 200,
+        "{audits} audits, {point_audits} read-only transactions, {moved} transfers"
     );
     assert_eq!(snapshots.len(), audits, "every audit had its own snapshot");
     // Auto reads a snapshot too (the table has 6 tablets), and a quiet
@@ -196,6 +213,53 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     let after = client.timestamp().await.unwrap();
     assert_eq!(sum(&client, t, AtSnapshot::At(after)).await, Ok((1018, 3)));
     assert_eq!(sum(&client, t, AtSnapshot::Off).await, Ok((1018, 3)));
+    // Point reads at a snapshot: each key as of its timestamp.
+    let read = |ts: u64| {
+        let client = client.clone();
+        async move {
+            let snap = client.snapshot_at(ts);
+            let keys = ["a", "b", "c", "d"];
+            let found = snap.multi_read(t, &keys).await.unwrap();
+            let values: Vec<Option<i64>> = found
+                .into_iter()
+                .map(|f| f.unwrap().map(|(v, _)| as_i64(Some(v))))
+                .collect();
+            assert_eq!(
+                snap.read(t, "a").await.unwrap().map(|v| as_i64(Some(v))),
+                values[0]
+            );
+            values
+        }
+    };
+    assert_eq!(read(before).await, vec![Some(5), Some(10), Some(100), None]);
+    assert_eq!(read(after).await, vec![Some(7), Some(11), None, Some(1000)]);
+    // The version read at a snapshot is the one the value had then.
+    let (_, v_then) = client
+        .snapshot_at(before)
+        .read_versioned(t, "a")
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, v_now) = client.read(t, "a").await.unwrap().unwrap();
+    assert!(v_then < v_now, "version {v_then} then, {v_now} now");
+    // Older than what the shards keep: refused, not answered from today.
+    let e = client.snapshot_at(early).read(t, "a").await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::SnapshotTooOld));
+    // A read-only transaction that began there runs again at a new one.
+    let mut first = true;
+    let a = client
+        .read_only(|snap| {
+            let ts = if std::mem::take(&mut first) {
+                early
+            } else {
+                snap.ts()
+            };
+            let client = client.clone();
+            async move { client.snapshot_at(ts).read(t, "a").await }
+        })
+        .await
+        .unwrap();
+    assert_eq!(as_i64(a), 7);
     // An update is never at a snapshot.
     let e = client
         .execute_plan_at(
