@@ -9,7 +9,7 @@
 //! transaction's latency includes its retries after conflicts.
 //!
 //! Bank: `--accounts` accounts, concurrent transfers and concurrent audits
-//! (a read-only transaction summing every balance); every committed audit
+//! (a read-only transaction at a snapshot summing every balance); every audit
 //! must see the initial total: `bank_invariant_violations` counts those that
 //! did not, plus a final total that differs; every attempt is recorded and
 //! the history checker's count is `anomalies` (`txn_bank.rs`).
@@ -318,7 +318,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     )?;
     let v = &bank.verdict;
     println!(
-        "bank: {} accounts, {movers} transferring clients and 2 auditors for {} s: {} transfers, {} audits, \
+        "bank: {} accounts, {movers} transferring clients and 2 auditors for {} s: {} transfers, {} read-only transactions at a snapshot, \
          {} sums at a snapshot ({:.2} ms each), {} invariant violations; {} attempts checked: {} anomalies \
          (G0 {}, G1a {}, G1c {}, lost updates {}, G-single {}, G2 {})",
         args.accounts,
