@@ -94,6 +94,42 @@ class Client:
         """Call ``body(tx)`` in a new transaction and commit it; on a conflict
         run it again (randomised back-off) until the client's timeout.
         Returns what ``body`` returned."""
+    def snapshot(self, ts: Optional[int] = None) -> Snapshot:
+        """A snapshot: reads, counts and aggregates through it see the whole
+        store as of one instant (``ts``: the timestamp of an earlier snapshot,
+        to read that instant again; default a fresh one). A server may refuse
+        it as too old (``Unavailable``, status ``"SnapshotTooOld"``);
+        ``read_only`` retries that."""
+    def read_only(self, body: Callable[[Snapshot], T]) -> T:
+        """Call ``body(snapshot)`` on a fresh snapshot (a read-only
+        transaction: it never conflicts); when a server refuses the snapshot
+        as too old, run ``body`` again on a new one (up to 10 times).
+        Returns what ``body`` returned."""
+
+class Snapshot:
+    """A read-only view of the whole store at one instant.
+
+    Every read sees each transaction committed before the snapshot whole and
+    none committed after, whatever writes go on meanwhile; nothing is locked
+    or validated, so it never raises ``Conflict``. Writes that are not
+    transactions are seen as they are when each server answers."""
+
+    @property
+    def ts(self) -> int:
+        """The timestamp the snapshot reads at."""
+    def get(self, table: Table, key: BytesLike) -> Optional[bytes]:
+        """The value of ``key`` as of the snapshot (None if absent then)."""
+    def get_many(self, table: Table, keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        """The values of ``keys`` as of the snapshot (None where absent)."""
+    def count(self, table: Table, where: Optional[str] = None, *,
+              from_key: Optional[BytesLike] = None,
+              to_key: Optional[BytesLike] = None) -> int:
+        """How many objects match ``where`` as of the snapshot."""
+    def aggregate(self, table: Table, op: str, field_spec: str,
+                  where: Optional[str] = None, *,
+                  from_key: Optional[BytesLike] = None,
+                  to_key: Optional[BytesLike] = None) -> Union[int, float, None]:
+        """``Table.aggregate`` as of the snapshot."""
 
 class Transaction:
     """Several keys, on any servers, changed together or not at all.

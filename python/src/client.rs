@@ -58,7 +58,9 @@ pub fn connect(
             config.auth_token = Some(token);
             config
         }
-        None => config.with_env_token().map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => config
+            .with_env_token()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     config = match tls_ca {
         Some(path) => {
@@ -67,7 +69,9 @@ pub fn connect(
             config.tls = Some(tls);
             config
         }
-        None => config.with_env_tls().map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => config
+            .with_env_tls()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     let inner = py
         .detach(|| BlockingClient::connect_with(addr, config))
@@ -239,6 +243,35 @@ impl Client {
             Duration::from_secs_f64(self.timeout_s),
             body,
         )
+    }
+
+    /// A snapshot: reads, counts and aggregates through it see the whole
+    /// store as of one instant (`ts`: a timestamp from an earlier snapshot,
+    /// to read at the same instant again; default a fresh one). A server
+    /// may refuse it as too old (`Unavailable`, status "SnapshotTooOld");
+    /// `read_only` retries that for you.
+    #[pyo3(signature = (ts = None))]
+    fn snapshot(&self, py: Python<'_>, ts: Option<u64>) -> PyResult<crate::snapshot::Snapshot> {
+        let snap = match ts {
+            Some(0) => {
+                return Err(PyValueError::new_err(
+                    "ts must be a timestamp from the cluster (> 0)",
+                ));
+            }
+            Some(ts) => self.inner.snapshot_at(ts),
+            None => py
+                .detach(|| self.inner.snapshot())
+                .map_err(|e| to_py(py, e))?,
+        };
+        Ok(crate::snapshot::Snapshot::new(snap))
+    }
+
+    /// Call `body(snapshot)` on a fresh snapshot: a read-only transaction,
+    /// which never conflicts. When a server refuses the snapshot as too
+    /// old, run `body` again on a new one (up to 10 times). Returns what
+    /// `body` returned; `body` must do nothing that cannot be repeated.
+    fn read_only(&self, py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        crate::snapshot::run(py, &self.inner, body)
     }
 
     fn __repr__(&self) -> String {

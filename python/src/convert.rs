@@ -1,7 +1,7 @@
 //! Python arguments to client types: keys and values (`bytes`, or `str`
 //! encoded as UTF-8), numbers, field specs, `where` expressions, selections.
 
-use insitu_client::Selection;
+use insitu_client::{ClientError, Selection};
 use insitu_compute::AggExt;
 use insitu_compute::expr::{parse_field, parse_where};
 use insitu_protocol::Number;
@@ -166,4 +166,40 @@ pub fn agg_result<'py>(
             None => py.None().into_bound(py),
         },
     })
+}
+
+/// An aggregate's Python arguments: the function (checked by `agg_op`), the
+/// field and the selection, each refused before any network call.
+pub struct AggregateArgs {
+    pub op: String,
+    pub field: Field,
+    pub sel: Selection,
+}
+
+impl AggregateArgs {
+    pub fn parse(
+        op: &str,
+        field_spec: &str,
+        filter: Option<&str>,
+        from_key: Option<&Bound<'_, PyAny>>,
+        to_key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<AggregateArgs> {
+        Ok(AggregateArgs {
+            op: agg_op(op)?,
+            field: field(field_spec)?,
+            sel: selection(filter, from_key, to_key)?,
+        })
+    }
+
+    /// Run it with `run` (the GIL released) and convert the merged result.
+    pub fn run<'py>(
+        &self,
+        py: Python<'py>,
+        run: impl FnOnce(Field, &Selection) -> Result<AggPartial, ClientError> + Send,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let r = py
+            .detach(|| run(self.field, &self.sel))
+            .map_err(|e| crate::errors::to_py(py, e))?;
+        agg_result(py, &self.op, self.field, &r)
+    }
 }

@@ -112,10 +112,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
     m.add("TooLarge", py.get_type::<TooLarge>())?;
     m.add("BadRequest", py.get_type::<BadRequest>())?;
-    m.add(
-        "AuthenticationError",
-        py.get_type::<AuthenticationError>(),
-    )?;
+    m.add("AuthenticationError", py.get_type::<AuthenticationError>())?;
     Ok(())
 }
 
@@ -131,9 +128,7 @@ fn for_status(status: Status, msg: String) -> PyErr {
         KeyTooLarge | ValueTooLarge => TooLarge::new_err(msg),
         BadRequest | EmptyKey | NotANumber => self::BadRequest::new_err(msg),
         Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired
-        | SnapshotTooOld => {
-            Unavailable::new_err(msg)
-        }
+        | SnapshotTooOld => Unavailable::new_err(msg),
         Unauthenticated | Forbidden => AuthenticationError::new_err(msg),
         Ok | Internal | Truncated | UnknownServer => Error::new_err(msg),
     }

@@ -5,6 +5,7 @@
 mod client;
 mod convert;
 mod errors;
+mod snapshot;
 mod table;
 mod txn;
 
@@ -19,6 +20,7 @@ fn _insitu(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::Table>()?;
     m.add_class::<table::Scan>()?;
     m.add_class::<txn::Transaction>()?;
+    m.add_class::<snapshot::Snapshot>()?;
     errors::register(m)?;
     Ok(())
 }

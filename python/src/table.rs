@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::convert::{
-    agg_op, agg_result, as_bytes, collect, collect_pairs, field, key_slices, number, selection,
+    AggregateArgs, as_bytes, collect, collect_pairs, field, key_slices, number, selection,
 };
 use crate::errors::to_py;
 
@@ -168,13 +168,8 @@ impl Table {
         from_key: Option<&Bound<'py, PyAny>>,
         to_key: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let op = agg_op(op)?;
-        let f = field(field_spec)?;
-        let sel = selection(r#where, from_key, to_key)?;
-        let r = py
-            .detach(|| self.client.aggregate(self.id, f, &sel))
-            .map_err(|e| to_py(py, e))?;
-        agg_result(py, &op, f, &r)
+        AggregateArgs::parse(op, field_spec, r#where, from_key, to_key)?
+            .run(py, |f, sel| self.client.aggregate(self.id, f, sel))
     }
 
     /// Add `add` to, or `set` to `set`, `field` of every object matching

@@ -10,6 +10,7 @@ use crate::client::{Client, ClientConfig, Found, PerItem};
 use crate::cursor::{Object, TableCursor};
 use crate::error::ClientError;
 use crate::ops::{Selection, TrainedModel};
+use crate::snapshot::Snapshot;
 use crate::txn::Transaction;
 use bytes::Bytes;
 
@@ -86,7 +87,63 @@ impl BlockingTransaction {
     }
 }
 
+/// `Snapshot`, blocking (`BlockingClient::snapshot`): reads as of one
+/// timestamp, never aborted by writes.
+#[derive(Clone)]
+pub struct BlockingSnapshot {
+    /// The runtime the snapshot's requests are driven on.
+    runtime: Arc<tokio::runtime::Runtime>,
+    /// The async snapshot.
+    snap: Snapshot,
+}
+
+impl BlockingSnapshot {
+    pub fn ts(&self) -> u64 {
+        self.snap.ts()
+    }
+
+    pub fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Option<Bytes>, ClientError> {
+        self.runtime.block_on(self.snap.read(table, key))
+    }
+
+    pub fn multi_read<K: AsRef<[u8]>>(
+        &self,
+        table: u64,
+        keys: &[K],
+    ) -> Result<PerItem<Found>, ClientError> {
+        self.runtime.block_on(self.snap.multi_read(table, keys))
+    }
+
+    pub fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        self.runtime.block_on(self.snap.count(table, sel))
+    }
+
+    pub fn aggregate(
+        &self,
+        table: u64,
+        field: Field,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.runtime
+            .block_on(self.snap.aggregate(table, field, sel))
+    }
+}
+
 impl BlockingClient {
+    /// A snapshot at a fresh timestamp (`Client::snapshot`). Retrying a
+    /// refused one (`SnapshotTooOld`) is the caller's loop here.
+    pub fn snapshot(&self) -> Result<BlockingSnapshot, ClientError> {
+        Ok(self.snapshot_at(self.timestamp()?))
+    }
+
+    /// A snapshot at `ts`, a timestamp from the oracle (`Client::snapshot_at`).
+    pub fn snapshot_at(&self, ts: u64) -> BlockingSnapshot {
+        BlockingSnapshot {
+            runtime: self.runtime.clone(),
+            snap: self.client.snapshot_at(ts),
+        }
+    }
+
     /// Start a transaction (see `Client::begin`; retrying on conflicts is
     /// the caller's loop here, with `crate::txn::is_retryable`).
     pub fn begin(&self) -> BlockingTransaction {

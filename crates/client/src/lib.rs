@@ -22,7 +22,7 @@ pub mod snapshot;
 pub mod txn;
 pub mod typed;
 
-pub use blocking::{BlockingClient, BlockingTableCursor, BlockingTransaction};
+pub use blocking::{BlockingClient, BlockingSnapshot, BlockingTableCursor, BlockingTransaction};
 pub use client::{Client, ClientConfig, Found, PerItem};
 pub use cursor::{Object, TableCursor};
 pub use error::ClientError;
@@ -30,7 +30,7 @@ pub use insitu_auth::{Credentials, Token};
 pub use insitu_protocol::{RejectRules, ServerInfo, ShardStats, Status, TableInfo, TabletInfo};
 pub use insitu_tls::ClientTls;
 pub use multi::MAX_ITEMS_PER_REQUEST;
-pub use ops::{AtSnapshot, PlanOutcome, Selection, TrainedModel};
+pub use ops::{AtSnapshot, MAX_SNAPSHOT_RETRIES, PlanOutcome, Selection, TrainedModel};
 pub use rpc::{Reply, RpcConn, RpcError};
 pub use snapshot::Snapshot;
 pub use txn::{Transaction, is_retryable};

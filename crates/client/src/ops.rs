@@ -37,7 +37,7 @@ const MAX_LAYOUT_RETRIES: u32 = 20;
 /// one: the first snapshot read after a quiet time is always refused (the
 /// shards start keeping versions then), and a tablet arriving on a shard
 /// (a move, a recovery) refuses the snapshots older than it.
-pub(crate) const MAX_SNAPSHOT_RETRIES: u32 = 10;
+pub const MAX_SNAPSHOT_RETRIES: u32 = 10;
 
 /// A merged result and what it cost.
 #[derive(Clone, Debug, PartialEq)]

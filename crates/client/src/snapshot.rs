@@ -16,8 +16,9 @@ use bytes::Bytes;
 
 use crate::client::{Client, Found};
 use crate::error::ClientError;
-use crate::ops::MAX_SNAPSHOT_RETRIES;
+use crate::ops::{AtSnapshot, MAX_SNAPSHOT_RETRIES, Selection};
 use insitu_protocol::Status;
+use insitu_protocol::plan::{AggPartial, Field};
 
 /// A view of the store at one snapshot timestamp (cheap to clone).
 #[derive(Clone)]
@@ -106,5 +107,30 @@ impl Snapshot {
         keys: &[K],
     ) -> Result<crate::PerItem<Found>, ClientError> {
         self.client.snapshot_multi_read(table, keys, self.ts).await
+    }
+
+    /// How many objects of `table` match `sel` as of the snapshot (its
+    /// `at_snapshot` is replaced by this snapshot's timestamp): with the
+    /// reads above, one view of the table at one instant.
+    pub async fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        self.client.count(table, &self.pin(sel)).await
+    }
+
+    /// `Client::aggregate` of `field` over `sel` as of the snapshot.
+    pub async fn aggregate(
+        &self,
+        table: u64,
+        field: Field,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.client.aggregate(table, field, &self.pin(sel)).await
+    }
+
+    /// `sel`, read at this snapshot.
+    fn pin(&self, sel: &Selection) -> Selection {
+        Selection {
+            at_snapshot: AtSnapshot::At(self.ts),
+            ..sel.clone()
+        }
     }
 }

@@ -233,6 +233,18 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     };
     assert_eq!(read(before).await, vec![Some(5), Some(10), Some(100), None]);
     assert_eq!(read(after).await, vec![Some(7), Some(11), None, Some(1000)]);
+    // A snapshot's counts and aggregates are at its timestamp too.
+    let then = client.snapshot_at(before);
+    assert_eq!(then.count(t, &Selection::all()).await.unwrap(), 3);
+    let agg = then
+        .aggregate(t, Field::I64(0), &at(AtSnapshot::Off))
+        .await
+        .unwrap();
+    assert_eq!(
+        (agg.count, agg.sum_int),
+        (3, 115),
+        "Off is replaced by the snapshot"
+    );
     // The version read at a snapshot is the one the value had then.
     let (_, v_then) = client
         .snapshot_at(before)
