@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use insitu_client::txn::is_retryable;
 use insitu_client::{AtSnapshot, Client, ClientConfig, Selection};
 use insitu_protocol::plan::Field;
-use insitu_txn::checker::{Recorded, Verdict, check};
+use insitu_txn::checker::{Outcome, Recorded, Verdict, check, decode_balance, encode_balance};
 
 /// Every account's balance at the start.
 const INITIAL: i64 = 1000;
@@ -39,24 +39,6 @@ pub struct BankOutcome {
     pub verdict: Verdict,
 }
 
-fn encode(balance: i64, tag: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
-    v[..8].copy_from_slice(&balance.to_le_bytes());
-    v[8..].copy_from_slice(&tag.to_le_bytes());
-    v
-}
-
-/// (balance, writer) of a stored value; a missing or short one reads as
-/// (0, initial), which shows up as a violated total.
-fn decode(v: Option<&[u8]>) -> (i64, Option<u64>) {
-    let Some(v) = v.filter(|v| v.len() >= 16) else {
-        return (0, None);
-    };
-    let balance = i64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8]));
-    let tag = u64::from_le_bytes(v[8..16].try_into().unwrap_or([0; 8]));
-    (balance, (tag != 0).then_some(tag))
-}
-
 /// Run `movers` transferring clients and one auditor for `seconds` over
 /// `accounts` accounts of table `t`.
 pub async fn run(
@@ -76,7 +58,7 @@ pub async fn run(
         .collect();
     let items: Vec<(Vec<u8>, [u8; 16])> = keys
         .iter()
-        .map(|k| (k.clone(), encode(INITIAL, 0)))
+        .map(|k| (k.clone(), encode_balance(INITIAL, 0)))
         .collect();
     for r in client.multi_write(t, &items).await? {
         r?;
@@ -103,13 +85,20 @@ pub async fn run(
                     let tag = rng.u64(1..);
                     let mut tx = client.begin();
                     let v = tx.read_many(t, &[ka, kb]).await?;
-                    let ((x, wx), (y, wy)) = (decode(v[0].as_deref()), decode(v[1].as_deref()));
-                    tx.write(t, ka, encode(x - amount, tag));
-                    tx.write(t, kb, encode(y + amount, tag));
+                    let ((x, wx), (y, wy)) = (
+                        decode_balance(v[0].as_deref()),
+                        decode_balance(v[1].as_deref()),
+                    );
+                    tx.write(t, ka, encode_balance(x - amount, tag));
+                    tx.write(t, kb, encode_balance(y + amount, tag));
                     let outcome = tx.commit().await;
                     history.borrow_mut().push(Recorded {
                         id: tag,
-                        committed: outcome.is_ok(),
+                        outcome: if outcome.is_ok() {
+                            Outcome::Committed
+                        } else {
+                            Outcome::Aborted
+                        },
                         reads: vec![(ka.clone(), wx), (kb.clone(), wy)],
                         writes: vec![ka.clone(), kb.clone()],
                     });
@@ -158,14 +147,14 @@ pub async fn run(
                     .read_only(|snap| async move {
                         let mut seen = Vec::with_capacity(keys.len());
                         for found in snap.multi_read(t, keys).await? {
-                            seen.push(decode(found?.as_ref().map(|(v, _)| &v[..])));
+                            seen.push(decode_balance(found?.as_ref().map(|(v, _)| &v[..])));
                         }
                         Ok(seen)
                     })
                     .await?;
                 history.borrow_mut().push(Recorded {
                     id: rng.u64(1..),
-                    committed: true,
+                    outcome: Outcome::Committed,
                     reads: keys
                         .iter()
                         .zip(&seen)
@@ -190,7 +179,7 @@ pub async fn run(
     let last = client.multi_read(t, &keys).await?;
     let mut sum = 0;
     for r in last {
-        sum += decode(r?.as_ref().map(|(v, _)| &v[..])).0;
+        sum += decode_balance(r?.as_ref().map(|(v, _)| &v[..])).0;
     }
     if sum != total {
         violations += 1;
@@ -215,9 +204,9 @@ mod tests {
 
     #[test]
     fn balances_round_trip_with_their_writer() {
-        assert_eq!(decode(Some(&encode(-5, 9))), (-5, Some(9)));
-        assert_eq!(decode(Some(&encode(1000, 0))), (1000, None));
-        assert_eq!(decode(Some(b"short")), (0, None));
-        assert_eq!(decode(None), (0, None));
+        assert_eq!(decode_balance(Some(&encode_balance(-5, 9))), (-5, Some(9)));
+        assert_eq!(decode_balance(Some(&encode_balance(1000, 0))), (1000, None));
+        assert_eq!(decode_balance(Some(b"short")), (0, None));
+        assert_eq!(decode_balance(None), (0, None));
     }
 }

@@ -545,7 +545,7 @@ async fn bad_prepares_are_refused_without_locking() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn recorded_histories_have_no_anomaly() {
-    use insitu_txn::checker::{Recorded, check};
+    use insitu_txn::checker::{Outcome, Recorded, check};
     let c = cluster(2).await;
     let t = c.client.create_table("history", 4).await.unwrap().id;
     const KEYS: u64 = 6;
@@ -580,14 +580,14 @@ async fn recorded_histories_have_no_anomaly() {
                     for k in &writes {
                         tx.write(t, k, tag.to_le_bytes());
                     }
-                    let committed = match tx.commit().await {
-                        Ok(()) => true,
-                        Err(e) if insitu_client::txn::is_retryable(&e) => false,
+                    let outcome = match tx.commit().await {
+                        Ok(()) => Outcome::Committed,
+                        Err(e) if insitu_client::txn::is_retryable(&e) => Outcome::Aborted,
                         Err(e) => panic!("{e}"),
                     };
                     history.push(Recorded {
                         id: tag,
-                        committed,
+                        outcome,
                         reads,
                         writes: writes.into_iter().map(String::into_bytes).collect(),
                     });
@@ -600,7 +600,10 @@ async fn recorded_histories_have_no_anomaly() {
     for task in tasks {
         history.extend(task.await.unwrap());
     }
-    let committed = history.iter().filter(|h| h.committed).count();
+    let committed = history
+        .iter()
+        .filter(|h| h.outcome == Outcome::Committed)
+        .count();
     assert!(
         committed > 100,
         "only {committed} of {} committed",

@@ -21,19 +21,39 @@
 //! connected component of the graph restricted to the edge kinds of each
 //! class; a component counts as G-single when at most one of its edges is
 //! an anti-dependency alone.
+//!
+//! Histories recorded across crashes hold transactions whose client never
+//! learned the outcome ([`Outcome::Unknown`]). One counts as committed when
+//! a counted transaction read its write (a value only a commit makes
+//! visible), else it is left out; so a recorder should end with a read of
+//! every key, which sees the last commit on each.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Who wrote a value: a transaction id, or None for the initial value.
 pub type Writer = Option<u64>;
 
+/// How a recorded transaction ended, as its client saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The commit was acknowledged.
+    Committed,
+    /// Certainly not applied (refused, or failed before its commit was
+    /// sent): its writes must never be read.
+    Aborted,
+    /// The client lost touch during the commit (a crash, a timeout): it may
+    /// have committed or not. It counts as committed exactly when a
+    /// transaction that counts read one of its writes; one never seen is
+    /// left out (a history should end with a read of every key, so that a
+    /// commit that happened is seen).
+    Unknown,
+}
+
 /// One transaction of a recorded history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {
     pub id: u64,
-    /// Whether the client saw it commit (an aborted or unknown one does not count
-    /// as committed; its writes must never be read).
-    pub committed: bool,
+    pub outcome: Outcome,
     /// Keys read and the writer of the value read.
     pub reads: Vec<(Vec<u8>, Writer)>,
     /// Keys written (each once).
@@ -74,20 +94,37 @@ enum Edge {
     Rw,
 }
 
+/// A bank account's stored value for a recorded history: the balance and
+/// the transaction that wrote it (0: the initial value), so every read
+/// records whose write it saw.
+pub fn encode_balance(balance: i64, writer: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&balance.to_le_bytes());
+    v[8..].copy_from_slice(&writer.to_le_bytes());
+    v
+}
+
+/// (balance, writer) of a value `encode_balance` made; a missing or short
+/// one reads as (0, initial), which shows up as a violated total.
+pub fn decode_balance(v: Option<&[u8]>) -> (i64, Writer) {
+    let Some(v) = v.filter(|v| v.len() >= 16) else {
+        return (0, None);
+    };
+    let balance = i64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8]));
+    let writer = u64::from_le_bytes(v[8..16].try_into().unwrap_or([0; 8]));
+    (balance, (writer != 0).then_some(writer))
+}
+
 /// Check a history (see the module comment for what it must hold).
 pub fn check(history: &[Recorded]) -> Verdict {
     let mut v = Verdict::default();
-    let committed: HashMap<u64, &Recorded> = history
-        .iter()
-        .filter(|t| t.committed)
-        .map(|t| (t.id, t))
-        .collect();
+    let committed = counted(history);
     // (key, writer of the value read) -> committed transactions that read it,
     // and those of them that then overwrote it.
     let mut readers: BTreeMap<(Vec<u8>, Writer), Vec<u64>> = BTreeMap::new();
     let mut overwriters: BTreeMap<(Vec<u8>, Writer), Vec<u64>> = BTreeMap::new();
     // In history order (not the map's), so the verdict is deterministic.
-    for t in history.iter().filter(|t| t.committed) {
+    for t in history.iter().filter(|t| committed.contains_key(&t.id)) {
         for (key, writer) in &t.reads {
             if let Some(w) = writer
                 && !committed.contains_key(w)
@@ -167,6 +204,35 @@ pub fn check(history: &[Recorded]) -> Verdict {
         }
     }
     v
+}
+
+/// The transactions that count as committed: those acknowledged, and those
+/// of unknown outcome whose writes a counted transaction read (to a fixed
+/// point: such a reader may itself be of unknown outcome).
+fn counted(history: &[Recorded]) -> HashMap<u64, &Recorded> {
+    let mut counted: HashMap<u64, &Recorded> = history
+        .iter()
+        .filter(|t| t.outcome == Outcome::Committed)
+        .map(|t| (t.id, t))
+        .collect();
+    let unknown: HashMap<u64, &Recorded> = history
+        .iter()
+        .filter(|t| t.outcome == Outcome::Unknown)
+        .map(|t| (t.id, t))
+        .collect();
+    let mut frontier: Vec<&Recorded> = counted.values().copied().collect();
+    while let Some(t) = frontier.pop() {
+        for (_, writer) in &t.reads {
+            if let Some(w) = writer
+                && let Some(&u) = unknown.get(w)
+                && !counted.contains_key(w)
+            {
+                counted.insert(*w, u);
+                frontier.push(u);
+            }
+        }
+    }
+    counted
 }
 
 /// The strongly connected components with more than one node (each holds a

@@ -3,7 +3,7 @@ use super::*;
 fn t(id: u64, reads: &[(&str, Writer)], writes: &[&str]) -> Recorded {
     Recorded {
         id,
-        committed: true,
+        outcome: Outcome::Committed,
         reads: reads
             .iter()
             .map(|(k, w)| (k.as_bytes().to_vec(), *w))
@@ -57,7 +57,7 @@ fn read_skew_is_g_single() {
 #[test]
 fn reading_an_aborted_write_is_g1a() {
     let mut aborted = t(1, &[("x", None)], &["x"]);
-    aborted.committed = false;
+    aborted.outcome = Outcome::Aborted;
     let h = [aborted, t(2, &[("x", Some(1))], &[])];
     assert_eq!(check(&h).g1a, vec![(2, 1)]);
 }
@@ -87,4 +87,54 @@ fn long_chains_do_not_overflow_the_stack() {
         h.push(t(i, &[("x", Some(i - 1))], &["x"]));
     }
     assert_eq!(check(&h), Verdict::default());
+}
+
+fn with(outcome: Outcome, r: Recorded) -> Recorded {
+    Recorded { outcome, ..r }
+}
+
+#[test]
+fn an_unknown_outcome_counts_as_committed_once_its_write_is_read() {
+    // 1's outcome is unknown; 2 read its write, so it committed: no G1a,
+    // and 3, which overwrote the same value as 1, lost 1's update.
+    let h = [
+        with(Outcome::Unknown, t(1, &[("x", None)], &["x"])),
+        t(2, &[("x", Some(1))], &[]),
+        t(3, &[("x", None)], &["x"]),
+    ];
+    let v = check(&h);
+    assert!(v.g1a.is_empty(), "{v:?}");
+    assert_eq!(v.lost_updates, vec![(None, 1, 3)]);
+}
+
+#[test]
+fn an_unknown_outcome_never_read_is_left_out() {
+    // 1 may have committed or not; nothing saw it, so its read of x (the
+    // value 2 also overwrote) is no lost update.
+    let h = [
+        with(Outcome::Unknown, t(1, &[("x", None)], &["x"])),
+        t(2, &[("x", None)], &["x"]),
+        t(3, &[("x", Some(2))], &[]),
+    ];
+    assert_eq!(check(&h), Verdict::default());
+}
+
+#[test]
+fn unknown_outcomes_are_counted_through_a_chain_of_reads() {
+    // 3 (committed) read 2's write, 2 (unknown) read 1's (unknown): both
+    // committed, so 4's overwrite of the initial y, which 1 also
+    // overwrote, is a lost update; and 5, aborted, read by nobody, is out.
+    let h = [
+        with(
+            Outcome::Unknown,
+            t(1, &[("x", None), ("y", None)], &["x", "y"]),
+        ),
+        with(Outcome::Unknown, t(2, &[("x", Some(1))], &["z"])),
+        t(3, &[("z", Some(2))], &[]),
+        t(4, &[("y", None)], &["y"]),
+        with(Outcome::Aborted, t(5, &[("x", Some(1))], &["x"])),
+    ];
+    let v = check(&h);
+    assert!(v.g1a.is_empty(), "{v:?}");
+    assert_eq!(v.lost_updates, vec![(None, 1, 4)]);
 }
