@@ -178,7 +178,8 @@ impl Coordinator {
         })
     }
 
-    /// Give the orphaned tablets `orphans` (table id, index, tablet), empty,
+    /// Give the orphaned tablets `orphans` (table id, index, tablet), empty
+    /// (a stale copy a shard kept is dropped first),
     /// under map version `version` (already committed as the global version),
     /// round-robin over `slots` (server, shard, address): every live server's
     /// shard 0 first, then shard 1, ..., so a restarted `insitu up` spreads them
@@ -210,6 +211,17 @@ impl Coordinator {
             })
             .collect();
         let takes = placed.iter().map(|(table, _, t, addr)| {
+            // The shard may still hold a copy of the tablet it moved out
+            // before the owner died (its drop was never delivered).
+            // `TakeTablet` keeps a copy it finds, so that copy, the contents
+            // from before the move, would serve as the tablet. Dropped
+            // first, it re-homes empty like every other orphan; the drop
+            // spares a tablet that serves here (none can: its owner is dead).
+            let clear = Request::DropTablet {
+                table: *table,
+                start_hash: t.start_hash,
+                only_if_not_serving: true,
+            };
             let request = Request::TakeTablet {
                 table: *table,
                 start_hash: t.start_hash,
@@ -218,7 +230,10 @@ impl Coordinator {
                 state: TabletState::Active,
                 migration: 0,
             };
-            async move { self.shards.call(addr, &request, CONTROL_TIMEOUT).await }
+            async move {
+                self.shards.call(addr, &clear, CONTROL_TIMEOUT).await?;
+                self.shards.call(addr, &request, CONTROL_TIMEOUT).await
+            }
         });
         let results = join_all(takes).await;
         let mut ops = Vec::new();

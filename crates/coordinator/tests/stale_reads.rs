@@ -175,6 +175,14 @@ async fn a_reader_with_a_stale_map_never_sees_an_older_value_than_an_acknowledge
     assert_eq!(value_of(&dest, table).await, b"new");
     expect_ok(&call(&src, drop_if_idle).await);
     assert_eq!(status_of(&src, read(table)).await, Status::UnknownTablet);
+    // Re-homed here once its owner died (the coordinator drops a copy
+    // that serves nothing, as above, then takes it): the tablet starts
+    // empty, not with the contents from before the move.
+    expect_ok(&call(&src, take(table, 3, TabletState::Active)).await);
+    assert_eq!(
+        status_of(&src, read(table)).await,
+        Status::ObjectDoesntExist
+    );
 
     // An aborted move (TakeTablet Active on the source) makes it serve again.
     let table = 778;
@@ -183,6 +191,8 @@ async fn a_reader_with_a_stale_map_never_sees_an_older_value_than_an_acknowledge
     expect_ok(&call(&dest, take(table, 1, TabletState::Receiving)).await);
     expect_ok(&call(&src, migrate(table, &s2)).await);
     assert_eq!(status_of(&src, read(table)).await, Status::UnknownTablet);
+    // (A take alone keeps the copy it finds: that is what an undo needs,
+    // and why a re-home drops first.)
     expect_ok(&call(&src, take(table, 1, TabletState::Active)).await);
     assert_eq!(value_of(&src, table).await, b"kept");
     expect_ok(&call(&src, write(table, b"again")).await);
