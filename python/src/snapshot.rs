@@ -71,14 +71,13 @@ impl Snapshot {
         let items = py
             .detach(|| self.inner.multi_read(id, &slices))
             .map_err(|e| to_py(py, e))?;
-        let mut values = Vec::with_capacity(items.len());
-        for item in items {
-            match item {
-                Ok(found) => values.push(found.map(|(v, _)| PyBytes::new(py, &v))),
-                Err(e) => return Err(to_py(py, e)),
-            }
-        }
-        PyList::new(py, values)
+        let found = crate::table::all_ok(py, items)?;
+        PyList::new(
+            py,
+            found
+                .into_iter()
+                .map(|f| f.map(|(v, _)| PyBytes::new(py, &v))),
+        )
     }
 
     /// How many objects of `table` match `where` (all when None) as of the

@@ -35,7 +35,7 @@ impl Table {
 }
 
 /// The first failed item of a multi-operation, or every item's result.
-fn all_ok<T>(py: Python<'_>, items: Vec<Result<T, ClientError>>) -> PyResult<Vec<T>> {
+pub(crate) fn all_ok<T>(py: Python<'_>, items: Vec<Result<T, ClientError>>) -> PyResult<Vec<T>> {
     items
         .into_iter()
         .map(|r| r.map_err(|e| to_py(py, e)))
