@@ -322,6 +322,9 @@ impl<I: Io> BackupStore<I> {
             file_bytes: 0,
             unsynced: false,
         });
+        // Room for the whole growth at once: an emptied buffer starts over
+        // at zero capacity, and doubling up to a large record would copy it.
+        r.pending.reserve(growth);
         if !new.is_empty() {
             replica_file::encode_record(&mut r.pending, KIND_DATA, have, new);
             r.data_bytes += new.len() as u64;

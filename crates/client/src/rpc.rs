@@ -14,14 +14,18 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use insitu_auth::Credentials;
 use insitu_protocol::{
-    FrameCodec, FrameKind, ProtocolError, Request, Response, Status, blob, decode_response,
-    encode_request,
+    FrameCodec, FrameKind, HEADER_BYTES, MAX_BODY_BYTES, ProtocolError, Request, Response, Status,
+    blob, decode_response, encode_request, encoded_len,
 };
 use insitu_tls::{ClientTls, Stream};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
+
+/// Queued frames are coalesced into one write up to this many bytes: small
+/// pipelined requests share a syscall, large ones are written as they are.
+const COALESCE_BYTES: usize = 64 * 1024;
 
 /// A reply whose body is still encoded; `decode` borrows from it.
 #[derive(Debug, Clone)]
@@ -143,12 +147,28 @@ impl RpcConn {
 
         let closed_w = closed.clone();
         tokio::spawn(async move {
-            while let Some(mut buf) = rx.recv().await {
-                // Coalesce whatever else is queued into one write.
-                while let Ok(more) = rx.try_recv() {
-                    buf.extend_from_slice(&more);
-                    if buf.len() > 1 << 20 {
-                        break;
+            // A frame taken from the queue that did not fit the last write.
+            let mut carried: Option<BytesMut> = None;
+            loop {
+                let mut buf = match carried.take() {
+                    Some(buf) => buf,
+                    None => match rx.recv().await {
+                        Some(buf) => buf,
+                        None => break,
+                    },
+                };
+                // Coalesce small queued frames into one write; a big frame
+                // (a replication batch) goes out alone rather than copied.
+                while buf.len() < COALESCE_BYTES {
+                    match rx.try_recv() {
+                        Ok(more) if buf.len() + more.len() <= COALESCE_BYTES => {
+                            buf.extend_from_slice(&more)
+                        }
+                        Ok(more) => {
+                            carried = Some(more);
+                            break;
+                        }
+                        Err(_) => break,
                     }
                 }
                 // Flush: TLS may hold records the socket did not take yet.
@@ -204,7 +224,11 @@ impl RpcConn {
 
     /// Send one request and wait for its reply.
     pub async fn call(&self, request: &Request<'_>) -> Result<Reply, RpcError> {
-        let mut buf = BytesMut::new();
+        // Sized before encoding: a large request (a replication batch)
+        // would otherwise grow by doubling, copying and faulting in pages.
+        // (A request too large for a frame fails in `encode_request`.)
+        let mut buf =
+            BytesMut::with_capacity(HEADER_BYTES + encoded_len(request).min(MAX_BODY_BYTES));
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         encode_request(&mut buf, id, request)?;
         let (reply_tx, reply_rx) = oneshot::channel();

@@ -51,6 +51,7 @@ use tokio::sync::watch;
 pub use backup_service::REPLICA_DIR;
 pub use insitu_backup::SyncMode;
 pub use limits::{ConnLimits, MAX_FRAME_BYTES};
+pub use recover::read_replica;
 pub use replicate::{ClusterIdentity, ReplicationConfig};
 pub use resp::{RespConfig, RespListen};
 

@@ -10,9 +10,11 @@
 //!    HIGHEST log id among them: the newest instance of the tablet on that
 //!    master (an older instance's log is freed by its master, but its free may
 //!    not have reached every backup);
-//! 3. fetches every segment of that log in chunks of at most 1 MiB, from the
-//!    holder with the most bytes (ties: a closed replica first), falling back
-//!    to the next holder on any error or short read;
+//! 3. fetches every segment of that log (`FETCHES_IN_FLIGHT` at once, each
+//!    in one `BackupRead` when it fits `READ_CHUNK_BYTES`, else in chunks),
+//!    from the holder with the most bytes (ties: a closed replica first, then
+//!    the holders take turns by segment, so every backup serves a share),
+//!    falling back to the next holder on any error or short read;
 //! 4. replays the segments into a fresh tablet (`Engine::replay`); a segment
 //!    with a corrupt entry is fetched again from its next holder and the
 //!    replay redone, and if every holder's copy is corrupt the recovery is
@@ -27,6 +29,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::StreamExt;
 use futures::future::join_all;
 use insitu_client::rpc::RpcConn;
 use insitu_engine::{HashRange, ReplayReport};
@@ -41,8 +45,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// One `BackupRead` chunk (at most `READ_CHUNK_BYTES`) must arrive within this.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bytes asked for per `BackupRead`: well under a frame's 4 MiB body limit.
-pub const READ_CHUNK_BYTES: u32 = 1 << 20;
+/// Bytes asked for per `BackupRead`: a whole segment of the default size
+/// (2 MiB) in one round trip, and under a frame's 4 MiB body limit. Why
+/// whole segments: a backup reads and verifies the whole replica file for
+/// every `BackupRead`, so a segment fetched in two chunks was read twice.
+pub const READ_CHUNK_BYTES: u32 = insitu_backup::service::MAX_READ_BYTES;
+/// Segments fetched at once. Why more than one: a fetch is a round trip in
+/// which a backup reads a file and verifies it; with several in flight the
+/// backups (on other threads and servers) read while this shard receives.
+/// Why not more: every fetched segment is held until the replay, and the
+/// whole tablet's bytes were charged up front, so this bounds nothing but
+/// the backups' queues.
+const FETCHES_IN_FLIGHT: usize = 4;
 
 /// A refusal: the reply's status and a message naming what went wrong.
 pub type Refusal = (Status, String);
@@ -181,10 +195,16 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
                 ),
             )
         })?;
-    let mut bufs = Vec::with_capacity(plans.segments.len());
-    for plan in &mut plans.segments {
-        bufs.push(fetch_segment(&conns, &req.backups, cluster, req.master, log, plan).await?);
-    }
+    let fetches = plans
+        .segments
+        .iter_mut()
+        .map(|plan| fetch_segment(&conns, &req.backups, cluster, req.master, log, plan));
+    let mut bufs: Vec<Bytes> = futures::stream::iter(fetches)
+        .buffered(FETCHES_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
     // Replay; a segment with a corrupt entry is fetched again from its next
     // holder (each retry consumes a holder, so this ends).
     let report = loop {
@@ -269,7 +289,7 @@ fn install(
     state: &ShardState,
     req: &RecoverTablet,
     range: HashRange,
-    bufs: &[Vec<u8>],
+    bufs: &[Bytes],
 ) -> Result<ReplayReport, Refusal> {
     check_not_serving(state, req.table, req.start_hash)?;
     let key = (req.table, req.start_hash);
@@ -398,7 +418,9 @@ struct Plan {
 }
 
 /// Keep the replicas of (table, start_hash), take the highest log id, and
-/// order each segment's holders: most bytes first, closed before open.
+/// order each segment's holders: most bytes first, closed before open, and
+/// among equally good holders a turn by segment id, so the reads of a
+/// tablet are spread over its backups instead of all going to the first.
 fn plan_segments(listed: &[Vec<ReplicaInfo>], table: u64, start_hash: u64) -> Plan {
     let ours = || {
         listed.iter().enumerate().flat_map(move |(b, rs)| {
@@ -428,7 +450,15 @@ fn plan_segments(listed: &[Vec<ReplicaInfo>], table: u64, start_hash: u64) -> Pl
     let segments = by_segment
         .into_iter()
         .map(|(segment, mut holders)| {
-            holders.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.closed.cmp(&a.closed)));
+            holders.sort_by(|a, b| {
+                b.bytes
+                    .cmp(&a.bytes)
+                    .then(b.closed.cmp(&a.closed))
+                    .then(a.backup.cmp(&b.backup))
+            });
+            let best = |h: &Holder| (h.bytes, h.closed) == (holders[0].bytes, holders[0].closed);
+            let ties = holders.iter().take_while(|h| best(h)).count();
+            holders[..ties].rotate_left((segment % ties as u64) as usize);
             SegmentPlan {
                 segment,
                 holders,
@@ -448,7 +478,7 @@ async fn fetch_segment(
     master: u64,
     log: u64,
     plan: &mut SegmentPlan,
-) -> Result<Vec<u8>, Refusal> {
+) -> Result<Bytes, Refusal> {
     let mut errors = Vec::new();
     while let Some(holder) = plan.holders.get(plan.next).copied() {
         let addr = &backups[holder.backup];
@@ -496,20 +526,20 @@ async fn fetch_segment(
 }
 
 /// Read `len` bytes of a replica in chunks; anything but exactly `len` bytes
-/// (an error, a short read, more than asked) is an error.
-async fn read_replica(
+/// (an error, a short read, more than asked) is an error. A replica that
+/// comes in one chunk is returned as a view of the reply (no copy). Public
+/// for the process-level test of both paths (`tests/backup_service.rs`).
+pub async fn read_replica(
     conn: &RpcConn,
     cluster: u64,
     master: u64,
     log: u64,
     segment: u64,
     len: u64,
-) -> Result<Vec<u8>, String> {
+) -> Result<Bytes, String> {
     let len_usize =
         usize::try_from(len).map_err(|_| format!("{len} bytes do not fit in memory"))?;
     let mut buf = Vec::new();
-    buf.try_reserve_exact(len_usize)
-        .map_err(|_| format!("cannot allocate {len} bytes"))?;
     while (buf.len() as u64) < len {
         let want = (len - buf.len() as u64).min(READ_CHUNK_BYTES as u64) as u32;
         let request = Request::BackupRead {
@@ -544,6 +574,13 @@ async fn read_replica(
                 buf.len()
             ));
         }
+        if buf.is_empty() && bytes.len() == len_usize && within(&reply.body, bytes) {
+            return Ok(reply.body.slice_ref(bytes));
+        }
+        if buf.is_empty() {
+            buf.try_reserve_exact(len_usize)
+                .map_err(|_| format!("cannot allocate {len} bytes"))?;
+        }
         buf.extend_from_slice(bytes);
         if (buf.len() as u64) < len && (end || bytes.is_empty()) {
             return Err(format!(
@@ -552,7 +589,14 @@ async fn read_replica(
             ));
         }
     }
-    Ok(buf)
+    Ok(Bytes::from(buf))
+}
+
+/// Whether `part` lies inside `whole`'s memory (`Bytes::slice_ref` panics
+/// otherwise; a decoder that borrows from its input always passes).
+fn within(whole: &Bytes, part: &[u8]) -> bool {
+    let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    p >= w && p + part.len() <= w + whole.len()
 }
 
 #[cfg(test)]
@@ -595,5 +639,31 @@ mod tests {
         // Most bytes first, then closed before open.
         assert_eq!(order, vec![(1, vec![2, 1, 0]), (2, vec![1])]);
         assert_eq!(plan_segments(&listed, 2, 0).segments.len(), 0);
+    }
+
+    #[test]
+    fn equally_good_holders_take_turns_by_segment() {
+        // Three backups hold every closed segment whole; a fourth holds a
+        // shorter open copy of each, which always comes last.
+        let listed: Vec<Vec<ReplicaInfo>> = (0..4)
+            .map(|b| {
+                (0..6)
+                    .map(|s| match b {
+                        3 => info(1, s, 50, false),
+                        _ => info(1, s, 100, true),
+                    })
+                    .collect()
+            })
+            .collect();
+        let plan = plan_segments(&listed, 1, 0);
+        let firsts: Vec<usize> = plan.segments.iter().map(|p| p.holders[0].backup).collect();
+        assert_eq!(firsts, vec![0, 1, 2, 0, 1, 2], "each backup serves a share");
+        for p in &plan.segments {
+            assert_eq!(p.holders.len(), 4);
+            assert_eq!(
+                p.holders[3].backup, 3,
+                "the shorter copy stays the last resort"
+            );
+        }
     }
 }
