@@ -97,8 +97,9 @@ class Client:
     def snapshot(self, ts: Optional[int] = None) -> Snapshot:
         """A snapshot: reads, counts and aggregates through it see the whole
         store as of one instant (``ts``: the timestamp of an earlier snapshot,
-        to read that instant again; default a fresh one). A server may refuse
-        it as too old (``Unavailable``, status ``"SnapshotTooOld"``);
+        to read that instant again; default a fresh one). A ``ts`` the
+        cluster has not handed out yet raises ``BadRequest``. A server may
+        refuse it as too old (``Unavailable``, status ``"SnapshotTooOld"``);
         ``read_only`` retries that."""
     def read_only(self, body: Callable[[Snapshot], T]) -> T:
         """Call ``body(snapshot)`` on a fresh snapshot (a read-only

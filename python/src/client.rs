@@ -247,8 +247,9 @@ impl Client {
 
     /// A snapshot: reads, counts and aggregates through it see the whole
     /// store as of one instant (`ts`: a timestamp from an earlier snapshot,
-    /// to read at the same instant again; default a fresh one). A server
-    /// may refuse it as too old (`Unavailable`, status "SnapshotTooOld");
+    /// to read at the same instant again; default a fresh one). A `ts` the
+    /// cluster has not handed out yet raises `BadRequest`. A server may
+    /// refuse it as too old (`Unavailable`, status "SnapshotTooOld");
     /// `read_only` retries that for you.
     #[pyo3(signature = (ts = None))]
     fn snapshot(&self, py: Python<'_>, ts: Option<u64>) -> PyResult<crate::snapshot::Snapshot> {
@@ -258,7 +259,9 @@ impl Client {
                     "ts must be a timestamp from the cluster (> 0)",
                 ));
             }
-            Some(ts) => self.inner.snapshot_at(ts),
+            Some(ts) => py
+                .detach(|| self.inner.snapshot_at(ts))
+                .map_err(|e| to_py(py, e))?,
             None => py
                 .detach(|| self.inner.snapshot())
                 .map_err(|e| to_py(py, e))?,

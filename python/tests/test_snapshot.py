@@ -60,6 +60,11 @@ def test_a_snapshot_reads_as_of_its_timestamp(client, table):
     assert again.ts == snap.ts
     assert again.get_many(table, ["a", "c", "d"]) == [i64(100), i64(7), None]
 
+    # A timestamp the cluster has not handed out yet is refused: a
+    # transaction could still commit below it.
+    with pytest.raises(insitu.BadRequest, match="in the future"):
+        client.snapshot(snap.ts + 3_600_000_000_000)
+
     # The table now, and a fresh snapshot, see the transaction.
     assert table.count() == 3 and table.get("c") is None
     now = client.read_only(lambda s: (s.get_many(table, ["a", "b", "c", "d"]), s.ts))

@@ -133,15 +133,19 @@ impl BlockingClient {
     /// A snapshot at a fresh timestamp (`Client::snapshot`). Retrying a
     /// refused one (`SnapshotTooOld`) is the caller's loop here.
     pub fn snapshot(&self) -> Result<BlockingSnapshot, ClientError> {
-        Ok(self.snapshot_at(self.timestamp()?))
+        Ok(BlockingSnapshot {
+            runtime: self.runtime.clone(),
+            snap: self.runtime.block_on(self.client.snapshot())?,
+        })
     }
 
-    /// A snapshot at `ts`, a timestamp from the oracle (`Client::snapshot_at`).
-    pub fn snapshot_at(&self, ts: u64) -> BlockingSnapshot {
-        BlockingSnapshot {
+    /// A snapshot at `ts`, a timestamp from the oracle (`Client::snapshot_at`:
+    /// refused for 0 and for a timestamp not yet handed out).
+    pub fn snapshot_at(&self, ts: u64) -> Result<BlockingSnapshot, ClientError> {
+        Ok(BlockingSnapshot {
             runtime: self.runtime.clone(),
-            snap: self.client.snapshot_at(ts),
-        }
+            snap: self.runtime.block_on(self.client.snapshot_at(ts))?,
+        })
     }
 
     /// Start a transaction (see `Client::begin`; retrying on conflicts is

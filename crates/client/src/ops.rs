@@ -73,7 +73,8 @@ pub enum AtSnapshot {
     Off,
     /// At this timestamp (from `Client::timestamp`), e.g. to run several
     /// operations on one snapshot. Refused with `SnapshotTooOld` (not
-    /// retried) when a server no longer keeps, or never kept, what it needs.
+    /// retried) when a server no longer keeps, or never kept, what it needs,
+    /// and with `BadRequest` for 0 or a timestamp not yet handed out.
     At(u64),
 }
 
@@ -145,6 +146,9 @@ impl Client {
                 Status::BadRequest,
                 "an update cannot run at a snapshot (it changes the newest versions)".into(),
             ));
+        }
+        if let AtSnapshot::At(ts) = at {
+            self.check_snapshot_ts(ts).await?;
         }
         let mut layout_retries = 0;
         let mut snapshot_retries = 0;

@@ -13,6 +13,7 @@
 //! queued is received after it asked, and the oracle promises exactly that.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use insitu_protocol::{MAX_TIMESTAMPS, Request, Response};
 use tokio::sync::oneshot;
@@ -28,6 +29,9 @@ type Waiter = oneshot::Sender<Result<u64, ClientError>>;
 pub(crate) struct Timestamps {
     /// A std mutex: held only to push or take, never across an await.
     queue: Mutex<Queue>,
+    /// The highest timestamp this client has received: a snapshot at or
+    /// below it needs no question to the oracle (`Client::snapshot_at`).
+    highest: AtomicU64,
 }
 
 #[derive(Default)]
@@ -65,6 +69,18 @@ impl Client {
         // An error here: the driver stopped (its runtime is shutting down).
         rx.await
             .map_err(|_| ClientError::Closed(self.inner.coordinator.addr.clone()))?
+    }
+
+    /// Whether `ts` is at or below a timestamp the oracle has handed out,
+    /// asking it for a fresh one only when this client has not seen one as
+    /// high. A snapshot above every timestamp handed out would not be
+    /// repeatable: a transaction that commits later could take a commit
+    /// timestamp below it and appear in it after it was read.
+    pub(crate) async fn handed_out(&self, ts: u64) -> Result<bool, ClientError> {
+        if ts <= self.inner.timestamps.highest.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        Ok(ts <= self.timestamp().await?)
     }
 
     /// `count` timestamps in one request: the first.
@@ -128,6 +144,13 @@ async fn drive(client: Client) {
         }
         match driving.client.take_timestamps(batch.len() as u32).await {
             Ok(first) => {
+                let last = first + (batch.len() as u64 - 1);
+                driving
+                    .client
+                    .inner
+                    .timestamps
+                    .highest
+                    .fetch_max(last, Ordering::AcqRel);
                 for (ts, waiter) in (first..).zip(batch) {
                     let _ = waiter.send(Ok(ts));
                 }

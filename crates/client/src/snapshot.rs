@@ -33,17 +33,47 @@ impl Client {
     /// transaction committed before this call, and none committed after.
     pub async fn snapshot(&self) -> Result<Snapshot, ClientError> {
         let ts = self.timestamp().await?;
-        Ok(self.snapshot_at(ts))
+        Ok(Snapshot {
+            client: self.clone(),
+            ts,
+        })
     }
 
     /// A snapshot at `ts`, a timestamp from the oracle (`Client::timestamp`,
     /// or another operation's `snapshot_ts`): to read keys as of the instant
-    /// a `count` or `agg` saw, say.
-    pub fn snapshot_at(&self, ts: u64) -> Snapshot {
-        Snapshot {
+    /// a `count` or `agg` saw, say. Refused (`BadRequest`) for 0 and for a
+    /// timestamp above every one the oracle has handed out (a future
+    /// snapshot would change as transactions commit below it); checking
+    /// costs a timestamp request only when this client has not yet seen
+    /// one as high.
+    pub async fn snapshot_at(&self, ts: u64) -> Result<Snapshot, ClientError> {
+        self.check_snapshot_ts(ts).await?;
+        Ok(Snapshot {
             client: self.clone(),
             ts,
+        })
+    }
+
+    /// Refuse (`BadRequest`) a snapshot timestamp of 0 or one the oracle has
+    /// not handed out yet (see `snapshot_at`).
+    pub(crate) async fn check_snapshot_ts(&self, ts: u64) -> Result<(), ClientError> {
+        if ts == 0 {
+            return Err(ClientError::Status(
+                Status::BadRequest,
+                "a snapshot timestamp must be one from the cluster's oracle (> 0)".into(),
+            ));
         }
+        if !self.handed_out(ts).await? {
+            return Err(ClientError::Status(
+                Status::BadRequest,
+                format!(
+                    "snapshot timestamp {ts} is in the future: the oracle has not handed it out \
+                     yet, and a snapshot there would change as transactions commit below it \
+                     (take timestamps from the oracle or from an operation's snapshot_ts)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Run `body` on a snapshot at a fresh timestamp: a read-only

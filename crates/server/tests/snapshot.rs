@@ -212,12 +212,17 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     );
     let after = client.timestamp().await.unwrap();
     assert_eq!(sum(&client, t, AtSnapshot::At(after)).await, Ok((1018, 3)));
+    // A count or aggregate at a timestamp not handed out yet is refused.
+    assert_eq!(
+        sum(&client, t, AtSnapshot::At(after + 3_600_000_000)).await,
+        Err(Status::BadRequest)
+    );
     assert_eq!(sum(&client, t, AtSnapshot::Off).await, Ok((1018, 3)));
     // Point reads at a snapshot: each key as of its timestamp.
     let read = |ts: u64| {
         let client = client.clone();
         async move {
-            let snap = client.snapshot_at(ts);
+            let snap = client.snapshot_at(ts).await.unwrap();
             let keys = ["a", "b", "c", "d"];
             let found = snap.multi_read(t, &keys).await.unwrap();
             let values: Vec<Option<i64>> = found
@@ -234,7 +239,7 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     assert_eq!(read(before).await, vec![Some(5), Some(10), Some(100), None]);
     assert_eq!(read(after).await, vec![Some(7), Some(11), None, Some(1000)]);
     // A snapshot's counts and aggregates are at its timestamp too.
-    let then = client.snapshot_at(before);
+    let then = client.snapshot_at(before).await.unwrap();
     assert_eq!(then.count(t, &Selection::all()).await.unwrap(), 3);
     let agg = then
         .aggregate(t, Field::I64(0), &at(AtSnapshot::Off))
@@ -248,6 +253,8 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     // The version read at a snapshot is the one the value had then.
     let (_, v_then) = client
         .snapshot_at(before)
+        .await
+        .unwrap()
         .read_versioned(t, "a")
         .await
         .unwrap()
@@ -255,8 +262,25 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
     let (_, v_now) = client.read(t, "a").await.unwrap().unwrap();
     assert!(v_then < v_now, "version {v_then} then, {v_now} now");
     // Older than what the shards keep: refused, not answered from today.
-    let e = client.snapshot_at(early).read(t, "a").await.unwrap_err();
+    let e = client
+        .snapshot_at(early)
+        .await
+        .unwrap()
+        .read(t, "a")
+        .await
+        .unwrap_err();
     assert_eq!(e.status(), Some(Status::SnapshotTooOld));
+    // A timestamp the oracle has not handed out yet is refused before any
+    // read (a transaction could still commit below it); one just above the
+    // highest this client saw is checked against a fresh one and accepted.
+    let future = client.timestamp().await.unwrap() + 3_600_000_000;
+    let e = client.snapshot_at(future).await.err().expect("refused");
+    assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
+    assert!(e.to_string().contains("in the future"), "{e}");
+    let e = client.snapshot_at(0).await.err().expect("refused");
+    assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
+    let next = client.timestamp().await.unwrap() + 1;
+    assert_eq!(client.snapshot_at(next).await.unwrap().ts(), next);
     // A read-only transaction that began there runs again at a new one.
     let mut first = true;
     let a = client
@@ -267,7 +291,7 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
                 snap.ts()
             };
             let client = client.clone();
-            async move { client.snapshot_at(ts).read(t, "a").await }
+            async move { client.snapshot_at(ts).await?.read(t, "a").await }
         })
         .await
         .unwrap();
