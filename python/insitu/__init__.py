@@ -11,7 +11,8 @@ Connect to a cluster started with ``insitu up``::
 Keys and values are ``bytes`` (``str`` is accepted and encoded as UTF-8).
 Every call blocks with the GIL released; a ``Client`` may be shared by threads.
 Errors are subclasses of :class:`insitu.Error`. ``insitu.aio`` has the same
-calls for asyncio (``await aio.connect(...)``).
+calls for asyncio (``await aio.connect(...)``), transactions and snapshots
+included.
 """
 
 from ._insitu import (
@@ -33,6 +34,7 @@ from ._insitu import (
     Transaction,
     Unavailable,
     UnknownTable,
+    MAX_SNAPSHOT_RETRIES,
     __version__,
     connect,
 )
@@ -48,6 +50,7 @@ __all__ = [
     "Conflict",
     "ConnectionError",
     "Error",
+    "MAX_SNAPSHOT_RETRIES",
     "NotFound",
     "OutOfMemory",
     "Scan",

@@ -7,6 +7,8 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+#: How many more times ``read_only`` runs its body on a refused snapshot.
+MAX_SNAPSHOT_RETRIES: int
 
 #: A key or a value: bytes as is, str encoded as UTF-8.
 BytesLike = Union[bytes, str]
@@ -45,6 +47,10 @@ class Client:
     Python threads run meanwhile; one client may be shared by threads.
     """
 
+    @property
+    def timeout(self) -> float:
+        """Seconds every operation may take, retries included (``connect``'s
+        ``timeout``)."""
     def create_table(self, name: str, tablets: int = 4) -> Table:
         """Create a table split into ``tablets`` hash ranges spread over the servers.
 

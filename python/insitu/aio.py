@@ -12,6 +12,11 @@ the calls release the GIL, so concurrent awaits overlap on the network::
         await asyncio.gather(*(t.put(f"k{i}", b"v") for i in range(100)))
         async for key, value in t.scan():
             ...
+        async with c.transaction() as tx:          # committed when the block ends
+            n = await tx.get(t, "counter")
+            tx.put(t, "counter", b"...")
+        await c.run_transaction(body)              # async body(tx), retried on Conflict
+        await c.read_only(audit)                   # async audit(snapshot), retried when too old
 
 Errors are the same exceptions as the blocking client's.
 """
@@ -20,7 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator, Iterable, Mapping, Optional, Union
+import random
+import time
+from typing import (AsyncIterator, Awaitable, Callable, Iterable, Mapping, Optional, TypeVar,
+                    Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +36,7 @@ import numpy.typing as npt
 from . import _insitu
 
 BytesLike = Union[bytes, str]
+T = TypeVar("T")
 
 
 async def connect(
@@ -73,6 +82,141 @@ class AsyncClient:
         target = table.sync if isinstance(table, AsyncTable) else table
         return await asyncio.to_thread(self.sync.train_logreg_model, target, dims, iterations,
                                        rate, **layout)
+
+    def transaction(self) -> AsyncTransaction:
+        """A new transaction (``insitu.Client.transaction``). ``async with
+        c.transaction() as tx:`` commits when the block ends (raising
+        ``Conflict`` if it conflicted: nothing is applied) and discards it
+        when the block raises."""
+        return AsyncTransaction(self.sync.transaction())
+
+    async def run_transaction(self, body: Callable[[AsyncTransaction], Awaitable[T]]) -> T:
+        """Await ``body(tx)`` in a new transaction and commit it; on
+        ``Conflict`` (or ``Unavailable``: a tablet moving) run it again after
+        a randomised back-off, until the client's timeout. Returns what
+        ``body`` returned (as ``insitu.Client.run_transaction``)."""
+        deadline = time.monotonic() + self.sync.timeout
+        backoff = 0.0002
+        while True:
+            tx = self.transaction()
+            try:
+                value = await body(tx)
+                if not tx.ended:
+                    await tx.commit()
+                return value
+            except (_insitu.Conflict, _insitu.Unavailable):
+                tx.discard()
+                if time.monotonic() >= deadline:
+                    raise
+            except BaseException:
+                tx.discard()
+                raise
+            # Randomised so that transactions that conflicted do not meet again.
+            sleep = backoff * (0.5 + random.random())
+            await asyncio.sleep(min(sleep, max(0.0, deadline - time.monotonic())))
+            backoff = min(backoff * 2, 0.05)
+
+    async def snapshot(self, ts: Optional[int] = None) -> AsyncSnapshot:
+        """A snapshot at a fresh timestamp, or at ``ts`` (``insitu.Client.snapshot``)."""
+        return AsyncSnapshot(await asyncio.to_thread(self.sync.snapshot, ts))
+
+    async def read_only(self, body: Callable[[AsyncSnapshot], Awaitable[T]]) -> T:
+        """Await ``body(snapshot)`` on a fresh snapshot (a read-only
+        transaction: it never conflicts); when a server refuses the snapshot
+        as too old, run ``body`` again on a new one (up to
+        ``insitu.MAX_SNAPSHOT_RETRIES`` more times). Returns what ``body``
+        returned (as ``insitu.Client.read_only``)."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await body(await self.snapshot())
+            except _insitu.Unavailable as e:
+                if getattr(e, "status", None) != "SnapshotTooOld" or \
+                        tries > _insitu.MAX_SNAPSHOT_RETRIES:
+                    raise
+
+
+def _sync_table(table: Union[AsyncTable, _insitu.Table]) -> _insitu.Table:
+    return table.sync if isinstance(table, AsyncTable) else table
+
+
+class AsyncTransaction:
+    """``insitu.Transaction`` with its reads and its commit awaitable. ``put``
+    and ``delete`` only record the write (nothing is sent before the commit),
+    so they are plain calls. One operation at a time: await each read
+    before the next call."""
+
+    def __init__(self, tx: _insitu.Transaction):
+        #: The blocking transaction doing the work.
+        self.sync = tx
+        #: Committed or discarded: nothing more can be done with it.
+        self.ended = False
+
+    async def get(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> Optional[bytes]:
+        return await asyncio.to_thread(self.sync.get, _sync_table(table), key)
+
+    async def get_many(self, table: Union[AsyncTable, _insitu.Table],
+                       keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        return await asyncio.to_thread(self.sync.get_many, _sync_table(table), list(keys))
+
+    def put(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike,
+            value: BytesLike) -> None:
+        self.sync.put(_sync_table(table), key, value)
+
+    def delete(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> None:
+        self.sync.delete(_sync_table(table), key)
+
+    async def commit(self) -> None:
+        """Apply every write at one instant, or raise ``Conflict``."""
+        self.ended = True
+        await asyncio.to_thread(self.sync.commit)
+
+    def discard(self) -> None:
+        """Drop the writes; nothing was applied."""
+        if not self.ended:
+            self.ended = True
+            self.sync.discard()
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object = None, tb: object = None) -> bool:
+        if exc_type is None:
+            if not self.ended:
+                await self.commit()
+        else:
+            self.discard()
+        return False
+
+
+class AsyncSnapshot:
+    """``insitu.Snapshot`` with every read awaitable: the whole store as of one instant."""
+
+    def __init__(self, snapshot: _insitu.Snapshot):
+        #: The blocking snapshot doing the work.
+        self.sync = snapshot
+
+    @property
+    def ts(self) -> int:
+        return self.sync.ts
+
+    async def get(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> Optional[bytes]:
+        return await asyncio.to_thread(self.sync.get, _sync_table(table), key)
+
+    async def get_many(self, table: Union[AsyncTable, _insitu.Table],
+                       keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        return await asyncio.to_thread(self.sync.get_many, _sync_table(table), list(keys))
+
+    async def count(self, table: Union[AsyncTable, _insitu.Table], where: Optional[str] = None,
+                    **key_range: BytesLike) -> int:
+        return await asyncio.to_thread(self.sync.count, _sync_table(table), where, **key_range)
+
+    async def aggregate(self, table: Union[AsyncTable, _insitu.Table], op: str, field_spec: str,
+                        where: Optional[str] = None,
+                        **key_range: BytesLike) -> Union[int, float, None]:
+        return await asyncio.to_thread(self.sync.aggregate, _sync_table(table), op, field_spec,
+                                       where, **key_range)
 
 
 class AsyncTable:

@@ -21,7 +21,7 @@ pub struct Client {
     pub(crate) inner: BlockingClient,
     /// The coordinator address, for `repr`.
     addr: String,
-    /// The per-operation time budget, for `repr`.
+    /// The per-operation time budget, for `repr` and `timeout`.
     timeout_s: f64,
 }
 
@@ -155,6 +155,13 @@ impl Client {
 
 #[pymethods]
 impl Client {
+    /// Seconds every operation may take, retries included (`connect`'s
+    /// `timeout`); `insitu.aio`'s `run_transaction` retries within it too.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.timeout_s
+    }
+
     /// Create a table split into `tablets` hash ranges spread over the servers.
     #[pyo3(signature = (name, tablets = 4))]
     fn create_table(&self, py: Python<'_>, name: &str, tablets: u32) -> PyResult<Table> {

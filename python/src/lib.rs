@@ -14,6 +14,9 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _insitu(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // How many more times `read_only` runs its body on a refused snapshot
+    // (also `insitu.aio`'s).
+    m.add("MAX_SNAPSHOT_RETRIES", insitu_client::MAX_SNAPSHOT_RETRIES)?;
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     m.add_class::<client::Client>()?;
     m.add_class::<client::TrainedModel>()?;
