@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// What a backup does to its directory. Appends are not durable until
@@ -15,6 +15,11 @@ pub trait Io {
     fn read(&mut self, path: &Path) -> io::Result<Vec<u8>>;
     /// Append to `path`, creating it when missing.
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Append `parts` one after the other (as `append` of their
+    /// concatenation, without making it).
+    fn append_parts(&mut self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+        self.append(path, &parts.concat())
+    }
     /// Cut `path` to `len` bytes (repairing a torn tail before appending).
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()>;
     /// Make everything appended to `path` so far, and its directory entry, durable.
@@ -92,6 +97,22 @@ impl Io for FsIo {
 
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.handle(path)?.write_all(bytes)
+    }
+
+    fn append_parts(&mut self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+        let file = self.handle(path)?;
+        let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let mut left = &mut slices[..];
+        // `write_all_vectored` is not stable: the same loop by hand.
+        while !left.is_empty() {
+            match file.write_vectored(left) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut left, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {

@@ -77,6 +77,13 @@ fn header_crc(h: &[u8]) -> u32 {
 
 /// Append the bytes of one record to `out`.
 pub fn encode_record(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[u8]) {
+    out.extend_from_slice(&record_head(kind, offset, payload));
+    out.extend_from_slice(payload);
+}
+
+/// The head of the record `encode_record` writes: the record is this head
+/// followed by `payload` itself.
+pub fn record_head(kind: u8, offset: u64, payload: &[u8]) -> [u8; RECORD_HEAD_BYTES] {
     debug_assert!(payload.len() <= MAX_RECORD_PAYLOAD_BYTES);
     debug_assert!(kind == KIND_DATA || (kind == KIND_CLOSED && payload.is_empty()));
     let mut head = [0u8; RECORD_HEAD_BYTES];
@@ -85,8 +92,7 @@ pub fn encode_record(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[u8]) {
     head[8..16].copy_from_slice(&offset.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&head[0..16]), payload);
     head[16..20].copy_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(&head);
-    out.extend_from_slice(payload);
+    head
 }
 
 /// What a replica file holds, as far as it can be trusted.

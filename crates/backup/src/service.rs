@@ -287,7 +287,9 @@ impl<I: Io> BackupService<I> {
                     };
                     touched.push(id);
                     let tablet = Tablet { table, start_hash };
-                    self.store.append_buffered(id, tablet, offset, bytes, close)
+                    // Written at once (no reply goes out before the group's
+                    // writes are, see `handle_group`), straight from the frame.
+                    self.store.append_now(id, tablet, offset, bytes, close)
                 }
                 BackupOp::Free { log, segment } => {
                     self.store.free(ReplicaId {

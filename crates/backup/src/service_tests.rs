@@ -16,6 +16,7 @@ fn config(sync: SyncMode, disk_budget_bytes: u64) -> BackupConfig {
         cluster: CLUSTER,
         disk_budget_bytes,
         buffer_budget_bytes: 1 << 20,
+        record_slice_bytes: crate::RECORD_SLICE_BYTES,
         sync,
     }
 }

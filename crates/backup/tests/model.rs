@@ -29,6 +29,8 @@ fn config(sync: SyncMode, disk_budget_bytes: u64) -> BackupConfig {
         cluster: CLUSTER,
         disk_budget_bytes,
         buffer_budget_bytes: 4096,
+        // Small: appends of more than 100 bytes are cut into records.
+        record_slice_bytes: 100,
         sync,
     }
 }
@@ -48,8 +50,9 @@ enum Op {
         len: usize,
         close: bool,
         fill: u8,
-        /// `append_buffered` (durable only after a flush, in either mode).
-        buffered: bool,
+        /// `append` (0); `append_buffered` (1) or `append_now` (2), both
+        /// durable only after a flush, in either mode.
+        way: u8,
     },
     /// Resend bytes the store already holds, from `back` bytes before its end.
     Resend {
@@ -70,9 +73,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0u8..5, 0usize..700, prop::bool::weighted(0.1), any::<u8>(), any::<bool>())
-            .prop_map(|(replica, len, close, fill, buffered)| Op::Append {
-                replica, len, close, fill, buffered,
+        6 => (0u8..5, 0usize..700, prop::bool::weighted(0.1), any::<u8>(), 0u8..3)
+            .prop_map(|(replica, len, close, fill, way)| Op::Append {
+                replica, len, close, fill, way,
             }),
         1 => (0u8..5, 0usize..64).prop_map(|(replica, back)| Op::Resend { replica, back }),
         2 => Just(Op::Flush),
@@ -103,23 +106,23 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                 len,
                 close,
                 fill,
-                buffered,
+                way,
             } => {
                 let id = rid(replica);
                 let m = model.entry(id).or_default();
                 let bytes: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
                 let offset = m.data.len() as u64;
-                let r = if buffered {
-                    store.append_buffered(id, tablet(id), offset, &bytes, close)
-                } else {
-                    store.append(id, tablet(id), offset, &bytes, close)
+                let r = match way {
+                    0 => store.append(id, tablet(id), offset, &bytes, close),
+                    1 => store.append_buffered(id, tablet(id), offset, &bytes, close),
+                    _ => store.append_now(id, tablet(id), offset, &bytes, close),
                 };
                 match r {
                     Ok(()) if m.closed => assert!(bytes.is_empty(), "a closed replica took data"),
                     Ok(()) => {
                         m.data.extend_from_slice(&bytes);
                         m.closed |= close;
-                        if sync == SyncMode::Always && !buffered {
+                        if sync == SyncMode::Always && way == 0 {
                             m.durable = m.data.len();
                             m.durable_closed = m.closed;
                         }
@@ -319,12 +322,24 @@ fn real_files_round_trip_and_survive_reopen() {
     store
         .append(rid(2), tablet(rid(2)), 6, b"world", true)
         .unwrap();
+    // Written at once in records of 100 bytes (vectored writes), a new
+    // replica's header first.
+    let long: Vec<u8> = (0..1234u32).map(|i| (i % 199) as u8).collect();
+    store
+        .append_now(rid(3), tablet(rid(3)), 0, &long[..1000], false)
+        .unwrap();
+    store
+        .append_now(rid(3), tablet(rid(3)), 1000, &long[1000..], true)
+        .unwrap();
+    store.flush().unwrap();
     drop(store);
     let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
-    assert_eq!(report.replicas, 1);
-    assert!(report.problems.is_empty());
+    assert_eq!(report.replicas, 2);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.read(rid(2)).unwrap(), (b"hello world".to_vec(), true));
+    assert_eq!(store.read(rid(3)).unwrap(), (long, true));
     store.free(rid(2));
+    store.free(rid(3));
     assert!(store.list(None).is_empty());
 }
 

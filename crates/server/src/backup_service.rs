@@ -125,6 +125,7 @@ pub fn open_store(dir: &Path, cluster: u64, settings: &BackupSettings) -> anyhow
         cluster,
         disk_budget_bytes: settings.disk_budget_bytes,
         buffer_budget_bytes: BUFFER_BUDGET_BYTES,
+        record_slice_bytes: insitu_backup::RECORD_SLICE_BYTES,
         sync: settings.sync,
     };
     let (store, report) = BackupStore::open(config, FsIo::default())

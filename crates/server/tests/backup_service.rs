@@ -303,6 +303,7 @@ async fn a_replica_store_of_another_cluster_stops_the_server_from_starting() {
         cluster: foreign,
         disk_budget_bytes: 1 << 20,
         buffer_budget_bytes: 1 << 20,
+        record_slice_bytes: insitu_backup::RECORD_SLICE_BYTES,
         sync: SyncMode::Always,
     };
     let (mut store, _) =

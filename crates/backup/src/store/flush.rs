@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::io::Io;
+use crate::replica_file::{self, KIND_CLOSED, RECORD_HEAD_BYTES};
 use crate::{BackupError, ReplicaId};
 
 use super::BackupStore;
@@ -123,5 +124,52 @@ impl<I: Io> BackupStore<I> {
             self.drop_replica(id);
             BackupError::io("write", &path, e)
         })
+    }
+
+    /// Append one record of replica `id` (whose buffer is empty) to its
+    /// file: its head and then `payload` as it is, in one vectored write;
+    /// the caller checked the disk budget. On
+    /// an I/O error the replica is dropped (as in `write_out`): its state on
+    /// disk is unknown.
+    pub(super) fn write_record(
+        &mut self,
+        id: ReplicaId,
+        kind: u8,
+        payload: &[u8],
+    ) -> Result<(), BackupError> {
+        let BackupStore {
+            io,
+            replicas,
+            dirty,
+            disk_bytes,
+            ..
+        } = self;
+        let Some(r) = replicas.get_mut(&id) else {
+            return Ok(());
+        };
+        debug_assert!(
+            r.pending.is_empty(),
+            "buffered bytes would land after these"
+        );
+        let head = replica_file::record_head(kind, r.data_bytes, payload);
+        match io.append_parts(&r.path, &[&head, payload]) {
+            Ok(()) => {
+                let written = (RECORD_HEAD_BYTES + payload.len()) as u64;
+                r.file_bytes += written;
+                *disk_bytes += written;
+                r.data_bytes += payload.len() as u64;
+                r.closed |= kind == KIND_CLOSED;
+                r.unsynced = true;
+                // The next flush syncs it (`write_out` may just have taken
+                // it off the list, finding nothing to write).
+                dirty.insert(id);
+                Ok(())
+            }
+            Err(e) => {
+                let path = r.path.clone();
+                self.drop_replica(id);
+                Err(BackupError::io("write", &path, e))
+            }
+        }
     }
 }
