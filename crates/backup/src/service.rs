@@ -34,6 +34,14 @@ use crate::{BackupError, ReplicaId, Tablet};
 /// and it keeps a reply inside a frame (4 MiB).
 pub const MAX_READ_BYTES: u32 = 2 << 20;
 
+/// Appends of at least this many bytes are written at once from the
+/// received frame (`BackupStore::append_now`), smaller ones buffered until
+/// the group is written. Why: copying a large append into a buffer costs
+/// more than its own write call (a recovery's re-replication, 1 MiB ops);
+/// many small appends to one replica (point writes from many connections)
+/// share one write call when buffered.
+pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
+
 /// How one request is answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -287,9 +295,16 @@ impl<I: Io> BackupService<I> {
                     };
                     touched.push(id);
                     let tablet = Tablet { table, start_hash };
-                    // Written at once (no reply goes out before the group's
-                    // writes are, see `handle_group`), straight from the frame.
-                    self.store.append_now(id, tablet, offset, bytes, close)
+                    // A large append is written at once, straight from the
+                    // frame (no reply goes out before the group's writes
+                    // are anyway, see `handle_group`); small ones are
+                    // buffered, so a group's appends to one replica share
+                    // one write.
+                    if bytes.len() >= DIRECT_MIN_BYTES {
+                        self.store.append_now(id, tablet, offset, bytes, close)
+                    } else {
+                        self.store.append_buffered(id, tablet, offset, bytes, close)
+                    }
                 }
                 BackupOp::Free { log, segment } => {
                     self.store.free(ReplicaId {
