@@ -239,11 +239,17 @@ fn prepare<'a>(
 
 /// Send decision `commit` of `txn` on `conn`; the decision that stands there.
 async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
+    // No snapshot reads these commits: no timestamp.
+    decide_at(conn, txn, commit, 0).await
+}
+
+/// `decide` with the commit's timestamp (what snapshots order it by).
+async fn decide_at(conn: &RpcConn, txn: u64, commit: bool, commit_ts: u64) -> bool {
     let r = conn
         .call(&Request::TxnDecide {
             txn,
             commit,
-            commit_ts: 0, // no snapshot is read in these tests
+            commit_ts,
         })
         .await
         .unwrap();
@@ -314,6 +320,58 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
         .await
         .unwrap();
     drop(c.node);
+}
+
+/// A snapshot read of a key waits for the transaction holding its lock
+/// when the read arrives (its commit timestamp is not known before its
+/// decision): committed at a timestamp below the snapshot's, its value is
+/// seen; above it, the value before it is. Without the wait the read
+/// would answer at once with the value before the first commit.
+#[tokio::test]
+async fn a_snapshot_read_waits_for_the_transaction_locking_its_key() {
+    let c = cluster(1).await;
+    let info = c.client.create_table("snapwait", 1).await.unwrap();
+    let t = info.id;
+    let s = RpcConn::connect(&info.tablets[0].addr).await.unwrap();
+    c.client.write(t, "k", "first").await.unwrap();
+    // Snapshots are read here from now on: versions kept, the floor known.
+    let read_at = |ts: u64| {
+        let client = c.client.clone();
+        async move { client.snapshot_at(ts).await?.read(t, "k").await }
+    };
+    c.client.read_only(|snap| read_at(snap.ts())).await.unwrap();
+    // (txn, commit below the snapshot, value written, value the snapshot sees)
+    let cases = [
+        (0xa1, true, "below", "below"),
+        (0xa2, false, "above", "below"),
+    ];
+    for (txn, below, value, seen) in cases {
+        // A secondary whose primary has not decided: locked until the
+        // decision sent below (after 2 s its primary would be asked).
+        let r = s
+            .call(&prepare(txn, Some("primary-key"), &[], t, "k", value))
+            .await
+            .unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+        let early = c.client.timestamp().await.unwrap();
+        let ts = c.client.timestamp().await.unwrap();
+        let reader = tokio::spawn(read_at(ts));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !reader.is_finished(),
+            "the snapshot read did not wait for the lock"
+        );
+        let commit_ts = if below {
+            early
+        } else {
+            c.client.timestamp().await.unwrap()
+        };
+        assert!(decide_at(&s, txn, true, commit_ts).await);
+        let got = reader.await.unwrap().unwrap();
+        assert_eq!(got.as_deref(), Some(seen.as_bytes()), "txn {txn:#x}");
+    }
+    let now = c.client.read(t, "k").await.unwrap().map(|(v, _)| v);
+    assert_eq!(now.as_deref(), Some(&b"above"[..]));
 }
 
 /// A commit decision lives in the log of the primary's anchor tablet, and
