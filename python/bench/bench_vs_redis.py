@@ -15,6 +15,9 @@ target/release/insitu (or --insitu-bin / $INSITU_BIN). Without Redis the
 insitu half still runs and the Redis half says SKIPPED.
 
     python3 python/bench/bench_vs_redis.py --ops 20000 --agg-objects 1000000
+
+(`--replicas 0` runs insitu in memory only, like the Redis it starts,
+which runs without persistence.)
 """
 
 import argparse
@@ -51,11 +54,15 @@ def pinned(cmd: list[str], core: int | None) -> list[str]:
     return ["taskset", "-c", str(core)] + cmd
 
 
-def start_insitu(binary: str, core: int | None, workdir: str):
+def start_insitu(binary: str, core: int | None, workdir: str, replicas: int | None):
+    """`insitu up` on a free port: its process, its address and the client
+    token it wrote (authentication is on by default)."""
     port = free_port()
+    data = os.path.join(workdir, "insitu")
     proc = subprocess.Popen(
         pinned([binary, "up", "--servers", "1", "--shards", "1", "--port", str(port),
-                "--dir", os.path.join(workdir, "insitu"), "--memory-mb", "2048"], core),
+                "--dir", data, "--memory-mb", "2048"]
+               + ([] if replicas is None else ["--replicas", str(replicas)]), core),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     up = threading.Event()
 
@@ -68,7 +75,9 @@ def start_insitu(binary: str, core: int | None, workdir: str):
     if not up.wait(60):
         proc.kill()
         sys.exit("insitu up did not come up within 60 s")
-    return proc, f"127.0.0.1:{port}"
+    with open(os.path.join(data, "auth-token")) as f:
+        token = f.read().strip()
+    return proc, f"127.0.0.1:{port}", token
 
 
 def start_redis(core: int | None, workdir: str):
@@ -90,8 +99,8 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_insitu(addr: str, ops: int, many: int) -> dict:
-    c = insitu.connect(addr)
+def bench_insitu(addr: str, token: str, ops: int, many: int) -> dict:
+    c = insitu.connect(addr, auth_token=token)
     t = c.create_table("bench", tablets=1)
     keys = [b"key:%08d" % i for i in range(ops)]
     for k in keys[:1000]:  # warm-up: connections, tablet map
@@ -127,8 +136,8 @@ def bench_redis(port: int, ops: int, many: int) -> dict:
             "get_many_100_keys_s": rate(100 * many, many_s)}
 
 
-def bench_aggregate(addr: str, n: int) -> dict:
-    c = insitu.connect(addr, timeout=120.0)
+def bench_aggregate(addr: str, token: str, n: int) -> dict:
+    c = insitu.connect(addr, timeout=120.0, auth_token=token)
     t = c.create_table("agg", tablets=4)
     values = np.arange(n, dtype="<i8")
     chunk = 50_000
@@ -154,6 +163,10 @@ def main() -> None:
     p.add_argument("--agg-objects", type=int, default=1_000_000, help="objects aggregated")
     p.add_argument("--insitu-bin", default=os.environ.get("INSITU_BIN",
                                                           str(REPO / "target/release/insitu")))
+    p.add_argument("--replicas", type=int, default=None,
+                   help="insitu up --replicas (default: its own, a durable copy on its disk; "
+                        "0: in memory only, like the Redis here, which runs without "
+                        "persistence)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args()
     if a.ops < 1100:
@@ -164,12 +177,12 @@ def main() -> None:
     if len(cores) > 1:
         os.sched_setaffinity(0, {cores[0]})  # this client on one core, the store on another
 
-    results: dict = {"ops": a.ops, "many": a.many}
+    results: dict = {"ops": a.ops, "many": a.many, "insitu_replicas": a.replicas}
     with tempfile.TemporaryDirectory(prefix="insitu-pybench-") as work:
-        proc, addr = start_insitu(a.insitu_bin, store_core, work)
+        proc, addr, token = start_insitu(a.insitu_bin, store_core, work, a.replicas)
         try:
-            results["insitu"] = bench_insitu(addr, a.ops, a.many)
-            results["aggregate"] = bench_aggregate(addr, a.agg_objects)
+            results["insitu"] = bench_insitu(addr, token, a.ops, a.many)
+            results["aggregate"] = bench_aggregate(addr, token, a.agg_objects)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(30)
