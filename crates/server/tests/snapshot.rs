@@ -2,7 +2,8 @@
 //! aggregate at a snapshot sees the table at one instant of the
 //! transactions' commits, while transfers go on; a snapshot read sees the
 //! values as of its timestamp, not later commits; a snapshot older than what
-//! a shard keeps is refused, and the client takes a new one.
+//! a shard keeps is refused, and the client takes a new one; a snapshot read
+//! of a locked key waits for the transaction's decision.
 
 mod common;
 
@@ -10,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use insitu_client::{AtSnapshot, Client, ClientConfig, Selection, Status};
+use common::txn::{decide_at, prepare};
+use insitu_client::{AtSnapshot, Client, ClientConfig, RpcConn, Selection, Status};
 use insitu_protocol::plan::Field;
 
 async fn cluster(shards: usize) -> (Client, common::Node) {
@@ -309,4 +311,104 @@ async fn a_snapshot_reads_the_values_as_of_its_timestamp() {
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(Status::BadRequest));
+}
+
+/// A snapshot read of a key waits for the transaction holding its lock
+/// when the read arrives (its commit timestamp is not known before its
+/// decision): committed at a timestamp below the snapshot's, its value is
+/// seen; above it, the value before it is. Without the wait the read
+/// would answer at once with the value before the first commit.
+#[tokio::test]
+async fn a_snapshot_read_waits_for_the_transaction_locking_its_key() {
+    let (client, _node) = cluster(1).await;
+    let info = client.create_table("snapwait", 1).await.unwrap();
+    let t = info.id;
+    let s = RpcConn::connect(&info.tablets[0].addr).await.unwrap();
+    client.write(t, "k", "first").await.unwrap();
+    // Snapshots are read here from now on: versions kept, the floor known.
+    let read_at = |ts: u64| {
+        let client = client.clone();
+        async move { client.snapshot_at(ts).await?.read(t, "k").await }
+    };
+    client.read_only(|snap| read_at(snap.ts())).await.unwrap();
+    // (txn, commit below the snapshot, value written, value the snapshot sees)
+    let cases = [
+        (0xa1, true, "below", "below"),
+        (0xa2, false, "above", "below"),
+    ];
+    for (txn, below, value, seen) in cases {
+        // A secondary whose primary has not decided: locked until the
+        // decision sent below (after 2 s its primary would be asked).
+        let r = s
+            .call(&prepare(txn, Some("primary-key"), &[], t, "k", value))
+            .await
+            .unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+        let early = client.timestamp().await.unwrap();
+        let ts = client.timestamp().await.unwrap();
+        let reader = tokio::spawn(read_at(ts));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !reader.is_finished(),
+            "the snapshot read did not wait for the lock"
+        );
+        let commit_ts = if below {
+            early
+        } else {
+            client.timestamp().await.unwrap()
+        };
+        assert!(decide_at(&s, txn, true, commit_ts).await);
+        let got = reader.await.unwrap().unwrap();
+        assert_eq!(got.as_deref(), Some(seen.as_bytes()), "txn {txn:#x}");
+    }
+    let now = client.read(t, "k").await.unwrap().map(|(v, _)| v);
+    assert_eq!(now.as_deref(), Some(&b"above"[..]));
+}
+
+/// A one-key transaction commits in one request at its only participant,
+/// which takes the commit timestamp from the oracle itself while snapshots
+/// are read there. With the oracle unreachable it must not commit without
+/// one (a snapshot could not place it): it aborts and unlocks, the client
+/// gets an error, and the key keeps its value and takes a plain write.
+#[tokio::test]
+async fn a_one_phase_commit_without_the_oracle_aborts_and_unlocks() {
+    let node = common::start(|_| {}).await;
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(3),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let t = client.create_table("nooracle", 1).await.unwrap().id;
+    client.write(t, "k", 1i64.to_le_bytes()).await.unwrap();
+    // Versions are kept on the shard from now on.
+    let first = client
+        .read_only(|snap| async move { snap.read(t, "k").await })
+        .await
+        .unwrap();
+    assert_eq!(as_i64(first), 1);
+    let common::Node {
+        coordinator,
+        server,
+        dir,
+    } = node;
+    coordinator.shutdown().await;
+    let e = client
+        .transaction(|mut tx| async move {
+            let n = as_i64(tx.read(t, "k").await?);
+            tx.write(t, "k", (n + 1).to_le_bytes());
+            Ok((tx, ()))
+        })
+        .await
+        .expect_err("committed without a timestamp from the oracle");
+    assert!(e.to_string().contains("oracle"), "{e}");
+    let now = client.read(t, "k").await.unwrap().map(|(v, _)| v);
+    assert_eq!(as_i64(now), 1, "half a commit");
+    client
+        .write(t, "k", 5i64.to_le_bytes())
+        .await
+        .expect("the key was left locked");
+    tokio::task::spawn_blocking(move || server.shutdown())
+        .await
+        .unwrap();
+    drop(dir);
 }

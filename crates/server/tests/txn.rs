@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::txn::{decide, prepare};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use insitu_client::{Client, ClientConfig, RpcConn, Status, TableInfo};
 use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
-use insitu_protocol::{RejectRules, Request, Response, blob};
+use insitu_protocol::{RejectRules, Request, blob};
 use insitu_server::ServerConfig;
 
 struct Cluster {
@@ -210,55 +212,6 @@ fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, String)) 
     ((first, first_addr), (second, second_addr))
 }
 
-/// A prepare of one put; `primary` and `others` are anchor keys of `table`.
-fn prepare<'a>(
-    txn: u64,
-    primary: Option<&'a str>,
-    others: &[&'a str],
-    table: u64,
-    key: &'a str,
-    value: &'a str,
-) -> Request<'a> {
-    let anchor = |k: &'a str| TxnAnchor {
-        table,
-        key: blob(k.as_bytes()),
-    };
-    Request::TxnPrepare {
-        txn,
-        primary: primary.map(anchor),
-        others: others.iter().map(|k| anchor(k)).collect(),
-        items: vec![TxnItem {
-            table,
-            key: blob(key.as_bytes()),
-            read_version: None,
-            write: TxnWrite::Put(blob(value.as_bytes())),
-        }],
-        writes: true,
-    }
-}
-
-/// Send decision `commit` of `txn` on `conn`; the decision that stands there.
-async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
-    // No snapshot reads these commits: no timestamp.
-    decide_at(conn, txn, commit, 0).await
-}
-
-/// `decide` with the commit's timestamp (what snapshots order it by).
-async fn decide_at(conn: &RpcConn, txn: u64, commit: bool, commit_ts: u64) -> bool {
-    let r = conn
-        .call(&Request::TxnDecide {
-            txn,
-            commit,
-            commit_ts,
-        })
-        .await
-        .unwrap();
-    match r.decode().unwrap() {
-        Response::TxnDecided { committed, .. } => committed,
-        other => panic!("{other:?} to TxnDecide"),
-    }
-}
-
 /// Wait until `key` reads `want` (None: absent), or fail after `within`.
 async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, within: Duration) {
     let deadline = Instant::now() + within;
@@ -320,58 +273,6 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
         .await
         .unwrap();
     drop(c.node);
-}
-
-/// A snapshot read of a key waits for the transaction holding its lock
-/// when the read arrives (its commit timestamp is not known before its
-/// decision): committed at a timestamp below the snapshot's, its value is
-/// seen; above it, the value before it is. Without the wait the read
-/// would answer at once with the value before the first commit.
-#[tokio::test]
-async fn a_snapshot_read_waits_for_the_transaction_locking_its_key() {
-    let c = cluster(1).await;
-    let info = c.client.create_table("snapwait", 1).await.unwrap();
-    let t = info.id;
-    let s = RpcConn::connect(&info.tablets[0].addr).await.unwrap();
-    c.client.write(t, "k", "first").await.unwrap();
-    // Snapshots are read here from now on: versions kept, the floor known.
-    let read_at = |ts: u64| {
-        let client = c.client.clone();
-        async move { client.snapshot_at(ts).await?.read(t, "k").await }
-    };
-    c.client.read_only(|snap| read_at(snap.ts())).await.unwrap();
-    // (txn, commit below the snapshot, value written, value the snapshot sees)
-    let cases = [
-        (0xa1, true, "below", "below"),
-        (0xa2, false, "above", "below"),
-    ];
-    for (txn, below, value, seen) in cases {
-        // A secondary whose primary has not decided: locked until the
-        // decision sent below (after 2 s its primary would be asked).
-        let r = s
-            .call(&prepare(txn, Some("primary-key"), &[], t, "k", value))
-            .await
-            .unwrap();
-        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
-        let early = c.client.timestamp().await.unwrap();
-        let ts = c.client.timestamp().await.unwrap();
-        let reader = tokio::spawn(read_at(ts));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            !reader.is_finished(),
-            "the snapshot read did not wait for the lock"
-        );
-        let commit_ts = if below {
-            early
-        } else {
-            c.client.timestamp().await.unwrap()
-        };
-        assert!(decide_at(&s, txn, true, commit_ts).await);
-        let got = reader.await.unwrap().unwrap();
-        assert_eq!(got.as_deref(), Some(seen.as_bytes()), "txn {txn:#x}");
-    }
-    let now = c.client.read(t, "k").await.unwrap().map(|(v, _)| v);
-    assert_eq!(now.as_deref(), Some(&b"above"[..]));
 }
 
 /// A commit decision lives in the log of the primary's anchor tablet, and

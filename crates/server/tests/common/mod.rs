@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod resp;
+pub mod txn;
 
 use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
 use insitu_server::{ServerConfig, ServerHandle};
