@@ -291,7 +291,7 @@ fn a_corrupt_replica_is_refused_naming_it_and_a_good_copy_still_reads() {
 }
 
 #[test]
-fn reads_come_in_chunks_of_at_most_one_mib() {
+fn reads_come_in_chunks_of_at_most_max_read_bytes() {
     let mut svc = service(SyncMode::Always, 1 << 30);
     let data: Vec<u8> = (0..(MAX_READ_BYTES as usize + 10))
         .map(|i| i as u8)
