@@ -141,7 +141,21 @@ def _sync_table(table: Union[AsyncTable, _insitu.Table]) -> _insitu.Table:
     return table.sync if isinstance(table, AsyncTable) else table
 
 
-class AsyncTransaction:
+class _AsyncKeyReads:
+    """The key reads a transaction and a snapshot share, awaited on
+    ``self.sync`` (the blocking object doing the work)."""
+
+    sync: Union[_insitu.Transaction, _insitu.Snapshot]
+
+    async def get(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> Optional[bytes]:
+        return await asyncio.to_thread(self.sync.get, _sync_table(table), key)
+
+    async def get_many(self, table: Union[AsyncTable, _insitu.Table],
+                       keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
+        return await asyncio.to_thread(self.sync.get_many, _sync_table(table), list(keys))
+
+
+class AsyncTransaction(_AsyncKeyReads):
     """``insitu.Transaction`` with its reads and its commit awaitable. ``put``
     and ``delete`` only record the write (nothing is sent before the commit),
     so they are plain calls. One operation at a time: await each read
@@ -152,13 +166,6 @@ class AsyncTransaction:
         self.sync = tx
         #: Committed or discarded: nothing more can be done with it.
         self.ended = False
-
-    async def get(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> Optional[bytes]:
-        return await asyncio.to_thread(self.sync.get, _sync_table(table), key)
-
-    async def get_many(self, table: Union[AsyncTable, _insitu.Table],
-                       keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
-        return await asyncio.to_thread(self.sync.get_many, _sync_table(table), list(keys))
 
     def put(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike,
             value: BytesLike) -> None:
@@ -190,7 +197,7 @@ class AsyncTransaction:
         return False
 
 
-class AsyncSnapshot:
+class AsyncSnapshot(_AsyncKeyReads):
     """``insitu.Snapshot`` with every read awaitable: the whole store as of one instant."""
 
     def __init__(self, snapshot: _insitu.Snapshot):
@@ -200,13 +207,6 @@ class AsyncSnapshot:
     @property
     def ts(self) -> int:
         return self.sync.ts
-
-    async def get(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> Optional[bytes]:
-        return await asyncio.to_thread(self.sync.get, _sync_table(table), key)
-
-    async def get_many(self, table: Union[AsyncTable, _insitu.Table],
-                       keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
-        return await asyncio.to_thread(self.sync.get_many, _sync_table(table), list(keys))
 
     async def count(self, table: Union[AsyncTable, _insitu.Table], where: Optional[str] = None,
                     **key_range: BytesLike) -> int:
