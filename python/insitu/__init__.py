@@ -10,6 +10,9 @@ Connect to a cluster started with ``insitu up``::
 
 Keys and values are ``bytes`` (``str`` is accepted and encoded as UTF-8).
 Every call blocks with the GIL released; a ``Client`` may be shared by threads.
+Typed tables (``create_table(name, schema=..., key=...)``) take Arrow data
+(``t.insert_arrow(pyarrow_table)``) and answer SQL as a ``pyarrow.Table``
+(``c.sql("SELECT ...")``); those calls need pyarrow.
 Errors are subclasses of :class:`insitu.Error`. ``insitu.aio`` has the same
 calls for asyncio (``await aio.connect(...)``), transactions and snapshots
 included.
@@ -26,6 +29,7 @@ from ._insitu import (
     OutOfMemory,
     Scan,
     Snapshot,
+    SqlError,
     Table,
     TableExists,
     Timeout,
@@ -55,6 +59,7 @@ __all__ = [
     "OutOfMemory",
     "Scan",
     "Snapshot",
+    "SqlError",
     "Table",
     "TableExists",
     "Timeout",

@@ -1,7 +1,7 @@
 """Type stubs of the native module ``insitu._insitu`` (re-exported by ``insitu``)."""
 
 import os
-from typing import Callable, Iterable, Iterator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -51,12 +51,25 @@ class Client:
     def timeout(self) -> float:
         """Seconds every operation may take, retries included (``connect``'s
         ``timeout``)."""
-    def create_table(self, name: str, tablets: int = 4) -> Table:
+    def create_table(self, name: str, tablets: int = 4, *, schema: Any = None,
+                     key: Union[str, list[str], None] = None) -> Table:
         """Create a table split into ``tablets`` hash ranges spread over the servers.
 
+        Untyped (values are bytes) unless ``schema`` is given: then a typed
+        table (for ``insert_arrow`` and ``sql``). ``schema`` is the text
+        ``insitu table create --schema`` takes (``"id int64, name utf8
+        null"``; columns are NOT NULL unless marked ``null``) or a
+        ``pyarrow.Schema``; ``key`` names the primary key's columns
+        (``"id"``, ``"a,b"`` or a list).
+
         Raises ``TableExists`` if the name is taken, ``BadRequest`` for a bad
-        name or tablet count.
+        name or tablet count, ``ValueError``/``TypeError`` for a bad schema.
         """
+    def sql(self, query: str) -> Any:
+        """Run a SQL query over the cluster's typed tables; the result as a
+        ``pyarrow.Table``. Filters, projections, limits and aggregates run
+        on the servers where they can; joins and the rest in this process.
+        Raises ``SqlError`` for SQL that does not parse or plan. Needs pyarrow."""
     def tables(self) -> list[str]:
         """The names of the tables."""
     def drop_table(self, name: str) -> None:
@@ -183,6 +196,16 @@ class Table:
     @property
     def id(self) -> int:
         """The table's id in the cluster."""
+    @property
+    def schema(self) -> Any:
+        """A typed table's columns as a ``pyarrow.Schema`` (None: untyped). Needs pyarrow."""
+    def insert_arrow(self, data: Any, *, batch_rows: int = 10_000) -> int:
+        """Write Arrow data (a pyarrow Table, RecordBatch or RecordBatchReader,
+        a pandas DataFrame, a dict of columns, or an iterable of RecordBatches)
+        as rows of this typed table; returns the number of rows written.
+        Columns are matched by name; a row replaces the row with its primary
+        key. Sent ``batch_rows`` rows at a time: on an error, earlier steps
+        stay written. Needs pyarrow."""
     def put(self, key: BytesLike, value: BytesLike) -> int:
         """Store ``value`` under ``key`` (replacing any value); returns the new version."""
     def get(self, key: BytesLike) -> Optional[bytes]:
@@ -289,6 +312,9 @@ class TooLarge(Error):
 
 class BadRequest(Error):
     """The server refused the request as invalid (empty key, not a number, bad plan)."""
+
+class SqlError(BadRequest):
+    """SQL that does not parse, or names an unknown table or column, or mixes types."""
 
 class AuthenticationError(Error):
     """The cluster refused the token (none, or not the cluster's), or the token may not send that request."""

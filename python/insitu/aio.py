@@ -27,8 +27,8 @@ import asyncio
 import os
 import random
 import time
-from typing import (AsyncIterator, Awaitable, Callable, Iterable, Mapping, Optional, TypeVar,
-                    Union)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Optional,
+                    TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -58,8 +58,14 @@ class AsyncClient:
         #: The blocking client doing the work.
         self.sync = client
 
-    async def create_table(self, name: str, tablets: int = 4) -> AsyncTable:
-        return AsyncTable(await asyncio.to_thread(self.sync.create_table, name, tablets))
+    async def create_table(self, name: str, tablets: int = 4, *, schema: Any = None,
+                           key: Union[str, list[str], None] = None) -> AsyncTable:
+        return AsyncTable(await asyncio.to_thread(self.sync.create_table, name, tablets,
+                                                  schema=schema, key=key))
+
+    async def sql(self, query: str) -> Any:
+        """``insitu.Client.sql``, awaited: the result as a ``pyarrow.Table``."""
+        return await asyncio.to_thread(self.sync.sql, query)
 
     async def tables(self) -> list[str]:
         return await asyncio.to_thread(self.sync.tables)
@@ -267,3 +273,12 @@ class AsyncTable:
 
     async def update(self, field_spec: str, **kwargs: object) -> int:
         return await asyncio.to_thread(self.sync.update, field_spec, **kwargs)
+
+    async def schema(self) -> Any:
+        """``insitu.Table.schema``, awaited (a ``pyarrow.Schema``, or None
+        for an untyped table)."""
+        return await asyncio.to_thread(lambda: self.sync.schema)
+
+    async def insert_arrow(self, data: Any, *, batch_rows: int = 10_000) -> int:
+        """``insitu.Table.insert_arrow``, awaited."""
+        return await asyncio.to_thread(self.sync.insert_arrow, data, batch_rows=batch_rows)

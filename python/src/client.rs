@@ -162,13 +162,54 @@ impl Client {
         self.timeout_s
     }
 
-    /// Create a table split into `tablets` hash ranges spread over the servers.
-    #[pyo3(signature = (name, tablets = 4))]
-    fn create_table(&self, py: Python<'_>, name: &str, tablets: u32) -> PyResult<Table> {
+    /// Create a table split into `tablets` hash ranges spread over the
+    /// servers. Untyped (values are bytes) unless `schema` is given: then a
+    /// typed table (for `insert_arrow` and `sql`) whose `schema` is the text
+    /// `insitu table create --schema` takes (`"id int64, name utf8 null"`)
+    /// or a `pyarrow.Schema`, and whose primary key is the column(s) `key`
+    /// names (`"id"`, `"a,b"` or a list).
+    #[pyo3(signature = (name, tablets = 4, *, schema = None, key = None))]
+    fn create_table(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        tablets: u32,
+        schema: Option<&Bound<'_, PyAny>>,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Table> {
+        let schema = match (schema, key) {
+            (None, None) => None,
+            (Some(schema), Some(key)) => Some(crate::arrow::schema_arg(py, schema, key)?),
+            (Some(_), None) => {
+                return Err(PyValueError::new_err(
+                    "a typed table needs its primary key: create_table(..., schema=..., key=\"column\")",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "key= names columns of a schema: give schema= too",
+                ));
+            }
+        };
         let info = py
-            .detach(|| self.inner.create_table(name, tablets))
+            .detach(|| {
+                self.inner.block_on(
+                    self.inner
+                        .async_client()
+                        .create_table_with(name, tablets, schema),
+                )
+            })
             .map_err(|e| to_py(py, e))?;
         Ok(Table::new(self.inner.clone(), info.id, info.name))
+    }
+
+    /// Run a SQL query over the cluster's typed tables; the result as a
+    /// `pyarrow.Table` (`.to_pandas()` gives a DataFrame). Filters,
+    /// projections, limits and aggregates run on the servers where they
+    /// can; joins and the rest run here (Apache DataFusion). Raises
+    /// `SqlError` for SQL that does not parse or plan. Needs pyarrow.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Py<PyAny>> {
+        crate::arrow::sql(py, &self.inner, query)
     }
 
     /// The names of the tables, in the coordinator's order.

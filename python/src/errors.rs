@@ -12,6 +12,7 @@
 //!  +-- OutOfMemory      a server has no room (memory or replica disk)
 //!  +-- TooLarge         key, value or request over the protocol's limits
 //!  +-- BadRequest       the server refused the request as invalid
+//!  |    +-- SqlError    SQL that does not parse or plan (unknown table or column, wrong types)
 //!  +-- AuthenticationError  no token, a wrong one, or a client token sent a cluster-internal request
 //! ```
 //! Each exception carries `status`: the server status name (e.g.
@@ -97,6 +98,13 @@ pyo3::create_exception!(
     Error,
     "The server refused the request as invalid (empty key, not a number, bad plan)."
 );
+pyo3::create_exception!(
+    insitu,
+    SqlError,
+    BadRequest,
+    "SQL that does not parse, or that names an unknown table or column or mixes \
+     types (`Client.sql`); the message is the planner's."
+);
 
 /// Register every exception class on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -112,6 +120,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
     m.add("TooLarge", py.get_type::<TooLarge>())?;
     m.add("BadRequest", py.get_type::<BadRequest>())?;
+    m.add("SqlError", py.get_type::<SqlError>())?;
     m.add("AuthenticationError", py.get_type::<AuthenticationError>())?;
     Ok(())
 }

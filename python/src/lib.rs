@@ -2,6 +2,7 @@
 //! client (`insitu-client`) exposed to Python. Every network call runs with
 //! the GIL released; errors become the exceptions of `errors`.
 
+mod arrow;
 mod client;
 mod convert;
 mod errors;

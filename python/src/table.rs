@@ -56,6 +56,31 @@ impl Table {
         self.id
     }
 
+    /// The columns of a typed table as a `pyarrow.Schema` (None for an
+    /// untyped table, whose values are opaque bytes). Needs pyarrow.
+    #[getter]
+    fn schema(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        crate::arrow::schema(py, &self.client, self.id)
+    }
+
+    /// Write Arrow data as rows of this typed table; returns the number of
+    /// rows written. `data`: a pyarrow Table, RecordBatch or
+    /// RecordBatchReader, a pandas DataFrame, a dict of columns, or an
+    /// iterable of RecordBatches. Columns are matched by name (a column the
+    /// table lacks is refused; a missing nullable one is NULL); values must
+    /// fit their column's type. A row replaces any row with its primary key.
+    /// Sent `batch_rows` rows at a time, each step in parallel across the
+    /// servers: on an error, earlier steps stay written. Needs pyarrow.
+    #[pyo3(signature = (data, *, batch_rows = crate::arrow::DEFAULT_BATCH_ROWS))]
+    fn insert_arrow(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        batch_rows: usize,
+    ) -> PyResult<u64> {
+        crate::arrow::insert_arrow(py, &self.client, self.id, &self.name, data, batch_rows)
+    }
+
     /// Store `value` under `key` (replacing any value); returns the new version.
     fn put(
         &self,

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use insitu_client::{Client, QueryAnswer};
 use insitu_protocol::query::{AggFunc, AggSpec, QueryOutput, QueryPlan, Scalar, ValueOp};
 use insitu_protocol::schema::Schema;
+use insitu_rows::ColumnMap;
 use insitu_rows::text::parse_value;
 
 /// One row from CSV fields in schema order (an empty field is NULL).
@@ -124,26 +125,6 @@ pub async fn load(
     Ok(())
 }
 
-/// For each schema column, its index in the input's columns (None: absent).
-fn column_map(schema: &Schema, names: &[String]) -> anyhow::Result<Vec<Option<usize>>> {
-    for n in names {
-        if schema.column_index(n).is_none() {
-            bail!("the input has a column {n:?} that the table does not (columns: {schema})");
-        }
-    }
-    schema
-        .columns
-        .iter()
-        .map(|c| {
-            let at = names.iter().position(|n| *n == c.name);
-            if at.is_none() && !c.nullable {
-                bail!("the input has no column {:?}, which is NOT NULL", c.name);
-            }
-            Ok(at)
-        })
-        .collect()
-}
-
 async fn load_csv(
     client: &Client,
     table: u64,
@@ -163,7 +144,7 @@ async fn load_csv(
         .iter()
         .map(|s| s.trim().to_string())
         .collect();
-    let map = column_map(schema, &names)?;
+    let map = ColumnMap::new(schema, &names)?;
     let progress = bar(total, "bytes");
     let mut pending = Vec::with_capacity(batch);
     let mut first = 1u64;
@@ -172,6 +153,7 @@ async fn load_csv(
         let record = record.with_context(|| format!("{} row {}", path.display(), n + 1))?;
         n += 1;
         let fields: Vec<&str> = map
+            .sources()
             .iter()
             .map(|at| at.and_then(|i| record.get(i)).unwrap_or(""))
             .collect();
@@ -203,13 +185,7 @@ async fn load_parquet(
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .with_context(|| format!("{} is not a Parquet file", path.display()))?;
     let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
-    let names: Vec<String> = builder
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    let map = column_map(schema, &names)?;
+    let map = ColumnMap::of_arrow(schema, builder.schema())?;
     let reader = builder.with_batch_size(batch).build()?;
     let progress = bar(rows_total, "rows");
     let mut pending = Vec::with_capacity(batch);
@@ -217,15 +193,8 @@ async fn load_parquet(
     let mut first = 1u64;
     for b in reader {
         let b = b.with_context(|| format!("reading {}", path.display()))?;
-        for i in 0..b.num_rows() {
-            n += 1;
-            let all = insitu_rows::arrow::batch_row(&b, i)?;
-            let row: Vec<Scalar> = map
-                .iter()
-                .map(|at| at.map(|j| all[j].clone()).unwrap_or(Scalar::Null))
-                .collect();
-            pending.push(row);
-        }
+        pending.extend(map.batch_rows(&b, n + 1)?);
+        n += b.num_rows() as u64;
         flush(client, table, &mut pending, first).await?;
         first = n + 1;
         progress.set_position(n);

@@ -181,6 +181,13 @@ impl BlockingClient {
         self.runtime.block_on(f)
     }
 
+    /// Drive `f` to completion on this client's runtime: for async work
+    /// built on `async_client` (e.g. a SQL session) that this wrapper has no
+    /// blocking call for. Blocks the calling thread.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.run(f)
+    }
+
     /// The async client inside (to be used only on this wrapper's runtime).
     pub fn async_client(&self) -> &Client {
         &self.client

@@ -93,14 +93,25 @@ impl Client {
         table: u64,
         rows: &[Vec<Scalar>],
     ) -> Result<PerItem<u64>, ClientError> {
+        self.put_rows_numbered(table, rows, 1).await
+    }
+
+    /// `put_rows`, where `rows[0]` is row number `first` of a longer input
+    /// (a refused row is named by its number in the whole input).
+    pub async fn put_rows_numbered(
+        &self,
+        table: u64,
+        rows: &[Vec<Scalar>],
+        first: u64,
+    ) -> Result<PerItem<u64>, ClientError> {
         let schema = self.typed_schema(table).await?;
         let layout = RowLayout::new(&schema);
         let mut items = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
+        for (row, n) in rows.iter().zip(first..) {
             let key = encode_key(&schema, row)
-                .map_err(|e| status(Status::BadRequest, format!("row {}: {e}", i + 1)))?;
+                .map_err(|e| status(Status::BadRequest, format!("row {n}: {e}")))?;
             let value = encode_row(&schema, &layout, row)
-                .map_err(|e| status(Status::BadRequest, format!("row {}: {e}", i + 1)))?;
+                .map_err(|e| status(Status::BadRequest, format!("row {n}: {e}")))?;
             items.push((key, value));
         }
         self.multi_write(table, &items).await

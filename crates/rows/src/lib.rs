@@ -1,6 +1,6 @@
 //! Typed rows of insitu's typed tables: the row format (`layout.rs`: the
 //! byte layout; `read.rs`: checked reads; `encode.rs`: values checked against
-//! their columns, rows and primary keys encoded), text forms (`text.rs`:
+//! their columns, rows and primary keys encoded), input columns matched by name (`input.rs`), text forms (`text.rs`:
 //! values, types and `--schema` text; `date.rs`: calendar dates), and Arrow
 //! (`arrow.rs`: schemas, batches from rows, IPC bytes, rows from batches).
 //!
@@ -10,11 +10,13 @@
 pub mod arrow;
 pub mod date;
 pub mod encode;
+pub mod input;
 pub mod layout;
 pub mod read;
 pub mod text;
 
 pub use encode::{coerce, encode_key, encode_row};
+pub use input::ColumnMap;
 pub use layout::{ROW_TAG, RowLayout, Slot};
 pub use read::RowRef;
 
@@ -31,6 +33,9 @@ pub enum RowError {
     TooLarge(usize),
     #[error("arrow: {0}")]
     Arrow(String),
+    /// Input columns that do not match the table's (by name).
+    #[error("{0}")]
+    Input(String),
 }
 
 #[cfg(test)]

@@ -188,11 +188,18 @@ pub fn parse_schema(columns: &str, key: &str) -> Result<Schema, String> {
             nullable,
         });
     }
+    let key: Vec<&str> = key.split(',').map(str::trim).collect();
+    schema_with_key(out, &key)
+}
+
+/// A schema of `columns` whose primary key is the columns named `key`, in
+/// that order. Checked (`Schema::check`).
+pub fn schema_with_key(columns: Vec<Column>, key: &[&str]) -> Result<Schema, String> {
     let mut schema = Schema {
-        columns: out,
+        columns,
         key: Vec::new(),
     };
-    for name in key.split(',').map(str::trim) {
+    for name in key {
         let index = schema
             .column_index(name)
             .ok_or_else(|| format!("key column {name:?} is not in the schema"))?;

@@ -118,8 +118,10 @@ impl ClusterTable {
 }
 
 /// Every typed table of the cluster (untyped tables have no columns to query).
-pub async fn cluster_tables(client: &Client) -> Result<Vec<Arc<dyn TableSource>>, String> {
-    let tables = client.list_tables().await.map_err(|e| e.to_string())?;
+pub async fn cluster_tables(
+    client: &Client,
+) -> Result<Vec<Arc<dyn TableSource>>, insitu_client::ClientError> {
+    let tables = client.list_tables().await?;
     Ok(tables
         .into_iter()
         .filter_map(|t| {
