@@ -267,3 +267,16 @@ def test_insitu_load_takes_the_parquet_pyarrow_writes(cluster, client, typed, tm
         capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert '"extra" that the table does not' in out.stderr
+
+
+def test_order_by_limit_runs_as_a_top_k_on_the_servers(client, typed):
+    data = rows(3_000)
+    typed.insert_arrow(data)
+    sql = (f"SELECT id, qty, comment FROM {typed.name} WHERE rush "
+           f"ORDER BY qty DESC, id LIMIT 10")
+    got = client.sql(sql).to_pylist()
+    chosen = sorted((r for r in data.to_pylist() if r["rush"]),
+                    key=lambda r: (-r["qty"], r["id"]))[:10]
+    assert got == [{k: r[k] for k in ("id", "qty", "comment")} for r in chosen]
+    plan = "\n".join(client.sql("EXPLAIN " + sql).column("plan").to_pylist())
+    assert "top_k_order=[qty DESC NULLS FIRST, id ASC NULLS LAST], limit=10" in plan, plan

@@ -1,6 +1,7 @@
 //! The physical scan of an insitu table: at execute time it sends one
-//! `Rows` plan (pushed filter, projection, limit) to the table's tablets
-//! through its `TableSource` and streams the Arrow batches back.
+//! `Rows` plan (pushed filter, projection, limit, and for a top-k the sort
+//! keys: `topk.rs`) to the table's tablets through its `TableSource` and
+//! streams the Arrow batches back.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
-use insitu_protocol::query::{IndexProbe, QueryPlan};
+use insitu_protocol::query::{IndexProbe, QueryOutput, QueryPlan, SortKey};
 
 use crate::source::TableSource;
 
@@ -81,6 +82,54 @@ impl InsituScanExec {
     pub fn plan(&self) -> &QueryPlan {
         &self.plan
     }
+
+    /// Where the plan runs.
+    pub fn source(&self) -> &Arc<dyn TableSource> {
+        &self.source
+    }
+
+    /// This scan asking each tablet for only its first `k` rows in the
+    /// order `keys` (`topk.rs`); None when this scan's rows are not the
+    /// ones a sort above it chooses from: it has a limit or an order
+    /// already, or answers only a row count, or `k` is out of range.
+    pub fn with_top_k(&self, keys: Vec<SortKey>, k: usize) -> Option<InsituScanExec> {
+        let QueryOutput::Rows {
+            columns,
+            order_by,
+            limit,
+        } = &self.plan.output
+        else {
+            return None;
+        };
+        if self.drop_columns
+            || self.limit.is_some()
+            || limit.is_some()
+            || !order_by.is_empty()
+            || keys.is_empty()
+            || !crate::topk::k_fits(k)
+        {
+            return None;
+        }
+        let plan = QueryPlan {
+            filter: self.plan.filter.clone(),
+            output: QueryOutput::Rows {
+                columns: columns.clone(),
+                order_by: keys,
+                limit: Some(k as u64),
+            },
+        };
+        Some(InsituScanExec {
+            plan,
+            limit: Some(k),
+            source: self.source.clone(),
+            probe: self.probe.clone(),
+            schema: self.schema.clone(),
+            drop_columns: self.drop_columns,
+            filter_text: self.filter_text.clone(),
+            column_names: self.column_names.clone(),
+            properties: self.properties.clone(),
+        })
+    }
 }
 
 impl DisplayAs for InsituScanExec {
@@ -108,6 +157,21 @@ impl DisplayAs for InsituScanExec {
                 ", index=[{}]",
                 crate::probe::describe(probe, self.source.schema())
             )?;
+        }
+        if let QueryOutput::Rows { order_by, .. } = &self.plan.output
+            && !order_by.is_empty()
+        {
+            let columns = &self.source.schema().columns;
+            let keys: Vec<String> = order_by
+                .iter()
+                .map(|k| {
+                    let name = columns.get(k.col as usize).map_or("?", |c| c.name.as_str());
+                    let dir = if k.descending { "DESC" } else { "ASC" };
+                    let nulls = if k.nulls_first { "FIRST" } else { "LAST" };
+                    format!("{name} {dir} NULLS {nulls}")
+                })
+                .collect();
+            write!(f, ", top_k_order=[{}]", keys.join(", "))?;
         }
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;

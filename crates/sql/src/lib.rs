@@ -3,7 +3,9 @@
 //! A query is parsed and planned by DataFusion over [`InsituTable`]s; their
 //! scans push the filters the servers evaluate exactly, the projection and
 //! the limit into one `QueryPlan` per table, run on every tablet through a
-//! [`TableSource`]. Joins, sorts and everything else run in DataFusion on
+//! [`TableSource`]; `ORDER BY .. LIMIT k` becomes a per-tablet top-k
+//! (`topk.rs`) and aggregates per-tablet partial aggregates
+//! (`aggregate.rs`). Joins, sorts and everything else run in DataFusion on
 //! the client.
 
 pub mod aggregate;
@@ -15,6 +17,7 @@ pub mod probe;
 pub mod provider;
 pub mod shell;
 pub mod source;
+pub mod topk;
 pub mod translate;
 
 use std::sync::Arc;
@@ -46,7 +49,7 @@ pub enum SqlError {
 }
 
 /// A DataFusion session with one table per source (named by the source),
-/// the aggregate pushdown rule and its planner.
+/// the aggregate pushdown rule and its planner, and the top-k pushdown rule.
 ///
 /// Decimal literals: `0.05` is read as DECIMAL(2,2), as in the SQL standard
 /// (and DuckDB), not as a float, so that comparing a decimal column with it
@@ -56,6 +59,7 @@ pub async fn context(tables: Vec<Arc<dyn TableSource>>) -> Result<SessionContext
         .with_config(config())
         .with_default_features()
         .with_optimizer_rule(Arc::new(aggregate::AggregatePushdown))
+        .with_physical_optimizer_rule(Arc::new(topk::TopKPushdown))
         .with_query_planner(Arc::new(aggregate_exec::InsituQueryPlanner))
         .build();
     let ctx = SessionContext::new_with_state(state);

@@ -412,3 +412,122 @@ async fn aggregates_are_pushed_and_exact() {
         same(&f, sql).await;
     }
 }
+
+/// A sort key as (column, descending, nulls_first).
+type Key = (u16, bool, bool);
+
+/// The sort keys and limit of the last `Rows` plan `items` received.
+fn last_order(f: &Fixture) -> (Vec<Key>, Option<u64>) {
+    let plan = f.items.plans.lock().unwrap().last().cloned().unwrap();
+    match plan.output {
+        QueryOutput::Rows {
+            order_by, limit, ..
+        } => (
+            order_by
+                .iter()
+                .map(|k| (k.col, k.descending, k.nulls_first))
+                .collect(),
+            limit,
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn order_by_limit_is_a_top_k_on_the_servers_and_matches_datafusion() {
+    let f = fixture().await;
+    // (query, expected sort keys, k).
+    // Ties are broken by id so that the answer is one list.
+    let cases: &[(&str, &[Key], u64)] = &[
+        (
+            "SELECT id, qty FROM items ORDER BY qty, id LIMIT 5",
+            &[(1, false, false), (0, false, false)],
+            5,
+        ),
+        (
+            "SELECT id, qty FROM items ORDER BY qty DESC, id LIMIT 5",
+            &[(1, true, true), (0, false, false)],
+            5,
+        ),
+        (
+            "SELECT id, qty FROM items ORDER BY qty DESC NULLS LAST, id LIMIT 7",
+            &[(1, true, false), (0, false, false)],
+            7,
+        ),
+        (
+            "SELECT id, qty FROM items ORDER BY qty NULLS FIRST, id DESC LIMIT 7",
+            &[(1, false, true), (0, true, true)],
+            7,
+        ),
+        (
+            "SELECT name, id FROM items WHERE qty > 0 ORDER BY name, id LIMIT 4",
+            &[(5, false, false), (0, false, false)],
+            4,
+        ),
+        (
+            "SELECT id, price FROM items ORDER BY price DESC, id LIMIT 3",
+            &[(2, true, true), (0, false, false)],
+            3,
+        ),
+        (
+            "SELECT id FROM items ORDER BY ship, id LIMIT 6",
+            &[(4, false, false), (0, false, false)],
+            6,
+        ),
+        (
+            "SELECT id, flag FROM items ORDER BY flag DESC, id LIMIT 5",
+            &[(6, true, true), (0, false, false)],
+            5,
+        ),
+        // OFFSET: the servers keep offset + limit rows.
+        (
+            "SELECT id, qty FROM items ORDER BY qty, id LIMIT 3 OFFSET 4",
+            &[(1, false, false), (0, false, false)],
+            7,
+        ),
+        // More than the table holds: every row, in order.
+        (
+            "SELECT id, disc FROM items ORDER BY disc DESC, id LIMIT 100",
+            &[(3, true, true), (0, false, false)],
+            100,
+        ),
+    ];
+    for (sql, keys, k) in cases {
+        let rows = same(&f, sql).await;
+        assert!(rows > 0, "{sql}: no rows");
+        assert_eq!(last_order(&f), (keys.to_vec(), Some(*k)), "{sql}");
+    }
+}
+
+#[tokio::test]
+async fn a_top_k_that_could_choose_other_rows_is_not_pushed() {
+    let f = fixture().await;
+    for sql in [
+        // NaN sorts above every number in DataFusion, unordered on the servers.
+        "SELECT id FROM items ORDER BY score, id LIMIT 3",
+        // The filter stays in DataFusion, above the scan: the scan's rows
+        // are not the ones the sort chooses from.
+        "SELECT id FROM items WHERE upper(name) = 'BETA' ORDER BY id LIMIT 2",
+        // Not a stored column.
+        "SELECT id FROM items ORDER BY qty + 1, id LIMIT 3",
+        // No limit: nothing to cut.
+        "SELECT id FROM items WHERE qty > 3 ORDER BY id",
+    ] {
+        same(&f, sql).await;
+        assert!(last_order(&f).0.is_empty(), "{sql} was pushed");
+    }
+}
+
+#[tokio::test]
+async fn explain_shows_the_top_k_order() {
+    let f = fixture().await;
+    let e = explain(
+        &f.insitu,
+        "SELECT id, qty FROM items WHERE qty > 0 ORDER BY qty DESC, id LIMIT 5",
+    )
+    .await;
+    assert!(
+        e.contains("top_k_order=[qty DESC NULLS FIRST, id ASC NULLS LAST], limit=5"),
+        "{e}"
+    );
+}

@@ -18,7 +18,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use insitu_protocol::plan::CmpOp;
 use insitu_protocol::query::{
-    AggFunc, AggState, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, ValueOp,
+    AggFunc, AggState, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, SortKey, ValueOp,
 };
 use insitu_protocol::schema::{ColumnType, Schema};
 use insitu_sql::{TableSource, arrow_schema};
@@ -82,17 +82,32 @@ impl TableSource for MemSource {
         else {
             panic!("rows() with a non-Rows plan");
         };
-        assert!(order_by.is_empty(), "no top-k expected");
         let cols: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
-        let mut batches = vec![];
+        let mut answers: Vec<Vec<&Vec<Scalar>>> = vec![];
         for tablet in self.tablets() {
             let mut kept: Vec<&Vec<Scalar>> = tablet
                 .into_iter()
                 .filter(|r| eval_filter(&plan.filter, r) == Some(true))
                 .collect();
+            // A top-k: each tablet sorts and keeps its first `limit` rows.
+            if !order_by.is_empty() {
+                assert!(limit.is_some(), "a top-k without a limit");
+                kept.sort_by(|a, b| sort_order(order_by, a, b));
+            }
             if let Some(l) = limit {
                 kept.truncate(*l as usize);
             }
+            answers.push(kept);
+        }
+        if !order_by.is_empty() {
+            // The client's merge of the tablets' lists, cut to the limit.
+            let mut merged: Vec<&Vec<Scalar>> = answers.concat();
+            merged.sort_by(|a, b| sort_order(order_by, a, b));
+            merged.truncate(limit.unwrap_or(0) as usize);
+            answers = vec![merged];
+        }
+        let mut batches = vec![];
+        for kept in answers {
             for chunk in kept.chunks(BATCH_ROWS) {
                 batches.push(Ok(to_batch(&self.schema, &cols, chunk)));
             }
@@ -157,6 +172,28 @@ fn empty_state() -> AggState {
         min: Scalar::Null,
         max: Scalar::Null,
     }
+}
+
+/// SQL's order of two rows by `keys` (NULLs where each key says).
+fn sort_order(keys: &[SortKey], a: &[Scalar], b: &[Scalar]) -> Ordering {
+    for k in keys {
+        let (x, y) = (&a[k.col as usize], &b[k.col as usize]);
+        let o = match (x, y) {
+            (Scalar::Null, Scalar::Null) => Ordering::Equal,
+            (Scalar::Null, _) if k.nulls_first => Ordering::Less,
+            (Scalar::Null, _) => Ordering::Greater,
+            (_, Scalar::Null) if k.nulls_first => Ordering::Greater,
+            (_, Scalar::Null) => Ordering::Less,
+            _ => {
+                let o = cmp(x, y).expect("non-NULL values of one column compare");
+                if k.descending { o.reverse() } else { o }
+            }
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    Ordering::Equal
 }
 
 /// Compare two non-NULL values of compatible types; None if either is NULL.
