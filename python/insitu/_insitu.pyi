@@ -137,6 +137,11 @@ class Snapshot:
     @property
     def ts(self) -> int:
         """The timestamp the snapshot reads at."""
+    def sql(self, query: str) -> Any:
+        """``Client.sql`` as of the snapshot: every table the query names is
+        read as it was at this instant (a ``pyarrow.Table``). Refused
+        (``BadRequest``) when the answer is more than one tablet may hold in
+        pages: aggregate, or select fewer rows or columns. Needs pyarrow."""
     def get(self, table: Table, key: BytesLike) -> Optional[bytes]:
         """The value of ``key`` as of the snapshot (None if absent then)."""
     def get_many(self, table: Table, keys: Iterable[BytesLike]) -> list[Optional[bytes]]:

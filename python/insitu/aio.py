@@ -214,6 +214,10 @@ class AsyncSnapshot(_AsyncKeyReads):
     def ts(self) -> int:
         return self.sync.ts
 
+    async def sql(self, query: str) -> Any:
+        """``insitu.Snapshot.sql``, awaited: the result as a ``pyarrow.Table``."""
+        return await asyncio.to_thread(self.sync.sql, query)
+
     async def count(self, table: Union[AsyncTable, _insitu.Table], where: Optional[str] = None,
                     **key_range: BytesLike) -> int:
         return await asyncio.to_thread(self.sync.count, _sync_table(table), where, **key_range)

@@ -12,6 +12,7 @@ use insitu_client::{BlockingClient, ClientError, Status};
 use insitu_protocol::schema::{Column, Schema};
 use insitu_rows::ColumnMap;
 use insitu_sql::SqlError;
+use insitu_sql::cluster::{FirstError, cluster_tables_at};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -31,24 +32,37 @@ fn helpers(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("insitu._arrow")
 }
 
-/// Run `query` over the cluster's typed tables; its result as a `pyarrow.Table`.
-pub fn sql(py: Python<'_>, client: &BlockingClient, query: &str) -> PyResult<Py<PyAny>> {
+/// Run `query` over the cluster's typed tables, read as of `snapshot_ts`
+/// (0: as they are); its result as a `pyarrow.Table`.
+pub fn sql(
+    py: Python<'_>,
+    client: &BlockingClient,
+    query: &str,
+    snapshot_ts: u64,
+) -> PyResult<Py<PyAny>> {
     // Import first: without pyarrow, fail before doing the work.
     let helpers = helpers(py)?;
+    let errors = FirstError::default();
     let ipc = py
         .detach(|| {
             client.block_on(async {
                 // The table list is a client call of its own, so that a down
                 // cluster raises ConnectionError/Timeout, not a SQL error.
-                let tables = insitu_sql::cluster::cluster_tables(client.async_client())
+                let tables = cluster_tables_at(client.async_client(), snapshot_ts, &errors)
                     .await
                     .map_err(QueryFailure::Client)?;
                 let ctx = insitu_sql::context(tables)
                     .await
                     .map_err(QueryFailure::Sql)?;
-                let (schema, batches) = insitu_sql::query(&ctx, query)
-                    .await
-                    .map_err(QueryFailure::Sql)?;
+                // A scan that failed in the client raises that error's own
+                // exception (SnapshotTooOld is retried by `read_only`).
+                let (schema, batches) =
+                    insitu_sql::query(&ctx, query)
+                        .await
+                        .map_err(|e| match errors.take() {
+                            Some(client_error) => QueryFailure::Client(client_error),
+                            None => QueryFailure::Sql(e),
+                        })?;
                 insitu_rows::arrow::to_ipc(&schema, &batches)
                     .map_err(|e| QueryFailure::Sql(SqlError::Execution(e.to_string())))
             })

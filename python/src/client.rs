@@ -209,7 +209,7 @@ impl Client {
     /// can; joins and the rest run here (Apache DataFusion). Raises
     /// `SqlError` for SQL that does not parse or plan. Needs pyarrow.
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Py<PyAny>> {
-        crate::arrow::sql(py, &self.inner, query)
+        crate::arrow::sql(py, &self.inner, query, 0)
     }
 
     /// The names of the tables, in the coordinator's order.
@@ -314,7 +314,7 @@ impl Client {
                 .detach(|| self.inner.snapshot())
                 .map_err(|e| to_py(py, e))?,
         };
-        Ok(crate::snapshot::Snapshot::new(snap))
+        Ok(crate::snapshot::Snapshot::new(snap, self.inner.clone()))
     }
 
     /// Call `body(snapshot)` on a fresh snapshot: a read-only transaction,

@@ -26,11 +26,13 @@ use crate::table::Table;
 pub struct Snapshot {
     /// The Rust snapshot (its client and timestamp).
     inner: BlockingSnapshot,
+    /// The client it was taken from: `sql` runs a session on it.
+    client: BlockingClient,
 }
 
 impl Snapshot {
-    pub fn new(inner: BlockingSnapshot) -> Snapshot {
-        Snapshot { inner }
+    pub fn new(inner: BlockingSnapshot, client: BlockingClient) -> Snapshot {
+        Snapshot { inner, client }
     }
 }
 
@@ -40,6 +42,14 @@ impl Snapshot {
     #[getter]
     fn ts(&self) -> u64 {
         self.inner.ts()
+    }
+
+    /// `Client.sql` as of the snapshot: every typed table the query names
+    /// is read as it was at this one instant (a `pyarrow.Table`). An answer
+    /// that needs more than the pages one tablet may hold is refused
+    /// (`BadRequest`): aggregate, or select fewer rows or columns.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Py<PyAny>> {
+        crate::arrow::sql(py, &self.client, query, self.inner.ts())
     }
 
     /// The value of `key` in `table` as of the snapshot (None if absent then).
@@ -143,7 +153,7 @@ pub fn run(
     loop {
         tries += 1;
         let snap = py.detach(|| client.snapshot()).map_err(|e| to_py(py, e))?;
-        let snap = Bound::new(py, Snapshot::new(snap))?;
+        let snap = Bound::new(py, Snapshot::new(snap, client.clone()))?;
         match body.call1((snap,)) {
             Ok(value) => return Ok(value.unbind()),
             Err(e) if too_old(py, &e) && tries <= MAX_SNAPSHOT_RETRIES => {

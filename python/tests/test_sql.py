@@ -280,3 +280,29 @@ def test_order_by_limit_runs_as_a_top_k_on_the_servers(client, typed):
     assert got == [{k: r[k] for k in ("id", "qty", "comment")} for r in chosen]
     plan = "\n".join(client.sql("EXPLAIN " + sql).column("plan").to_pylist())
     assert "top_k_order=[qty DESC NULLS FIRST, id ASC NULLS LAST], limit=10" in plan, plan
+
+
+def test_a_snapshot_runs_sql_as_of_its_instant_and_read_only_retries_it(own_cluster):
+    c = own_cluster.connect()
+    t = c.create_table("snapsql", schema=SCHEMA_TEXT, key="id")
+    t.insert_arrow(rows(500))
+    query = f"SELECT count(*) AS n, sum(qty) AS q FROM {t.name} WHERE rush"
+    want = c.sql(query).to_pylist()
+    # A fresh cluster keeps no old versions yet: the first snapshot read is
+    # refused with the typed error read_only retries.
+    early = c.snapshot()
+    with pytest.raises(insitu.Unavailable) as e:
+        early.sql(query)
+    assert e.value.status == "SnapshotTooOld"
+    seen = []
+
+    def body(snap):
+        seen.append(snap.ts)
+        return snap.sql(query).to_pylist()
+
+    assert c.read_only(body) == want
+    # Its answer again at the same instant, by timestamp.
+    assert c.snapshot(ts=seen[-1]).sql(query).to_pylist() == want
+    # SQL errors are still SQL errors at a snapshot.
+    with pytest.raises(insitu.SqlError):
+        c.snapshot(ts=seen[-1]).sql("SELECT nope FROM snapsql")

@@ -132,6 +132,23 @@ impl Client {
         plan: &QueryPlan,
         index: Option<&IndexProbe>,
     ) -> Result<QueryOutcome, ClientError> {
+        self.query_at(table, plan, index, 0).await
+    }
+
+    /// `query_with`, reading the rows as of snapshot timestamp
+    /// `snapshot_ts` (0: as they are). A timestamp the oracle has not handed
+    /// out is refused (`BadRequest`); a shard that no longer keeps the
+    /// versions the snapshot needs answers `SnapshotTooOld`.
+    pub async fn query_at(
+        &self,
+        table: u64,
+        plan: &QueryPlan,
+        index: Option<&IndexProbe>,
+        snapshot_ts: u64,
+    ) -> Result<QueryOutcome, ClientError> {
+        if snapshot_ts != 0 {
+            self.check_snapshot_ts(snapshot_ts).await?;
+        }
         let schema = self.typed_schema(table).await?;
         // Refuse a bad plan here with the servers' own check.
         insitu_query::compile(&schema, plan)
@@ -140,9 +157,9 @@ impl Client {
         let mut layout_retries = 0;
         loop {
             let (ranges, seen) = self.tablet_ranges(table, deadline).await?;
-            let calls = ranges
-                .iter()
-                .map(|&(s, e)| self.query_tablet(table, (s, e), &schema, plan, index));
+            let calls = ranges.iter().map(|&(s, e)| {
+                self.query_tablet(table, (s, e), &schema, plan, (index, snapshot_ts))
+            });
             let results = futures::future::join_all(calls).await;
             let mut pages = Vec::new();
             let mut layout_changed = None;
@@ -172,7 +189,7 @@ impl Client {
         (start, end): (u64, u64),
         schema: &Schema,
         plan: &QueryPlan,
-        index: Option<&IndexProbe>,
+        (index, snapshot_ts): (Option<&IndexProbe>, u64),
     ) -> Result<Vec<QueryResult>, LayoutOr> {
         let limit = match &plan.output {
             QueryOutput::Rows {
@@ -192,7 +209,13 @@ impl Client {
                 )));
             }
             let page = match self
-                .query_page(table, (start, end), schema, plan, (resume, index))
+                .query_page(
+                    table,
+                    (start, end),
+                    schema,
+                    plan,
+                    (resume, index, snapshot_ts),
+                )
                 .await
             {
                 Ok(page) => page,
@@ -225,7 +248,7 @@ impl Client {
         (start, end): (u64, u64),
         schema: &Schema,
         plan: &QueryPlan,
-        (resume, index): (Option<QueryResume>, Option<&IndexProbe>),
+        (resume, index, snapshot_ts): (Option<QueryResume>, Option<&IndexProbe>, u64),
     ) -> Result<QueryResult, LayoutOr> {
         self.tablet_op(
             table,
@@ -239,6 +262,7 @@ impl Client {
                 plan: plan.clone(),
                 resume,
                 index: index.cloned(),
+                snapshot_ts,
             },
             "Query",
             |r| match r {

@@ -291,6 +291,10 @@ pub enum Request<'a> {
         /// column instead of walking the log (the filter is still applied to
         /// every candidate, so the answer is the same either way).
         index: Option<crate::query::IndexProbe>,
+        /// 0: the rows as they are. Else the rows as of this snapshot
+        /// timestamp (as `Scan::snapshot_ts`; `Status::SnapshotTooOld` when
+        /// the shard no longer keeps the versions it needs).
+        snapshot_ts: u64,
     },
 
     // ---- transactions (ARCHITECTURE.md, "Transactions") ----

@@ -488,6 +488,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             plan,
             resume,
             index,
+            snapshot_ts,
         } => {
             crate::query::handle(
                 state,
@@ -498,8 +499,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 map_version,
                 schema,
                 plan,
-                resume,
-                index,
+                (resume, index, snapshot_ts),
                 out,
             )
             .await

@@ -19,7 +19,12 @@
 //!   `Enumerate`'s: a row present and unchanged during the whole query is
 //!   returned exactly once; a row written meanwhile may be returned with
 //!   either value, or not at all if created after its page's list was taken.
-
+//!
+//! At a snapshot (`snapshot_ts` > 0) the log or index walk goes through the
+//! snapshot overlay (`snapshot.rs`), exactly as an untyped scan at a
+//! snapshot does; such an answer must fit the held pages (the hash-order
+//! paging reads only the newest rows), else it is refused, saying so.
+//!
 //! A row that does not decode with the schema (written by other means than
 //! a typed client) fails the query with its key named; it never panics.
 
@@ -36,6 +41,7 @@ use insitu_rows::RowRef;
 use crate::held::{MAX_HELD_BYTES, Page};
 use crate::scan_run::{CHUNK, ObjectSink, Refusal, Run, engine_refusal, show_key};
 use crate::shard::ShardState;
+use crate::snapshot::{self, Overlay};
 
 /// Arrow bytes of rows per reply page. Why 1 MiB: a frame carries 4 MiB; a
 /// page may overshoot by one row, or by one hash-walk batch
@@ -193,13 +199,26 @@ fn finished(sink: Sink) -> Result<QueryData, Refusal> {
     sink.finish().map_err(|e| (Status::Internal, e.to_string()))
 }
 
+/// Feed the tablet's rows to `visit`: those with the `candidates` hashes
+/// (a secondary index's) or, with none, the whole log.
+async fn walk(
+    run: &mut Run<'_>,
+    visit: &mut impl ObjectSink,
+    candidates: Option<&[u64]>,
+) -> Result<(), Refusal> {
+    match candidates {
+        Some(hashes) => index_walk(run, visit, hashes).await,
+        None => run.scan(visit).await,
+    }
+}
+
 /// Feed the objects with `hashes` (a secondary index's candidates) to
 /// `visit`, yielding every ~1 ms and checking the tablet after each yield.
 /// Each hash is read once, so a row is returned at most once; a row changed
 /// during the walk may be seen with either value.
 async fn index_walk(
     run: &Run<'_>,
-    visit: &mut QueryVisit<'_>,
+    visit: &mut impl ObjectSink,
     hashes: &[u64],
 ) -> Result<(), Refusal> {
     let mut chunk_start = Instant::now();
@@ -229,13 +248,11 @@ async fn index_walk(
 async fn execute(
     state: &ShardState,
     tablet: (u64, u64, u64, u64),
-    schema: &Schema,
-    plan: &QueryPlan,
-    resume: Option<QueryResume>,
-    index: Option<&IndexProbe>,
+    (schema, plan): (&Schema, &QueryPlan),
+    (resume, index, snapshot_ts): (Option<QueryResume>, Option<&IndexProbe>, u64),
 ) -> Result<QueryResult, Refusal> {
     let started = Instant::now();
-    let (table, start_hash, ..) = tablet;
+    let (table, start_hash, end_hash, _) = tablet;
     let source = Source::Log;
     let mut run = run(state, tablet, &source);
     let reply = |data, visited, matched, resume| QueryResult {
@@ -276,18 +293,45 @@ async fn execute(
                 compile(schema, plan).map_err(|e| (Status::BadRequest, e.to_string()))?;
             let mut visit = QueryVisit::new(&compiled, state, true);
             run.check()?;
+            let snap = match snapshot_ts {
+                0 => None,
+                ts => Some(snapshot::begin(state, table, (start_hash, end_hash), ts).await?),
+            };
             let candidates = match index {
                 Some(probe) => {
                     crate::sindex::candidates(state, table, start_hash, schema, probe).await?
                 }
                 None => None,
             };
-            match candidates {
-                Some(hashes) => index_walk(&run, &mut visit, &hashes).await?,
-                None => run.scan(&mut visit).await?,
+            // At a snapshot, the rows a commit after it changed are read
+            // from the kept versions (`snapshot.rs`): the overlay skips their
+            // newest values during the walk and feeds the older ones after
+            // it. An index walk finds the current rows that match; a row
+            // that matched only at the snapshot is among the changed ones
+            // the overlay feeds, and the filter decides.
+            match &snap {
+                None => walk(&mut run, &mut visit, candidates.as_deref()).await?,
+                Some(snap) => {
+                    let range = (table, (start_hash, end_hash));
+                    let mut o = Overlay::new(visit, state, range, snap, &source);
+                    walk(&mut run, &mut o, candidates.as_deref()).await?;
+                    visit = o.finish().await;
+                    snapshot::check_end(state, snap)?;
+                }
             }
             if let Some(r) = visit.refusal() {
                 return Err(r);
+            }
+            if snap.is_some() && visit.overflowed() {
+                // The hash-order paging below reads the newest rows only.
+                return Err((
+                    Status::BadRequest,
+                    format!(
+                        "the answer at snapshot {snapshot_ts} is more than one tablet may hold \
+                         ({MAX_HELD_BYTES} bytes of pages): select fewer rows or columns, \
+                         aggregate, or read without a snapshot"
+                    ),
+                ));
             }
             if !visit.overflowed() {
                 let (visited, matched) = (visit.visited, visit.matched);
@@ -377,12 +421,17 @@ pub async fn handle(
     map_version: u64,
     schema: Schema,
     plan: QueryPlan,
-    resume: Option<QueryResume>,
-    index: Option<IndexProbe>,
+    (resume, index, snapshot_ts): (Option<QueryResume>, Option<IndexProbe>, u64),
     out: &mut BytesMut,
 ) {
     let tablet = (table, start_hash, end_hash, map_version);
-    let result = execute(state, tablet, &schema, &plan, resume, index.as_ref()).await;
+    let result = execute(
+        state,
+        tablet,
+        (&schema, &plan),
+        (resume, index.as_ref(), snapshot_ts),
+    )
+    .await;
     match result {
         Ok(result) => crate::handler::reply(out, id, &Response::Query(result)),
         Err((status, message)) => encode_error(out, id, status, message),

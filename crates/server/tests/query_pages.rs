@@ -92,6 +92,7 @@ async fn page(
             plan: all_rows(),
             resume,
             index: None,
+            snapshot_ts: 0,
         })
         .await
         .unwrap();

@@ -8,7 +8,6 @@ mod common;
 use std::collections::BTreeMap;
 
 use insitu_client::{Client, QueryAnswer};
-use insitu_protocol::plan::CmpOp;
 use insitu_protocol::query::{IndexProbe, Pred, QueryOutput, QueryPlan, Scalar};
 use insitu_protocol::schema::Schema;
 
@@ -67,16 +66,8 @@ fn random_row(rng: &mut fastrand::Rng) -> Row {
 
 /// `grp = g` as a filter, and as the probe of the index on grp.
 fn grp_is(g: i64) -> (QueryPlan, IndexProbe) {
-    let plan = ids_plan(vec![Pred::Cmp {
-        col: 1,
-        op: CmpOp::Eq,
-        value: Scalar::Int(g),
-    }]);
-    let probe = IndexProbe::Eq {
-        col: 1,
-        values: vec![Scalar::Int(g)],
-    };
-    (plan, probe)
+    let (filter, probe) = common::typed::int_eq(1, g);
+    (ids_plan(filter), probe)
 }
 
 /// Create typed table `name` (the test schema) in `tablets` tablets.

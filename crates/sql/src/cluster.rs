@@ -1,17 +1,41 @@
 //! The cluster's typed tables as SQL tables: every plan runs through the
-//! Rust client (`Client::query`), which fans it out to the tablets, pages
-//! through large answers and merges partial aggregates.
+//! Rust client (`Client::query_at`), which fans it out to the tablets, pages
+//! through large answers and merges partial aggregates; a session may read
+//! every table as of one snapshot timestamp (`cluster_tables_at`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use insitu_client::{Client, QueryAnswer};
+use insitu_client::{Client, ClientError, QueryAnswer};
 use insitu_protocol::query::{GroupPartial, IndexProbe, QueryPlan};
 use insitu_protocol::schema::Schema;
 
 use crate::source::TableSource;
+
+/// The first client error a session's scans met, kept with its kind:
+/// DataFusion carries a scan's error as text, and a caller may need to know
+/// what it was (a snapshot too old to read is retried on a new one, a
+/// timeout is a timeout).
+#[derive(Clone, Default, Debug)]
+pub struct FirstError(Arc<Mutex<Option<ClientError>>>);
+
+impl FirstError {
+    /// Keep `e` if it is the first; its text for DataFusion.
+    fn record(&self, e: ClientError) -> String {
+        let text = e.to_string();
+        if let Ok(mut first) = self.0.lock() {
+            first.get_or_insert(e);
+        }
+        text
+    }
+
+    /// The first error recorded (and forget it).
+    pub fn take(&self) -> Option<ClientError> {
+        self.0.lock().ok().and_then(|mut first| first.take())
+    }
+}
 
 /// One typed table of a cluster.
 #[derive(Clone)]
@@ -23,6 +47,11 @@ pub struct ClusterTable {
     schema: Schema,
     /// Columns with a secondary index, as the coordinator listed them.
     indexes: Vec<u16>,
+    /// 0: read the rows as they are; else as of this snapshot timestamp
+    /// (every table of one session at the same one: a consistent view).
+    snapshot_ts: u64,
+    /// Where a failed query's client error is kept.
+    errors: FirstError,
 }
 
 impl std::fmt::Debug for ClusterTable {
@@ -78,12 +107,13 @@ impl ClusterTable {
         plan: QueryPlan,
         probe: Option<IndexProbe>,
     ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
-        let (client, id) = (self.client.clone(), self.id);
+        let (client, id, snapshot_ts) = (self.client.clone(), self.id, self.snapshot_ts);
+        let errors = self.errors.clone();
         Box::pin(async move {
             match client
-                .query_with(id, &plan, probe.as_ref())
+                .query_at(id, &plan, probe.as_ref(), snapshot_ts)
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| errors.record(e))?
                 .answer
             {
                 QueryAnswer::Groups(g) => Ok(g),
@@ -99,28 +129,43 @@ impl ClusterTable {
         plan: QueryPlan,
         probe: Option<IndexProbe>,
     ) -> BoxStream<'static, Result<arrow_array::RecordBatch, String>> {
-        let (client, id) = (self.client.clone(), self.id);
-        futures::stream::once(async move { client.query_with(id, &plan, probe.as_ref()).await })
-            .flat_map(|r| match r {
-                Ok(out) => match out.answer {
-                    QueryAnswer::Rows(batches) => {
-                        futures::stream::iter(batches.into_iter().map(Ok)).boxed()
-                    }
-                    QueryAnswer::Groups(_) => futures::stream::iter([Err(
-                        "the servers answered a rows query with groups".to_string(),
-                    )])
-                    .boxed(),
-                },
-                Err(e) => futures::stream::iter([Err(e.to_string())]).boxed(),
-            })
-            .boxed()
+        let (client, id, snapshot_ts) = (self.client.clone(), self.id, self.snapshot_ts);
+        let errors = self.errors.clone();
+        futures::stream::once(async move {
+            client
+                .query_at(id, &plan, probe.as_ref(), snapshot_ts)
+                .await
+        })
+        .flat_map(move |r| match r {
+            Ok(out) => match out.answer {
+                QueryAnswer::Rows(batches) => {
+                    futures::stream::iter(batches.into_iter().map(Ok)).boxed()
+                }
+                QueryAnswer::Groups(_) => futures::stream::iter([Err(
+                    "the servers answered a rows query with groups".to_string(),
+                )])
+                .boxed(),
+            },
+            Err(e) => futures::stream::iter([Err(errors.record(e))]).boxed(),
+        })
+        .boxed()
     }
 }
 
 /// Every typed table of the cluster (untyped tables have no columns to query).
-pub async fn cluster_tables(
+pub async fn cluster_tables(client: &Client) -> Result<Vec<Arc<dyn TableSource>>, ClientError> {
+    cluster_tables_at(client, 0, &FirstError::default()).await
+}
+
+/// Every typed table of the cluster, read as of snapshot timestamp
+/// `snapshot_ts` (0: as the rows are). A query over them sees one instant
+/// of every table, while writes and transactions go on. A client error a
+/// scan meets is kept in `errors`.
+pub async fn cluster_tables_at(
     client: &Client,
-) -> Result<Vec<Arc<dyn TableSource>>, insitu_client::ClientError> {
+    snapshot_ts: u64,
+    errors: &FirstError,
+) -> Result<Vec<Arc<dyn TableSource>>, ClientError> {
     let tables = client.list_tables().await?;
     Ok(tables
         .into_iter()
@@ -132,6 +177,8 @@ pub async fn cluster_tables(
                 name: t.name,
                 schema,
                 indexes: t.indexes,
+                snapshot_ts,
+                errors: errors.clone(),
             }) as Arc<dyn TableSource>)
         })
         .collect())

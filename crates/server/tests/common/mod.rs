@@ -6,6 +6,7 @@
 
 pub mod resp;
 pub mod txn;
+pub mod typed;
 
 use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
 use insitu_server::{ServerConfig, ServerHandle};
