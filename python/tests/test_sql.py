@@ -199,6 +199,8 @@ def test_bad_rows_are_refused_with_the_column_and_row_named(client, typed):
     assert client.sql(f"SELECT count(*) AS n FROM {typed.name}").to_pylist() == [{"n": 2_000}]
     with pytest.raises(ValueError, match="batch_rows"):
         typed.insert_arrow(rows(1), batch_rows=0)
+    with pytest.raises(ValueError, match="batch_rows"):
+        typed.insert_arrow(rows(1), batch_rows=1_000_001)
     with pytest.raises(TypeError, match="insert_arrow takes"):
         typed.insert_arrow(42)
 

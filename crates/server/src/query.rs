@@ -328,8 +328,9 @@ async fn execute(
                     Status::BadRequest,
                     format!(
                         "the answer at snapshot {snapshot_ts} is more than one tablet may hold \
-                         ({MAX_HELD_BYTES} bytes of pages): select fewer rows or columns, \
-                         aggregate, or read without a snapshot"
+                         as pages (at most {MAX_HELD_BYTES} bytes, and what the memory budget \
+                         leaves): select fewer rows or columns, aggregate, or read without a \
+                         snapshot"
                     ),
                 ));
             }

@@ -240,4 +240,23 @@ async fn without_room_to_hold_pages_the_answer_pages_in_hash_order() {
     // The client reads the same answer through the same fallback.
     let out = c.client.query(c.info.id, &all_rows()).await.unwrap();
     assert_eq!(out.matched, N as u64);
+    // At a snapshot the answer must fit the held pages (the hash-order
+    // paging reads only the newest rows): refused, saying so. Fresh
+    // timestamps until the shard keeps versions.
+    let mut tries = 0;
+    let e = loop {
+        let ts = c.client.timestamp().await.unwrap();
+        match c.client.query_at(c.info.id, &all_rows(), None, ts).await {
+            Err(e) if e.status() == Some(Status::SnapshotTooOld) && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => break other.expect_err("an answer at a snapshot over the held pages"),
+        }
+    };
+    assert_eq!(e.status(), Some(Status::BadRequest), "{e}");
+    assert!(
+        e.to_string().contains("more than one tablet may hold"),
+        "{e}"
+    );
 }

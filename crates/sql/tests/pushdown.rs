@@ -512,6 +512,8 @@ async fn a_top_k_that_could_choose_other_rows_is_not_pushed() {
         "SELECT id FROM items ORDER BY qty + 1, id LIMIT 3",
         // No limit: nothing to cut.
         "SELECT id FROM items WHERE qty > 3 ORDER BY id",
+        // More rows than a tablet may sort (MAX_TOP_K).
+        "SELECT id FROM items ORDER BY id LIMIT 100001",
     ] {
         same(&f, sql).await;
         assert!(last_order(&f).0.is_empty(), "{sql} was pushed");
