@@ -1,7 +1,8 @@
 //! The RESP port's input path: arbitrary bytes cut into commands by the
 //! parser (tight limits, so the length checks are reached), every command
-//! run against the in-memory model store. Must never panic; a protocol
-//! error ends the input as it ends a connection.
+//! run against the in-memory model store (its clock pinned and moved a
+//! second per command, so keys expire). Must never panic; a protocol error
+//! ends the input as it ends a connection.
 
 #![no_main]
 
@@ -21,6 +22,11 @@ fuzz_target!(|data: &[u8]| {
         max_inline_bytes: 512,
     };
     let store = MemStore::default();
+    // A pinned clock, moved one second per command: a run does not depend
+    // on the wall clock (so a crash replays), and keys set with EX/PX do
+    // expire within one input.
+    let mut clock_ms: u64 = 1_700_000_000_000;
+    store.set_clock_ms(Some(clock_ms));
     let settings = Settings::default();
     let mut session = Session::new(1);
     let mut buf = BytesMut::from(data);
@@ -36,6 +42,8 @@ fuzz_target!(|data: &[u8]| {
                 }
                 // Bound the replies kept (a long input of PINGs).
                 out.clear();
+                clock_ms += 1_000;
+                store.set_clock_ms(Some(clock_ms));
                 if session.closing {
                     break;
                 }

@@ -211,8 +211,15 @@ class Table:
         Columns are matched by name; a row replaces the row with its primary
         key. Sent ``batch_rows`` rows at a time: on an error, earlier steps
         stay written. Needs pyarrow."""
-    def put(self, key: BytesLike, value: BytesLike) -> int:
-        """Store ``value`` under ``key`` (replacing any value); returns the new version."""
+    def put(self, key: BytesLike, value: BytesLike, *, ttl: Optional[float] = None,
+            expires_at: Optional[float] = None) -> int:
+        """Store ``value`` under ``key`` (replacing any value); returns the new version.
+
+        ``ttl`` (seconds from now) or ``expires_at`` (Unix seconds) give the object a
+        deadline: from then on every read, count and query leaves it out, and the server
+        removes it."""
+    def expires_at(self, key: BytesLike) -> Optional[float]:
+        """The deadline of ``key`` in Unix seconds; None if it has none or does not exist."""
     def get(self, key: BytesLike) -> Optional[bytes]:
         """The value of ``key``, or None if there is no such object."""
     def delete(self, key: BytesLike) -> bool:

@@ -240,8 +240,12 @@ class AsyncTable:
     def name(self) -> str:
         return self.sync.name
 
-    async def put(self, key: BytesLike, value: BytesLike) -> int:
-        return await asyncio.to_thread(self.sync.put, key, value)
+    async def put(self, key: BytesLike, value: BytesLike, *, ttl: Optional[float] = None,
+                  expires_at: Optional[float] = None) -> int:
+        return await asyncio.to_thread(self.sync.put, key, value, ttl=ttl, expires_at=expires_at)
+
+    async def expires_at(self, key: BytesLike) -> Optional[float]:
+        return await asyncio.to_thread(self.sync.expires_at, key)
 
     async def get(self, key: BytesLike) -> Optional[bytes]:
         return await asyncio.to_thread(self.sync.get, key)

@@ -6,6 +6,7 @@ mod arrow;
 mod client;
 mod convert;
 mod errors;
+mod expiry;
 mod snapshot;
 mod table;
 mod txn;

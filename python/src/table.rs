@@ -82,16 +82,38 @@ impl Table {
     }
 
     /// Store `value` under `key` (replacing any value); returns the new version.
+    /// `ttl` (seconds from now) or `expires_at` (Unix seconds) give the
+    /// object a deadline: from then on it is absent to every read and query.
+    #[pyo3(signature = (key, value, *, ttl = None, expires_at = None))]
     fn put(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
+        ttl: Option<f64>,
+        expires_at: Option<f64>,
     ) -> PyResult<u64> {
         let k = as_bytes(key, "key")?;
         let v = as_bytes(value, "value")?;
-        py.detach(|| self.client.write(self.id, k, v))
-            .map_err(|e| to_py(py, e))
+        let deadline_ms = crate::expiry::deadline_ms(ttl, expires_at)?;
+        py.detach(|| {
+            self.client
+                .write_expiring(self.id, k, v, deadline_ms, Default::default())
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    /// The deadline of `key` as Unix seconds, or None if it has none or does
+    /// not exist.
+    fn expires_at(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+        let k = as_bytes(key, "key")?;
+        let found = py
+            .detach(|| self.client.read_expiring(self.id, k))
+            .map_err(|e| to_py(py, e))?;
+        Ok(found
+            .map(|(_, _, ms)| ms)
+            .filter(|&ms| ms != 0)
+            .map(|ms| ms as f64 / 1000.0))
     }
 
     /// The value of `key`, or None if there is no such object.

@@ -118,3 +118,32 @@ def test_wrong_types(table):
         table.put_many([b"not-a-pair"])
     with pytest.raises(TypeError, match="key must be bytes or str"):
         table.get_many([b"ok", None])
+
+
+def test_put_with_a_deadline(table):
+    import time
+
+    table.put(b"forever", b"v")
+    table.put(b"soon", b"v", ttl=0.4)
+    at = time.time() + 3600
+    table.put(b"later", b"v", expires_at=at)
+    assert table.get(b"soon") == b"v"
+    assert table.expires_at(b"forever") is None
+    assert table.expires_at(b"nope") is None
+    assert abs(table.expires_at(b"later") - at) < 0.002
+    assert 0 < table.expires_at(b"soon") - time.time() <= 0.4
+    assert table.count() == 3
+    time.sleep(0.6)
+    # Gone at once for reads and server-side counts; the server removes it.
+    assert table.get(b"soon") is None
+    assert table.expires_at(b"soon") is None
+    assert table.count() == 2
+    assert sorted(k for k, _ in table.scan()) == [b"forever", b"later"]
+    # A plain put replaces the deadline.
+    table.put(b"later", b"w")
+    assert table.expires_at(b"later") is None
+    for bad in ({"ttl": 0}, {"ttl": -1.0}, {"ttl": float("nan")}, {"expires_at": -5},
+                {"ttl": 1, "expires_at": at}, {"expires_at": 1e30}):
+        with pytest.raises(ValueError):
+            table.put(b"x", b"v", **bad)
+    assert table.get(b"x") is None

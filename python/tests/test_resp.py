@@ -103,3 +103,31 @@ def test_the_same_objects_through_insitu(resp_cluster):
     table = client.table("redis")
     assert table.get("shared") == b"seen by both"
     assert table.count() == r.dbsize()
+
+
+def test_expiry(resp_cluster):
+    import time
+
+    r = redis_client(resp_cluster)
+    assert r.set("session", "abc", ex=100)
+    assert r.ttl("session") == 100
+    assert r.expire("session", 200, gt=True)
+    assert r.ttl("session") == 200
+    assert r.persist("session")
+    assert r.ttl("session") == -1
+    assert r.set("brief", "x", px=300)
+    assert r.incr("counted") == 1 and r.expire("counted", 100)
+    assert r.incr("counted") == 2
+    assert r.ttl("counted") == 100  # INCR keeps a TTL, as in Redis
+    assert r.getex("counted", persist=True) == b"2"
+    assert r.ttl("counted") == -1
+    time.sleep(0.5)
+    assert r.get("brief") is None
+    assert r.exists("brief") == 0
+    assert r.ttl("brief") == -2
+    with r.pipeline(transaction=True) as p:
+        p.set("in_multi", "v", ex=100)
+        p.ttl("in_multi")
+        assert p.execute() == [True, 100]
+    with pytest.raises(redis.ResponseError, match="invalid expire time"):
+        r.set("bad", "v", ex=0)

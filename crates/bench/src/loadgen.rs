@@ -134,6 +134,7 @@ impl Wire for InsituWire {
     fn write(&mut self, out: &mut BytesMut, key: &[u8], value: &[u8]) {
         let id = self.id();
         let request = Request::Write {
+            expires_at_ms: 0,
             table: self.table,
             key: blob(key),
             value: blob(value),
@@ -468,6 +469,7 @@ mod tests {
             &Response::Read {
                 version: 1,
                 value: blob(&v),
+                expires_at_ms: 0,
             },
         )
         .unwrap();

@@ -193,6 +193,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
             key,
             value,
             file,
+            ttl,
         } => {
             let value = put_value(value, file.as_deref())?;
             let (client, t) = open(cluster, &table).await?;
@@ -202,8 +203,26 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                      `insitu insert {table} 'v1,v2,...'` or `insitu load {table} FILE`"
                 );
             }
-            let version = client.write(t.id, key.as_bytes(), &value).await?;
-            crate::outln!("ok (version {version})")?;
+            let Some(ttl_s) = ttl else {
+                let version = client.write(t.id, key.as_bytes(), &value).await?;
+                crate::outln!("ok (version {version})")?;
+                return Ok(());
+            };
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis() as u64;
+            // `ttl` is at most 10^11 s (clap's range): no overflow.
+            let deadline_ms = now_ms + ttl_s * 1000;
+            let version = client
+                .write_expiring(
+                    t.id,
+                    key.as_bytes(),
+                    &value,
+                    deadline_ms,
+                    Default::default(),
+                )
+                .await?;
+            crate::outln!("ok (version {version}, expires in {ttl_s} s)")?;
         }
         Command::Get { table, key } => {
             let (client, t) = open(cluster, &table).await?;

@@ -89,6 +89,10 @@ enum Command {
         /// Read the value from this file (for values too large for an argument).
         #[arg(long, value_name = "PATH")]
         file: Option<PathBuf>,
+        /// Give the object a deadline this many seconds from now: from then on every read,
+        /// count and query leaves it out, and the server removes it (as Redis's `EX`).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=100_000_000_000))]
+        ttl: Option<u64>,
     },
     /// Insert rows into a typed table: each ROW is CSV in the table's column order (an empty
     /// field is NULL), e.g. `insitu insert users '1,alice,31'`.

@@ -198,6 +198,7 @@ fn up_requires_its_token_on_every_port_and_keeps_control_requests_for_members() 
             key: blob(&key),
         },
         Request::Write {
+            expires_at_ms: 0,
             table: info.id,
             key: blob(&key),
             value: blob(b"overwritten"),

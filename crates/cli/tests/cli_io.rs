@@ -43,6 +43,15 @@ fn cluster_flag_works_before_and_after_the_command() {
     );
     assert_eq!(bare(&["--cluster", &addr, "put", "a", "k", "v"]).0, 0);
     assert_eq!(bare(&["--cluster", &addr, "get", "a", "k"]).1, "v\n");
+    // A deadline: the key is there, then gone; a zero TTL is refused.
+    let (code, out, err) = bare(&["--cluster", &addr, "put", "a", "brief", "v", "--ttl", "1"]);
+    assert!(code == 0 && out.contains("expires in 1 s"), "{out}{err}");
+    assert_eq!(bare(&["--cluster", &addr, "get", "a", "brief"]).1, "v\n");
+    let (code, _, err) = bare(&["--cluster", &addr, "put", "a", "k", "v", "--ttl", "0"]);
+    assert!(code != 0 && err.contains("--ttl"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (code, _, err) = bare(&["--cluster", &addr, "get", "a", "brief"]);
+    assert!(code != 0 && err.contains("brief"), "{err}");
     let (code, out, err) = bare(&["--cluster", &addr, "count", "a"]);
     assert!(code == 0 && out == "1\n", "{out}{err}");
     // The explicit flag wins over the environment.

@@ -258,6 +258,30 @@ impl BlockingClient {
         self.run(self.client.write_with(table, key, value, rules))
     }
 
+    /// `Client::write_expiring`.
+    pub fn write_expiring(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        expires_at_ms: u64,
+        rules: RejectRules,
+    ) -> Result<u64, ClientError> {
+        self.run(
+            self.client
+                .write_expiring(table, key, value, expires_at_ms, rules),
+        )
+    }
+
+    /// `Client::read_expiring`: (value, version, deadline in Unix ms or 0).
+    pub fn read_expiring(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<(Bytes, u64, u64)>, ClientError> {
+        self.run(self.client.read_expiring(table, key))
+    }
+
     pub fn remove(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Option<u64>, ClientError> {
         self.run(self.client.remove(table, key))
     }

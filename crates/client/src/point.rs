@@ -11,6 +11,19 @@ impl Client {
     /// Read `key` of table `table`: `Ok(None)` if it does not exist, else the
     /// value (sharing the reply buffer, no copy) and its version.
     pub async fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Found, ClientError> {
+        Ok(self
+            .read_expiring(table, key)
+            .await?
+            .map(|(value, version, _)| (value, version)))
+    }
+
+    /// `read`, with the object's deadline (Unix ms; 0: none) as the third
+    /// item. An object past its deadline does not exist.
+    pub async fn read_expiring(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<(bytes::Bytes, u64, u64)>, ClientError> {
         let key = key.as_ref();
         self.routed(
             table,
@@ -22,9 +35,11 @@ impl Client {
             },
             |reply, _, addr| match reply.status {
                 Status::Ok => match decode(&reply, addr)? {
-                    Response::Read { version, value } => {
-                        Ok(Some((reply.body.slice_ref(value), version)))
-                    }
+                    Response::Read {
+                        version,
+                        value,
+                        expires_at_ms,
+                    } => Ok(Some((reply.body.slice_ref(value), version, expires_at_ms))),
                     other => Err(ClientError::unexpected(addr, format!("{other:?} to Read"))),
                 },
                 Status::ObjectDoesntExist => Ok(None),
@@ -58,6 +73,22 @@ impl Client {
         value: impl AsRef<[u8]>,
         rules: RejectRules,
     ) -> Result<u64, ClientError> {
+        self.write_expiring(table, key, value, 0, rules).await
+    }
+
+    /// `write_with` of an object that stops existing at `expires_at_ms`
+    /// (Unix ms, on the server's clock; 0: never). From then on every read,
+    /// scan and query leaves it out, and the server removes it (a tombstone,
+    /// then the cleaner reclaims the space). A deadline already passed is
+    /// accepted: the object is written and at once absent.
+    pub async fn write_expiring(
+        &self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        expires_at_ms: u64,
+        rules: RejectRules,
+    ) -> Result<u64, ClientError> {
         let (key, value) = (key.as_ref(), value.as_ref());
         let plain = rules == RejectRules::default();
         let make = |_: &TabletInfo| Request::Write {
@@ -65,6 +96,7 @@ impl Client {
             key: blob(key),
             value: blob(value),
             rules,
+            expires_at_ms,
         };
         self.routed(
             table,

@@ -32,6 +32,8 @@ pub struct Transaction {
     /// Writes waiting for the commit: Some(value) puts, None removes.
     /// Ordered, so the items a shard gets come in one order for every client.
     writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
+    /// Deadlines (Unix ms) of the puts in `writes` that have one.
+    deadlines: HashMap<(u64, Vec<u8>), u64>,
 }
 
 /// One participant shard of a commit: its endpoint and its items.
@@ -68,6 +70,7 @@ impl Client {
             client: self.clone(),
             reads: HashMap::new(),
             writes: BTreeMap::new(),
+            deadlines: HashMap::new(),
         }
     }
 
@@ -219,15 +222,37 @@ impl Transaction {
 
     /// Write `value` under `key` at the commit.
     pub fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
-        self.writes.insert(
-            (table, key.as_ref().to_vec()),
-            Some(value.as_ref().to_vec()),
-        );
+        self.write_expiring(table, key, value, 0);
+    }
+
+    /// `write` of an object that stops existing at `expires_at_ms` (Unix
+    /// ms; 0: never), as `Client::write_expiring`.
+    pub fn write_expiring(
+        &mut self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        expires_at_ms: u64,
+    ) {
+        let k = (table, key.as_ref().to_vec());
+        match expires_at_ms {
+            0 => self.deadlines.remove(&k),
+            d => self.deadlines.insert(k.clone(), d),
+        };
+        self.writes.insert(k, Some(value.as_ref().to_vec()));
+    }
+
+    /// The deadline this transaction gives `key` (0: none, or not written here).
+    pub fn written_deadline(&self, table: u64, key: impl AsRef<[u8]>) -> u64 {
+        let k = (table, key.as_ref().to_vec());
+        self.deadlines.get(&k).copied().unwrap_or(0)
     }
 
     /// Remove `key` at the commit.
     pub fn remove(&mut self, table: u64, key: impl AsRef<[u8]>) {
-        self.writes.insert((table, key.as_ref().to_vec()), None);
+        let k = (table, key.as_ref().to_vec());
+        self.deadlines.remove(&k);
+        self.writes.insert(k, None);
     }
 
     /// Commit: Ok once every write is applied as one. `Status::Conflict`
@@ -268,7 +293,13 @@ impl Transaction {
                     read_version: *read_version,
                     write: match write {
                         None => TxnWrite::None,
-                        Some(Some(v)) => TxnWrite::Put(blob(v)),
+                        Some(Some(v)) => match self.deadlines.get(&(*table, key.clone())) {
+                            Some(&expires_at_ms) => TxnWrite::PutExpiring {
+                                value: blob(v),
+                                expires_at_ms,
+                            },
+                            None => TxnWrite::Put(blob(v)),
+                        },
                         Some(None) => TxnWrite::Remove,
                     },
                 })

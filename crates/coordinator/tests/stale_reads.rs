@@ -42,6 +42,7 @@ fn read(table: u64) -> Request<'static> {
 
 fn write(table: u64, value: &'static [u8]) -> Request<'static> {
     Request::Write {
+        expires_at_ms: 0,
         table,
         key: blob(b"k"),
         value: blob(value),
@@ -229,6 +230,7 @@ async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
     expect_ok(&call(&src, take(table, 1, TabletState::Active)).await);
     expect_ok(&call(&src, write(table, b"kept")).await);
     let gone = Request::Write {
+        expires_at_ms: 0,
         table,
         key: blob(b"gone"),
         value: blob(b"old"),
@@ -262,6 +264,7 @@ async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
             key: blob(b"gone"),
             value: blob(b"old"),
             version: 2,
+            expires_at_ms: 0,
         }],
         records: Vec::new(),
     };

@@ -26,7 +26,7 @@ fn setup() -> (Tablet, Budget, u32, Vec<u32>) {
         let hash = crate::key_hash(1, &key(i));
         t.reserve_index(&mut budget, 1).expect("index");
         let v = t.take_version();
-        t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, None);
+        t.put(&mut budget, hash, &key(i), &[i as u8; 100], v, 0, None);
         i += 1;
     }
     let live: Vec<u32> = (0..i).filter(|j| j % 3 != 0).collect();
@@ -160,7 +160,7 @@ fn a_tablet_left_without_a_head_keeps_its_counter_in_the_log() {
         let old = t.find(hash, &k);
         t.reserve_index(&mut budget, 1).expect("index");
         let v = t.take_version();
-        t.put(&mut budget, hash, &k, &[i as u8; 100], v, old);
+        t.put(&mut budget, hash, &k, &[i as u8; 100], v, 0, old);
     }
     assert_eq!(t.order.len(), 2);
     t.raise_version(80);

@@ -16,8 +16,11 @@
 //!                         record removed; bit 5 is set only in the last two)
 //!                         bits 2-4: n - 1, the version's bytes
 //!                         bit 7: dead (in memory only: set once superseded;
-//!                         not in the CRC, ignored on replay); bit 6: 0
+//!                         not in the CRC, ignored on replay); bit 6: the
+//!                         object expires (objects only)
 //!      5  1-8  version    little-endian, n bytes: the fewest that hold it
+//!      .  0|8  expires    with bit 6 only: the deadline, Unix milliseconds
+//!                         (u64 LE, >= 1); the object is absent from then on
 //!      .  1-3  key_len    varint, <= MAX_KEY_BYTES (65,536)
 //!      .  1-5  value_len  varint, < 2^32
 //!      .    .  key        key_len bytes
@@ -35,6 +38,14 @@
 //! segment belongs to one tablet, so the id was the same in every entry; it
 //! was there to catch a segment replayed as the wrong table, which a seeded
 //! checksum catches as well (the entry fails its check).
+//!
+//! Why the deadline is in the entry and not in a table beside the log: it
+//! must survive a crash (replay reads it back from the backups' bytes), go
+//! with the object through cleaning (a verbatim copy), splits and moves, and
+//! vanish with it when a write supersedes it, which is exactly what the
+//! entry's own bytes do. Why a flag bit and not a field in every entry: most
+//! objects never expire and keep their exact bytes (bit 6 was reserved-zero
+//! and covered by the CRC, so no entry written before could carry it).
 //!
 //! A tombstone's value is 8 bytes: the newest segment id of its tablet when
 //! it was written (see `cleaner.rs` for why that, not the segment it landed in).
@@ -58,7 +69,10 @@ use crate::{ObjectRef, RecordId};
 /// and the two length varints at theirs (key_len 3, value_len 5). Room checks use this bound
 /// (a header is rarely more than 12 bytes; the difference is at most a few
 /// bytes left unused at the end of a segment).
-pub(crate) const MAX_HEADER_BYTES: usize = 4 + 1 + 8 + 3 + 5;
+pub(crate) const MAX_HEADER_BYTES: usize = 4 + 1 + 8 + EXPIRES_BYTES + 3 + 5;
+
+/// Bytes of an expiring object's deadline.
+const EXPIRES_BYTES: usize = 8;
 
 pub(crate) const KIND_OBJECT: u8 = 1;
 pub(crate) const KIND_TOMBSTONE: u8 = 2;
@@ -85,8 +99,23 @@ const KIND_BITS: u8 = 0x23;
 const VERSION_WIDTH_SHIFT: u32 = 2;
 const VERSION_WIDTH_BITS: u8 = 0x07 << VERSION_WIDTH_SHIFT;
 const DEAD_BIT: u8 = 0x80;
-/// Flag bits that must be zero (the CRC covers them).
-const RESERVED_BITS: u8 = !(KIND_BITS | VERSION_WIDTH_BITS | DEAD_BIT);
+/// The object carries a deadline after its version.
+const EXPIRES_BIT: u8 = 0x40;
+/// Flag bits with no meaning: none is left. (While one was, an entry
+/// setting it with a valid CRC was reported and skipped on replay.) A new
+/// meaning for a flag would need a new format byte somewhere.
+const RESERVED_BITS: u8 = !(KIND_BITS | VERSION_WIDTH_BITS | DEAD_BIT | EXPIRES_BIT);
+const _: () = assert!(RESERVED_BITS == 0, "every flag bit is parsed");
+
+/// Bytes the deadline takes for these flags (0 or 8).
+#[inline(always)]
+fn expires_bytes(flags: u8) -> usize {
+    if flags & EXPIRES_BIT != 0 {
+        EXPIRES_BYTES
+    } else {
+        0
+    }
+}
 
 /// Bytes the version takes: the fewest that hold it (at least one).
 #[inline(always)]
@@ -128,19 +157,43 @@ const fn varint_bytes(v: u64) -> usize {
     bits.div_ceil(7)
 }
 
-/// Bytes of a header for these fields.
+/// Bytes of a header for these fields, without a deadline.
+#[cfg(test)]
 #[inline(always)]
 pub(crate) const fn header_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
+    header_bytes_expiring(key_len, value_len, version, 0)
+}
+
+/// Bytes of a header for these fields (`expires_at_ms` 0: no deadline).
+#[inline(always)]
+pub(crate) const fn header_bytes_expiring(
+    key_len: usize,
+    value_len: usize,
+    version: u64,
+    expires_at_ms: u64,
+) -> usize {
     OFF_VERSION
         + version_bytes(version)
+        + if expires_at_ms != 0 { EXPIRES_BYTES } else { 0 }
         + varint_bytes(key_len as u64)
         + varint_bytes(value_len as u64)
 }
 
-/// Total bytes of an entry with these fields.
+/// Total bytes of an entry with these fields, without a deadline.
 #[inline(always)]
 pub(crate) const fn entry_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
-    header_bytes(key_len, value_len, version) + key_len + value_len
+    entry_bytes_expiring(key_len, value_len, version, 0)
+}
+
+/// Total bytes of an entry with these fields (`expires_at_ms` 0: no deadline).
+#[inline(always)]
+pub(crate) const fn entry_bytes_expiring(
+    key_len: usize,
+    value_len: usize,
+    version: u64,
+    expires_at_ms: u64,
+) -> usize {
+    header_bytes_expiring(key_len, value_len, version, expires_at_ms) + key_len + value_len
 }
 
 /// Most bytes an entry with these lengths takes, whatever its version: what
@@ -214,6 +267,8 @@ pub(crate) struct Header {
     pub key_len: usize,
     pub value_len: usize,
     pub version: u64,
+    /// An object's deadline in Unix ms; 0: none.
+    pub expires_at_ms: u64,
     /// Bytes of the header: the key starts here, relative to the entry.
     pub header_len: usize,
 }
@@ -240,7 +295,9 @@ pub(crate) fn header(buf: &[u8], at: usize) -> Header {
         let word = u64::from_le_bytes(a);
         let flags = word as u8;
         let width = version_width(flags);
-        if width <= 4 {
+        // An expiring object takes the general path: its lengths follow
+        // the deadline, beyond this load.
+        if width <= 4 && flags & EXPIRES_BIT == 0 {
             // Bytes of `word`: flags, version (width), key_len, value_len...
             let byte = |i: usize| (word >> (8 * i)) as u8;
             let (k, v0, v1) = (byte(1 + width), byte(2 + width), byte(3 + width));
@@ -256,6 +313,7 @@ pub(crate) fn header(buf: &[u8], at: usize) -> Header {
                     key_len: usize::from(k),
                     value_len,
                     version: (word >> 8) & (u64::MAX >> (64 - 8 * width as u32)),
+                    expires_at_ms: 0,
                     header_len: OFF_VERSION + width + 1 + value_bytes,
                 };
             }
@@ -271,6 +329,12 @@ fn header_general(buf: &[u8], at: usize) -> Header {
     let width = version_width(flags);
     let version = get_le(buf, at + OFF_VERSION, width);
     let mut p = at + OFF_VERSION + width;
+    let expires_at_ms = if flags & EXPIRES_BIT != 0 {
+        p += EXPIRES_BYTES;
+        get_le(buf, p - EXPIRES_BYTES, EXPIRES_BYTES)
+    } else {
+        0
+    };
     let key_len = get_varint(buf, &mut p) as usize;
     let value_len = get_varint(buf, &mut p) as usize;
     Header {
@@ -279,6 +343,7 @@ fn header_general(buf: &[u8], at: usize) -> Header {
         key_len,
         value_len,
         version,
+        expires_at_ms,
         header_len: p - at,
     }
 }
@@ -302,33 +367,48 @@ pub(crate) fn append(
     key: &[u8],
     value: &[u8],
 ) -> usize {
-    append_parts(buf, kind, table, version, key, value, &[])
+    append_parts(buf, kind, table, version, 0, key, value, &[])
 }
 
 /// `append` with the value given in two parts (`head` then `tail`), so a
-/// record's class and id need not be copied beside its payload first.
+/// record's class and id need not be copied beside its payload first, and
+/// with an object's deadline (`expires_at_ms`, Unix ms; 0: none).
+#[allow(clippy::too_many_arguments)] // the entry's fields, one each
 pub(crate) fn append_parts(
     buf: &mut Vec<u8>,
     kind: u8,
     table: u64,
     version: u64,
+    expires_at_ms: u64,
     key: &[u8],
     head: &[u8],
     tail: &[u8],
 ) -> usize {
     debug_assert!(kind & !KIND_BITS == 0 && kind != 0);
+    debug_assert!(
+        expires_at_ms == 0 || kind == KIND_OBJECT,
+        "only objects expire"
+    );
     let value_len = head.len() + tail.len();
     let mut header = [0u8; MAX_HEADER_BYTES];
     let width = version_bytes(version);
     header[OFF_FLAGS] = kind | ((width - 1) as u8) << VERSION_WIDTH_SHIFT;
     header[OFF_VERSION..OFF_VERSION + width].copy_from_slice(&version.to_le_bytes()[..width]);
     let mut n = OFF_VERSION + width;
+    if expires_at_ms != 0 {
+        header[OFF_FLAGS] |= EXPIRES_BIT;
+        header[n..n + EXPIRES_BYTES].copy_from_slice(&expires_at_ms.to_le_bytes());
+        n += EXPIRES_BYTES;
+    }
     put_varint(&mut header, &mut n, key.len() as u64);
     put_varint(&mut header, &mut n, value_len as u64);
     let crc = crc32c::crc32c_append(checksum(table, &header[..n], key, head), tail);
     header[0..4].copy_from_slice(&crc.to_le_bytes());
     let len = n + key.len() + value_len;
-    debug_assert_eq!(len, entry_bytes(key.len(), value_len, version));
+    debug_assert_eq!(
+        len,
+        entry_bytes_expiring(key.len(), value_len, version, expires_at_ms)
+    );
     debug_assert!(buf.len() + len <= buf.capacity());
     buf.extend_from_slice(&header[..n]);
     buf.extend_from_slice(key);
@@ -394,7 +474,8 @@ pub(crate) fn len_at(buf: &[u8], at: usize) -> usize {
 /// index probes compare keys.
 #[inline(always)]
 pub(crate) fn key_at(buf: &[u8], at: usize) -> &[u8] {
-    let mut p = at + OFF_VERSION + version_width(buf[at + OFF_FLAGS]);
+    let flags = buf[at + OFF_FLAGS];
+    let mut p = at + OFF_VERSION + version_width(flags) + expires_bytes(flags);
     let k = get_varint(buf, &mut p) as usize;
     let _value_len = get_varint(buf, &mut p);
     &buf[p..p + k]
@@ -410,7 +491,18 @@ pub(crate) fn object_at(buf: &[u8], at: usize) -> ObjectRef<'_> {
         key: &buf[key_start..value_start],
         value: &buf[value_start..value_start + h.value_len],
         version: h.version,
+        expires_at_ms: h.expires_at_ms,
     }
+}
+
+/// The deadline of the object at `at` (0: none), without decoding the rest.
+#[inline(always)]
+pub(crate) fn expires_at(buf: &[u8], at: usize) -> u64 {
+    let flags = buf[at + OFF_FLAGS];
+    if flags & EXPIRES_BIT == 0 {
+        return 0;
+    }
+    get_le(buf, at + OFF_VERSION + version_width(flags), EXPIRES_BYTES)
 }
 
 /// The segment id a tombstone or a record removal records (a removal's
@@ -463,6 +555,8 @@ pub(crate) fn record_at(buf: &[u8], at: usize) -> RecordRef<'_> {
 pub(crate) struct Parsed<'a> {
     pub kind: u8,
     pub version: u64,
+    /// An object's deadline (Unix ms; 0: none).
+    pub expires_at_ms: u64,
     pub key: &'a [u8],
     pub value: &'a [u8],
     /// Offset of the next entry.
@@ -476,8 +570,6 @@ pub(crate) enum Bad {
     End,
     /// Corrupt, and its length cannot be trusted: stop reading this segment.
     Stop(String),
-    /// Corrupt but its length is trusted (the CRC matched): skip to `next`.
-    Skip { reason: String, next: usize },
 }
 
 /// Parse and verify the entry at `at` of an untrusted buffer, as an entry of
@@ -518,6 +610,20 @@ pub(crate) fn parse(
     }
     let version = get_le(version_le, 0, width);
     let mut p = OFF_VERSION + width;
+    let mut expires_at_ms = 0;
+    if flags & EXPIRES_BIT != 0 {
+        let Some(deadline) = rest.get(p..p + EXPIRES_BYTES) else {
+            return Err(Bad::Stop("truncated header: the deadline is cut".into()));
+        };
+        expires_at_ms = get_le(deadline, 0, EXPIRES_BYTES);
+        // Its length is trusted below only for an object with a real deadline.
+        if kind != KIND_OBJECT || expires_at_ms == 0 {
+            return Err(Bad::Stop(format!(
+                "a deadline of {expires_at_ms} on an entry of kind {kind}"
+            )));
+        }
+        p += EXPIRES_BYTES;
+    }
     let (Some(key_len), Some(value_len)) = (
         get_varint_checked(rest, &mut p, 3),
         get_varint_checked(rest, &mut p, 5),
@@ -566,15 +672,10 @@ pub(crate) fn parse(
         )));
     }
     let next = at + total;
-    if flags & RESERVED_BITS != 0 {
-        return Err(Bad::Skip {
-            reason: "reserved flag bits are not zero".into(),
-            next,
-        });
-    }
     Ok(Parsed {
         kind,
         version,
+        expires_at_ms,
         key,
         value,
         next,

@@ -194,16 +194,15 @@ fn parse_reports_end_truncation_and_wrong_table() {
 }
 
 #[test]
-fn reserved_flag_bits_skip_an_entry_whose_crc_holds() {
-    // Bit 6 is the one reserved bit left (bit 5 became a kind bit for the
-    // side-record kinds).
-    assert_eq!(RESERVED_BITS, 0x40);
+fn every_flag_bit_has_a_meaning_and_bit_6_on_a_plain_object_is_refused() {
+    // Bit 5 became a kind bit for the side-record kinds, bit 6 the deadline.
+    assert_eq!(RESERVED_BITS, 0);
+    // Bit 6 set on an object written without a deadline moves its lengths:
+    // the entry is refused (here: its deadline would run past the bytes).
     let mut buf = one(KIND_OBJECT, b"k", b"v");
     buf[OFF_FLAGS] |= 0x40;
-    let hlen = header(&buf, 0).header_len;
-    let crc = checksum(7, &buf[..hlen], b"k", b"v");
-    buf[0..4].copy_from_slice(&crc.to_le_bytes());
-    assert!(matches!(parse(&buf, 0, 7, 64, 64), Err(Bad::Skip { next, .. }) if next == buf.len()));
+    reseal(&mut buf);
+    assert!(matches!(parse(&buf, 0, 7, 64, 64), Err(Bad::Stop(_))));
 }
 
 // ---- side records (KIND_RECORD, KIND_RECORD_REMOVED) ----------------------
@@ -211,7 +210,7 @@ fn reserved_flag_bits_skip_an_entry_whose_crc_holds() {
 fn record(version: u64, anchor: &[u8], id: RecordId, payload: &[u8]) -> Vec<u8> {
     let head = record_id_bytes(id);
     let mut buf = Vec::with_capacity(max_entry_bytes(anchor.len(), 9 + payload.len()));
-    let len = append_parts(&mut buf, KIND_RECORD, 7, version, anchor, &head, payload);
+    let len = append_parts(&mut buf, KIND_RECORD, 7, version, 0, anchor, &head, payload);
     assert_eq!(len, buf.len());
     buf
 }
@@ -223,6 +222,7 @@ fn removal(version: u64, anchor: &[u8], id: RecordId, segment: u64) -> Vec<u8> {
         KIND_RECORD_REMOVED,
         7,
         version,
+        0,
         anchor,
         &record_id_bytes(id),
         &segment.to_le_bytes(),
@@ -230,11 +230,10 @@ fn removal(version: u64, anchor: &[u8], id: RecordId, segment: u64) -> Vec<u8> {
     buf
 }
 
-/// Re-seal `buf`'s CRC after its header was edited (the entry stays whole).
+/// Re-seal `buf`'s CRC after its header was edited; `buf` is one whole
+/// entry of table 7 (the CRC covers its bytes from the flags on).
 fn reseal(buf: &mut [u8]) {
-    let h = header_general(buf, 0);
-    let (k, v) = (h.header_len, h.header_len + h.key_len);
-    let crc = checksum(7, &buf[..h.header_len], &buf[k..v], &buf[v..h.entry_len()]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&7u64.to_le_bytes()), &buf[4..]);
     buf[0..4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -245,7 +244,7 @@ const RID: RecordId = RecordId {
 
 #[test]
 fn record_kinds_are_laid_out_as_documented_and_parse_back() {
-    assert_eq!((KIND_BITS, RESERVED_BITS), (0x23, 0x40));
+    assert_eq!((KIND_BITS, RESERVED_BITS), (0x23, 0));
     let buf = record(300, b"anchor", RID, b"payload");
     assert_eq!(buf[OFF_FLAGS], 0x21 | 1 << VERSION_WIDTH_SHIFT);
     // Value: class, id LE, payload; one piece for the CRC.
@@ -339,13 +338,12 @@ fn record_kinds_refuse_bit_6_and_every_single_bit_flip() {
         record(u64::MAX - 1, b"abc", RID, b""),
         removal(1 << 20, b"abc", RID, 5),
     ] {
-        // Bit 6 is still reserved: with the CRC resealed the entry is skipped.
+        // Bit 6 (a deadline) belongs to objects only: with the CRC resealed
+        // the entry is still refused, and its lengths are not trusted.
         let mut six = buf.clone();
         six[OFF_FLAGS] |= 0x40;
         reseal(&mut six);
-        assert!(
-            matches!(parse(&six, 0, 7, 64, 64), Err(Bad::Skip { next, .. }) if next == buf.len())
-        );
+        assert!(matches!(parse(&six, 0, 7, 64, 64), Err(Bad::Stop(_))));
         for i in 0..buf.len() {
             for bit in 0..8 {
                 if i == OFF_FLAGS && 1 << bit == DEAD_BIT {

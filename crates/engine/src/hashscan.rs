@@ -184,7 +184,9 @@ impl ExtractCursor {
 /// One chunk of a tablet's objects, (key, value, version), with their copy
 /// charged to the memory budget until dropped.
 pub struct ExtractChunk {
-    pub objects: Vec<(Vec<u8>, Vec<u8>, u64)>,
+    /// (key, value, version, deadline in Unix ms (0: none)); expired
+    /// objects are left out, like from every other visit.
+    pub objects: Vec<(Vec<u8>, Vec<u8>, u64, u64)>,
     /// Key and value bytes plus per-object overhead of `objects`.
     pub charge: TransientCharge,
 }
@@ -321,14 +323,14 @@ impl Engine {
     ) -> usize {
         self.work.index_probes.set(self.work.index_probes.get() + 1);
         let prefix = t.prefixer.prefix(hash);
+        let now = std::cell::OnceCell::new(); // the clock, read only if a deadline is met
         let mut found = t
             .index
             .iter_hash(probe_hash(prefix))
             .filter(|e| e.prefix() == prefix)
-            .map(|e| {
-                let o = t.object(e.loc());
-                (crate::key_hash(t.table, o.key), o)
-            })
+            .map(|e| t.object(e.loc()))
+            .filter(|o| o.expires_at_ms == 0 || !o.is_expired(*now.get_or_init(|| self.now_ms())))
+            .map(|o| (crate::key_hash(t.table, o.key), o))
             .filter(|(h, _)| keep(*h));
         let Some(first) = found.next() else {
             return 0;
@@ -409,7 +411,7 @@ impl Engine {
                     // Within the reserved count unless the tablet changed
                     // between the passes (it cannot: `&self` holds it).
                     Some((k, v)) if objects.len() < objects.capacity() => {
-                        objects.push((k, v, o.version))
+                        objects.push((k, v, o.version, o.expires_at_ms))
                     }
                     _ => failed = true,
                 }

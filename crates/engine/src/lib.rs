@@ -27,7 +27,9 @@
 //! - `hashscan`: resumable walks in key-hash order (enumeration, chunked
 //!   migration copies);
 //! - `records`: side records kept durably in a tablet's log beside its
-//!   objects, invisible to every object operation.
+//!   objects, invisible to every object operation;
+//! - `expiry`: the clock, expired objects as absent, and the sweep that
+//!   finds them for removal.
 //!
 //! This file holds the `Engine` struct, its constructor and the crate's
 //! public surface.
@@ -56,6 +58,18 @@ pub struct ObjectRef<'a> {
     pub key: &'a [u8],
     pub value: &'a [u8],
     pub version: u64,
+    /// When the object stops existing, in Unix milliseconds; 0: never.
+    /// Every read and visit of the engine skips an object whose deadline
+    /// has passed (`expiry.rs`), so callers see this only on live objects.
+    pub expires_at_ms: u64,
+}
+
+impl ObjectRef<'_> {
+    /// Whether the object's deadline is at or before `now_ms`.
+    #[inline(always)]
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
+    }
 }
 
 mod changes;
@@ -64,6 +78,7 @@ mod cleaner_pass;
 mod config;
 mod entry;
 mod error;
+mod expiry;
 mod hashscan;
 mod index;
 mod logview;
@@ -83,6 +98,7 @@ mod visit;
 pub use changes::{Changes, MAX_CHANGES};
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
+pub use expiry::{ExpiredObject, ExpirySweep};
 pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};
 pub use logview::SegmentView;
 pub use records::{Record, RecordId};
@@ -102,6 +118,17 @@ pub const ENTRY_HEADER_BYTES_MAX: usize = entry::MAX_HEADER_BYTES;
 /// Bytes a live object of these lengths at `version` adds to `live_bytes`.
 pub const fn object_entry_bytes(key_len: usize, value_len: usize, version: u64) -> usize {
     entry::entry_bytes(key_len, value_len, version)
+}
+
+/// `object_entry_bytes` of an object with a deadline (`expires_at_ms`, Unix
+/// ms; 0: none, the same as `object_entry_bytes`).
+pub const fn object_entry_bytes_expiring(
+    key_len: usize,
+    value_len: usize,
+    version: u64,
+    expires_at_ms: u64,
+) -> usize {
+    entry::entry_bytes_expiring(key_len, value_len, version, expires_at_ms)
 }
 
 /// Most bytes one entry with this key and value length takes in the log,
@@ -140,6 +167,10 @@ pub struct Engine {
     cleaner_totals: CleanStats,
     /// Work of hash-order walks (`hashscan.rs`), for tests and statistics.
     work: hashscan::WorkCounters,
+    /// The pinned clock (Unix ms) if a test set one; else the system's.
+    manual_clock_ms: Option<u64>,
+    /// Where the next expiry sweep resumes (`expiry.rs`).
+    expiry_cursor: expiry::SweepCursor,
 }
 
 impl Engine {
@@ -200,6 +231,8 @@ impl Engine {
             clean_pass: None,
             cleaner_totals: CleanStats::default(),
             work: hashscan::WorkCounters::default(),
+            manual_clock_ms: None,
+            expiry_cursor: expiry::SweepCursor::default(),
         })
     }
 

@@ -15,6 +15,7 @@ impl Engine {
         let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
         self.tablet(slot)
             .find_object(hash, key)
+            .filter(|o| !o.is_expired_now(self))
             .ok_or(EngineError::ObjectDoesntExist)
     }
 
@@ -26,10 +27,25 @@ impl Engine {
         value: &[u8],
         rules: &RejectRules,
     ) -> Result<u64, EngineError> {
+        self.write_expiring(table, key, value, 0, rules)
+    }
+
+    /// `write` of an object that stops existing at `expires_at_ms` (Unix
+    /// ms; 0: never). A deadline already passed is accepted: the object is
+    /// written and at once absent, as Redis does with `SET ... PXAT` in the
+    /// past (the expiry sweep removes it).
+    pub fn write_expiring(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        expires_at_ms: u64,
+        rules: &RejectRules,
+    ) -> Result<u64, EngineError> {
         self.check_value(value.len())?;
         let (hash, slot, old) = self.locate(table, key)?;
         check_rules(rules, self.version_at(slot, old))?;
-        self.put(slot, hash, key, value, None, old)
+        self.put(slot, hash, key, value, None, expires_at_ms, old)
     }
 
     /// Remove `key` (appends a tombstone); returns the version of the removed object.
@@ -47,6 +63,19 @@ impl Engine {
         let (Some(old), Some(removed_version)) = (old, removed_version) else {
             return Ok(0);
         };
+        self.remove_at(slot, hash, key, old)?;
+        Ok(removed_version)
+    }
+
+    /// Append a tombstone for `key`, whose live entry is at `old` in tablet
+    /// `slot`, and unindex it.
+    pub(crate) fn remove_at(
+        &mut self,
+        slot: usize,
+        hash: u64,
+        key: &[u8],
+        old: u64,
+    ) -> Result<(), EngineError> {
         self.tablet(slot).check_version_left()?;
         // No slack asked: a tombstone may use the room its head kept for one.
         let len = entry::max_entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES);
@@ -60,7 +89,7 @@ impl Engine {
         let version = t.take_version();
         t.remove(budget, hash, key, version, old);
         self.clean_slice_if_due();
-        Ok(removed_version)
+        Ok(())
     }
 
     /// Add `delta` to the little-endian i64 stored as the value (absent = 0);
@@ -102,21 +131,35 @@ impl Engine {
         value: &[u8],
         version: u64,
     ) -> Result<(), EngineError> {
+        self.install_expiring(table, key, value, version, 0)
+    }
+
+    /// `install` of an object with a deadline (Unix ms; 0: none): a move
+    /// carries each object's deadline with it.
+    pub fn install_expiring(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        expires_at_ms: u64,
+    ) -> Result<(), EngineError> {
         self.check_value(value.len())?;
         // A version from elsewhere (a migration batch) is checked, never trusted.
         if version > crate::MAX_VERSION {
             return Err(EngineError::VersionExhausted { version });
         }
         let (hash, slot, old) = self.locate(table, key)?;
+        // The entry's own version, expired or not: versions only grow.
         if self
-            .version_at(slot, old)
+            .raw_version_at(slot, old)
             .is_some_and(|current| current >= version)
         {
             // The held version is already >= `version`, so the counter is above it.
             debug_assert!(self.tablet(slot).next_version > version);
             return Ok(());
         }
-        self.put(slot, hash, key, value, Some(version), old)
+        self.put(slot, hash, key, value, Some(version), expires_at_ms, old)
             .map(|_| ())
     }
 
@@ -150,6 +193,7 @@ impl Engine {
 
     /// Write an object into tablet `slot`, superseding `old`. `version`
     /// `None` takes the next version; `Some(v)` installs `v` as given.
+    #[allow(clippy::too_many_arguments)] // the object's fields and where it goes
     pub(crate) fn put(
         &mut self,
         slot: usize,
@@ -157,6 +201,7 @@ impl Engine {
         key: &[u8],
         value: &[u8],
         version: Option<u64>,
+        expires_at_ms: u64,
         old: Option<u64>,
     ) -> Result<u64, EngineError> {
         match version {
@@ -179,7 +224,7 @@ impl Engine {
             }
             None => t.take_version(),
         };
-        t.put(budget, hash, key, value, version, old);
+        t.put(budget, hash, key, value, version, expires_at_ms, old);
         self.clean_slice_if_due();
         Ok(version)
     }
@@ -194,15 +239,21 @@ impl Engine {
         self.check_value(8)?;
         let (hash, slot, old) = self.locate(table, key)?;
         check_rules(rules, self.version_at(slot, old))?;
-        let current = match old {
-            Some(l) => {
-                let v = self.tablet(slot).object(l).value;
-                <[u8; 8]>::try_from(v).map_err(|_| EngineError::NotANumber { len: v.len() })?
-            }
-            None => [0u8; 8], // absent counts as 0 (the same bytes for i64 and f64)
+        // An expired object counts as absent; a live one keeps its deadline
+        // (Redis's INCR keeps a key's TTL).
+        let live = old
+            .map(|l| self.tablet(slot).object(l))
+            .filter(|o| !o.is_expired_now(self));
+        let (current, expires_at_ms) = match live {
+            Some(o) => (
+                <[u8; 8]>::try_from(o.value)
+                    .map_err(|_| EngineError::NotANumber { len: o.value.len() })?,
+                o.expires_at_ms,
+            ),
+            None => ([0u8; 8], 0), // absent counts as 0 (the same bytes for i64 and f64)
         };
         let new = add(current);
-        let version = self.put(slot, hash, key, &new, None, old)?;
+        let version = self.put(slot, hash, key, &new, None, expires_at_ms, old)?;
         Ok((new, version))
     }
 }

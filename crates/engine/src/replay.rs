@@ -42,6 +42,10 @@ pub(crate) struct Winner<'s> {
     pub position: (usize, usize),
     pub key: &'s [u8],
     pub value: &'s [u8],
+    /// An object's deadline (Unix ms; 0: none). An expired winner is still
+    /// rebuilt: replay does not read the clock (the shard's expiry sweep
+    /// removes it, with a tombstone, as it would have before the crash).
+    pub expires_at_ms: u64,
 }
 
 /// The newest entry seen for one side record id (record or removal).
@@ -109,16 +113,6 @@ pub(crate) fn resolve<'s>(
                         reason,
                     });
                     break; // the length cannot be trusted: the rest of this segment is lost
-                }
-                Err(Bad::Skip { reason, next }) => {
-                    report.corrupt.try_reserve(1).map_err(oom)?;
-                    report.corrupt.push(CorruptEntry {
-                        segment: si,
-                        offset: at,
-                        reason,
-                    });
-                    at = next;
-                    continue;
                 }
             };
             let position = (si, at);
@@ -192,6 +186,7 @@ pub(crate) fn resolve<'s>(
                 position,
                 key: p.key,
                 value: p.value,
+                expires_at_ms: p.expires_at_ms,
             };
             match newest.find_mut(winner_probe(hash), |w| w.hash == hash && w.key == p.key) {
                 // Equal versions are copies of one entry (a cleaner copy): keep the first.
@@ -272,7 +267,9 @@ impl Engine {
             self.with_room_retry(|budget| t.open_head(budget, Purpose::Object))?;
         }
         for w in &resolved.objects {
-            self.with_room_retry(|budget| t.push_new(budget, w.hash, w.key, w.value, w.version))?;
+            self.with_room_retry(|budget| {
+                t.push_new(budget, w.hash, w.key, w.value, w.version, w.expires_at_ms)
+            })?;
         }
         // Records keep their versions (all below the counter).
         t.reserve_records(&mut self.budget, resolved.records.len())?;

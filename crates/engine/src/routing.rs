@@ -115,7 +115,16 @@ impl Engine {
         Ok((hash, slot, self.tablet(slot).find(hash, key)))
     }
 
+    /// The version of the object at `loc` as reject rules see it: `None`
+    /// if absent or expired (an expired object is absent to every caller).
     pub(crate) fn version_at(&self, slot: usize, loc: Option<u64>) -> Option<u64> {
+        let o = self.tablet(slot).object(loc?);
+        (!o.is_expired_now(self)).then_some(o.version)
+    }
+
+    /// The version of the entry at `loc`, expired or not: what keeps a
+    /// key's versions growing (`install` never goes below it).
+    pub(crate) fn raw_version_at(&self, slot: usize, loc: Option<u64>) -> Option<u64> {
         loc.map(|l| self.tablet(slot).object(l).version)
     }
 

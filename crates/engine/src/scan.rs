@@ -105,7 +105,12 @@ impl Engine {
         let t = self.tablet_at(table, start_hash)?;
         match t.order.get(i) {
             Some(&slot) => {
-                walk_live(&t.segs[slot as usize].buf, &mut f);
+                let now = self.now_ms();
+                walk_live(&t.segs[slot as usize].buf, &mut |o: ObjectRef<'_>| {
+                    if !o.is_expired(now) {
+                        f(o)
+                    }
+                });
                 Ok(true)
             }
             None => Ok(false),
@@ -154,10 +159,14 @@ impl Engine {
         }
         let t = self.tablet_at(table, start_hash)?;
         let started = std::time::Instant::now();
+        let now = self.now_ms();
         let rest = snap.locs.get(from..).unwrap_or(&[]);
         for (n, chunk) in rest.chunks(256).enumerate() {
             for &loc in chunk {
-                f(t.object(loc));
+                let o = t.object(loc);
+                if !o.is_expired(now) {
+                    f(o);
+                }
             }
             let done = (n + 1) * 256;
             if done < rest.len() && started.elapsed() >= budget {
@@ -178,10 +187,14 @@ impl Engine {
         mut f: impl FnMut(ObjectRef<'_>),
     ) -> Result<usize, EngineError> {
         let t = self.tablet_at(table, start_hash)?;
+        let now = self.now_ms();
         let mut n = 0;
         for e in t.index.iter().skip(skip).take(max) {
-            f(t.object(e.loc()));
-            n += 1;
+            let o = t.object(e.loc());
+            if !o.is_expired(now) {
+                f(o);
+            }
+            n += 1; // a position in the index, expired or not
         }
         Ok(n)
     }

@@ -36,6 +36,13 @@ pub(crate) struct Segment {
     /// Engine clock (bytes appended engine-wide) when data was last added:
     /// the age of the youngest data, for the cleaner's cost-benefit score.
     pub stamp: u64,
+    /// Live objects here that carry a deadline: the expiry sweep
+    /// (`expiry.rs`) skips a segment with none without reading it.
+    pub expiring: u32,
+    /// With `expiring > 0`: no live object here expires before this (Unix
+    /// ms). Lowered by each expiring append; raised only by the sweep's exact
+    /// recount, so it may be early, never late.
+    pub earliest_expiry_ms: u64,
 }
 
 impl Segment {
@@ -73,9 +80,50 @@ impl Segment {
         clock: u64,
     ) -> u32 {
         let at = self.buf.len();
-        let _len = entry::append_parts(&mut self.buf, kind, table, version, key, head, tail);
+        let _len = entry::append_parts(&mut self.buf, kind, table, version, 0, key, head, tail);
         self.stamp = clock;
         at as u32
+    }
+
+    /// Append an object with a deadline (`expires_at_ms`, Unix ms; 0: none).
+    #[inline]
+    pub fn append_object(
+        &mut self,
+        table: u64,
+        version: u64,
+        expires_at_ms: u64,
+        key: &[u8],
+        value: &[u8],
+        clock: u64,
+    ) -> u32 {
+        let at = self.buf.len();
+        if expires_at_ms != 0 {
+            self.note_expiring(expires_at_ms);
+        }
+        let _len = entry::append_parts(
+            &mut self.buf,
+            entry::KIND_OBJECT,
+            table,
+            version,
+            expires_at_ms,
+            key,
+            value,
+            &[],
+        );
+        self.stamp = clock;
+        at as u32
+    }
+
+    /// Count one more live object here that expires at `expires_at_ms`.
+    #[inline]
+    pub fn note_expiring(&mut self, expires_at_ms: u64) {
+        debug_assert!(expires_at_ms != 0);
+        self.earliest_expiry_ms = if self.expiring == 0 {
+            expires_at_ms
+        } else {
+            self.earliest_expiry_ms.min(expires_at_ms)
+        };
+        self.expiring += 1;
     }
 
     /// Append an already encoded entry verbatim (the cleaner's copy: the CRC stays valid).

@@ -99,8 +99,9 @@ impl Tablet {
         key: &[u8],
         value: &[u8],
         version: u64,
+        expires_at_ms: u64,
     ) -> Result<(), EngineError> {
-        let len = entry::entry_bytes(key.len(), value.len(), version);
+        let len = entry::entry_bytes_expiring(key.len(), value.len(), version, expires_at_ms);
         let need = self.append_room(
             len,
             self.tombstone_slack_with(key.len()),
@@ -110,7 +111,7 @@ impl Tablet {
             self.open_head(budget, Purpose::Object)?;
         }
         self.reserve_index(budget, 1)?;
-        self.put(budget, hash, key, value, version, None);
+        self.put(budget, hash, key, value, version, expires_at_ms, None);
         Ok(())
     }
 

@@ -88,7 +88,7 @@ impl Tablet {
             .and_then(|()| {
                 movers.iter().try_for_each(|&(loc, hash)| {
                     let o = self.object(loc);
-                    new.push_new(budget, hash, o.key, o.value, o.version)
+                    new.push_new(budget, hash, o.key, o.value, o.version, o.expires_at_ms)
                 })
             })
             .and_then(|()| new.reserve_records(budget, record_movers.len()))

@@ -334,6 +334,9 @@ impl Tablet {
         let at = offset_of(loc);
         debug_assert_eq!(entry::kind(&seg.buf, at), KIND_OBJECT);
         let len = entry::len_at(&seg.buf, at) as u64;
+        if entry::expires_at(&seg.buf, at) != 0 {
+            seg.expiring -= 1;
+        }
         entry::set_dead(&mut seg.buf, at);
         seg.live_bytes -= len;
         len
@@ -341,6 +344,8 @@ impl Tablet {
 
     /// Append an object to the head, superseding `old` (its current entry,
     /// if any). With `old == None` the caller reserved index capacity.
+    /// `expires_at_ms`: its deadline (Unix ms; 0: none).
+    #[allow(clippy::too_many_arguments)] // the object's fields, one each
     pub fn put(
         &mut self,
         budget: &mut Budget,
@@ -348,14 +353,15 @@ impl Tablet {
         key: &[u8],
         value: &[u8],
         version: u64,
+        expires_at_ms: u64,
         old: Option<u64>,
     ) {
         let h = self.head.expect("put needs a head");
-        let len = entry::entry_bytes(key.len(), value.len(), version);
+        let len = entry::entry_bytes_expiring(key.len(), value.len(), version, expires_at_ms);
         budget.clock += len as u64;
         let seg = &mut self.segs[h as usize];
         debug_assert!(seg.room(budget.segment_bytes) >= len);
-        let at = seg.append(KIND_OBJECT, self.table, version, key, value, budget.clock);
+        let at = seg.append_object(self.table, version, expires_at_ms, key, value, budget.clock);
         seg.live_bytes += len as u64;
         let new_loc = loc(h, at);
         if let Some(c) = &mut self.changes {
@@ -482,12 +488,18 @@ impl Tablet {
         for &slot in &self.order {
             let seg = &self.segs[slot as usize];
             let (mut seg_live, mut seg_tomb, mut seg_records) = (0u64, 0u64, 0u64);
+            let (mut seg_expiring, mut seg_earliest) = (0u32, u64::MAX);
             let mut at = 0;
             while at < seg.buf.len() {
                 let len = entry::len_at(&seg.buf, at) as u64;
                 match entry::kind(&seg.buf, at) {
                     KIND_OBJECT if !entry::is_dead(&seg.buf, at) => {
                         seg_live += len;
+                        let deadline = entry::expires_at(&seg.buf, at);
+                        if deadline != 0 {
+                            seg_expiring += 1;
+                            seg_earliest = seg_earliest.min(deadline);
+                        }
                         let hash = crate::key_hash(self.table, entry::key_at(&seg.buf, at));
                         let l = loc(slot, at as u32);
                         let prefix = self.prefixer.prefix(hash);
@@ -517,6 +529,11 @@ impl Tablet {
             }
             assert_eq!(at, seg.buf.len(), "entries must tile the segment");
             assert_eq!(seg.live_bytes, seg_live, "segment live bytes drifted");
+            assert_eq!(seg.expiring, seg_expiring, "segment expiring count drifted");
+            assert!(
+                seg_expiring == 0 || seg.earliest_expiry_ms <= seg_earliest,
+                "a segment's earliest deadline is late: the sweep would skip a due object"
+            );
             assert_eq!(
                 seg.tombstone_bytes, seg_tomb,
                 "segment tombstone bytes drifted"
@@ -570,6 +587,7 @@ pub(crate) fn walk_live(buf: &[u8], f: &mut impl FnMut(ObjectRef<'_>)) {
                 key: &buf[key_start..value_start],
                 value: &buf[value_start..next],
                 version: h.version,
+                expires_at_ms: h.expires_at_ms,
             });
         }
         at = next;

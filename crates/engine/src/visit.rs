@@ -11,9 +11,14 @@ impl Engine {
         &self,
         table: TableId,
         start_hash: u64,
-        f: impl FnMut(ObjectRef<'_>),
+        mut f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        self.tablet_at(table, start_hash)?.for_each_log(f);
+        let now = self.now_ms();
+        self.tablet_at(table, start_hash)?.for_each_log(|o| {
+            if !o.is_expired(now) {
+                f(o)
+            }
+        });
         Ok(())
     }
 
@@ -22,9 +27,14 @@ impl Engine {
         &self,
         table: TableId,
         start_hash: u64,
-        f: impl FnMut(ObjectRef<'_>),
+        mut f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        self.tablet_at(table, start_hash)?.for_each_index(f);
+        let now = self.now_ms();
+        self.tablet_at(table, start_hash)?.for_each_index(|o| {
+            if !o.is_expired(now) {
+                f(o)
+            }
+        });
         Ok(())
     }
 
@@ -39,11 +49,14 @@ impl Engine {
         mut f: impl FnMut(&'k [u8], Option<ObjectRef<'_>>),
     ) -> Result<(), EngineError> {
         let t = self.tablet_at(table, start_hash)?;
+        let now = self.now_ms();
         for key in keys {
             let found = if self.check_key(key).is_ok() {
                 let hash = key_hash(table, key);
                 if t.range.contains(hash) {
-                    t.find(hash, key).map(|loc| t.object(loc))
+                    t.find(hash, key)
+                        .map(|loc| t.object(loc))
+                        .filter(|o| !o.is_expired(now))
                 } else {
                     None
                 }
@@ -55,14 +68,16 @@ impl Engine {
         Ok(())
     }
 
-    /// The live objects of a tablet, for migration, in log order.
-    /// Collected so the caller may mutate the engine afterwards.
+    /// The live objects of a tablet, for migration, in log order, as (key,
+    /// value, version, deadline (Unix ms; 0: none)); expired ones are left
+    /// out. Collected so the caller may mutate the engine afterwards.
     #[allow(clippy::type_complexity)] // the contract's signature
     pub fn extract(
         &self,
         table: TableId,
         start_hash: u64,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>, u64)>, EngineError> {
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>, u64, u64)>, EngineError> {
+        let now = self.now_ms();
         let t = self.tablet_at(table, start_hash)?;
         let mut out = Vec::new();
         out.try_reserve_exact(t.object_count as usize)
@@ -75,11 +90,13 @@ impl Engine {
         };
         let mut failed = None;
         t.for_each_log(|o| {
-            if failed.is_some() {
+            if failed.is_some() || o.is_expired(now) {
                 return;
             }
             match (copy(o.key), copy(o.value)) {
-                (Ok(k), Ok(v)) if out.len() < out.capacity() => out.push((k, v, o.version)),
+                (Ok(k), Ok(v)) if out.len() < out.capacity() => {
+                    out.push((k, v, o.version, o.expires_at_ms))
+                }
                 _ => failed = Some(EngineError::OutOfMemory),
             }
         });

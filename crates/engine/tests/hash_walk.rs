@@ -35,7 +35,7 @@ fn extract_all(e: &Engine) -> Objects {
     e.extract(T, 0)
         .expect("extract")
         .into_iter()
-        .map(|(k, v, ver)| (k, (v, ver)))
+        .map(|(k, v, ver, _)| (k, (v, ver)))
         .collect()
 }
 
@@ -60,11 +60,11 @@ fn chunked_extraction_returns_each_object_once_across_cleaning() {
         let bytes: usize = chunk
             .objects
             .iter()
-            .map(|(k, v, _)| k.len() + v.len())
+            .map(|(k, v, _, _)| k.len() + v.len())
             .sum();
         assert!(bytes <= 16 * 1024, "a chunk of {bytes} bytes");
         assert!(e.memory().transient_bytes >= chunk.charge.bytes());
-        for (k, v, ver) in chunk.objects {
+        for (k, v, ver, _) in chunk.objects {
             let h = key_hash(T, &k);
             assert!(last_hash.is_none_or(|l| l < h), "hash order");
             last_hash = Some(h);
@@ -110,7 +110,7 @@ fn extraction_with_writes_in_between_follows_the_documented_rule() {
     put(&mut e, T, ahead[1], 64, 9);
     let mut rest: Objects = HashMap::new();
     while !cursor.is_done() {
-        for (k, v, ver) in e
+        for (k, v, ver, _) in e
             .extract_chunk(&mut cursor, 8 * 1024)
             .expect("chunk")
             .objects

@@ -50,7 +50,8 @@ fn run(ops: &[Op], budget_segments: usize) -> Harness {
         if let Op::Write { t, k, .. }
         | Op::Remove { t, k, .. }
         | Op::IncI64 { t, k, .. }
-        | Op::IncF64 { t, k, .. } = op
+        | Op::IncF64 { t, k, .. }
+        | Op::WriteExpiring { t, k, .. } = op
         {
             h.check_read(TABLES[*t], &key_bytes(*k));
         }
@@ -58,6 +59,9 @@ fn run(ops: &[Op], budget_segments: usize) -> Harness {
     for s in h.engine.tablets() {
         h.check_tablet_contents(s.table, s.range);
     }
+    // Everything due is found by the sweep and removed.
+    h.sweep_all();
+    h.check_stats();
     h
 }
 

@@ -65,7 +65,7 @@ fn check_objects(e: &Engine, start: u64, want: &Objects) {
         .extract(T, start)
         .expect("extract")
         .into_iter()
-        .map(|(k, v, ver)| (k, (v, ver)))
+        .map(|(k, v, ver, _)| (k, (v, ver)))
         .collect();
     assert_eq!(&extracted, want, "extract");
     let mut cursor = e.extract_begin(T, start).expect("begin");
@@ -76,7 +76,7 @@ fn check_objects(e: &Engine, start: u64, want: &Objects) {
             chunk
                 .objects
                 .iter()
-                .map(|(k, v, ver)| (k.clone(), (v.clone(), *ver))),
+                .map(|(k, v, ver, _)| (k.clone(), (v.clone(), *ver))),
         );
     }
     assert_eq!(&chunked, want, "extract_chunk");

@@ -46,6 +46,9 @@ pub enum Request<'a> {
         #[serde(borrow)]
         value: Blob<'a>,
         rules: RejectRules,
+        /// When the object stops existing, in Unix milliseconds; 0: never
+        /// (one byte on the wire then). The server's clock decides.
+        expires_at_ms: u64,
     },
     Remove {
         table: u64,
@@ -474,6 +477,8 @@ pub enum Response<'a> {
         version: u64,
         #[serde(borrow)]
         value: Blob<'a>,
+        /// The object's deadline (Unix ms); 0: none.
+        expires_at_ms: u64,
     },
     Written {
         version: u64,

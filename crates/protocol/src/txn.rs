@@ -30,6 +30,13 @@ pub enum TxnWrite<'a> {
     Put(#[serde(borrow)] Blob<'a>),
     /// Remove the key at commit.
     Remove,
+    /// Write this value at commit, with a deadline (Unix ms, >= 1): from
+    /// then on the object is absent, as after `Request::Write` with one.
+    PutExpiring {
+        #[serde(borrow)]
+        value: Blob<'a>,
+        expires_at_ms: u64,
+    },
 }
 
 /// One key of a transaction on one participant.

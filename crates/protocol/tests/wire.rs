@@ -15,6 +15,7 @@ fn one_frame(buf: &mut BytesMut) -> Frame {
 #[test]
 fn request_round_trips_through_the_codec() {
     let req = Request::Write {
+        expires_at_ms: 0,
         table: 7,
         key: blob(b"user:1"),
         value: blob(&[0u8, 1, 2, 255]),
@@ -102,6 +103,7 @@ fn oversized_message_is_refused_and_leaves_buffer_intact() {
         &mut buf,
         1,
         &Request::Write {
+            expires_at_ms: 0,
             table: 1,
             key: blob(b"k"),
             value: blob(&big),

@@ -56,8 +56,7 @@ const W: &[&str] = &["write", "denyoom", "fast"];
 const WS: &[&str] = &["write"];
 const A: &[&str] = &["fast"];
 
-/// Every command answered. Expiry commands are listed because they answer
-/// (`TTL` truthfully: no key has an expiry; setting one is refused).
+/// Every command answered, with Redis 7's arity, flags and key positions.
 pub const COMMANDS: &[CommandInfo] = &[
     open("ping", "resp_ping", -1, A),
     c("echo", "resp_echo", 2, A, (0, 0, 0)),
@@ -93,6 +92,9 @@ pub const COMMANDS: &[CommandInfo] = &[
     c("get", "resp_get", 2, R, (1, 1, 1)),
     c("set", "resp_set", -3, &["write", "denyoom"], (1, 1, 1)),
     c("setnx", "resp_setnx", 3, W, (1, 1, 1)),
+    c("setex", "resp_setex", 4, &["write", "denyoom"], (1, 1, 1)),
+    c("psetex", "resp_psetex", 4, &["write", "denyoom"], (1, 1, 1)),
+    c("getex", "resp_getex", -2, &["write", "fast"], (1, 1, 1)),
     c("getset", "resp_getset", 3, W, (1, 1, 1)),
     c("getdel", "resp_getdel", 2, &["write", "fast"], (1, 1, 1)),
     c("mget", "resp_mget", -2, R, (1, -1, 1)),
@@ -143,6 +145,8 @@ pub const COMMANDS: &[CommandInfo] = &[
     ),
     c("ttl", "resp_ttl", 2, R, (1, 1, 1)),
     c("pttl", "resp_pttl", 2, R, (1, 1, 1)),
+    c("expiretime", "resp_expiretime", 2, R, (1, 1, 1)),
+    c("pexpiretime", "resp_pexpiretime", 2, R, (1, 1, 1)),
     c("persist", "resp_persist", 2, &["write", "fast"], (1, 1, 1)),
     c("multi", "resp_multi", 1, A, (0, 0, 0)),
     c("exec", "resp_exec", 1, &[], (0, 0, 0)),

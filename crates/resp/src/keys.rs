@@ -1,6 +1,6 @@
 //! Keyspace commands: `DEL UNLINK EXISTS TYPE SCAN RENAME DBSIZE FLUSHDB
-//! FLUSHALL`, and the expiry commands (`TTL`/`PTTL`/`PERSIST` answer
-//! truthfully that no key expires; setting an expiry is refused).
+//! FLUSHALL`. The expiry commands are in `expiry.rs`; an expired key is
+//! absent to every command here because the store hides it.
 
 use bytes::Bytes;
 
@@ -35,6 +35,7 @@ pub async fn run<S: Store>(
             ctx.out.simple(if v.is_some() { "string" } else { "none" });
         }
         "rename" => {
+            // The store carries the deadline over: Redis's RENAME keeps it.
             let done = if a[0] == a[1] {
                 store.get(db, &a[0]).await?.is_some()
             } else {
@@ -72,12 +73,6 @@ pub async fn run<S: Store>(
             }
             ctx.out.ok();
         }
-        "ttl" | "pttl" => {
-            let v = store.get(db, &a[0]).await?;
-            ctx.out.int(if v.is_some() { -1 } else { -2 });
-        }
-        "persist" => ctx.out.int(0),
-        "expire" | "pexpire" | "expireat" | "pexpireat" => ctx.out.error(errors::NO_EXPIRY),
         other => {
             // Every name in the command table is handled somewhere.
             debug_assert!(false, "command {other} has no handler");

@@ -1,12 +1,14 @@
 //! The Redis protocol (RESP2 and RESP3) for insitu: commands cut from a
 //! client's bytes (`codec`), replies written in the connection's protocol
 //! (`reply`), and what each command means over a `Store` (`exec`,
-//! `strings`, `keys`). The server adapts its shards to `Store`; nothing here
-//! knows sockets or insitu's own wire format.
+//! `strings`, `expiry`, `keys`). Keys expire as in Redis: the `Store` keeps
+//! each key's deadline and hides it once past. The server adapts its shards
+//! to `Store`; nothing here knows sockets or insitu's own wire format.
 
 pub mod codec;
 pub mod command;
 pub mod exec;
+mod expiry;
 pub mod glob;
 mod keys;
 pub mod multi;

@@ -6,9 +6,14 @@
 //! Read-modify-write commands (`INCR`, `APPEND`, `SET ... GET`, ...) are
 //! built from `get` and a conditional `put` on the version read, retried on
 //! a lost race: each is atomic for its key, as in Redis, without a lock.
+//!
+//! Keys may expire: every object carries a deadline (Unix milliseconds, 0
+//! for none) and the store hides a key once its deadline is past, by its
+//! own clock (`now_ms`), which the commands also use to compute deadlines.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -17,6 +22,17 @@ use bytes::Bytes;
 pub struct Versioned {
     pub value: Bytes,
     pub version: u64,
+    /// When the key expires, in Unix milliseconds of the store's clock
+    /// (`Store::now_ms`); 0: never. A key read through `get` is always
+    /// live, so this is 0 or after the `now_ms` of the read.
+    pub expires_at_ms: u64,
+}
+
+impl Versioned {
+    /// Whether the key still exists at `now_ms` (its deadline is later).
+    pub fn live_at(&self, now_ms: u64) -> bool {
+        self.expires_at_ms == 0 || self.expires_at_ms > now_ms
+    }
 }
 
 /// When a `put` or `del` applies.
@@ -49,11 +65,29 @@ pub struct ScanPage {
 
 /// The data operations behind the commands. Futures need not be `Send`: a
 /// connection runs on its shard's thread.
+///
+/// Expiry: a key whose deadline (`Versioned::expires_at_ms`, non-zero) is
+/// at or before `now_ms()` is absent for every operation: `get`, `mget`,
+/// `scan`, the conditions of `put` and `del` (`Absent` holds, `Present` and
+/// `Version` do not), the source of `rename`, the check of `mset_absent`.
+/// `rename` carries the source's deadline to the destination (Redis's
+/// `RENAME` keeps the TTL); `mset` and `mset_absent` write without
+/// deadlines. `dbsize` may count keys that expired but are not reclaimed
+/// yet (Redis's `DBSIZE` does too).
 #[allow(async_fn_in_trait)]
 pub trait Store {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError>;
-    /// Write `value` if `cond` holds; false if it did not (nothing written).
-    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError>;
+    /// Write `value`, expiring at `expires_at_ms` (0: never), if `cond`
+    /// holds; false if it did not (nothing written). The object written is
+    /// new: a deadline the key had before is replaced, not kept.
+    async fn put(
+        &self,
+        db: u32,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError>;
     /// Remove `key` if `cond` holds; false if it did not or the key was absent.
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError>;
     /// Values of `keys`, in order.
@@ -74,6 +108,10 @@ pub trait Store {
     async fn flush(&self, db: u32) -> Result<(), StoreError>;
     /// The largest value `put` accepts (what `SETRANGE`/`APPEND` may grow to).
     fn max_value_bytes(&self) -> usize;
+    /// The store's clock, in Unix milliseconds: what deadlines are compared
+    /// with. Commands compute deadlines and TTLs from it, never from the
+    /// system clock, so they agree with the store on what has expired.
+    fn now_ms(&self) -> u64;
 }
 
 /// A store whose commands can run as one all-or-nothing group (`MULTI` /
@@ -96,19 +134,38 @@ pub trait Commit {
 }
 
 /// A `Store` over one `BTreeMap` per database: the model the commands are
-/// tested against (and what the fuzzer drives).
+/// tested against (and what the fuzzer drives). Expired keys stay in the
+/// map, hidden, until overwritten or flushed: keeping them keeps `scan`'s
+/// positions stable while keys expire during a walk.
 #[derive(Default)]
 pub struct MemStore {
-    /// (db, key) -> (value, version).
+    /// (db, key) -> (value, version, deadline).
     data: RefCell<BTreeMap<(u32, Bytes), Versioned>>,
     /// Last version handed out (one counter for all keys: versions grow).
-    version: std::cell::Cell<u64>,
+    version: Cell<u64>,
+    /// A pinned clock (Unix ms) for tests; None: the system clock.
+    clock_ms: Cell<Option<u64>>,
 }
 
 impl MemStore {
+    /// Pin the clock at `ms` (Unix milliseconds), or None to follow the
+    /// system clock again. Tests move it forward to make keys expire.
+    pub fn set_clock_ms(&self, ms: Option<u64>) {
+        self.clock_ms.set(ms);
+    }
+
     fn next_version(&self) -> u64 {
         self.version.set(self.version.get() + 1);
         self.version.get()
+    }
+
+    /// `key`'s object if it has not expired.
+    fn live<'a>(
+        data: &'a BTreeMap<(u32, Bytes), Versioned>,
+        k: &(u32, Bytes),
+        now_ms: u64,
+    ) -> Option<&'a Versioned> {
+        data.get(k).filter(|v| v.live_at(now_ms))
     }
 
     fn holds(current: Option<&Versioned>, cond: Cond) -> bool {
@@ -123,14 +180,18 @@ impl MemStore {
 
 impl Store for MemStore {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
-        Ok(self
-            .data
-            .borrow()
-            .get(&(db, Bytes::copy_from_slice(key)))
-            .cloned())
+        let k = (db, Bytes::copy_from_slice(key));
+        Ok(Self::live(&self.data.borrow(), &k, self.now_ms()).cloned())
     }
 
-    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+    async fn put(
+        &self,
+        db: u32,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError> {
         if value.len() > self.max_value_bytes() {
             return Err(StoreError(format!(
                 "value of {} bytes is over the limit",
@@ -139,7 +200,7 @@ impl Store for MemStore {
         }
         let k = (db, Bytes::copy_from_slice(key));
         let mut data = self.data.borrow_mut();
-        if !Self::holds(data.get(&k), cond) {
+        if !Self::holds(Self::live(&data, &k, self.now_ms()), cond) {
             return Ok(false);
         }
         let version = self.next_version();
@@ -148,6 +209,7 @@ impl Store for MemStore {
             Versioned {
                 value: Bytes::copy_from_slice(value),
                 version,
+                expires_at_ms,
             },
         );
         Ok(true)
@@ -156,7 +218,7 @@ impl Store for MemStore {
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
         let k = (db, Bytes::copy_from_slice(key));
         let mut data = self.data.borrow_mut();
-        let current = data.get(&k);
+        let current = Self::live(&data, &k, self.now_ms());
         if current.is_none() || !Self::holds(current, cond) {
             return Ok(false);
         }
@@ -166,15 +228,16 @@ impl Store for MemStore {
 
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
         let data = self.data.borrow();
+        let now = self.now_ms();
         Ok(keys
             .iter()
-            .map(|k| data.get(&(db, k.clone())).map(|v| v.value.clone()))
+            .map(|k| Self::live(&data, &(db, k.clone()), now).map(|v| v.value.clone()))
             .collect())
     }
 
     async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
         for (k, v) in pairs {
-            self.put(db, k, v, Cond::Always).await?;
+            self.put(db, k, v, Cond::Always, 0).await?;
         }
         Ok(())
     }
@@ -182,9 +245,10 @@ impl Store for MemStore {
     async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
         let any = {
             let data = self.data.borrow();
+            let now = self.now_ms();
             pairs
                 .iter()
-                .any(|(k, _)| data.contains_key(&(db, k.clone())))
+                .any(|(k, _)| Self::live(&data, &(db, k.clone()), now).is_some())
         };
         if any {
             return Ok(false);
@@ -198,25 +262,42 @@ impl Store for MemStore {
             return Ok(false);
         };
         self.del(db, from, Cond::Always).await?;
-        self.put(db, to, &v.value, Cond::Always).await?;
+        self.put(db, to, &v.value, Cond::Always, v.expires_at_ms)
+            .await?;
         Ok(true)
     }
 
     async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
-        Ok(self.data.borrow().keys().filter(|(d, _)| *d == db).count() as u64)
+        // Exact (live keys only) though the trait allows more: the model
+        // answers what a fully reclaimed store would.
+        let now = self.now_ms();
+        Ok(self
+            .data
+            .borrow()
+            .iter()
+            .filter(|((d, _), v)| *d == db && v.live_at(now))
+            .count() as u64)
     }
 
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
-        // The cursor is a position in key order (1-based; 0 starts).
+        // The cursor is a position in key order (1-based; 0 starts), counted
+        // over expired keys too, so a key expiring mid-walk moves no other.
         let data = self.data.borrow();
-        let keys: Vec<Bytes> = data
-            .keys()
-            .filter(|(d, _)| *d == db)
-            .map(|(_, k)| k.clone())
+        let now = self.now_ms();
+        let keys: Vec<(&Bytes, &Versioned)> = data
+            .iter()
+            .filter(|((d, _), _)| *d == db)
+            .map(|((_, k), v)| (k, v))
             .collect();
         let from = cursor.saturating_sub(1) as usize;
-        let page: Vec<Bytes> = keys.iter().skip(from).take(count.max(1)).cloned().collect();
-        let next = from + page.len();
+        let window: Vec<&(&Bytes, &Versioned)> =
+            keys.iter().skip(from).take(count.max(1)).collect();
+        let next = from + window.len();
+        let page = window
+            .into_iter()
+            .filter(|(_, v)| v.live_at(now))
+            .map(|(k, _)| (*k).clone())
+            .collect();
         let cursor = if next >= keys.len() {
             0
         } else {
@@ -232,6 +313,15 @@ impl Store for MemStore {
 
     fn max_value_bytes(&self) -> usize {
         1024 * 1024
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock_ms.get().unwrap_or_else(|| {
+            // A clock before 1970 reads as 0: nothing has a deadline that early.
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        })
     }
 }
 
@@ -257,8 +347,15 @@ impl Store for MemTx<'_> {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
         self.0.get(db, key).await
     }
-    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
-        self.0.put(db, key, value, cond).await
+    async fn put(
+        &self,
+        db: u32,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        self.0.put(db, key, value, cond, expires_at_ms).await
     }
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
         self.0.del(db, key, cond).await
@@ -286,5 +383,8 @@ impl Store for MemTx<'_> {
     }
     fn max_value_bytes(&self) -> usize {
         self.0.max_value_bytes()
+    }
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
     }
 }

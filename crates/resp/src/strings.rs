@@ -1,19 +1,34 @@
-//! String commands: `GET SET SETNX GETSET GETDEL MGET MSET MSETNX INCR INCRBY
-//! DECR DECRBY INCRBYFLOAT APPEND STRLEN GETRANGE SETRANGE`.
+//! String commands: `GET SET SETNX SETEX PSETEX GETSET GETDEL MGET MSET
+//! MSETNX INCR INCRBY DECR DECRBY INCRBYFLOAT APPEND STRLEN GETRANGE
+//! SETRANGE`.
 //!
 //! Each read-modify-write is `get`, compute, `put` on condition of the
 //! version read (or of absence), retried when another writer got there
 //! first: atomic for its key like Redis's, without holding anything.
+//!
+//! Deadlines follow Redis: the commands that change a value in place
+//! (`INCR`..., `APPEND`, `SETRANGE`) keep the key's deadline; those that
+//! replace the value (`SET` without `KEEPTTL`, `GETSET`, `MSET`) drop it.
 
 use bytes::Bytes;
 
 use crate::exec::{Ctx, errors, parse_f64, parse_i64, refuse, wrong_args};
+use crate::expiry::{Unit, deadline, string_options};
 use crate::store::{Cond, Store, StoreError, Versioned};
 
 /// Compare-and-set attempts before giving up on a key under contention.
 /// Each lost race means another write to the key succeeded, so the system
 /// as a whole progresses; this only bounds one unlucky client.
-const MAX_CAS_ATTEMPTS: u32 = 10_000;
+pub(crate) const MAX_CAS_ATTEMPTS: u32 = 10_000;
+
+/// The deadline a replaced value gets.
+#[derive(Clone, Copy)]
+enum Ttl {
+    /// This one (0: none).
+    At(u64),
+    /// The key's current one (`SET ... KEEPTTL`).
+    Keep,
+}
 
 /// Handle `name` if it is a string command; false if it is not one.
 pub async fn run<S: Store>(
@@ -30,15 +45,25 @@ pub async fn run<S: Store>(
         }
         "set" => set(ctx, a).await?,
         "setnx" => {
-            let done = store.put(db, &a[0], &a[1], Cond::Absent).await?;
+            let done = store.put(db, &a[0], &a[1], Cond::Absent, 0).await?;
             ctx.out.int(done as i64);
         }
+        "setex" | "psetex" => {
+            let unit = if name == "setex" { Unit::Ex } else { Unit::Px };
+            match deadline(store.now_ms(), unit, &a[1], name) {
+                Ok(at) => {
+                    store.put(db, &a[0], &a[2], Cond::Always, at).await?;
+                    ctx.out.ok();
+                }
+                Err(e) => ctx.out.error(&e),
+            }
+        }
         "getset" => {
-            let old = swap(store, db, &a[0], Some(&a[1]), None).await?;
+            let (old, _) = swap(store, db, &a[0], Some((&a[1], Ttl::At(0))), None).await?;
             ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
         }
         "getdel" => {
-            let old = swap(store, db, &a[0], None, None).await?;
+            let (old, _) = swap(store, db, &a[0], None, None).await?;
             ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
         }
         "mget" => {
@@ -169,54 +194,29 @@ fn range(value: &[u8], mut start: i64, mut end: i64) -> &[u8] {
     &value[start as usize..=end as usize]
 }
 
-/// What `SET`'s options asked for.
-#[derive(Default)]
-struct SetOptions {
-    cond: Option<Cond>,
-    get: bool,
-    expiry: bool,
-}
-
-fn set_options(a: &[Bytes]) -> Result<SetOptions, &'static str> {
-    let mut o = SetOptions::default();
-    let mut i = 0;
-    while i < a.len() {
-        let opt = a[i].to_ascii_uppercase();
-        match opt.as_slice() {
-            b"NX" if o.cond.is_none() => o.cond = Some(Cond::Absent),
-            b"XX" if o.cond.is_none() => o.cond = Some(Cond::Present),
-            b"GET" => o.get = true,
-            b"KEEPTTL" if !o.expiry => {}
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !o.expiry && i + 1 < a.len() => {
-                match parse_i64(&a[i + 1]) {
-                    None => return Err(errors::NOT_INTEGER),
-                    Some(n) if n <= 0 => return Err("ERR invalid expire time in 'set' command"),
-                    Some(_) => o.expiry = true,
-                }
-                i += 1;
-            }
-            _ => return Err(errors::SYNTAX),
-        }
-        i += 1;
-    }
-    Ok(o)
-}
-
+/// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]`.
 async fn set<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreError> {
     let (db, store) = (ctx.session.db, ctx.store);
-    let o = match set_options(&a[2..]) {
+    let o = match string_options(&a[2..], true) {
         Ok(o) => o,
         Err(e) => return refuse(&mut ctx.out, e),
     };
-    if o.expiry {
-        {
-            ctx.out.error(errors::NO_EXPIRY);
-            return Ok(());
-        }
-    }
-    if !o.get {
+    let at = match &o.expire {
+        None => 0,
+        Some((unit, arg)) => match deadline(store.now_ms(), *unit, arg, "set") {
+            Ok(at) => at,
+            Err(e) => return refuse(&mut ctx.out, &e),
+        },
+    };
+    let only = match (o.nx, o.xx) {
+        (true, _) => Some(Cond::Absent),
+        (_, true) => Some(Cond::Present),
+        _ => None,
+    };
+    if !o.get && !o.keep_ttl {
+        // A blind write: nothing of the old object is needed.
         let done = store
-            .put(db, &a[0], &a[1], o.cond.unwrap_or(Cond::Always))
+            .put(db, &a[0], &a[1], only.unwrap_or(Cond::Always), at)
             .await?;
         if done {
             ctx.out.ok()
@@ -225,21 +225,29 @@ async fn set<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreErr
         }
         return Ok(());
     }
-    let old = swap(store, db, &a[0], Some(&a[1]), o.cond).await?;
-    ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
+    let ttl = if o.keep_ttl { Ttl::Keep } else { Ttl::At(at) };
+    let (old, written) = swap(store, db, &a[0], Some((&a[1], ttl)), only).await?;
+    if o.get {
+        // With GET the old value is the reply, written or not (Redis 7).
+        ctx.out.bulk_or_null(old.as_ref().map(|v| &v.value[..]));
+    } else if written {
+        ctx.out.ok();
+    } else {
+        ctx.out.null();
+    }
     Ok(())
 }
 
 /// Replace (`new` Some) or remove (None) `key`'s value, returning the old
-/// one, atomically. With `only` Absent/Present the change is made only if
-/// the key was absent/present (the old value is returned either way).
+/// one and whether anything changed, atomically. With `only`
+/// Absent/Present the change is made only if the key was absent/present.
 async fn swap<S: Store>(
     store: &S,
     db: u32,
     key: &[u8],
-    new: Option<&[u8]>,
+    new: Option<(&[u8], Ttl)>,
     only: Option<Cond>,
-) -> Result<Option<Versioned>, StoreError> {
+) -> Result<(Option<Versioned>, bool), StoreError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
         let old = store.get(db, key).await?;
         let skip = match only {
@@ -248,26 +256,32 @@ async fn swap<S: Store>(
             _ => false,
         };
         if skip {
-            return Ok(old);
+            return Ok((old, false));
         }
         let cond = match &old {
             Some(v) => Cond::Version(v.version),
             None => Cond::Absent,
         };
         let done = match new {
-            Some(value) => store.put(db, key, value, cond).await?,
+            Some((value, ttl)) => {
+                let at = match ttl {
+                    Ttl::At(at) => at,
+                    Ttl::Keep => old.as_ref().map_or(0, |v| v.expires_at_ms),
+                };
+                store.put(db, key, value, cond, at).await?
+            }
             // Removing an absent key is a no-op with nothing to race.
-            None if old.is_none() => true,
+            None if old.is_none() => return Ok((None, false)),
             None => store.del(db, key, cond).await?,
         };
         if done {
-            return Ok(old);
+            return Ok((old, true));
         }
     }
     Err(contention())
 }
 
-fn contention() -> StoreError {
+pub(crate) fn contention() -> StoreError {
     StoreError(format!(
         "gave up after {MAX_CAS_ATTEMPTS} attempts: other clients kept changing the key"
     ))
@@ -291,7 +305,9 @@ async fn modify<S: Store>(
             Some(v) => Cond::Version(v.version),
             None => Cond::Absent,
         };
-        if store.put(db, key, &new, cond).await? {
+        // Changed in place, as Redis sees it: the deadline stays.
+        let at = old.as_ref().map_or(0, |v| v.expires_at_ms);
+        if store.put(db, key, &new, cond, at).await? {
             return Ok(Ok(new));
         }
     }

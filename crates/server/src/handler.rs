@@ -219,6 +219,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                     &Response::Read {
                         version: obj.version,
                         value: blob(obj.value),
+                        expires_at_ms: obj.expires_at_ms,
                     },
                 ),
                 Err(e) => reply_engine_error(out, id, &e),
@@ -229,14 +230,18 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             key,
             value,
             rules: r,
+            expires_at_ms,
         } => {
             if let Err(s) = admit(state, table, key, true) {
                 return encode_error(out, id, s, s.to_string());
             }
-            let result = state
-                .engine
-                .borrow_mut()
-                .write(table, key, value, &rules(&r));
+            let result = state.engine.borrow_mut().write_expiring(
+                table,
+                key,
+                value,
+                expires_at_ms,
+                &rules(&r),
+            );
             reply_result(out, id, result.map(|version| Response::Written { version }));
         }
         Request::Remove {
@@ -624,6 +629,7 @@ fn enumerate(
             key: blob(o.key),
             value: blob(o.value),
             version: o.version,
+            expires_at_ms: o.expires_at_ms,
         })
         .collect();
     reply(out, id, &Response::Enumerate { objects, next_hash })

@@ -7,6 +7,7 @@
 mod backup_service;
 mod conn;
 mod enumerate;
+mod expiry;
 mod handler;
 mod held;
 mod hold;

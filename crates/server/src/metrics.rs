@@ -57,6 +57,8 @@ pub struct ShardMetrics {
     /// The longest synchronous handling of one point request, in ns, since
     /// start or the last reset: `ShardStats::longest_point_call_us`.
     longest_point_ns: Cell<u64>,
+    /// Objects removed by the expiry sweep since start (`expiry.rs`).
+    pub expired: Cell<u64>,
 }
 
 /// Counts a scan or query as running until dropped.
@@ -79,6 +81,7 @@ impl ShardMetrics {
             scans_running: Cell::new(0),
             total: Cell::new(0),
             longest_point_ns: Cell::new(0),
+            expired: Cell::new(0),
         }
     }
 
@@ -197,6 +200,7 @@ fn publish_once(state: &ShardState) {
         cleaned.segments_cleaned,
     );
     counter("insitu_cleaner_entries_moved_total", cleaned.entries_moved);
+    counter("insitu_expired_objects_total", m.expired.get());
     counter("insitu_cleaner_bytes_freed_total", cleaned.bytes_freed);
     // Log changes the engine made that R backups do not hold yet (0: every
     // reply may leave at once).

@@ -145,10 +145,11 @@ async fn copy_out(
         let batch: Vec<Object<'_>> = chunk
             .objects
             .iter()
-            .map(|(k, v, ver)| Object {
+            .map(|(k, v, ver, expires_at_ms)| Object {
                 key: blob(k),
                 value: blob(v),
                 version: *ver,
+                expires_at_ms: *expires_at_ms,
             })
             .collect();
         let request = Request::MigrateBatch {
@@ -309,7 +310,7 @@ pub fn install_batch(
     let mut engine = state.engine.borrow_mut();
     for o in objects {
         engine
-            .install(table, o.key, o.value, o.version)
+            .install_expiring(table, o.key, o.value, o.version, o.expires_at_ms)
             .map_err(|e| (engine_status(&e), e.to_string()))?;
     }
     for r in records {

@@ -240,6 +240,7 @@ pub fn run_shard(
         tokio::task::spawn_local(crate::held::sweep(state.clone()));
         tokio::task::spawn_local(crate::sindex::keep_up(state.clone()));
         tokio::task::spawn_local(crate::txn_resolve::sweep(state.clone()));
+        tokio::task::spawn_local(crate::expiry::sweep(state.clone()));
         tokio::task::spawn_local(crate::metrics::publish(state.clone()));
         let resp = match resp {
             Some(r) => match tokio::net::TcpListener::from_std(r.listener) {

@@ -178,7 +178,7 @@ pub async fn prepare(
                 let s = Status::UnknownTablet;
                 return encode_error(out, id, s, format!("transaction {txn:#x}: {s}"));
             }
-            if let TxnWrite::Put(v) = &it.write
+            if let TxnWrite::Put(v) | TxnWrite::PutExpiring { value: v, .. } = &it.write
                 && let Err(e) = engine.check_object(it.key, v.len())
             {
                 return crate::handler::reply_engine_error(out, id, &e);
@@ -192,6 +192,15 @@ pub async fn prepare(
                     TxnWrite::None => Write::None,
                     TxnWrite::Put(v) => Write::Put(v.to_vec()),
                     TxnWrite::Remove => Write::Remove,
+                    // A deadline of 0 means none: the same as a plain put.
+                    TxnWrite::PutExpiring {
+                        value,
+                        expires_at_ms: 0,
+                    } => Write::Put(value.to_vec()),
+                    TxnWrite::PutExpiring {
+                        value,
+                        expires_at_ms,
+                    } => Write::PutExpiring(value.to_vec(), *expires_at_ms),
                 },
             });
         }

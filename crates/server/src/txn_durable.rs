@@ -138,9 +138,10 @@ pub(crate) fn group_bytes(part: &Part) -> usize {
     let writes: usize = part
         .items
         .iter()
-        .map(|i| match &i.write {
-            Write::Put(v) => max_entry_bytes(i.key.len(), v.len()),
-            _ => max_entry_bytes(i.key.len(), 8),
+        .map(|i| match i.write.value() {
+            // The widest header, deadline included.
+            Some(v) => max_entry_bytes(i.key.len(), v.len()),
+            None => max_entry_bytes(i.key.len(), 8),
         })
         .sum();
     let commit = if part.primary_anchor {
@@ -327,6 +328,9 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
             }
             let result = match &item.write {
                 Write::Put(v) => engine.write(item.table, &item.key, v, &rules).map(|_| ()),
+                Write::PutExpiring(v, deadline) => engine
+                    .write_expiring(item.table, &item.key, v, *deadline, &rules)
+                    .map(|_| ()),
                 Write::Remove => match engine.remove(item.table, &item.key, &rules) {
                     Err(EngineError::ObjectDoesntExist) => Ok(()),
                     r => r.map(|_| ()),
@@ -519,8 +523,5 @@ pub(crate) fn restore_record(
 }
 
 pub(crate) fn value_len(i: &Item) -> usize {
-    match &i.write {
-        Write::Put(v) => v.len(),
-        _ => 0,
-    }
+    i.write.value().map_or(0, <[u8]>::len)
 }

@@ -52,6 +52,7 @@ async fn raw_write(conn: &RpcConn, table: u64, i: u64, offset: u64) -> Status {
     let (k, v) = (int_key(i), value(i + offset));
     let reply = conn
         .call(&Request::Write {
+            expires_at_ms: 0,
             table,
             key: blob(&k),
             value: blob(&v),

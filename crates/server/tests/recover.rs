@@ -200,7 +200,7 @@ async fn read(conn: &RpcConn, key: &[u8]) -> (Status, Vec<u8>, u64) {
         .await
         .unwrap();
     match reply.decode() {
-        Ok(Response::Read { version, value }) => (reply.status, value.to_vec(), version),
+        Ok(Response::Read { version, value, .. }) => (reply.status, value.to_vec(), version),
         _ => (reply.status, Vec::new(), 0),
     }
 }
@@ -307,6 +307,7 @@ async fn recovers_the_newest_log_past_a_corrupt_replica_and_a_failing_holder() {
     let max_version = expected.values().map(|(_, v)| *v).max().unwrap();
     let w = conn
         .call(&Request::Write {
+            expires_at_ms: 0,
             table: TABLE,
             key: blob(b"new"),
             value: blob(b"v"),

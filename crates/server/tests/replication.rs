@@ -89,6 +89,7 @@ async fn write(conn: &RpcConn, k: u32, value: &[u8]) -> u64 {
     let key = k.to_le_bytes();
     let reply = conn
         .call(&Request::Write {
+            expires_at_ms: 0,
             table: TABLE,
             key: blob(&key),
             value: blob(value),
@@ -401,6 +402,7 @@ async fn fenced_stops_the_server() {
         Err(_) => true,
         Ok(conn) => conn
             .call(&Request::Write {
+                expires_at_ms: 0,
                 table: TABLE,
                 key: blob(b"k"),
                 value: blob(b"v"),

@@ -357,6 +357,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
     // While prepared, a plain write of a locked key waits (Retry).
     let w = Request::Write {
+        expires_at_ms: 0,
         table: t,
         key: blob(k1.as_bytes()),
         value: blob(b"plain"),
@@ -385,6 +386,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
         .unwrap();
     assert_eq!(r.status, Status::Ok, "{}", r.error_message());
     let w2 = Request::Write {
+        expires_at_ms: 0,
         table: t,
         key: blob(k2.as_bytes()),
         value: blob(b"after"),

@@ -40,6 +40,18 @@ pub enum Write {
     None,
     Put(Vec<u8>),
     Remove,
+    /// A put of an object with a deadline (Unix ms, >= 1).
+    PutExpiring(Vec<u8>, u64),
+}
+
+impl Write {
+    /// The value a put writes (None for a remove or a read).
+    pub fn value(&self) -> Option<&[u8]> {
+        match self {
+            Write::Put(v) | Write::PutExpiring(v, _) => Some(v),
+            Write::None | Write::Remove => None,
+        }
+    }
 }
 
 /// One key of a prepared transaction.
@@ -57,10 +69,7 @@ pub struct Item {
 impl Item {
     /// Bytes this item holds while prepared (key, value, bookkeeping).
     fn held_bytes(&self) -> usize {
-        let value = match &self.write {
-            Write::Put(v) => v.len(),
-            _ => 0,
-        };
+        let value = self.write.value().map_or(0, <[u8]>::len);
         self.key.len() + value + ITEM_OVERHEAD_BYTES
     }
 }

@@ -28,9 +28,13 @@
 //! u64    primary anchor's table     bytes  primary anchor's key
 //! u64    participant's anchor table bytes  participant's anchor key   (format 2)
 //! u32    others count, then per other: u64 table, bytes key
-//! u32    item count, then per item: u64 table, u8 kind (1 put, 2 remove),
-//!        bytes key, and for a put: bytes value
+//! u32    item count, then per item: u64 table, u8 kind (1 put, 2 remove,
+//!        3 put with a deadline), bytes key, for a put: bytes value, and
+//!        for kind 3: u64 deadline (Unix ms, >= 1)
 //! ```
+//!
+//! Kind 3 is new beside kinds 1 and 2, so records written before it decode
+//! as they did; a put without a deadline is still kind 1.
 //!
 //! The engine checks each entry's CRC, so a payload that fails to decode
 //! here is a bug or a format from the future: decoding returns an error
@@ -126,6 +130,12 @@ impl PreparedRecord {
                     put_bytes(&mut out, &i.key);
                     put_bytes(&mut out, v);
                 }
+                Write::PutExpiring(v, deadline) => {
+                    out.push(3);
+                    put_bytes(&mut out, &i.key);
+                    put_bytes(&mut out, v);
+                    out.extend_from_slice(&deadline.to_le_bytes());
+                }
                 Write::Remove => {
                     out.push(2);
                     put_bytes(&mut out, &i.key);
@@ -154,6 +164,7 @@ impl PreparedRecord {
                         + i.key.len()
                         + match &i.write {
                             Write::Put(v) => 4 + v.len(),
+                            Write::PutExpiring(v, _) => 4 + v.len() + 8,
                             _ => 0,
                         }
                 })
@@ -185,6 +196,13 @@ impl PreparedRecord {
             let write = match kind {
                 1 => Write::Put(r.bytes()?.to_vec()),
                 2 => Write::Remove,
+                3 => {
+                    let value = r.bytes()?.to_vec();
+                    match r.u64()? {
+                        0 => return Err("a put with a deadline of 0 in a prepared record".into()),
+                        deadline => Write::PutExpiring(value, deadline),
+                    }
+                }
                 k => return Err(format!("unknown item kind {k} in a prepared record")),
             };
             items.push(RecordItem { table, key, write });
@@ -301,8 +319,32 @@ mod tests {
                     key: b"acct-9".to_vec(),
                     write: Write::Remove,
                 },
+                RecordItem {
+                    table: 3,
+                    key: b"session".to_vec(),
+                    write: Write::PutExpiring(b"s".to_vec(), 1_700_000_000_000),
+                },
             ],
         }
+    }
+
+    #[test]
+    fn a_put_with_a_deadline_is_kind_3_and_a_zero_deadline_is_refused() {
+        let r = PreparedRecord {
+            items: vec![RecordItem {
+                table: 5,
+                key: b"k".to_vec(),
+                write: Write::PutExpiring(b"v".to_vec(), 42),
+            }],
+            ..sample()
+        };
+        let mut bytes = r.encode();
+        let tail = bytes.len() - 8;
+        assert_eq!(&bytes[tail..], &42u64.to_le_bytes());
+        assert_eq!(bytes[tail - 4 - 1 - 4 - 1 - 1], 3, "kind byte");
+        assert_eq!(PreparedRecord::decode(&bytes), Ok(r));
+        bytes[tail..].copy_from_slice(&0u64.to_le_bytes());
+        assert!(PreparedRecord::decode(&bytes).is_err());
     }
 
     #[test]

@@ -162,6 +162,7 @@ fn shard_handle(
                     &Response::Read {
                         version: o.version,
                         value: blob(&o.value),
+                        expires_at_ms: 0,
                     },
                 )
             } else {
@@ -173,6 +174,7 @@ fn shard_handle(
             key,
             value,
             rules,
+            ..
         } => {
             if let Err((s, m)) = st.may_change(*table, key, rules) {
                 err(out, id, s, &m)
@@ -336,6 +338,7 @@ fn shard_handle(
                     key: blob(k),
                     value: blob(&o.value),
                     version: o.version,
+                    expires_at_ms: 0,
                 });
             }
             ok(out, id, &Response::Enumerate { objects, next_hash })

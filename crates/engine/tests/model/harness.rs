@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use insitu_engine::{
     Engine, EngineConfig, EngineError, HashRange, RejectRules, TableId, key_hash,
-    object_entry_bytes,
+    object_entry_bytes_expiring,
 };
 
-use crate::ops::Op;
+use crate::ops::{Op, Rules};
 use crate::{KEYS, MAX_KEY, MAX_TABLETS, MAX_VALUE, SEGMENT_BYTES, TABLES, key_bytes, value_bytes};
 
 /// The specification of reject rules, written independently of the engine.
@@ -29,26 +29,67 @@ fn expected_rules(r: &RejectRules, current: Option<u64>) -> Result<(), EngineErr
 
 type Key = (TableId, Vec<u8>);
 
+/// The clock the engine is pinned to at the start (Unix ms).
+const START_MS: u64 = 1_000_000;
+
 #[derive(Default)]
 struct Model {
+    /// Every object the engine holds, expired ones too until removed.
     objects: BTreeMap<Key, (Vec<u8>, u64)>,
+    /// Deadlines of the objects that have one.
+    deadlines: HashMap<Key, u64>,
+    /// The engine's pinned clock.
+    now: u64,
     /// Highest version ever returned for a key (survives removes).
     highest: HashMap<Key, u64>,
 }
 
 impl Model {
+    fn expired(&self, key: &Key) -> bool {
+        self.deadlines.get(key).is_some_and(|&d| d <= self.now)
+    }
+
+    /// The live object of `key`: absent once its deadline passed.
+    fn live(&self, key: &Key) -> Option<&(Vec<u8>, u64)> {
+        self.objects.get(key).filter(|_| !self.expired(key))
+    }
+
+    /// The version reject rules see (the live object's).
     fn current(&self, key: &Key) -> Option<u64> {
-        self.objects.get(key).map(|o| o.1)
+        self.live(key).map(|o| o.1)
     }
 
     fn record(&mut self, key: Key, value: Vec<u8>, version: u64) {
+        self.record_expiring(key, value, version, 0);
+    }
+
+    fn record_expiring(&mut self, key: Key, value: Vec<u8>, version: u64, deadline: u64) {
         let prev = self.highest.get(&key).copied().unwrap_or(0);
         assert!(
             version > prev,
             "version {version} of {key:?} does not exceed {prev}"
         );
         self.highest.insert(key.clone(), version);
+        match deadline {
+            0 => self.deadlines.remove(&key),
+            d => self.deadlines.insert(key.clone(), d),
+        };
         self.objects.insert(key, (value, version));
+    }
+
+    fn remove(&mut self, key: &Key) {
+        self.objects.remove(key);
+        self.deadlines.remove(key);
+    }
+
+    /// The live objects of a tablet.
+    fn live_in_range(
+        &self,
+        table: TableId,
+        range: HashRange,
+    ) -> impl Iterator<Item = (&Key, &(Vec<u8>, u64))> {
+        self.in_range(table, range)
+            .filter(|(k, _)| !self.expired(k))
     }
 
     fn in_range(
@@ -90,6 +131,7 @@ impl Harness {
             max_value_bytes: MAX_VALUE,
         };
         let mut engine = Engine::with_max_key_bytes(config, MAX_KEY).expect("valid config");
+        engine.set_clock_ms(Some(START_MS));
         engine
             .create_tablet(TABLES[0], HashRange::FULL)
             .expect("create");
@@ -104,7 +146,10 @@ impl Harness {
             .expect("create");
         Harness {
             engine,
-            model: Model::default(),
+            model: Model {
+                now: START_MS,
+                ..Model::default()
+            },
             counts: Counts::default(),
             tight: budget_segments < 64,
             removes_may_fail: false,
@@ -134,23 +179,7 @@ impl Harness {
                 fill,
                 rules,
             } => {
-                let key = (TABLES[*t], key_bytes(*k));
-                let value = value_bytes(*len, *fill);
-                let r = rules.make(self.model.current(&key).unwrap_or(0));
-                let got = self.engine.write(key.0, &key.1, &value, &r);
-                let want = if *len > MAX_VALUE {
-                    Err(EngineError::ValueTooLarge {
-                        len: *len,
-                        max: MAX_VALUE,
-                    })
-                } else {
-                    expected_rules(&r, self.model.current(&key))
-                };
-                match (got, want) {
-                    (Ok(v), Ok(())) => self.model.record(key, value, v),
-                    (Err(g), Ok(())) if self.allowed_failure(&g) => {}
-                    (got, want) => assert_eq!(got.map(|_| ()), want, "write {key:?}"),
-                }
+                self.write(*t, *k, value_bytes(*len, *fill), rules, None);
             }
             Op::Remove { t, k, rules } => {
                 let key = (TABLES[*t], key_bytes(*k));
@@ -164,7 +193,11 @@ impl Harness {
                             current.unwrap_or(0),
                             "remove returns the removed version"
                         );
-                        self.model.objects.remove(&key);
+                        // An expired object is not removed by a remove (it
+                        // is absent already); the sweep removes it.
+                        if current.is_some() {
+                            self.model.remove(&key);
+                        }
                     }
                     (Err(g), Ok(())) if self.removes_may_fail && self.allowed_failure(&g) => {
                         self.counts.remove_ooms += 1
@@ -175,7 +208,11 @@ impl Harness {
             }
             Op::IncI64 { t, k, delta, rules } => {
                 let key = (TABLES[*t], key_bytes(*k));
-                let current = self.model.objects.get(&key).cloned();
+                let current = self.model.live(&key).cloned();
+                let kept = match current {
+                    Some(_) => self.model.deadlines.get(&key).copied().unwrap_or(0),
+                    None => 0,
+                };
                 let r = rules.make(current.as_ref().map_or(0, |c| c.1));
                 let want =
                     expected_rules(&r, current.as_ref().map(|c| c.1)).and_then(
@@ -191,7 +228,8 @@ impl Harness {
                 match (self.engine.increment_i64(key.0, &key.1, *delta, &r), want) {
                     (Ok((n, v)), Ok(w)) => {
                         assert_eq!(n, w);
-                        self.model.record(key, n.to_le_bytes().to_vec(), v);
+                        self.model
+                            .record_expiring(key, n.to_le_bytes().to_vec(), v, kept);
                     }
                     (Err(g), Ok(_)) if self.allowed_failure(&g) => {}
                     (got, want) => assert_eq!(got.map(|g| g.0), want, "increment_i64 {key:?}"),
@@ -200,7 +238,11 @@ impl Harness {
             Op::IncF64 { t, k, delta, rules } => {
                 let key = (TABLES[*t], key_bytes(*k));
                 let delta = f64::from(*delta) / 4.0;
-                let current = self.model.objects.get(&key).cloned();
+                let current = self.model.live(&key).cloned();
+                let kept = match current {
+                    Some(_) => self.model.deadlines.get(&key).copied().unwrap_or(0),
+                    None => 0,
+                };
                 let r = rules.make(current.as_ref().map_or(0, |c| c.1));
                 let want =
                     expected_rules(&r, current.as_ref().map(|c| c.1)).and_then(
@@ -215,7 +257,8 @@ impl Harness {
                 match (self.engine.increment_f64(key.0, &key.1, delta, &r), want) {
                     (Ok((n, v)), Ok(w)) => {
                         assert_eq!(n.to_bits(), w.to_bits());
-                        self.model.record(key, n.to_le_bytes().to_vec(), v);
+                        self.model
+                            .record_expiring(key, n.to_le_bytes().to_vec(), v, kept);
                     }
                     (Err(g), Ok(_)) if self.allowed_failure(&g) => {}
                     (got, want) => assert_eq!(
@@ -260,8 +303,8 @@ impl Harness {
                         }
                         Err(g) => assert!(self.allowed_failure(&g), "install: {g:?}"),
                     }
-                } else if let Some(current) = self.model.current(&key) {
-                    // Not newer than what is held: ignored.
+                } else if let Some(&(_, current)) = self.model.objects.get(&key) {
+                    // Not newer than what is held (expired or not): ignored.
                     let version = current.saturating_sub(u64::from(*d));
                     assert_eq!(self.engine.install(key.0, &key.1, &value, version), Ok(()));
                 }
@@ -391,7 +434,101 @@ impl Harness {
                 let (table, range) = self.pick_tablet(*which);
                 self.check_tablet_contents(table, range);
             }
+            Op::WriteExpiring {
+                t,
+                k,
+                len,
+                fill,
+                ttl_ms,
+                rules,
+            } => {
+                let deadline = self.model.now + u64::from(*ttl_ms);
+                self.write(*t, *k, value_bytes(*len, *fill), rules, Some(deadline));
+            }
+            Op::Advance { ms } => {
+                self.model.now += u64::from(*ms);
+                self.engine.set_clock_ms(Some(self.model.now));
+            }
+            Op::Sweep { max } => {
+                let sweep = self
+                    .engine
+                    .sweep_expired(usize::from(*max), 2 * SEGMENT_BYTES as u64);
+                assert!(sweep.expired.len() <= usize::from(*max));
+                for o in sweep.expired {
+                    let key = (o.table, o.key);
+                    assert!(
+                        self.model.expired(&key),
+                        "swept a live key {key:?}: model deadline {:?}, version {:?}, now {}, named version {}",
+                        self.model.deadlines.get(&key),
+                        self.model.objects.get(&key).map(|o| o.1),
+                        self.model.now,
+                        o.version
+                    );
+                    assert_eq!(
+                        self.model.objects.get(&key).map(|o| o.1),
+                        Some(o.version),
+                        "swept {key:?} at its version"
+                    );
+                    match self.engine.expire(key.0, &key.1, o.version) {
+                        Ok(true) => self.model.remove(&key),
+                        Ok(false) => panic!("a due object named by the sweep was not removed"),
+                        Err(g) => assert!(
+                            self.removes_may_fail && self.allowed_failure(&g),
+                            "expire {key:?}: {g:?}"
+                        ),
+                    }
+                }
+            }
         }
+    }
+
+    /// A write (`deadline` None) or a write with a deadline, checked
+    /// against the model's prediction.
+    fn write(&mut self, t: usize, k: u8, value: Vec<u8>, rules: &Rules, deadline: Option<u64>) {
+        let key = (TABLES[t], key_bytes(k));
+        let r = rules.make(self.model.current(&key).unwrap_or(0));
+        let got = match deadline {
+            None => self.engine.write(key.0, &key.1, &value, &r),
+            Some(d) => self.engine.write_expiring(key.0, &key.1, &value, d, &r),
+        };
+        let want = if value.len() > MAX_VALUE {
+            Err(EngineError::ValueTooLarge {
+                len: value.len(),
+                max: MAX_VALUE,
+            })
+        } else {
+            expected_rules(&r, self.model.current(&key))
+        };
+        match (got, want) {
+            (Ok(v), Ok(())) => self
+                .model
+                .record_expiring(key, value, v, deadline.unwrap_or(0)),
+            (Err(g), Ok(())) if self.allowed_failure(&g) => {}
+            (got, want) => assert_eq!(got.map(|_| ()), want, "write {key:?} ({deadline:?})"),
+        }
+    }
+
+    /// Sweep until every due object is removed (a whole round of the
+    /// cursor finds nothing more): nothing expired may be left behind.
+    pub fn sweep_all(&mut self) {
+        for _ in 0..1000 {
+            let sweep = self.engine.sweep_expired(usize::MAX, u64::MAX);
+            if sweep.expired.is_empty() && sweep.wrapped {
+                break;
+            }
+            for o in sweep.expired {
+                let key = (o.table, o.key);
+                assert_eq!(self.engine.expire(key.0, &key.1, o.version), Ok(true));
+                self.model.remove(&key);
+            }
+        }
+        let due: Vec<&Key> = self
+            .model
+            .objects
+            .keys()
+            .filter(|k| self.model.expired(k))
+            .collect();
+        assert!(due.is_empty(), "the sweep never named {due:?}");
     }
 
     /// A dropped tablet's data is gone, and a new tablet restarts versions.
@@ -402,10 +539,13 @@ impl Harness {
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
-            self.model.objects.remove(&k);
+            self.model.remove(&k);
         }
         self.model
             .highest
+            .retain(|(t, k), _| !(*t == table && range.contains(key_hash(*t, k))));
+        self.model
+            .deadlines
             .retain(|(t, k), _| !(*t == table && range.contains(key_hash(*t, k))));
     }
 
@@ -416,8 +556,7 @@ impl Harness {
             .map(|o| (o.value.to_vec(), o.version));
         let want = self
             .model
-            .objects
-            .get(&(table, key.to_vec()))
+            .live(&(table, key.to_vec()))
             .cloned()
             .ok_or(EngineError::ObjectDoesntExist);
         assert_eq!(got, want, "read of {key:?} in table {table}");
@@ -427,7 +566,7 @@ impl Harness {
     pub fn check_tablet_contents(&self, table: TableId, range: HashRange) {
         let want: BTreeMap<Vec<u8>, (Vec<u8>, u64)> = self
             .model
-            .in_range(table, range)
+            .live_in_range(table, range)
             .map(|((_, k), v)| (k.clone(), v.clone()))
             .collect();
         let mut by_log = BTreeMap::new();
@@ -458,7 +597,7 @@ impl Harness {
             .extract(table, range.start)
             .expect("extract")
             .into_iter()
-            .map(|(k, v, ver)| (k, (v, ver)))
+            .map(|(k, v, ver, _)| (k, (v, ver)))
             .collect();
         assert_eq!(extracted, want, "extract");
         let keys: Vec<Vec<u8>> = (0..KEYS).map(key_bytes).collect();
@@ -483,8 +622,10 @@ impl Harness {
         for s in self.engine.tablets() {
             let (count, live) = self.model.in_range(s.table, s.range).fold(
                 (0u64, 0u64),
-                |(c, l), ((_, k), (v, ver))| {
-                    (c + 1, l + object_entry_bytes(k.len(), v.len(), *ver) as u64)
+                |(c, l), (key, (v, ver))| {
+                    let deadline = self.model.deadlines.get(key).copied().unwrap_or(0);
+                    let bytes = object_entry_bytes_expiring(key.1.len(), v.len(), *ver, deadline);
+                    (c + 1, l + bytes as u64)
                 },
             );
             assert_eq!(

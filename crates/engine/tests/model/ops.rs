@@ -84,6 +84,23 @@ pub enum Op {
     Scan {
         which: usize,
     },
+    /// A write with a deadline `ttl_ms` after the model's clock (0: already due).
+    WriteExpiring {
+        t: usize,
+        k: u8,
+        len: usize,
+        fill: u8,
+        ttl_ms: u8,
+        rules: Rules,
+    },
+    /// Move the engine's (pinned) clock on.
+    Advance {
+        ms: u8,
+    },
+    /// Ask for due objects and remove each, as a shard's sweep does.
+    Sweep {
+        max: u8,
+    },
 }
 
 fn rules() -> impl Strategy<Value = Rules> {
@@ -114,5 +131,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(|which| Op::DropReplay { which }),
         1 => any::<usize>().prop_map(|which| Op::DropCreate { which }),
         2 => any::<usize>().prop_map(|which| Op::Scan { which }),
+        12 => (t.clone(), k.clone(), value_len(), any::<u8>(), any::<u8>(), rules()).prop_map(|(t, k, len, fill, ttl_ms, rules)| Op::WriteExpiring { t, k, len, fill, ttl_ms, rules }),
+        6 => any::<u8>().prop_map(|ms| Op::Advance { ms }),
+        3 => (1u8..40).prop_map(|max| Op::Sweep { max }),
     ]
 }

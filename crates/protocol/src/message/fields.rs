@@ -185,4 +185,6 @@ pub struct Object<'a> {
     #[serde(borrow)]
     pub value: Blob<'a>,
     pub version: u64,
+    /// The object's deadline (Unix ms; 0: none): a move carries it along.
+    pub expires_at_ms: u64,
 }

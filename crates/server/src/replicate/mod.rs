@@ -227,6 +227,12 @@ impl Replicator {
         }
     }
 
+    /// Changes were made that nobody waits for (the expiry sweep's
+    /// tombstones): ship them with the next round.
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
     /// `ServerDown`: stop using that server's backup and re-replicate
     /// every segment it held.
     pub fn server_down(&self, server_id: u64) {

@@ -110,6 +110,7 @@ impl ShardStore<'_> {
             Ok(obj) => Ok(Local::Done(Some(Versioned {
                 value: Bytes::copy_from_slice(obj.value),
                 version: obj.version,
+                expires_at_ms: obj.expires_at_ms,
             }))),
             Err(EngineError::ObjectDoesntExist) => Ok(Local::Done(None)),
             Err(EngineError::UnknownTablet) => Ok(Local::Forward),
@@ -123,15 +124,18 @@ impl ShardStore<'_> {
         key: &[u8],
         value: &[u8],
         cond: Cond,
+        expires_at_ms: u64,
     ) -> Result<Local<bool>, StoreError> {
         if admit(self.state, table, key, true).is_err() {
             return Ok(Local::Forward);
         }
-        let result = self
-            .state
-            .engine
-            .borrow_mut()
-            .write(table, key, value, &engine_rules(cond));
+        let result = self.state.engine.borrow_mut().write_expiring(
+            table,
+            key,
+            value,
+            expires_at_ms,
+            &engine_rules(cond),
+        );
         match result {
             Ok(_) => Ok(Local::Done(true)),
             Err(e) if refused_by_rules(&e) => Ok(Local::Done(false)),
@@ -183,19 +187,33 @@ impl Store for ShardStore<'_> {
         let found = self
             .client()
             .await?
-            .read(table, key)
+            .read_expiring(table, key)
             .await
             .map_err(self.lost(db))?;
-        Ok(found.map(|(value, version)| Versioned { value, version }))
+        Ok(found.map(|(value, version, expires_at_ms)| Versioned {
+            value,
+            version,
+            expires_at_ms,
+        }))
     }
 
-    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+    async fn put(
+        &self,
+        db: u32,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError> {
         let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
-        if let Local::Done(done) = self.local_put(table, key, value, cond)? {
+        if let Local::Done(done) = self.local_put(table, key, value, cond, expires_at_ms)? {
             return Ok(done);
         }
         let client = self.client().await?;
-        match client.write_with(table, key, value, wire_rules(cond)).await {
+        let written = client
+            .write_expiring(table, key, value, expires_at_ms, wire_rules(cond))
+            .await;
+        match written {
             Ok(_) => Ok(true),
             Err(e) if client_refused(&e) => Ok(false),
             Err(e) => Err(self.lost(db)(e)),
@@ -323,13 +341,14 @@ impl Store for ShardStore<'_> {
         };
         if self.all_local(table, [from, to]) {
             let mut engine = self.state.engine.borrow_mut();
-            let value = match engine.read(table, from) {
-                Ok(obj) => obj.value.to_vec(),
+            // The deadline goes with the value, as Redis's RENAME keeps a TTL.
+            let (value, expires_at_ms) = match engine.read(table, from) {
+                Ok(obj) => (obj.value.to_vec(), obj.expires_at_ms),
                 Err(EngineError::ObjectDoesntExist) => return Ok(false),
                 Err(e) => return Err(err(e)),
             };
             engine
-                .write(table, to, &value, &EngineRules::default())
+                .write_expiring(table, to, &value, expires_at_ms, &EngineRules::default())
                 .map_err(err)?;
             engine
                 .remove(table, from, &EngineRules::default())
@@ -339,10 +358,22 @@ impl Store for ShardStore<'_> {
         let client = self.client().await?;
         client
             .transaction(|mut tx| async move {
-                let Some(value) = tx.read(table, from).await? else {
+                let Some((value, version)) = tx.read_versioned(table, from).await? else {
                     return Ok((tx, false));
                 };
-                tx.write(table, to, &value);
+                // The deadline goes along. A transaction's read carries none,
+                // so it is read beside it; if the key changed in between the
+                // two reads, the transaction runs again.
+                let deadline = match client.read_expiring(table, from).await? {
+                    Some((_, v, deadline)) if v == version => deadline,
+                    _ => {
+                        return Err(ClientError::Status(
+                            Status::Conflict,
+                            "the key changed while it was renamed".into(),
+                        ));
+                    }
+                };
+                tx.write_expiring(table, to, &value, deadline);
                 tx.remove(table, from);
                 Ok((tx, true))
             })
@@ -411,5 +442,11 @@ impl Store for ShardStore<'_> {
 
     fn max_value_bytes(&self) -> usize {
         self.resp.config.max_value_bytes
+    }
+
+    fn now_ms(&self) -> u64 {
+        // The engine's clock decides expiry here; a forwarded key's owner
+        // uses its own (the servers of a cluster keep their clocks in step).
+        self.state.engine.borrow().now_ms()
     }
 }

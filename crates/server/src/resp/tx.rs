@@ -91,7 +91,38 @@ impl ShardTx<'_> {
         let found = self
             .with(async |tx| tx.read_versioned(table, key).await)
             .await?;
-        Ok(found.map(|(value, version)| Versioned { value, version }))
+        let Some((value, version)) = found else {
+            return Ok(None);
+        };
+        // A transaction's read records no deadline: it is asked for beside
+        // it (TTL answers truthfully; INCR, APPEND, ... keep it). A key this
+        // transaction wrote (version 0) has the deadline it was given here.
+        let expires_at_ms = match version {
+            0 => {
+                let tx = self
+                    .tx
+                    .take()
+                    .ok_or_else(|| err("the transaction was lost"))?;
+                let deadline = tx.written_deadline(table, key);
+                self.tx.set(Some(tx));
+                deadline
+            }
+            _ => self
+                .outside
+                .resp
+                .client()
+                .await
+                .map_err(err)?
+                .read_expiring(table, key)
+                .await
+                .map_err(err)?
+                .map_or(0, |(_, _, deadline)| deadline),
+        };
+        Ok(Some(Versioned {
+            value,
+            version,
+            expires_at_ms,
+        }))
     }
 }
 
@@ -101,7 +132,14 @@ impl Store for ShardTx<'_> {
         self.read(table, key).await
     }
 
-    async fn put(&self, db: u32, key: &[u8], value: &[u8], cond: Cond) -> Result<bool, StoreError> {
+    async fn put(
+        &self,
+        db: u32,
+        key: &[u8],
+        value: &[u8],
+        cond: Cond,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError> {
         let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
         if cond != Cond::Always {
             // The read is checked again at the commit: the condition holds then.
@@ -117,7 +155,7 @@ impl Store for ShardTx<'_> {
             }
         }
         self.with(async |tx| {
-            tx.write(table, key, value);
+            tx.write_expiring(table, key, value, expires_at_ms);
             Ok(())
         })
         .await?;
@@ -181,11 +219,12 @@ impl Store for ShardTx<'_> {
 
     async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
         let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        // With its deadline (RENAME keeps a TTL).
+        let Some(v) = self.read(table, from).await? else {
+            return Ok(false);
+        };
         self.with(async |tx| {
-            let Some(value) = tx.read(table, from).await? else {
-                return Ok(false);
-            };
-            tx.write(table, to, &value);
+            tx.write_expiring(table, to, &v.value, v.expires_at_ms);
             tx.remove(table, from);
             Ok(true)
         })
@@ -206,5 +245,9 @@ impl Store for ShardTx<'_> {
 
     fn max_value_bytes(&self) -> usize {
         self.outside.max_value_bytes()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.outside.now_ms()
     }
 }
