@@ -138,6 +138,26 @@ fn killing_one_of_three_servers_during_writes_loses_no_acknowledged_write() {
     let mut expect = BTreeMap::new();
     rt.block_on(async {
         let (client, table) = connect(&cluster).await;
+        // Deadlines are in the log entries: a recovery brings them back too.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (later, brief) = (now_ms + 3_600_000, now_ms + 2_000);
+        for i in 0..60 {
+            for (name, deadline) in [("later", later), ("brief", brief)] {
+                client
+                    .write_expiring(
+                        table,
+                        format!("{name}-{i}"),
+                        b"v",
+                        deadline,
+                        Default::default(),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
         let victim = &mut cluster.servers[1];
         // One write per key: the keys written before the kill live only on
         // the dead server and its backups — the recovery must bring them back.
@@ -153,6 +173,23 @@ fn killing_one_of_three_servers_during_writes_loses_no_acknowledged_write() {
             "the load went on after the kill: {acked} acknowledged"
         );
         check_all(&client, table, &expect).await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        tokio::time::sleep(Duration::from_millis((brief + 50).saturating_sub(now_ms))).await;
+        for i in 0..60 {
+            let found = client
+                .read_expiring(table, format!("later-{i}"))
+                .await
+                .unwrap();
+            assert_eq!(found.map(|(_, _, d)| d), Some(later), "later-{i}");
+            let found = client
+                .read_expiring(table, format!("brief-{i}"))
+                .await
+                .unwrap();
+            assert!(found.is_none(), "brief-{i} outlived its deadline");
+        }
     });
     // The dead server is reported (or already forgotten after its recovery).
     let (code, out, err) = cluster.cli(&["status"]);
