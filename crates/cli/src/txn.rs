@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use insitu_client::{ClientError, Status};
+use insitu_protocol::query::Scalar;
+use insitu_protocol::schema::Schema;
 
 use crate::ClusterArg;
 use crate::data::{connect, runtime};
@@ -24,11 +26,15 @@ SCRIPT lines (one operation each; blank lines and lines starting with # are skip
   put TABLE KEY VALUE     write VALUE (the rest of the line) under KEY
   del TABLE KEY           remove KEY
   add TABLE KEY DELTA     treat the value as a decimal integer (absent = 0) and add DELTA
+  insert TABLE ROW        write ROW, CSV in the column order of typed table TABLE (an empty
+                          field is NULL); a row with an existing key replaces it
 
 Reads see the transaction's own writes. On a conflict with another transaction the whole
 script runs again (up to the client's timeout); nothing is written unless all of it commits.
 A script of `get` lines only reads every key at one snapshot: it sees each transaction
 whole or not at all, and never conflicts with writers.
+
+Typed tables take `insert` lines only; the other operations are for untyped tables.
 
 Example, a transfer:
   printf 'add accounts alice -10\\nadd accounts bob 10\\n' | insitu txn")]
@@ -59,6 +65,12 @@ enum Op {
         key: String,
         delta: i64,
     },
+    /// A row of a typed table, as CSV text (checked against the schema
+    /// once the table is open).
+    Insert {
+        table: String,
+        row: String,
+    },
 }
 
 impl Op {
@@ -67,7 +79,8 @@ impl Op {
             Op::Get { table, .. }
             | Op::Put { table, .. }
             | Op::Del { table, .. }
-            | Op::Add { table, .. } => table,
+            | Op::Add { table, .. }
+            | Op::Insert { table, .. } => table,
         }
     }
 }
@@ -89,6 +102,21 @@ fn parse(script: &str) -> anyhow::Result<Vec<Op>> {
         let (verb, table, key) = (words.next(), words.next(), words.next());
         let rest = words.next().map(str::trim_end);
         let at = || format!("line {}: {line:?}", n + 1);
+        if verb == Some("insert") {
+            // The row is the rest of the line after the table, as written.
+            let Some(table) = table else {
+                bail!("{}: `insert` needs TABLE ROW", at());
+            };
+            let row = line["insert".len()..].trim_start()[table.len()..].trim();
+            if row.is_empty() {
+                bail!("{}: `insert` needs a row after the table", at());
+            }
+            ops.push(Op::Insert {
+                table: table.to_string(),
+                row: row.to_string(),
+            });
+            continue;
+        }
         let (Some(verb), Some(table), Some(key)) = (verb, table, key) else {
             bail!(
                 "{}: expected `VERB TABLE KEY ...` (see `insitu txn --help`)",
@@ -113,7 +141,10 @@ fn parse(script: &str) -> anyhow::Result<Vec<Op>> {
             },
             ("get" | "del", Some(_)) => bail!("{}: `{verb}` takes TABLE KEY only", at()),
             ("put" | "add", None) => bail!("{}: `{verb}` needs a value after the key", at()),
-            _ => bail!("{}: unknown operation {verb:?} (get, put, del, add)", at()),
+            _ => bail!(
+                "{}: unknown operation {verb:?} (get, put, del, add, insert)",
+                at()
+            ),
         };
         ops.push(op);
     }
@@ -151,27 +182,49 @@ pub fn run(args: TxnArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let client = connect(cluster).await?;
         let mut tables: HashMap<String, u64> = HashMap::new();
-        for op in &ops {
+        let mut rows: Vec<Option<Vec<Scalar>>> = Vec::with_capacity(ops.len());
+        let mut schemas: HashMap<String, Schema> = HashMap::new();
+        // Each table is looked up once, however many lines name it.
+        let mut infos: HashMap<String, insitu_client::TableInfo> = HashMap::new();
+        for (n, op) in ops.iter().enumerate() {
             let name = op.table();
-            if tables.contains_key(name) {
-                continue;
-            }
-            let info = match client.open_table(name).await {
-                Ok(info) => info,
-                Err(e) if e.status() == Some(Status::UnknownTable) => {
-                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
+            let info = match infos.get(name) {
+                Some(info) => info,
+                None => {
+                    let info = match client.open_table(name).await {
+                        Ok(info) => info,
+                        Err(e) if e.status() == Some(Status::UnknownTable) => {
+                            bail!("unknown table {name:?} (`insitu table list` shows the tables)")
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    infos.entry(name.to_string()).or_insert(info)
                 }
-                Err(e) => return Err(e.into()),
             };
-            if info.schema.is_some() {
-                bail!("table {name:?} is typed: transactions work on untyped tables for now");
-            }
+            rows.push(match (op, &info.schema) {
+                (Op::Insert { row, .. }, Some(schema)) => {
+                    let row = crate::typed::row_from_csv(schema, row)
+                        .with_context(|| format!("operation {}: insert into {name:?}", n + 1))?;
+                    schemas.insert(name.to_string(), schema.clone());
+                    Some(row)
+                }
+                (Op::Insert { .. }, None) => bail!(
+                    "table {name:?} is untyped: write to it with `put {name} KEY VALUE` lines"
+                ),
+                (_, Some(_)) => bail!(
+                    "table {name:?} is typed: it takes `insert {name} ROW` lines (get, put, \
+                     del and add are for untyped tables)"
+                ),
+                (_, None) => None,
+            });
             tables.insert(name.to_string(), info.id);
         }
+        let rows = &rows;
+        let schemas = &schemas;
         let printed = if ops.iter().all(|op| matches!(op, Op::Get { .. })) {
             read_only(&client, &ops, &tables).await?
         } else {
-            read_write(&client, &ops, &tables).await?
+            read_write(&client, &ops, &tables, rows, schemas).await?
         };
         for line in printed {
             crate::outln!("{line}")?;
@@ -213,15 +266,22 @@ async fn read_write(
     client: &insitu_client::Client,
     ops: &[Op],
     tables: &HashMap<String, u64>,
+    rows: &[Option<Vec<Scalar>>],
+    schemas: &HashMap<String, Schema>,
 ) -> anyhow::Result<Vec<String>> {
     let printed = client
             .transaction(|mut tx| {
                 let (ops, tables) = (ops, tables);
                 async move {
                     let mut printed = Vec::new();
-                    for op in ops {
+                    for (op, row) in ops.iter().zip(rows) {
                         let id = tables[op.table()];
                         match op {
+                            Op::Insert { table, .. } => {
+                                // Parsed against the schema before the transaction began.
+                                let row = row.as_deref().unwrap_or_default();
+                                tx.write_row(id, &schemas[table], row)?;
+                            }
                             Op::Get { key, .. } => {
                                 printed.push(show(tx.read(id, key).await?));
                             }
@@ -287,6 +347,16 @@ mod tests {
         let e = parse("add a b x\n").unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("integer"), "{e}");
         assert!(parse("put a b\n").is_err());
+        // An insert's row is the rest of the line, commas and spaces kept.
+        assert_eq!(
+            parse("insert users 4,\"van der Berg, j\",,1.5\n").unwrap(),
+            vec![Op::Insert {
+                table: "users".into(),
+                row: "4,\"van der Berg, j\",,1.5".into()
+            }]
+        );
+        assert!(parse("insert users\n").is_err());
+        assert!(parse("insert\n").is_err());
         assert!(parse("get a b c\n").is_err());
         assert!(parse("\n# nothing\n").is_err());
     }

@@ -34,6 +34,20 @@ fn row_from_fields(schema: &Schema, fields: &[&str]) -> anyhow::Result<Vec<Scala
         .collect()
 }
 
+/// One row from a line of CSV in the schema's column order.
+pub fn row_from_csv(schema: &Schema, text: &str) -> anyhow::Result<Vec<Scalar>> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(text.as_bytes());
+    let record = reader
+        .records()
+        .next()
+        .context("an empty row")?
+        .context("not CSV")?;
+    let fields: Vec<&str> = record.iter().collect();
+    row_from_fields(schema, &fields)
+}
+
 /// `insitu insert TABLE ROW...`: each ROW is CSV in the schema's column order.
 pub async fn insert(
     client: &Client,
@@ -43,16 +57,7 @@ pub async fn insert(
 ) -> anyhow::Result<()> {
     let mut values = Vec::with_capacity(rows.len());
     for (i, text) in rows.iter().enumerate() {
-        let mut reader = csv::ReaderBuilder::new()
-            .has_headers(false)
-            .from_reader(text.as_bytes());
-        let record = reader
-            .records()
-            .next()
-            .context("an empty row")?
-            .with_context(|| format!("row {}: not CSV", i + 1))?;
-        let fields: Vec<&str> = record.iter().collect();
-        values.push(row_from_fields(schema, &fields).with_context(|| format!("row {}", i + 1))?);
+        values.push(row_from_csv(schema, text).with_context(|| format!("row {}", i + 1))?);
     }
     let results = client.put_rows(table, &values).await?;
     let mut failed = 0;

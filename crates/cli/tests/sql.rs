@@ -197,3 +197,65 @@ fn tpch_queries_match_the_stored_answers() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn sql_at_a_snapshot_reads_one_instant_of_every_table() {
+    let cluster = Cluster::start(1, 2);
+    users_table(&cluster);
+    let at = |args: &[&str]| {
+        let (code, out, err) = cluster.cli(args);
+        assert_eq!(code, 0, "{out}{err}");
+        // The last timestamp printed is the one read at (a refused first
+        // one, below the servers' new floor, is replaced by a fresh one).
+        let ts = err
+            .lines()
+            .filter_map(|l| l.strip_prefix("snapshot at timestamp "))
+            .next_back()
+            .unwrap_or_else(|| panic!("no timestamp printed: {err}"))
+            .to_string();
+        (out, ts)
+    };
+    let query = "select count(*) as n, max(age) as oldest from users";
+    let (out, ts) = at(&["sql", "--snapshot", "--format", "csv", query]);
+    assert_eq!(out, "n,oldest\n3,45\n");
+
+    // Typed rows written by a transaction after the snapshot: a new row and
+    // one replaced.
+    let script = cluster.dir.path().join("txn.txt");
+    std::fs::write(
+        &script,
+        "insert users 4,dave,70,1.00\ninsert users 1,alice,32,10.50\n",
+    )
+    .unwrap();
+    let script = script.to_str().unwrap();
+    ok(cluster.cli(&["txn", script]));
+
+    assert_eq!(sql_csv(&cluster, query), "n,oldest\n4,70\n");
+    assert_eq!(
+        ok(cluster.cli(&["sql", "--at", &ts, "--format", "csv", query])),
+        "n,oldest\n3,45\n",
+        "as of the snapshot"
+    );
+    assert_eq!(
+        ok(cluster.cli(&[
+            "sql",
+            "--at",
+            &ts,
+            "--format",
+            "csv",
+            "select name, age from users where id = 1"
+        ])),
+        "name,age\nalice,31\n"
+    );
+    // A timestamp the oracle has not handed out is refused.
+    let e = fails(cluster.cli(&["sql", "--at", "999999999999999999", query]));
+    assert!(e.contains("in the future"), "{e}");
+    // Scripts name what a typed table takes.
+    std::fs::write(cluster.dir.path().join("bad.txt"), "get users 1\n").unwrap();
+    let bad = cluster.dir.path().join("bad.txt");
+    let e = fails(cluster.cli(&["txn", bad.to_str().unwrap()]));
+    assert!(e.contains("insert users ROW"), "{e}");
+    std::fs::write(&bad, "insert users 5,erin,notanumber,1\n").unwrap();
+    let e = fails(cluster.cli(&["txn", bad.to_str().unwrap()]));
+    assert!(e.contains("age") || e.contains("notanumber"), "{e}");
+}

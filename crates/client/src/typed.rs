@@ -342,3 +342,23 @@ fn cut(batches: Vec<RecordBatch>, limit: Option<u64>) -> Vec<RecordBatch> {
     }
     out
 }
+
+impl crate::txn::Transaction {
+    /// Write `row` (values in `schema`'s column order) to typed table
+    /// `table` at the commit: the row's key columns make its object key, as
+    /// `Client::put_rows` does, so a row with an existing key replaces it.
+    /// Refused (`BadRequest`) if a value does not fit its column; nothing
+    /// is queued then.
+    pub fn write_row(
+        &mut self,
+        table: u64,
+        schema: &Schema,
+        row: &[Scalar],
+    ) -> Result<(), ClientError> {
+        let key = encode_key(schema, row).map_err(|e| status(Status::BadRequest, e.to_string()))?;
+        let value = encode_row(schema, &RowLayout::new(schema), row)
+            .map_err(|e| status(Status::BadRequest, e.to_string()))?;
+        self.write(table, key, value);
+        Ok(())
+    }
+}
