@@ -131,3 +131,24 @@ def test_expiry(resp_cluster):
         assert p.execute() == [True, 100]
     with pytest.raises(redis.ResponseError, match="invalid expire time"):
         r.set("bad", "v", ex=0)
+
+
+def test_cluster_client(resp_cluster):
+    from redis.cluster import RedisCluster
+
+    rc = RedisCluster(host="127.0.0.1", port=resp_cluster.resp_port,
+                      password=resp_cluster.token)
+    try:
+        nodes = rc.get_nodes()
+        assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", resp_cluster.resp_port)]
+        assert rc.keyslot("foo") == 12182
+        for i in range(200):
+            assert rc.set(f"cluster-{i}", i)
+        assert rc.get("cluster-7") == b"7"
+        assert rc.mget_nonatomic([f"cluster-{i}" for i in range(0, 200, 50)]) == [
+            b"0", b"50", b"100", b"150"]
+        assert rc.incr("{c}.n") == 1 and rc.incr("{c}.n") == 2
+        assert rc.delete("cluster-0") == 1
+        assert rc.exists("cluster-0") == 0
+    finally:
+        rc.close()

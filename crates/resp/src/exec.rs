@@ -153,6 +153,10 @@ async fn run<S: Store>(
         "client" => client(ctx, a),
         "info" => return info_cmd(ctx).await,
         "config" => config(ctx, a),
+        "cluster" => crate::cluster::cluster(ctx, a),
+        // Every key is served by every node here (`cluster.rs`): reading
+        // from a replica or following an ASK needs no state.
+        "readonly" | "readwrite" | "asking" => ctx.out.ok(),
         // Handled by `execute` (`multi.rs`); never queued, so never here.
         "multi" | "exec" | "discard" | "watch" | "unwatch" => ctx.out.error(&format!(
             "ERR {} is not allowed here",

@@ -2,9 +2,11 @@
 //! client's bytes (`codec`), replies written in the connection's protocol
 //! (`reply`), and what each command means over a `Store` (`exec`,
 //! `strings`, `expiry`, `keys`). Keys expire as in Redis: the `Store` keeps
-//! each key's deadline and hides it once past. The server adapts its shards
+//! each key's deadline and hides it once past. Cluster clients discover one
+//! node serving every slot (`cluster`). The server adapts its shards
 //! to `Store`; nothing here knows sockets or insitu's own wire format.
 
+pub mod cluster;
 pub mod codec;
 pub mod command;
 pub mod exec;

@@ -16,6 +16,9 @@ pub struct Settings {
     pub databases: u32,
     /// The port clients reach (for `INFO` and `CONFIG GET port`).
     pub port: u16,
+    /// This server's node id for cluster clients (`CLUSTER MYID`): 40 hex
+    /// digits, stable while the server runs.
+    pub node_id: String,
 }
 
 impl Default for Settings {
@@ -24,6 +27,7 @@ impl Default for Settings {
             auth: None,
             databases: 16,
             port: 0,
+            node_id: "0".repeat(40),
         }
     }
 }
@@ -41,6 +45,9 @@ pub struct Session {
     pub name: Option<Bytes>,
     /// `CLIENT ID`: unique per server process.
     pub id: u64,
+    /// The (ip, port) this connection reached: the node `CLUSTER SLOTS`
+    /// and friends describe (None: the settings' port, no ip).
+    pub local: Option<(String, u16)>,
     /// Set by `QUIT`: the connection closes after this reply.
     pub closing: bool,
     /// Commands queued since `MULTI` (None: not in a transaction).

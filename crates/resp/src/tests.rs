@@ -389,3 +389,58 @@ fn multi_queues_at_most_max_queued_commands() {
     );
     assert!(c.session.queued.is_none());
 }
+
+#[test]
+fn cluster_discovery_describes_one_node_with_every_slot() {
+    let mut c = Conn::new();
+    c.session.local = Some(("127.0.0.1".into(), 6380));
+    let id = "0".repeat(40);
+    assert_eq!(
+        c.run("CLUSTER SLOTS"),
+        format!(
+            "*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n$9\r\n127.0.0.1\r\n:6380\r\n$40\r\n{id}\r\n*0\r\n"
+        )
+    );
+    assert_eq!(
+        c.run("CLUSTER NODES"),
+        format!("$102\r\n{id} 127.0.0.1:6380@16380 myself,master - 0 0 0 connected 0-16383\n\r\n")
+    );
+    assert_eq!(c.run("CLUSTER MYID"), format!("$40\r\n{id}\r\n"));
+    assert_eq!(c.run("CLUSTER KEYSLOT foo"), ":12182\r\n");
+    assert!(c.run("CLUSTER INFO").contains("cluster_state:ok\r\n"));
+    let shards = c.run("CLUSTER SHARDS");
+    assert!(
+        shards.starts_with(
+            "*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n*14\r\n"
+        ),
+        "{shards}"
+    );
+    // RESP3: maps where Redis sends maps.
+    c.run("HELLO 3");
+    assert!(c.run("CLUSTER SLOTS").ends_with("%0\r\n"));
+    assert!(c.run("CLUSTER SHARDS").starts_with("*1\r\n%2\r\n"));
+    // Errors as Redis words them.
+    assert_eq!(
+        c.run("CLUSTER KEYSLOT"),
+        "-ERR wrong number of arguments for 'cluster|keyslot' command\r\n"
+    );
+    assert_eq!(
+        c.run("CLUSTER NODES x"),
+        "-ERR wrong number of arguments for 'cluster|nodes' command\r\n"
+    );
+    assert_eq!(
+        c.run("CLUSTER BOGUS"),
+        "-ERR unknown subcommand 'BOGUS'. Try CLUSTER HELP.\r\n"
+    );
+    assert_eq!(
+        c.run("CLUSTER"),
+        "-ERR wrong number of arguments for 'cluster' command\r\n"
+    );
+    for cmd in ["READONLY", "READWRITE", "ASKING"] {
+        assert_eq!(c.run(cmd), "+OK\r\n");
+    }
+    assert_eq!(
+        c.run("READONLY x"),
+        "-ERR wrong number of arguments for 'readonly' command\r\n"
+    );
+}

@@ -311,6 +311,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
                 ..insitu_resp::Limits::default()
             },
             max_value_bytes: engine_config.max_value_bytes,
+            node_id: resp::new_node_id(),
         });
         for (slot, listener) in resp_listeners.iter_mut().zip(bound) {
             *slot = Some(resp::RespListen {

@@ -333,3 +333,48 @@ async fn a_dropped_table_is_created_again() {
     .unwrap();
     assert_eq!(replies, vec!["+OK\r\n", "$1\r\n3\r\n", ":1\r\n"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_clients_learn_one_node_that_serves_every_slot() {
+    let c = cluster(|_| {}).await;
+    let (a, b) = (c.resp(), c.resp_of_second());
+    tokio::task::spawn_blocking(move || {
+        for addr in [a, b] {
+            let mut line = Line::open(addr);
+            // The node is the address the client reached, with every slot.
+            let slots = line.call("CLUSTER SLOTS");
+            let ip_port = format!("$9\r\n127.0.0.1\r\n:{}\r\n$40\r\n", addr.port());
+            assert!(
+                slots.starts_with("*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n") && slots.contains(&ip_port),
+                "{slots}"
+            );
+            let id = line.call("CLUSTER MYID");
+            assert_eq!(id.len(), "$40\r\n".len() + 40 + 2, "{id}");
+            // The same id from every shard of one server (a connection may
+            // land on any of them).
+            for _ in 0..8 {
+                assert_eq!(Line::open(addr).call("CLUSTER MYID"), id);
+            }
+            let nodes = line.call("CLUSTER NODES");
+            assert!(
+                nodes.contains(&format!("127.0.0.1:{}@", addr.port()))
+                    && nodes.contains("myself,master"),
+                "{nodes}"
+            );
+            assert_eq!(line.call("CLUSTER KEYSLOT {user1}.a"), ":8106\r\n");
+            assert_eq!(line.call("READONLY"), "+OK\r\n");
+        }
+        // A client that follows what it learnt reaches every key.
+        let mut line = Line::open(a);
+        for i in 0..50 {
+            assert_eq!(line.call(&format!("SET slot{i} {i}")), "+OK\r\n");
+        }
+        let mut other = Line::open(b);
+        for i in 0..50 {
+            let want = format!("${}\r\n{i}\r\n", i.to_string().len());
+            assert_eq!(other.call(&format!("GET slot{i}")), want);
+        }
+    })
+    .await
+    .unwrap();
+}

@@ -35,6 +35,12 @@ pub async fn serve(
     let limits = &state.limits;
     let store = ShardStore { state, resp };
     let mut session = Session::new(super::next_client_id());
+    // The address this client reached: the node cluster clients are told of.
+    session.local = stream
+        .tcp()
+        .local_addr()
+        .ok()
+        .map(|a| (a.ip().to_string(), a.port()));
     let mut inbox = Inbox::new();
     let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
     loop {

@@ -42,6 +42,16 @@ pub struct RespConfig {
     pub limits: insitu_resp::Limits,
     /// The engine's value limit (`APPEND`/`SETRANGE` may grow a value to it).
     pub max_value_bytes: usize,
+    /// The node id cluster clients see (`CLUSTER MYID`): random per server
+    /// start, the same on every shard, since a connection may reach any.
+    pub node_id: String,
+}
+
+/// A fresh node id: 40 hex digits, as Redis's.
+pub fn new_node_id() -> String {
+    (0..5)
+        .map(|_| format!("{:08x}", fastrand::u32(..)))
+        .collect()
 }
 
 /// A RESP listener handed to a shard.
@@ -118,6 +128,7 @@ impl RespShard {
                 .map(|t| Box::new(move |p: &[u8]| t.matches(p)) as Box<dyn Fn(&[u8]) -> bool>),
             databases: DATABASES,
             port: config.port,
+            node_id: config.node_id.clone(),
         };
         RespShard {
             config,
