@@ -168,8 +168,10 @@ class Transaction:
         """The value of ``key`` as this transaction sees it (None if absent)."""
     def get_many(self, table: Table, keys: Iterable[BytesLike]) -> list[Optional[bytes]]:
         """The values of ``keys`` (None where absent), read at once."""
-    def put(self, table: Table, key: BytesLike, value: BytesLike) -> None:
-        """Write ``value`` under ``key`` when the transaction commits."""
+    def put(self, table: Table, key: BytesLike, value: BytesLike, *,
+            ttl: Optional[float] = None, expires_at: Optional[float] = None) -> None:
+        """Write ``value`` under ``key`` when the transaction commits (with a deadline:
+        ``ttl`` seconds from the call, or ``expires_at`` Unix seconds)."""
     def delete(self, table: Table, key: BytesLike) -> None:
         """Remove ``key`` when the transaction commits."""
     def commit(self) -> None:

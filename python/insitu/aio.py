@@ -174,8 +174,9 @@ class AsyncTransaction(_AsyncKeyReads):
         self.ended = False
 
     def put(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike,
-            value: BytesLike) -> None:
-        self.sync.put(_sync_table(table), key, value)
+            value: BytesLike, *, ttl: Optional[float] = None,
+            expires_at: Optional[float] = None) -> None:
+        self.sync.put(_sync_table(table), key, value, ttl=ttl, expires_at=expires_at)
 
     def delete(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> None:
         self.sync.delete(_sync_table(table), key)

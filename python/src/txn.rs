@@ -87,16 +87,22 @@ impl Transaction {
         )
     }
 
-    /// Write `value` under `key` of `table` when the transaction commits.
+    /// Write `value` under `key` of `table` when the transaction commits;
+    /// `ttl` (seconds) or `expires_at` (Unix seconds) give it a deadline, as
+    /// `Table.put` does.
+    #[pyo3(signature = (table, key, value, *, ttl = None, expires_at = None))]
     fn put(
         &mut self,
         table: PyRef<'_, Table>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
+        ttl: Option<f64>,
+        expires_at: Option<f64>,
     ) -> PyResult<()> {
         let (k, v) = (as_bytes(key, "key")?, as_bytes(value, "value")?);
+        let deadline_ms = crate::expiry::deadline_ms(ttl, expires_at)?;
         let id = table.id;
-        self.open()?.write(id, k, v);
+        self.open()?.write_expiring(id, k, v, deadline_ms);
         Ok(())
     }
 

@@ -79,3 +79,17 @@ def test_run_transaction_returns_and_other_errors_pass_through(client, table):
         client.run_transaction(bad)
     with pytest.raises(TypeError):
         client.run_transaction(lambda tx: tx.put(table, 5, "v"))
+
+
+def test_a_transaction_gives_deadlines(client, table):
+    import time
+
+    with client.transaction() as tx:
+        tx.put(table, b"session", b"s", ttl=3600)
+        tx.put(table, b"plain", b"p")
+    assert 3590 < table.expires_at(b"session") - time.time() <= 3600
+    assert table.expires_at(b"plain") is None
+    with pytest.raises(ValueError):
+        with client.transaction() as tx:
+            tx.put(table, b"bad", b"v", ttl=-1)
+    assert table.get(b"bad") is None

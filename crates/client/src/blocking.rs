@@ -78,6 +78,17 @@ impl BlockingTransaction {
         self.tx.write(table, key, value)
     }
 
+    /// `Transaction::write_expiring`.
+    pub fn write_expiring(
+        &mut self,
+        table: u64,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        expires_at_ms: u64,
+    ) {
+        self.tx.write_expiring(table, key, value, expires_at_ms)
+    }
+
     pub fn remove(&mut self, table: u64, key: impl AsRef<[u8]>) {
         self.tx.remove(table, key)
     }
