@@ -319,3 +319,38 @@ fn install_carries_a_deadline_and_never_lowers_a_version_under_an_expired_one() 
     assert_eq!(e.read(T, b"a").expect("live").value, b"newer");
     e.check_invariants();
 }
+
+#[test]
+fn modify_writes_f_of_the_live_value_and_keeps_its_deadline() {
+    let mut e = engine();
+    let append = |v: Option<&[u8]>| -> Result<Vec<u8>, &'static str> {
+        let mut out = v.unwrap_or_default().to_vec();
+        out.push(b'x');
+        Ok(out)
+    };
+    let (v, first) = e.modify(T, b"k", append).expect("modify").expect("f");
+    assert_eq!(v, b"x");
+    e.write_expiring(T, b"k", b"ab", NOW + 10, &none())
+        .expect("write");
+    let (v, version) = e.modify(T, b"k", append).expect("modify").expect("f");
+    assert!(version > first);
+    let o = e.read(T, b"k").expect("live");
+    assert_eq!(
+        (o.value, o.version, o.expires_at_ms),
+        (&b"abx"[..], version, NOW + 10)
+    );
+    assert_eq!(v, b"abx");
+    // f's refusal writes nothing.
+    let refused = e.modify(T, b"k", |_| Err("not a number")).expect("modify");
+    assert_eq!(refused, Err("not a number"));
+    assert_eq!(e.read(T, b"k").expect("live").version, version);
+    // Too large for the engine: its error, nothing written.
+    let big = e.modify(T, b"k", |_| Ok::<_, ()>(vec![0; 513]));
+    assert!(matches!(big, Err(EngineError::ValueTooLarge { .. })));
+    // Expired: f sees nothing, and the result has no deadline.
+    e.set_clock_ms(Some(NOW + 10));
+    let (v, _) = e.modify(T, b"k", append).expect("modify").expect("f");
+    assert_eq!(v, b"x");
+    assert_eq!(e.read(T, b"k").expect("live").expires_at_ms, 0);
+    e.check_invariants();
+}

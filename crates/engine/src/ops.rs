@@ -92,6 +92,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Write `f(current value)` under `key` with one index lookup (None:
+    /// absent or expired), keeping a live object's deadline; returns the
+    /// value written and its version. `Ok(Err(e))`: `f` refused, nothing
+    /// written. What a read followed by a write on the version read would
+    /// do, without the second lookup (Redis's `INCR`, `APPEND`, ...).
+    pub fn modify<E>(
+        &mut self,
+        table: TableId,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> Result<Vec<u8>, E>,
+    ) -> Result<Result<(Vec<u8>, u64), E>, EngineError> {
+        let (hash, slot, old) = self.locate(table, key)?;
+        let live = old
+            .map(|l| self.tablet(slot).object(l))
+            .filter(|o| !o.is_expired_now(self));
+        let expires_at_ms = live.map_or(0, |o| o.expires_at_ms);
+        let new = match f(live.map(|o| o.value)) {
+            Ok(new) => new,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.check_value(new.len())?;
+        let version = self.put(slot, hash, key, &new, None, expires_at_ms, old)?;
+        Ok(Ok((new, version)))
+    }
+
     /// Add `delta` to the little-endian i64 stored as the value (absent = 0);
     /// returns (new value, new version).
     pub fn increment_i64(

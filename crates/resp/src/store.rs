@@ -112,6 +112,19 @@ pub trait Store {
     /// with. Commands compute deadlines and TTLs from it, never from the
     /// system clock, so they agree with the store on what has expired.
     fn now_ms(&self) -> u64;
+    /// Replace `key`'s value by `f(current value)` (None: absent) in one
+    /// synchronous step, keeping its deadline, when the store can (the key
+    /// is at hand); returns what `f` returned. None: it cannot, and the
+    /// caller reads and writes on the version read instead. Why: a
+    /// read-modify-write (`INCR`, `APPEND`) then costs one lookup, not two.
+    fn modify_at_once(
+        &self,
+        _db: u32,
+        _key: &[u8],
+        _f: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
+    ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
+        None
+    }
 }
 
 /// A store whose commands can run as one all-or-nothing group (`MULTI` /

@@ -295,6 +295,9 @@ async fn modify<S: Store>(
     key: &[u8],
     mut f: impl FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
 ) -> Result<Result<Vec<u8>, &'static str>, StoreError> {
+    if let Some(done) = store.modify_at_once(db, key, &mut f) {
+        return done;
+    }
     for _ in 0..MAX_CAS_ATTEMPTS {
         let old = store.get(db, key).await?;
         let new = match f(old.as_ref().map(|v| &v.value[..])) {

@@ -161,6 +161,11 @@ impl RespShard {
         }
     }
 
+    /// The table of `db` if already known here (no request is made).
+    pub fn cached_table(&self, db: u32) -> Option<u64> {
+        self.tables.borrow().get(&db).copied()
+    }
+
     /// The table of `db`: None if it does not exist and `create` is false.
     pub async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, ClientError> {
         if let Some(&id) = self.tables.borrow().get(&db) {

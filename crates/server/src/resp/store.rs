@@ -444,6 +444,24 @@ impl Store for ShardStore<'_> {
         self.resp.config.max_value_bytes
     }
 
+    fn modify_at_once(
+        &self,
+        db: u32,
+        key: &[u8],
+        f: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
+    ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
+        // Only a key of a known table that this shard may write now; else
+        // the caller's read and conditional write (which forward) do it.
+        let table = self.resp.cached_table(db)?;
+        admit(self.state, table, key, true).ok()?;
+        let result = self.state.engine.borrow_mut().modify(table, key, f);
+        match result {
+            Ok(done) => Some(Ok(done.map(|(value, _version)| value))),
+            Err(EngineError::UnknownTablet) => None,
+            Err(e) => Some(Err(err(e))),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         // The engine's clock decides expiry here; a forwarded key's owner
         // uses its own (the servers of a cluster keep their clocks in step).
