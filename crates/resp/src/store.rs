@@ -47,6 +47,10 @@ pub enum Cond {
     Version(u64),
 }
 
+/// A value rewrite (`Store::modify_at_once`): the new value from the
+/// current one (None: absent), or the error reply that leaves the key as it is.
+pub type Rewrite<'a> = dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str> + 'a;
+
 /// A failure the command reports to its client as `ERR <message>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreError(pub String);
@@ -121,7 +125,7 @@ pub trait Store {
         &self,
         _db: u32,
         _key: &[u8],
-        _f: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
+        _f: &mut Rewrite<'_>,
     ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
         None
     }

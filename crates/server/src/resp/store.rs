@@ -448,7 +448,7 @@ impl Store for ShardStore<'_> {
         &self,
         db: u32,
         key: &[u8],
-        f: &mut dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str>,
+        f: &mut insitu_resp::Rewrite<'_>,
     ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
         // Only a key of a known table that this shard may write now; else
         // the caller's read and conditional write (which forward) do it.
