@@ -101,12 +101,16 @@ pub struct AggArgs {
 pub struct UpdateArgs {
     /// The table (see `insitu table list`).
     pub table: String,
-    /// The field to change, e.g. `i64@0`.
+    /// The column of a typed table to change (e.g. `l_discount`; not a key
+    /// column), or the field of an untyped one (e.g. `i64@0`).
     pub field: String,
-    /// Add this number to the field.
+    /// Add this number to the field. Typed tables: a whole number for an
+    /// integer column (days for a date column), at most the column's digits
+    /// after the point for a decimal, any number for a float; a NULL stays NULL.
     #[arg(long, allow_hyphen_values = true, conflicts_with = "set")]
     pub add: Option<String>,
-    /// Set the field to this number.
+    /// Set the field to this number. Typed tables: a value of the column's
+    /// type (a number, text, a date YYYY-MM-DD, true/false), or NULL.
     #[arg(long, allow_hyphen_values = true)]
     pub set: Option<String>,
     /// Only objects matching this expression (see `insitu count --help`).
@@ -283,11 +287,16 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
 }
 
 pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if typed_table(cluster, &a.table)?.is_some() {
-        bail!(
-            "update on a typed table is not supported yet (it works on untyped tables); \
-             rewrite the rows with `insitu insert` or `insitu load`"
-        );
+    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
+        let table = crate::typed::Typed {
+            id,
+            schema: &schema,
+            indexes: &indexes,
+        };
+        let action = (a.add.as_deref(), a.set.as_deref());
+        return runtime()?.block_on(async {
+            crate::typed::update(&client, table, &a.field, action, &a.filter).await
+        });
     }
     let field = parse_field(&a.field)?;
     let action = match (&a.add, &a.set) {

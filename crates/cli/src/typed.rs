@@ -218,9 +218,17 @@ fn agg_spec(schema: &Schema, func: &str, column: &str) -> anyhow::Result<AggSpec
         "count" => AggFunc::Count,
         other => bail!("unknown aggregate {other:?}: use sum, min, max, avg or count"),
     };
-    let Some(col) = schema.column_index(column) else {
+    Ok(AggSpec {
+        func,
+        arg: vec![ValueOp::Col(column_of(schema, column)?)],
+    })
+}
+
+/// The index of column `name`, or an error listing the table's columns.
+fn column_of(schema: &Schema, name: &str) -> anyhow::Result<u16> {
+    let Some(col) = schema.column_index(name) else {
         bail!(
-            "the table has no column {column:?} (columns: {})",
+            "the table has no column {name:?} (columns: {})",
             schema
                 .columns
                 .iter()
@@ -229,10 +237,59 @@ fn agg_spec(schema: &Schema, func: &str, column: &str) -> anyhow::Result<AggSpec
                 .join(", ")
         );
     };
-    Ok(AggSpec {
-        func,
-        arg: vec![ValueOp::Col(col as u16)],
-    })
+    Ok(col as u16)
+}
+
+/// `insitu update TABLE COLUMN --set V | --add N [--where]` on a typed
+/// table: `--set` text is read as the column's type (`NULL` for NULL);
+/// `--add` takes a whole number for integer columns (days for a date
+/// column), a number with at most the column's digits after the point for a
+/// decimal, any number for a float.
+pub async fn update(
+    client: &Client,
+    t: Typed<'_>,
+    column: &str,
+    (add, set): (Option<&str>, Option<&str>),
+    filter: &Option<String>,
+) -> anyhow::Result<()> {
+    use insitu_protocol::plan::RowAction;
+    use insitu_protocol::query::Scalar;
+    use insitu_protocol::schema::ColumnType;
+    let col = column_of(t.schema, column)?;
+    let c = &t.schema.columns[col as usize];
+    let action = match (add, set) {
+        (None, Some(text)) if text.trim().eq_ignore_ascii_case("null") => {
+            RowAction::Set(Scalar::Null)
+        }
+        (None, Some(text)) => RowAction::Set(
+            insitu_rows::text::parse_value(Some(text), c)
+                .map_err(|e| anyhow::anyhow!("bad --set: {e}"))?,
+        ),
+        (Some(text), None) => {
+            let t = text.trim();
+            let number = |what: &str| anyhow::anyhow!("bad --add {text:?}: not {what}");
+            RowAction::Add(match c.ty {
+                ColumnType::Int32 | ColumnType::Int64 | ColumnType::Date32 => {
+                    Scalar::Int(t.parse().map_err(|_| number("a whole number"))?)
+                }
+                ColumnType::Float64 => Scalar::Float(t.parse().map_err(|_| number("a number"))?),
+                ColumnType::Decimal { .. } => insitu_rows::text::parse_value(Some(t), c)
+                    .map_err(|e| anyhow::anyhow!("bad --add: {e}"))?,
+                // Refused with the reason by the update's own check below.
+                ColumnType::Utf8 | ColumnType::Bool => Scalar::Str(text.to_string()),
+            })
+        }
+        _ => bail!("give --add X or --set X"),
+    };
+    let filter = parse_filter(t.schema, filter)?;
+    let started = Instant::now();
+    let n = client
+        .update_rows(t.id, t.schema, filter, col, action)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::outln!("updated {n} rows")?;
+    eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3);
+    Ok(())
 }
 
 fn parse_filter(

@@ -139,7 +139,7 @@ impl Client {
         // check again): an out-of-range `set` never leaves the client.
         validate_plan(plan)
             .map_err(|e| ClientError::Status(Status::BadRequest, format!("bad plan: {e}")))?;
-        let is_update = matches!(plan.op, Op::Update { .. });
+        let is_update = plan.op.is_update();
         let deadline = Instant::now() + self.inner.config.op_timeout;
         if is_update && matches!(at, AtSnapshot::On | AtSnapshot::At(_)) {
             return Err(ClientError::Status(
@@ -330,6 +330,35 @@ impl Client {
             .await?
             .partial
         {
+            Partial::Update { updated } => Ok(updated),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// Change column `col` of every row of the typed table `table` that
+    /// `filter` passes (SQL's three-valued logic), on the servers; each
+    /// change is a new version, and an object's deadline is kept. Checked
+    /// here against the schema first (the servers check again): a value the
+    /// column cannot hold, a key column or a bad filter never leaves the
+    /// client. Returns how many rows were written (an `Add` leaves a NULL
+    /// NULL and does not count it).
+    pub async fn update_rows(
+        &self,
+        table: u64,
+        schema: &insitu_protocol::schema::Schema,
+        filter: Vec<insitu_protocol::query::Pred>,
+        col: u16,
+        action: insitu_protocol::plan::RowAction,
+    ) -> Result<u64, ClientError> {
+        insitu_query::RowUpdate::compile(schema, &filter, col, &action)
+            .map_err(|e| ClientError::Status(Status::BadRequest, e.to_string()))?;
+        let plan = ScanPlan::new(Op::UpdateRows {
+            schema: schema.clone(),
+            filter,
+            col,
+            action,
+        });
+        match self.execute_plan(table, &plan).await?.partial {
             Partial::Update { updated } => Ok(updated),
             other => Err(wrong_kind(other)),
         }

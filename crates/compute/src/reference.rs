@@ -68,6 +68,11 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
             }
             Partial::Update { updated }
         }
+        Op::UpdateRows { .. } => {
+            return Err(
+                "a typed update reads rows by their schema: insitu-query evaluates it".into(),
+            );
+        }
     })
 }
 

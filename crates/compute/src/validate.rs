@@ -23,6 +23,16 @@ pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {
             need = need.max(field.end());
             check_action(*field, *action)?;
         }
+        // Its filter and column are checked against the schema by
+        // `insitu_query::RowUpdate`; the raw filter would read row bytes as
+        // untyped fields.
+        Op::UpdateRows { .. } if !plan.filter.is_empty() => {
+            return Err(
+                "a typed update carries its filter in the operation; the plan's raw filter must be empty"
+                    .into(),
+            );
+        }
+        Op::UpdateRows { .. } => {}
         Op::Gradient {
             layout, weights, ..
         } => {
@@ -68,7 +78,7 @@ pub fn describe_need(plan: &ScanPlan) -> String {
             "f32x{}@{} and label u8@{}",
             layout.dims, layout.offset, layout.label_offset
         )),
-        Op::Count => {}
+        Op::Count | Op::UpdateRows { .. } => {}
     }
     parts.join(", ")
 }

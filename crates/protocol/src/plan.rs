@@ -135,6 +135,17 @@ pub enum UpdateAction {
     Set(Number),
 }
 
+/// The change a typed update makes to one column of every matched row.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub enum RowAction {
+    /// Store this value (converted to the column's type, or refused; NULL
+    /// only in a nullable column).
+    Set(crate::query::Scalar),
+    /// Add this number to a numeric column (days to a date column); a NULL
+    /// stays NULL, as in SQL.
+    Add(crate::query::Scalar),
+}
+
 /// Points of a logistic regression: an f32 vector and a 0/1 label byte.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PointLayout {
@@ -166,6 +177,22 @@ pub enum Op {
         field: Field,
         action: UpdateAction,
     },
+    /// Change one column of every row of a typed table that `filter`
+    /// passes (the plan's own `filter` must be empty: it reads raw bytes).
+    /// Same guarantees as `Update`: all of a tablet's rows or none.
+    UpdateRows {
+        /// The table's schema, as the client read it (schemas never change):
+        /// the shard compiles the filter and reads rows with it.
+        schema: crate::schema::Schema,
+        /// Postfix typed filter, SQL's three-valued logic: only rows for
+        /// which it is true change. Empty = every row.
+        #[serde(deserialize_with = "crate::limits::pred_ops")]
+        filter: Vec<crate::query::Pred>,
+        /// The column to change (an index into `schema.columns`; never a key
+        /// column, which would move the row to another key).
+        col: u16,
+        action: RowAction,
+    },
     /// Logistic-regression gradient and log-loss sums at `weights`, `bias`.
     Gradient {
         layout: PointLayout,
@@ -173,6 +200,15 @@ pub enum Op {
         weights: Vec<f32>,
         bias: f32,
     },
+}
+
+impl Op {
+    /// Whether the operation writes (an update of raw fields or of typed
+    /// rows): it holds its tablet, carries an operation id, never runs at a
+    /// snapshot.
+    pub fn is_update(&self) -> bool {
+        matches!(self, Op::Update { .. } | Op::UpdateRows { .. })
+    }
 }
 
 /// A declarative plan for one tablet.

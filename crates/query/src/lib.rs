@@ -11,7 +11,9 @@
 //!   aggregate batch; `build.rs`: Arrow arrays from scalars;
 //! - `parse.rs`: the CLI's `--where` text; `reference.rs`: an obviously
 //!   correct evaluator over rows of `Scalar`s, for tests;
-//! - `value.rs`: the one comparison of values every part uses.
+//! - `value.rs`: the one comparison of values every part uses;
+//! - `update.rs`: a typed update (one column of matching rows), checked and
+//!   applied row by row.
 
 mod agg;
 mod arith;
@@ -23,12 +25,14 @@ mod merge;
 mod parse;
 pub mod reference;
 mod sink;
+mod update;
 pub mod value;
 
 pub use compile::{Compiled, answer_columns, compile};
 pub use merge::{agg_name, finalize_groups, merge_groups, merge_top_k};
 pub use parse::parse_where;
 pub use sink::{MAX_TOP_K_BYTES, Sink};
+pub use update::RowUpdate;
 
 use insitu_rows::RowError;
 

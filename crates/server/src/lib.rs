@@ -31,6 +31,7 @@ mod txn;
 mod txn_durable;
 mod txn_peers;
 mod txn_resolve;
+mod update_apply;
 mod update_keys;
 mod update_log;
 mod versions;

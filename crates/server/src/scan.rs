@@ -26,22 +26,20 @@ use bytes::BytesMut;
 use insitu_compute::aggregate::{F64AggK, IntAggK};
 use insitu_compute::kernel::{CountK, GradK, Kernel, Visit};
 use insitu_compute::validate::describe_need;
-use insitu_compute::{GradAcc, apply_update, eval, new_value, validate_plan};
-use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult, UpdateAction};
+use insitu_compute::{GradAcc, validate_plan};
+use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult};
 use insitu_protocol::{Response, Status, encode_error};
+use insitu_query::RowUpdate;
 
-use crate::handler::engine_status;
 use crate::hold::Hold;
-use crate::scan_run::{CHUNK, Refusal, Run, show_key};
+use crate::scan_run::{Refusal, Run, show_key};
 use crate::shard::ShardState;
 use crate::snapshot::{self, Overlay, Snap};
+use crate::update_apply::{Change, RowKeys, check_updates, write_updates};
 use crate::update_keys::ChargedKeys;
 use crate::update_log::{self, UpdateKey, UpdateState};
 
-/// Updated objects between two clock checks in an update's apply phase.
-const UPDATES_PER_STEP: usize = 64;
-
-fn short_error(plan: &ScanPlan, need: usize, key: &[u8], len: usize) -> Refusal {
+pub(crate) fn short_error(plan: &ScanPlan, need: usize, key: &[u8], len: usize) -> Refusal {
     (
         Status::BadRequest,
         format!(
@@ -93,7 +91,7 @@ async fn execute(
 ) -> Result<ScanResult, Refusal> {
     let started = Instant::now();
     let need = validate_plan(plan).map_err(|e| (Status::BadRequest, format!("bad plan: {e}")))?;
-    if snapshot_ts != 0 && matches!(plan.op, Op::Update { .. }) {
+    if snapshot_ts != 0 && plan.op.is_update() {
         return Err((
             Status::BadRequest,
             "an update cannot run at a snapshot (it changes the newest versions)".into(),
@@ -106,14 +104,14 @@ async fn execute(
         end_hash,
         map_version,
         source: &plan.source,
-        write: matches!(plan.op, Op::Update { .. }),
+        write: plan.op.is_update(),
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
         hold: None,
     };
     // The anchor of this update's started record, once written.
     let mut begun: Option<Vec<u8>> = None;
-    if matches!(plan.op, Op::Update { .. }) {
+    if plan.op.is_update() {
         // Checked first so a moving tablet is refused at once, not waited for.
         run.check()?;
         run.hold = Some(Hold::update(state, table, start_hash).await?);
@@ -173,42 +171,33 @@ async fn execute(
             (Partial::Gradient(k.acc.finish()), vis, m)
         }
         Op::Update { field, action } => {
-            let (mut keys, vis, m) =
+            let (keys, vis, m) =
                 run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need, None).await?;
-            keys.settle();
-            if keys.refused {
-                return Err((
-                    Status::OutOfMemory,
-                    format!(
-                        "the update's list of matched keys does not fit in this server's memory budget \
-                         ({} bytes were charged when it was refused); nothing was written on this tablet",
-                        keys.charged_bytes()
-                    ),
-                ));
+            let change = Change::Field {
+                plan,
+                field: *field,
+                action: *action,
+                need,
+            };
+            let updated = apply(&mut run, keys, &change, deadline, op, &mut begun).await?;
+            (Partial::Update { updated }, vis, m)
+        }
+        Op::UpdateRows {
+            schema,
+            filter,
+            col,
+            action,
+        } => {
+            let update = RowUpdate::compile(schema, filter, *col, action)
+                .map_err(|e| (Status::BadRequest, e.to_string()))?;
+            let mut rows = RowKeys::new(&update, ChargedKeys::new(&state.engine));
+            run.scan(&mut rows).await?;
+            if let Some(refusal) = rows.refusal() {
+                return Err(refusal);
             }
-            // The client stops waiting at its deadline: then write nothing.
-            // Past this check the apply phase runs to its end (yielding, with
-            // the tablet held), so a tablet's update is applied fully or not at all.
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err((
-                    Status::Retry,
-                    format!(
-                        "the update's time budget passed after collecting {} keys; nothing was written on this tablet",
-                        keys.len()
-                    ),
-                ));
-            }
-            // The writes below may need the cleaner to make room in this tablet.
-            if let Some(hold) = run.hold.as_mut() {
-                hold.release_cleaner();
-            }
-            check_updates(&run, plan, &keys, *field, *action, need).await?;
-            // From the first write on, a crash leaves a trace a resend finds.
-            if let (Some(k), Some(anchor)) = (op, keys.iter().next()) {
-                update_log::begin(state, k, anchor)?;
-                begun = Some(anchor.to_vec());
-            }
-            let updated = write_updates(&run, plan, &keys, *field, *action).await?;
+            let (vis, m) = (rows.visited, rows.matched);
+            let change = Change::Row(&update);
+            let updated = apply(&mut run, rows.keys, &change, deadline, op, &mut begun).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
@@ -228,117 +217,52 @@ async fn execute(
     Ok(result)
 }
 
-/// Gives the shard back after about `CHUNK` of an update's per-key work
-/// (the clock is read every `UPDATES_PER_STEP` keys) and re-checks the
-/// tablet after each yield.
-struct Slices(Instant);
-
-impl Slices {
-    fn new() -> Slices {
-        Slices(Instant::now())
-    }
-
-    async fn at(&mut self, run: &Run<'_>, i: usize) -> Result<(), Refusal> {
-        if i % UPDATES_PER_STEP == 0 && i > 0 && self.0.elapsed() >= CHUNK {
-            tokio::task::yield_now().await;
-            run.check()?;
-            self.0 = Instant::now();
-        }
-        Ok(())
-    }
-}
-
-/// Update, phase two, first pass: check that every collected key can take
-/// the change, writing nothing.
-///
-/// Two passes over the keys, each in slices of about `CHUNK` with a yield
-/// between them. The run's hold keeps other writes, other updates and tablet
-/// moves out meanwhile, so the objects cannot change between the passes and
-/// the tablet never shows half an update to anyone but reads. The first pass
-/// computes every new value and refuses the whole update (naming the key) if
-/// one object cannot take it (too short, or an `add` that overflows the
-/// field); only then does the second write. A refused update therefore
-/// writes nothing on this tablet.
-async fn check_updates(
-    run: &Run<'_>,
-    plan: &ScanPlan,
-    keys: &ChargedKeys<'_>,
-    field: Field,
-    action: UpdateAction,
-    need: usize,
-) -> Result<(), Refusal> {
-    assert!(run.hold.is_some(), "an update runs holding its tablet");
-    run.check()?;
-    let mut slices = Slices::new();
-    for (i, key) in keys.iter().enumerate() {
-        slices.at(run, i).await?;
-        let engine = run.state.engine.borrow();
-        let Ok(o) = engine.read(run.table, key) else {
-            continue; // removed meanwhile: nothing to update
-        };
-        if o.value.len() < need {
-            return Err(short_error(plan, need, key, o.value.len()));
-        }
-        // The object may have changed since phase one: re-check the predicate.
-        if !matches!(eval(&plan.filter, o.value), Ok(true)) {
-            continue;
-        }
-        if let Err(e) = new_value(field, action, o.value) {
-            return Err((
-                Status::BadRequest,
-                format!(
-                    "update refused at key {}: {e}; nothing was written on this tablet",
-                    show_key(key)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Update, phase two, second pass: write every collected key that still
-/// matches (`check_updates` ran over the same, unchanged objects).
-async fn write_updates(
-    run: &Run<'_>,
-    plan: &ScanPlan,
-    keys: &ChargedKeys<'_>,
-    field: Field,
-    action: UpdateAction,
+/// An update's phase two over the keys phase one collected: refused as a
+/// whole if the list did not fit the budget, the client's deadline passed,
+/// or one object cannot take the change; else every change written.
+/// `begun` is set to the anchor of the update's started record once written.
+async fn apply(
+    run: &mut Run<'_>,
+    mut keys: ChargedKeys<'_>,
+    change: &Change<'_>,
+    deadline: Option<Instant>,
+    op: Option<UpdateKey>,
+    begun: &mut Option<Vec<u8>>,
 ) -> Result<u64, Refusal> {
-    assert!(run.hold.is_some(), "an update runs holding its tablet");
-    let mut value = Vec::new();
-    let mut updated = 0u64;
-    let rules = insitu_engine::RejectRules::default();
-    let mut slices = Slices::new();
-    for (i, key) in keys.iter().enumerate() {
-        slices.at(run, i).await?;
-        let mut engine = run.state.engine.borrow_mut();
-        {
-            let Ok(o) = engine.read(run.table, key) else {
-                continue;
-            };
-            if !matches!(eval(&plan.filter, o.value), Ok(true)) {
-                continue;
-            }
-            value.clear();
-            value.extend_from_slice(o.value);
-        }
-        if let Err(e) = apply_update(field, action, &mut value) {
-            // Checked by the first pass over the same, unchanged objects.
-            return Err((Status::Internal, format!("update changed under us: {e}")));
-        }
-        if let Err(e) = engine.write(run.table, key, &value, &rules) {
-            return Err((
-                engine_status(&e),
-                format!(
-                    "update stopped after {updated} of {} objects: {e}",
-                    keys.len()
-                ),
-            ));
-        }
-        updated += 1;
+    keys.settle();
+    if keys.refused {
+        return Err((
+            Status::OutOfMemory,
+            format!(
+                "the update's list of matched keys does not fit in this server's memory budget \
+                 ({} bytes were charged when it was refused); nothing was written on this tablet",
+                keys.charged_bytes()
+            ),
+        ));
     }
-    Ok(updated)
+    // The client stops waiting at its deadline: then write nothing.
+    // Past this check the apply phase runs to its end (yielding, with
+    // the tablet held), so a tablet's update is applied fully or not at all.
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Err((
+            Status::Retry,
+            format!(
+                "the update's time budget passed after collecting {} keys; nothing was written on this tablet",
+                keys.len()
+            ),
+        ));
+    }
+    // The writes below may need the cleaner to make room in this tablet.
+    if let Some(hold) = run.hold.as_mut() {
+        hold.release_cleaner();
+    }
+    check_updates(run, &keys, change).await?;
+    // From the first write on, a crash leaves a trace a resend finds.
+    if let (Some(k), Some(anchor)) = (op, keys.iter().next()) {
+        update_log::begin(run.state, k, anchor)?;
+        *begun = Some(anchor.to_vec());
+    }
+    write_updates(run, &keys, change).await
 }
 
 #[allow(clippy::too_many_arguments)] // the fields of Request::Scan
@@ -355,8 +279,7 @@ pub async fn handle(
 ) {
     let deadline =
         (budget_ms > 0).then(|| Instant::now() + Duration::from_millis(budget_ms as u64));
-    let remembered =
-        (op_id != 0 && matches!(plan.op, Op::Update { .. })).then_some((table, start_hash, op_id));
+    let remembered = (op_id != 0 && plan.op.is_update()).then_some((table, start_hash, op_id));
     let result = match remembered.and_then(|k| update_log::lookup(state, k)) {
         Some(UpdateState::Done(r)) => Ok(r),
         Some(UpdateState::Running) => Err((

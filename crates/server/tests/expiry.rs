@@ -199,3 +199,31 @@ async fn redis_ttls_hold_across_servers_and_through_a_move() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushdown_update_keeps_each_objects_deadline() {
+    use insitu_protocol::Number;
+    use insitu_protocol::plan::{Field, UpdateAction};
+    let node = common::start(|_| {}).await;
+    let client = Client::connect(&node.addr()).await.unwrap();
+    let t = client.create_table("ttl_update", 1).await.unwrap().id;
+    let rules = RejectRules::default();
+    let later = unix_ms() + 3_600_000;
+    client
+        .write_expiring(t, b"due", 5i64.to_le_bytes(), later, rules)
+        .await
+        .unwrap();
+    client.write(t, b"kept", 7i64.to_le_bytes()).await.unwrap();
+    let add = UpdateAction::Add(Number::I64(1));
+    let n = client
+        .update(t, Field::I64(0), add, &Selection::all())
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    let (value, _, d) = client.read_expiring(t, b"due").await.unwrap().unwrap();
+    assert_eq!((&value[..], d), (&6i64.to_le_bytes()[..], later));
+    let (value, _, d) = client.read_expiring(t, b"kept").await.unwrap().unwrap();
+    assert_eq!((&value[..], d), (&8i64.to_le_bytes()[..], 0));
+    node.server.shutdown();
+    node.coordinator.shutdown().await;
+}
