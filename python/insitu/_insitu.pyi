@@ -172,6 +172,20 @@ class Transaction:
             ttl: Optional[float] = None, expires_at: Optional[float] = None) -> None:
         """Write ``value`` under ``key`` when the transaction commits (with a deadline:
         ``ttl`` seconds from the call, or ``expires_at`` Unix seconds)."""
+    def insert(self, table: Table, row: dict[str, Any]) -> None:
+        """Write ``row`` to typed table ``table`` when the transaction commits.
+
+        ``row`` is a dict of column name -> value: ``int``, ``float``,
+        ``decimal.Decimal``, ``str``, ``bool``, ``datetime.date`` or ``None``
+        (NULL), converted as ``Table.insert_arrow`` converts them (a ``str``
+        ``"YYYY-MM-DD"`` fits a date column, an ``int`` a decimal or float
+        one). A nullable column left out is NULL. The row's key columns make
+        its key, so it replaces a row with the same key. Needs no pyarrow.
+
+        Raises ``BadRequest`` naming the column for a column the table lacks,
+        a NOT NULL column left out, or a value that does not fit its column,
+        and for an untyped table; ``TypeError`` for a value of a Python type
+        no column holds. Nothing is queued then."""
     def delete(self, table: Table, key: BytesLike) -> None:
         """Remove ``key`` when the transaction commits."""
     def commit(self) -> None:

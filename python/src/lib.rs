@@ -7,6 +7,7 @@ mod client;
 mod convert;
 mod errors;
 mod expiry;
+mod rows;
 mod snapshot;
 mod table;
 mod txn;

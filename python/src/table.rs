@@ -24,8 +24,8 @@ pub struct Table {
     client: BlockingClient,
     /// The table's id: requests name tables by id, not by name.
     pub(crate) id: u64,
-    /// The table's name, for `name` and `repr`.
-    name: String,
+    /// The table's name, for `name` and `repr` (and errors elsewhere).
+    pub(crate) name: String,
 }
 
 impl Table {

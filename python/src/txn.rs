@@ -1,9 +1,10 @@
 //! `insitu.Transaction`: several keys, on any servers, changed together or
-//! not at all (the Rust client's `Transaction`, blocking, GIL released).
+//! not at all (the Rust client's `Transaction`, driven on the blocking
+//! client's runtime, GIL released).
 
 use std::time::{Duration, Instant};
 
-use insitu_client::{BlockingClient, BlockingTransaction, ClientError};
+use insitu_client::{BlockingClient, ClientError};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -17,29 +18,36 @@ use crate::table::Table;
 ///
 /// Reads (`get`, `get_many`) return what the cluster holds, or the
 /// transaction's own write; their versions are checked at `commit`. Writes
-/// (`put`, `delete`) wait in the transaction until `commit`, which applies
-/// all of them at one instant or raises `Conflict` (nothing applied: a key
-/// read changed, or another transaction held one) — run it again.
+/// (`put`, `insert`, `delete`) wait in the transaction until `commit`, which
+/// applies all of them at one instant or raises `Conflict` (nothing applied:
+/// a key read changed, or another transaction held one) — run it again.
 ///
 /// As a context manager it commits when the block ends normally and
 /// discards everything when the block raises.
 #[pyclass(module = "insitu")]
 pub struct Transaction {
+    /// Whose runtime drives the transaction's requests (`block_on`), and
+    /// which knows the tables' schemas. Why not `BlockingTransaction`: it
+    /// has no `write_row`, which typed rows need.
+    client: BlockingClient,
     /// None once committed or discarded.
-    inner: Option<BlockingTransaction>,
+    inner: Option<insitu_client::Transaction>,
 }
 
 impl Transaction {
     pub fn new(client: &BlockingClient) -> Transaction {
         Transaction {
-            inner: Some(client.begin()),
+            client: client.clone(),
+            inner: Some(client.async_client().begin()),
         }
     }
 
-    fn open(&mut self) -> PyResult<&mut BlockingTransaction> {
-        self.inner.as_mut().ok_or_else(|| {
+    /// The client and the transaction, if it has not ended.
+    fn open(&mut self) -> PyResult<(&BlockingClient, &mut insitu_client::Transaction)> {
+        let tx = self.inner.as_mut().ok_or_else(|| {
             PyRuntimeError::new_err("the transaction has already ended (committed or discarded)")
-        })
+        })?;
+        Ok((&self.client, tx))
     }
 
     /// Commit, the error left as the client's (for the retry decision).
@@ -47,7 +55,8 @@ impl Transaction {
         let tx = self.inner.take().ok_or_else(|| {
             PyRuntimeError::new_err("the transaction has already ended (committed or discarded)")
         })?;
-        Ok(py.detach(|| tx.commit()))
+        let client = &self.client;
+        Ok(py.detach(|| client.block_on(tx.commit())))
     }
 }
 
@@ -62,8 +71,10 @@ impl Transaction {
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let k = as_bytes(key, "key")?;
         let id = table.id;
-        let tx = self.open()?;
-        let v = py.detach(|| tx.read(id, k)).map_err(|e| to_py(py, e))?;
+        let (client, tx) = self.open()?;
+        let v = py
+            .detach(|| client.block_on(tx.read(id, k)))
+            .map_err(|e| to_py(py, e))?;
         Ok(v.map(|v| PyBytes::new(py, &v)))
     }
 
@@ -77,9 +88,9 @@ impl Transaction {
         let objs = collect(keys)?;
         let slices = key_slices(&objs)?;
         let id = table.id;
-        let tx = self.open()?;
+        let (client, tx) = self.open()?;
         let found = py
-            .detach(|| tx.read_many(id, &slices))
+            .detach(|| client.block_on(tx.read_many(id, &slices)))
             .map_err(|e| to_py(py, e))?;
         PyList::new(
             py,
@@ -102,15 +113,47 @@ impl Transaction {
         let (k, v) = (as_bytes(key, "key")?, as_bytes(value, "value")?);
         let deadline_ms = crate::expiry::deadline_ms(ttl, expires_at)?;
         let id = table.id;
-        self.open()?.write_expiring(id, k, v, deadline_ms);
+        self.open()?.1.write_expiring(id, k, v, deadline_ms);
         Ok(())
+    }
+
+    /// Write `row` (a dict of column name -> value) to typed table `table`
+    /// when the transaction commits; the row's key columns make its key, so
+    /// it replaces a row with the same key. Values convert as for
+    /// `Table.insert_arrow`; a missing nullable column is NULL. Refused
+    /// before anything is queued: an untyped table, an unknown or missing
+    /// NOT NULL column, a value that does not fit its column.
+    fn insert(
+        &mut self,
+        py: Python<'_>,
+        table: PyRef<'_, Table>,
+        row: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = table.id;
+        let (client, tx) = self.open()?;
+        // From the client's cached map (fetched when the table was opened).
+        let schema = py
+            .detach(|| client.block_on(client.async_client().schema(id)))
+            .map_err(|e| to_py(py, e))?
+            .ok_or_else(|| {
+                crate::rows::bad_request(
+                    py,
+                    format!(
+                        "table {:?} is untyped (created without a schema): insert needs a \
+                         typed table; use put for bytes",
+                        table.name
+                    ),
+                )
+            })?;
+        let values = crate::rows::row_values(py, &schema, row)?;
+        tx.write_row(id, &schema, &values).map_err(|e| to_py(py, e))
     }
 
     /// Remove `key` of `table` when the transaction commits.
     fn delete(&mut self, table: PyRef<'_, Table>, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let k = as_bytes(key, "key")?;
         let id = table.id;
-        self.open()?.remove(id, k);
+        self.open()?.1.remove(id, k);
         Ok(())
     }
 

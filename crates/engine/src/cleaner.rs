@@ -277,7 +277,7 @@ pub(crate) fn copy_kept(
                 let expires_at_ms = entry::expires_at(&src.buf, at);
                 if expires_at_ms != 0 {
                     t.segs[sv as usize].note_expiring(expires_at_ms);
-                    src.expiring -= 1;
+                    src.forget_expiring(expires_at_ms);
                 }
                 let hash = crate::key_hash(t.table, entry::key_at(&src.buf, at));
                 moved[pending] = (hash, loc(slot, at as u32), loc(sv, new_at));

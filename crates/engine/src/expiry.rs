@@ -67,6 +67,17 @@ pub struct ExpiredObject {
     pub version: u64,
 }
 
+/// The live objects with a deadline in one tablet (`Engine::expiring_figures`):
+/// what Redis's `INFO` reports as `expires=` and, with the clock, `avg_ttl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpiringFigures {
+    /// How many, expired or not (an expired one counts until it is removed).
+    pub objects: u64,
+    /// The sum of their deadlines (Unix ms): divided by `objects`, their
+    /// mean deadline.
+    pub deadline_sum_ms: u128,
+}
+
 /// What one sweep call did.
 #[derive(Clone, Debug, Default)]
 pub struct ExpirySweep {
@@ -198,11 +209,25 @@ impl Engine {
     /// Live objects with a deadline in the tablet at `start_hash`, expired
     /// or not (from the segments' counts: O(segments)).
     pub fn expiring_objects(&self, table: TableId, start_hash: u64) -> Result<u64, EngineError> {
+        Ok(self.expiring_figures(table, start_hash)?.objects)
+    }
+
+    /// The count and deadline sum of the live objects with a deadline in
+    /// the tablet at `start_hash`, expired or not until they are removed
+    /// (from the segments' figures: O(segments), no entry read).
+    pub fn expiring_figures(
+        &self,
+        table: TableId,
+        start_hash: u64,
+    ) -> Result<ExpiringFigures, EngineError> {
         let t = self.tablet_at(table, start_hash)?;
-        Ok(t.order
-            .iter()
-            .map(|&s| u64::from(t.segs[s as usize].expiring))
-            .sum())
+        Ok(t.order.iter().fold(ExpiringFigures::default(), |acc, &s| {
+            let seg = &t.segs[s as usize];
+            ExpiringFigures {
+                objects: acc.objects + u64::from(seg.expiring),
+                deadline_sum_ms: acc.deadline_sum_ms + seg.expiry_deadline_sum_ms,
+            }
+        }))
     }
 }
 

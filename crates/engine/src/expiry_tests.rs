@@ -181,6 +181,11 @@ fn the_sweep_names_due_objects_and_expire_removes_them() {
             .expect("write");
     }
     assert_eq!(e.expiring_objects(T, 0).expect("count"), 134);
+    let sum = |n: u64, at: u64| u128::from(n) * u128::from(at);
+    assert_eq!(
+        e.expiring_figures(T, 0).expect("figures").deadline_sum_ms,
+        sum(67, NOW + 50) + sum(67, NOW + 500)
+    );
     // Nothing due: every segment is skipped by its bound, none is read.
     let sweep = e.sweep_expired(1000, u64::MAX);
     assert!(sweep.expired.is_empty());
@@ -208,7 +213,14 @@ fn the_sweep_names_due_objects_and_expire_removes_them() {
         assert_eq!(e.expire(T, &d.key, d.version), Ok(false), "only once");
     }
     assert_eq!(e.read(T, &stale.key).expect("kept").value, b"fresh");
-    assert_eq!(e.expiring_objects(T, 0).expect("count"), 67);
+    assert_eq!(
+        e.expiring_figures(T, 0),
+        Ok(crate::ExpiringFigures {
+            objects: 67,
+            deadline_sum_ms: sum(67, NOW + 500),
+        }),
+        "the removed and the rewritten left the count and the sum"
+    );
     // The next due objects are not due yet: nothing found. The first sweep
     // reads the segments whose bound was early to recount it exactly; from
     // then on none is read.
@@ -275,6 +287,13 @@ fn cleaning_splitting_and_replay_keep_deadlines() {
         assert_eq!(deadline_of(&r, i), deadline_of(&e, i), "key{i:02} replayed");
     }
     assert_eq!(r.expiring_objects(T, 0), Ok(30));
+    let even_sum: u128 = (0..60u64)
+        .step_by(2)
+        .map(|i| u128::from(NOW + 1000 + i))
+        .sum();
+    let figures = |e: &Engine, start| e.expiring_figures(T, start).expect("figures");
+    assert_eq!(figures(&e, 0).deadline_sum_ms, even_sum, "after cleaning");
+    assert_eq!(figures(&r, 0).deadline_sum_ms, even_sum, "after replay");
 
     // A split keeps each moved object's deadline.
     let mid = u64::MAX / 2;
@@ -291,6 +310,11 @@ fn cleaning_splitting_and_replay_keep_deadlines() {
     assert_eq!(
         e.expiring_objects(T, 0).expect("low") + e.expiring_objects(T, mid + 1).expect("high"),
         30
+    );
+    assert_eq!(
+        figures(&e, 0).deadline_sum_ms + figures(&e, mid + 1).deadline_sum_ms,
+        even_sum,
+        "after the split"
     );
     // After the deadlines all even keys are gone from both halves.
     e.set_clock_ms(Some(NOW + 2000));

@@ -98,7 +98,7 @@ mod visit;
 pub use changes::{Changes, MAX_CHANGES};
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
-pub use expiry::{ExpiredObject, ExpirySweep};
+pub use expiry::{ExpiredObject, ExpiringFigures, ExpirySweep};
 pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};
 pub use logview::SegmentView;
 pub use records::{Record, RecordId};

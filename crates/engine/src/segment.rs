@@ -43,6 +43,10 @@ pub(crate) struct Segment {
     /// ms). Lowered by each expiring append; raised only by the sweep's exact
     /// recount, so it may be early, never late.
     pub earliest_expiry_ms: u64,
+    /// Sum of the deadlines (Unix ms) of the `expiring` objects: with the
+    /// count, their mean deadline without reading them (Redis's `INFO`
+    /// `avg_ttl`). u128: 2^32 deadlines near 2^41 ms overflow a u64.
+    pub expiry_deadline_sum_ms: u128,
 }
 
 impl Segment {
@@ -124,6 +128,17 @@ impl Segment {
             self.earliest_expiry_ms.min(expires_at_ms)
         };
         self.expiring += 1;
+        self.expiry_deadline_sum_ms += u128::from(expires_at_ms);
+    }
+
+    /// Count one live object that expires at `expires_at_ms` less: it died
+    /// here (superseded, removed, or copied away by the cleaner). The bound
+    /// stays: early is allowed.
+    #[inline]
+    pub fn forget_expiring(&mut self, expires_at_ms: u64) {
+        debug_assert!(expires_at_ms != 0 && self.expiring > 0);
+        self.expiring -= 1;
+        self.expiry_deadline_sum_ms -= u128::from(expires_at_ms);
     }
 
     /// Append an already encoded entry verbatim (the cleaner's copy: the CRC stays valid).

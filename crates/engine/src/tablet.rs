@@ -334,8 +334,9 @@ impl Tablet {
         let at = offset_of(loc);
         debug_assert_eq!(entry::kind(&seg.buf, at), KIND_OBJECT);
         let len = entry::len_at(&seg.buf, at) as u64;
-        if entry::expires_at(&seg.buf, at) != 0 {
-            seg.expiring -= 1;
+        let deadline = entry::expires_at(&seg.buf, at);
+        if deadline != 0 {
+            seg.forget_expiring(deadline);
         }
         entry::set_dead(&mut seg.buf, at);
         seg.live_bytes -= len;
@@ -488,7 +489,7 @@ impl Tablet {
         for &slot in &self.order {
             let seg = &self.segs[slot as usize];
             let (mut seg_live, mut seg_tomb, mut seg_records) = (0u64, 0u64, 0u64);
-            let (mut seg_expiring, mut seg_earliest) = (0u32, u64::MAX);
+            let (mut seg_expiring, mut seg_earliest, mut seg_sum) = (0u32, u64::MAX, 0u128);
             let mut at = 0;
             while at < seg.buf.len() {
                 let len = entry::len_at(&seg.buf, at) as u64;
@@ -499,6 +500,7 @@ impl Tablet {
                         if deadline != 0 {
                             seg_expiring += 1;
                             seg_earliest = seg_earliest.min(deadline);
+                            seg_sum += u128::from(deadline);
                         }
                         let hash = crate::key_hash(self.table, entry::key_at(&seg.buf, at));
                         let l = loc(slot, at as u32);
@@ -530,6 +532,10 @@ impl Tablet {
             assert_eq!(at, seg.buf.len(), "entries must tile the segment");
             assert_eq!(seg.live_bytes, seg_live, "segment live bytes drifted");
             assert_eq!(seg.expiring, seg_expiring, "segment expiring count drifted");
+            assert_eq!(
+                seg.expiry_deadline_sum_ms, seg_sum,
+                "segment deadline sum drifted"
+            );
             assert!(
                 seg_expiring == 0 || seg.earliest_expiry_ms <= seg_earliest,
                 "a segment's earliest deadline is late: the sweep would skip a due object"

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use crate::command::{COMMANDS, CommandInfo, lookup};
 use crate::reply::{Out, Proto};
 use crate::session::{Session, Settings};
-use crate::store::{Store, StoreError, Transactional};
+use crate::store::{ExpiringKeys, Store, StoreError, Transactional};
 
 /// The version of Redis whose replies this port reproduces (what `INFO`
 /// and `HELLO` report as `redis_version` / `version`).
@@ -414,15 +414,40 @@ async fn info_cmd<S: Store>(ctx: &mut Ctx<'_, S>) -> Result<(), StoreError> {
     );
     let keys = ctx.store.dbsize(ctx.session.db).await?;
     if keys > 0 {
-        // Counting the keys with a deadline would need a walk of the store;
-        // clients read `keys=`, so the expiry fields stay at zero.
+        let expiring = ctx.store.expiring(ctx.session.db).await?;
+        let (expires, avg_ttl) = expiry_fields(keys, expiring, ctx.store.now_ms());
         text.push_str(&format!(
-            "db{}:keys={keys},expires=0,avg_ttl=0\r\n",
+            "db{}:keys={keys},expires={expires},avg_ttl={avg_ttl}\r\n",
             ctx.session.db
         ));
     }
     ctx.out.bulk(text.as_bytes());
     Ok(())
+}
+
+/// `INFO`'s `expires=` and `avg_ttl=` for a database of `keys` keys.
+///
+/// `expires`: the keys with a deadline (`Store::expiring`), at most `keys`.
+/// The store may count a key whose deadline passed until it is removed (as
+/// Redis's `expires=` does), which `keys` (`dbsize`) may not, and the two
+/// are counted one after the other: the cap keeps Redis's `expires <= keys`.
+///
+/// `avg_ttl`: the mean of (deadline - `now_ms`) in ms over every key the
+/// store counted (before the cap), a key past its deadline but not yet
+/// removed counting with its negative rest; 0 if that mean is not positive
+/// or nothing has a deadline. Exact, from the store's sum of deadlines;
+/// Redis's own `avg_ttl` is an estimate its expiry cycle keeps from samples
+/// (0 until the cycle has run).
+pub(crate) fn expiry_fields(keys: u64, expiring: ExpiringKeys, now_ms: u64) -> (u64, u64) {
+    if expiring.keys == 0 {
+        return (0, 0);
+    }
+    let mean_deadline = expiring.deadline_sum_ms / u128::from(expiring.keys);
+    let avg_ttl = mean_deadline.saturating_sub(u128::from(now_ms));
+    (
+        expiring.keys.min(keys),
+        u64::try_from(avg_ttl).unwrap_or(u64::MAX),
+    )
 }
 
 /// A Redis integer argument: decimal, optional '-', no '+', no spaces, no

@@ -24,7 +24,8 @@ pub use exec::execute;
 pub use reply::Proto;
 pub use session::{Session, Settings};
 pub use store::{
-    Commit, Cond, MemStore, MemTx, Rewrite, ScanPage, Store, StoreError, Transactional, Versioned,
+    Commit, Cond, ExpiringKeys, MemStore, MemTx, Rewrite, ScanPage, Store, StoreError,
+    Transactional, Versioned,
 };
 
 #[cfg(test)]

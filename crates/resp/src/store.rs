@@ -61,6 +61,17 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// The keys of a database that carry a deadline (`Store::expiring`): what
+/// `INFO` reports as `expires=` and derives `avg_ttl` from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpiringKeys {
+    /// How many keys have a deadline.
+    pub keys: u64,
+    /// The sum of their deadlines (Unix ms): a sum, not a mean, so a store
+    /// over several shards adds its parts up; divided by `keys`, the mean.
+    pub deadline_sum_ms: u128,
+}
+
 /// One page of a `SCAN`: the keys and the cursor to continue from (0: done).
 pub struct ScanPage {
     pub keys: Vec<Bytes>,
@@ -76,8 +87,8 @@ pub struct ScanPage {
 /// `Version` do not), the source of `rename`, the check of `mset_absent`.
 /// `rename` carries the source's deadline to the destination (Redis's
 /// `RENAME` keeps the TTL); `mset` and `mset_absent` write without
-/// deadlines. `dbsize` may count keys that expired but are not reclaimed
-/// yet (Redis's `DBSIZE` does too).
+/// deadlines. `dbsize` and `expiring` may count keys that expired but are
+/// not reclaimed yet (Redis's `DBSIZE` and `INFO` do too).
 #[allow(async_fn_in_trait)]
 pub trait Store {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError>;
@@ -105,6 +116,8 @@ pub trait Store {
     async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError>;
     /// How many keys `db` holds.
     async fn dbsize(&self, db: u32) -> Result<u64, StoreError>;
+    /// How many keys of `db` have a deadline, and the sum of their deadlines.
+    async fn expiring(&self, db: u32) -> Result<ExpiringKeys, StoreError>;
     /// About `count` keys from `cursor` on (0 starts), in a stable order; a
     /// key present for the whole walk is returned at least once.
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError>;
@@ -296,6 +309,22 @@ impl Store for MemStore {
             .count() as u64)
     }
 
+    async fn expiring(&self, db: u32) -> Result<ExpiringKeys, StoreError> {
+        // Exact, as `dbsize`: live keys only.
+        let now = self.now_ms();
+        let data = self.data.borrow();
+        let deadlines = data
+            .iter()
+            .filter(|((d, _), v)| *d == db && v.live_at(now) && v.expires_at_ms != 0)
+            .map(|(_, v)| v.expires_at_ms);
+        Ok(
+            deadlines.fold(ExpiringKeys::default(), |acc, ms| ExpiringKeys {
+                keys: acc.keys + 1,
+                deadline_sum_ms: acc.deadline_sum_ms + u128::from(ms),
+            }),
+        )
+    }
+
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
         // The cursor is a position in key order (1-based; 0 starts), counted
         // over expired keys too, so a key expiring mid-walk moves no other.
@@ -391,6 +420,9 @@ impl Store for MemTx<'_> {
     }
     async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
         self.0.dbsize(db).await
+    }
+    async fn expiring(&self, db: u32) -> Result<ExpiringKeys, StoreError> {
+        self.0.expiring(db).await
     }
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
         self.0.scan(db, cursor, count).await

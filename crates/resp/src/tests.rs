@@ -444,3 +444,54 @@ fn cluster_discovery_describes_one_node_with_every_slot() {
         "-ERR wrong number of arguments for 'readonly' command\r\n"
     );
 }
+
+#[test]
+fn info_counts_the_keys_with_a_deadline_and_their_mean_ttl() {
+    const T0: u64 = 1_700_000_000_000;
+    let mut c = Conn::new();
+    c.store.set_clock_ms(Some(T0));
+    let keyspace = |c: &mut Conn| {
+        let info = c.run("INFO keyspace");
+        let at = info.find("# Keyspace\r\n").expect("keyspace section") + 12;
+        info[at..].trim_end().to_string()
+    };
+    assert_eq!(keyspace(&mut c), "", "an empty database is not listed");
+    c.run("SET a 1 EX 100");
+    c.run("SET b 2");
+    assert_eq!(keyspace(&mut c), "db0:keys=2,expires=1,avg_ttl=100000");
+    c.run("PEXPIRE b 50000");
+    assert_eq!(keyspace(&mut c), "db0:keys=2,expires=2,avg_ttl=75000");
+    c.store.set_clock_ms(Some(T0 + 10_000));
+    assert_eq!(keyspace(&mut c), "db0:keys=2,expires=2,avg_ttl=65000");
+    c.run("PERSIST a");
+    assert_eq!(keyspace(&mut c), "db0:keys=2,expires=1,avg_ttl=40000");
+    // Past b's deadline it is gone from both counts.
+    c.store.set_clock_ms(Some(T0 + 50_000));
+    assert_eq!(keyspace(&mut c), "db0:keys=1,expires=0,avg_ttl=0");
+    // Another database counts its own keys only.
+    c.run("SELECT 1");
+    c.run("SET c 3 PX 2000");
+    assert_eq!(keyspace(&mut c), "db1:keys=1,expires=1,avg_ttl=2000");
+}
+
+#[test]
+fn info_expiry_fields_keep_expires_within_keys_and_a_past_mean_at_zero() {
+    use crate::ExpiringKeys;
+    use crate::exec::expiry_fields;
+    let figures = |keys, deadline_sum_ms| ExpiringKeys {
+        keys,
+        deadline_sum_ms,
+    };
+    assert_eq!(expiry_fields(5, figures(0, 0), 1000), (0, 0));
+    assert_eq!(expiry_fields(5, figures(2, 5000), 1000), (2, 1500));
+    // Counted before an expired key was removed, after it left `keys`.
+    assert_eq!(expiry_fields(1, figures(2, 5000), 1000), (1, 1500));
+    // Every counted deadline has passed: the mean rest is negative.
+    assert_eq!(expiry_fields(3, figures(2, 1000), 1000), (2, 0));
+    // Deadlines far beyond a u64 sum still average exactly.
+    let far = u64::MAX / 2;
+    assert_eq!(
+        expiry_fields(9, figures(4, 4 * u128::from(far)), 0),
+        (4, far)
+    );
+}

@@ -4,8 +4,8 @@
 use bytes::BytesMut;
 use insitu_engine::{EngineError, HashRange, key_hash};
 use insitu_protocol::{
-    Number, Object, RejectRules, Request, Response, ShardStats, Status, TabletStat, TabletState,
-    blob, decode_request, encode_error, encode_response,
+    Number, Object, RejectRules, Request, Response, Status, TabletState, blob, decode_request,
+    encode_error, encode_response,
     frame::{MAX_BODY_BYTES, check_header},
 };
 
@@ -291,32 +291,8 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             max_bytes,
         } => enumerate(state, id, table, tablet_start, from_hash, max_bytes, out),
         Request::ShardStats { reset_longest_call } => {
-            let engine = state.engine.borrow();
-            let mem = engine.memory();
-            let tablets = engine
-                .tablets()
-                .into_iter()
-                .map(|t| TabletStat {
-                    table: t.table,
-                    start_hash: t.range.start,
-                    end_hash: t.range.end,
-                    objects: t.object_count,
-                    live_bytes: t.live_bytes,
-                    segment_bytes: t.segment_bytes,
-                })
-                .collect();
-            reply(
-                out,
-                id,
-                &Response::ShardStats(ShardStats {
-                    tablets,
-                    memory_budget_bytes: mem.budget_bytes,
-                    segment_bytes: mem.segment_bytes,
-                    live_bytes: mem.live_bytes,
-                    requests: state.metrics.total_requests(),
-                    longest_point_call_us: state.metrics.longest_point_call_us(reset_longest_call),
-                }),
-            )
+            let stats = crate::metrics::shard_stats(state, reset_longest_call);
+            reply(out, id, &Response::ShardStats(stats))
         }
         Request::TakeTablet {
             table,

@@ -1,4 +1,5 @@
-//! What a shard reports on the metrics port (`insitu_telemetry`).
+//! What a shard reports on the metrics port (`insitu_telemetry`), and its
+//! figures for `Request::ShardStats` (`shard_stats`).
 //!
 //! The hot path touches only this shard's own counters (a `RefCell`ed map
 //! on the shard thread: no atomics, no global registry lookup per request);
@@ -226,4 +227,43 @@ fn publish_once(state: &ShardState) {
     }
     gauge("insitu_objects", objects as f64);
     gauge("insitu_segments", segments as f64);
+}
+
+/// The shard's figures for `Request::ShardStats` (the status page, `insitu
+/// bench`, and the Redis port's `INFO`, which sums `expiring_*` over the
+/// tablets of a table). `reset_longest_call`: see the request.
+pub(crate) fn shard_stats(
+    state: &ShardState,
+    reset_longest_call: bool,
+) -> insitu_protocol::ShardStats {
+    let engine = state.engine.borrow();
+    let mem = engine.memory();
+    let tablets = engine
+        .tablets()
+        .into_iter()
+        .map(|t| {
+            // The tablet was just listed, so it is there.
+            let expiring = engine
+                .expiring_figures(t.table, t.range.start)
+                .unwrap_or_default();
+            insitu_protocol::TabletStat {
+                table: t.table,
+                start_hash: t.range.start,
+                end_hash: t.range.end,
+                objects: t.object_count,
+                live_bytes: t.live_bytes,
+                segment_bytes: t.segment_bytes,
+                expiring_objects: expiring.objects,
+                expiring_deadline_sum_ms: expiring.deadline_sum_ms,
+            }
+        })
+        .collect();
+    insitu_protocol::ShardStats {
+        tablets,
+        memory_budget_bytes: mem.budget_bytes,
+        segment_bytes: mem.segment_bytes,
+        live_bytes: mem.live_bytes,
+        requests: state.metrics.total_requests(),
+        longest_point_call_us: state.metrics.longest_point_call_us(reset_longest_call),
+    }
 }

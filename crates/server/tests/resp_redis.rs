@@ -287,3 +287,46 @@ async fn the_redis_crate_works_unchanged() {
     .await
     .unwrap();
 }
+
+/// `db0:keys=..,expires=..` of an `INFO keyspace` reply, and `avg_ttl`.
+fn keyspace(info: &str) -> (String, u64) {
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("db0:"))
+        .unwrap_or_else(|| panic!("no db0 line in {info:?}"));
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .to_string()
+    };
+    let counts = format!("keys={},expires={}", field("keys="), field("expires="));
+    (counts, field("avg_ttl=").parse().expect("avg_ttl"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_counts_the_keys_with_a_deadline_as_redis_does() {
+    const LINES: &[&str] = &["SET a 1 EX 100", "SET b 2", "INFO keyspace"];
+    let c = cluster(|_| {}).await;
+    let (first, second) = (c.resp(), c.resp_of_second());
+    let (ours, ours_second) = tokio::task::spawn_blocking(move || {
+        let ours = pipeline(first, LINES);
+        // The other server's port: the count is the cluster's, summed over
+        // every shard of both servers, wherever the keys live.
+        (ours, pipeline(second, &["INFO keyspace"]))
+    })
+    .await
+    .unwrap();
+    let (counts, avg_ttl) = keyspace(&ours[2]);
+    assert_eq!(counts, "keys=2,expires=1");
+    assert!((90_000..=100_000).contains(&avg_ttl), "avg_ttl={avg_ttl}");
+    assert_eq!(keyspace(&ours_second[0]).0, "keys=2,expires=1");
+    let Some((_redis, redis_addr)) = start_redis() else {
+        return;
+    };
+    let theirs = tokio::task::spawn_blocking(move || pipeline(redis_addr, LINES))
+        .await
+        .unwrap();
+    // Redis's avg_ttl is an estimate its expiry cycle samples: not compared.
+    assert_eq!(keyspace(&theirs[2]).0, counts, "redis: {:?}", theirs[2]);
+}

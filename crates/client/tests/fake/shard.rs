@@ -354,6 +354,9 @@ fn shard_handle(
                     objects: st.keys_in(*t, *r).len() as u64,
                     live_bytes: 0,
                     segment_bytes: 0,
+                    // The fake keeps no deadlines.
+                    expiring_objects: 0,
+                    expiring_deadline_sum_ms: 0,
                 })
                 .collect();
             ok(

@@ -131,6 +131,12 @@ pub struct TabletStat {
     pub objects: u64,
     pub live_bytes: u64,
     pub segment_bytes: u64,
+    /// Objects with a deadline, expired ones included until the sweep
+    /// removes them (`Engine::expiring_figures`): Redis's `INFO` `expires=`.
+    pub expiring_objects: u64,
+    /// The sum of their deadlines (Unix ms): with the count, their mean,
+    /// from which `INFO` derives `avg_ttl`. A sum, not a mean, so tablets add up.
+    pub expiring_deadline_sum_ms: u128,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

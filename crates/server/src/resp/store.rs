@@ -8,10 +8,10 @@
 //! write is acknowledged only once R backups hold it.
 
 use bytes::Bytes;
-use insitu_client::{ClientError, Selection};
+use insitu_client::{ClientError, Selection, ShardStats, TableInfo};
 use insitu_engine::{EngineError, RejectRules as EngineRules};
 use insitu_protocol::{RejectRules, Status};
-use insitu_resp::{Cond, ScanPage, Store, StoreError, Versioned};
+use insitu_resp::{Cond, ExpiringKeys, ScanPage, Store, StoreError, Versioned};
 
 use crate::handler::admit;
 use crate::shard::ShardState;
@@ -71,6 +71,26 @@ fn client_refused(e: &ClientError) -> bool {
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
+}
+
+/// Times `expiring` reads the map and the shards' figures before it gives
+/// up (each retry follows a tablet move that ended while it counted).
+const EXPIRING_ATTEMPTS: usize = 5;
+
+/// The keys with a deadline in every tablet of `map`, from the figures of
+/// the shards at `addrs` (sorted; `stats[i]` from `addrs[i]`); None if a
+/// tablet is not where the map says.
+fn expiring_in(map: &TableInfo, addrs: &[&str], stats: &[ShardStats]) -> Option<ExpiringKeys> {
+    let mut sum = ExpiringKeys::default();
+    for t in &map.tablets {
+        let shard = &stats[addrs.binary_search(&t.addr.as_str()).ok()?];
+        let held = shard.tablets.iter().find(|s| {
+            s.table == map.id && s.start_hash == t.start_hash && s.end_hash == t.end_hash
+        })?;
+        sum.keys += held.expiring_objects;
+        sum.deadline_sum_ms += held.expiring_deadline_sum_ms;
+    }
+    Some(sum)
 }
 
 /// What a local attempt came to.
@@ -390,6 +410,37 @@ impl Store for ShardStore<'_> {
             .count(table, &Selection::all())
             .await
             .map_err(self.lost(db))
+    }
+
+    async fn expiring(&self, db: u32) -> Result<ExpiringKeys, StoreError> {
+        if self.table(db, false).await?.is_none() {
+            return Ok(ExpiringKeys::default());
+        }
+        let client = self.client().await?;
+        // Summed like `dbsize`, over every tablet of the table on every
+        // server, but from the shards' figures (`TabletStat::expiring_*`,
+        // kept per segment by the engine): no key is read. Each tablet of
+        // a fresh map is taken from the shard the map names, so one being
+        // moved (held by two shards for a while) counts once; a tablet
+        // missing there means the map changed meanwhile: count again.
+        for _ in 0..EXPIRING_ATTEMPTS {
+            let map = client
+                .open_table(&self.resp.table_name(db))
+                .await
+                .map_err(self.lost(db))?;
+            let mut addrs: Vec<&str> = map.tablets.iter().map(|t| t.addr.as_str()).collect();
+            addrs.sort_unstable();
+            addrs.dedup();
+            let stats = futures::future::try_join_all(addrs.iter().map(|a| client.shard_stats(a)))
+                .await
+                .map_err(err)?;
+            if let Some(sum) = expiring_in(&map, &addrs, &stats) {
+                return Ok(sum);
+            }
+        }
+        Err(err(
+            "the table's tablets kept moving while its keys with a deadline were counted; try again",
+        ))
     }
 
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {

@@ -17,7 +17,9 @@ use std::cell::Cell;
 
 use bytes::Bytes;
 use insitu_client::{ClientError, Transaction, is_retryable};
-use insitu_resp::{Commit, Cond, ScanPage, Store, StoreError, Transactional, Versioned};
+use insitu_resp::{
+    Commit, Cond, ExpiringKeys, ScanPage, Store, StoreError, Transactional, Versioned,
+};
 
 use super::store::ShardStore;
 
@@ -233,6 +235,10 @@ impl Store for ShardTx<'_> {
 
     async fn dbsize(&self, db: u32) -> Result<u64, StoreError> {
         self.outside.dbsize(db).await
+    }
+
+    async fn expiring(&self, db: u32) -> Result<ExpiringKeys, StoreError> {
+        self.outside.expiring(db).await
     }
 
     async fn scan(&self, db: u32, cursor: u64, count: usize) -> Result<ScanPage, StoreError> {
