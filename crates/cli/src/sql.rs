@@ -13,7 +13,8 @@ use crate::ClusterArg;
 
 #[derive(clap::Args)]
 pub struct SqlArgs {
-    /// The statement to run (e.g. "select count(*) from lineitem"); without it, an interactive
+    /// The statement to run (e.g. "select count(*) from lineitem"; EXPLAIN; or UPDATE t SET
+    /// c = value, c2 = c2 + number WHERE ..., run in the servers); without it, an interactive
     /// shell (history in ~/.insitu_sql_history; \d lists tables, \q quits).
     pub sql: Option<String>,
     /// How to print results: table, csv, json (one object per line) or arrow (IPC stream bytes).

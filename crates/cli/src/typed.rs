@@ -284,7 +284,7 @@ pub async fn update(
     let filter = parse_filter(t.schema, filter)?;
     let started = Instant::now();
     let n = client
-        .update_rows(t.id, t.schema, filter, col, action)
+        .update_rows(t.id, t.schema, filter, vec![(col, action)])
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     crate::outln!("updated {n} rows")?;

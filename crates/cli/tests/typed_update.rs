@@ -29,9 +29,9 @@ fn typed_update_from_the_cli() {
         "15.25"
     );
 
-    // NULL + 1 is NULL: bob's age is not written.
+    // NULL + 1 is NULL: bob's age stays NULL (his row counts, as in SQL).
     let out = ok(cluster.cli(&["update", "users", "age", "--add", "1"]));
-    assert_eq!(out.trim(), "updated 2 rows");
+    assert_eq!(out.trim(), "updated 3 rows");
     assert_eq!(
         ok(cluster.cli(&["agg", "users", "sum", "age"])).trim(),
         "78"
@@ -103,4 +103,28 @@ fn an_index_stays_exact_across_updates() {
     assert_eq!(count(&cluster, "age = 31"), "0");
     assert_eq!(count(&cluster, "age = 41"), "1");
     assert_eq!(count(&cluster, "age in (41, 55)"), "2");
+}
+
+#[test]
+fn sql_update_runs_on_the_servers() {
+    let cluster = Cluster::start(1, 2);
+    users_table(&cluster);
+    let out = ok(cluster.cli(&[
+        "sql",
+        "--format",
+        "csv",
+        "UPDATE users SET score = score + 1, name = 'x' WHERE age > 30",
+    ]));
+    assert_eq!(out.trim(), "count\n2", "{out}");
+    assert_eq!(count(&cluster, "name = 'x'"), "2");
+    assert_eq!(
+        ok(cluster.cli(&["agg", "users", "sum", "score"])).trim(),
+        "14.75"
+    );
+    // A snapshot session reads the past: it cannot change the present.
+    let e = fails(cluster.cli(&["sql", "--snapshot", "UPDATE users SET age = 1"]));
+    assert!(e.contains("snapshot"), "{e}");
+    let e = fails(cluster.cli(&["sql", "UPDATE users SET age = score"]));
+    assert!(e.contains("SET age = <value>"), "{e}");
+    assert_eq!(count(&cluster, "age = 1"), "0");
 }

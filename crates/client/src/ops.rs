@@ -335,28 +335,26 @@ impl Client {
         }
     }
 
-    /// Change column `col` of every row of the typed table `table` that
-    /// `filter` passes (SQL's three-valued logic), on the servers; each
+    /// Change the columns `set` names (each `(column, action)`) of every row
+    /// of the typed table `table` that `filter` passes (SQL's three-valued logic), on the servers; each
     /// change is a new version, and an object's deadline is kept. Checked
     /// here against the schema first (the servers check again): a value the
     /// column cannot hold, a key column or a bad filter never leaves the
-    /// client. Returns how many rows were written (an `Add` leaves a NULL
-    /// NULL and does not count it).
+    /// client. Returns how many rows were written: every row `filter`
+    /// passes, as SQL counts (an `Add` leaves a NULL NULL).
     pub async fn update_rows(
         &self,
         table: u64,
         schema: &insitu_protocol::schema::Schema,
         filter: Vec<insitu_protocol::query::Pred>,
-        col: u16,
-        action: insitu_protocol::plan::RowAction,
+        set: Vec<(u16, insitu_protocol::plan::RowAction)>,
     ) -> Result<u64, ClientError> {
-        insitu_query::RowUpdate::compile(schema, &filter, col, &action)
+        insitu_query::RowUpdate::compile(schema, &filter, &set)
             .map_err(|e| ClientError::Status(Status::BadRequest, e.to_string()))?;
         let plan = ScanPlan::new(Op::UpdateRows {
             schema: schema.clone(),
             filter,
-            col,
-            action,
+            set,
         });
         match self.execute_plan(table, &plan).await?.partial {
             Partial::Update { updated } => Ok(updated),

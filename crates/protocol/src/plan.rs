@@ -177,9 +177,9 @@ pub enum Op {
         field: Field,
         action: UpdateAction,
     },
-    /// Change one column of every row of a typed table that `filter`
-    /// passes (the plan's own `filter` must be empty: it reads raw bytes).
-    /// Same guarantees as `Update`: all of a tablet's rows or none.
+    /// Change columns of every row of a typed table that `filter` passes
+    /// (the plan's own `filter` must be empty: it reads raw bytes). Same
+    /// guarantees as `Update`: all of a tablet's rows or none.
     UpdateRows {
         /// The table's schema, as the client read it (schemas never change):
         /// the shard compiles the filter and reads rows with it.
@@ -188,10 +188,11 @@ pub enum Op {
         /// which it is true change. Empty = every row.
         #[serde(deserialize_with = "crate::limits::pred_ops")]
         filter: Vec<crate::query::Pred>,
-        /// The column to change (an index into `schema.columns`; never a key
-        /// column, which would move the row to another key).
-        col: u16,
-        action: RowAction,
+        /// (column, change): each column (an index into `schema.columns`)
+        /// at most once, never a key column (that would move the row to
+        /// another key); at least one.
+        #[serde(deserialize_with = "crate::limits::columns")]
+        set: Vec<(u16, RowAction)>,
     },
     /// Logistic-regression gradient and log-loss sums at `weights`, `bias`.
     Gradient {

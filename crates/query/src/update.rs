@@ -1,5 +1,5 @@
-//! A typed update (`Op::UpdateRows`): one column of every row a filter
-//! passes, set to a value or changed by adding a number. Checked against the
+//! A typed update (`Op::UpdateRows`): columns of every row a filter
+//! passes, each set to a value or changed by adding a number. Checked against the
 //! schema once (by the client before sending and by each shard before it
 //! reads a row), then applied row by row.
 //!
@@ -27,9 +27,9 @@ pub struct RowUpdate {
     compiled: Compiled,
     /// For re-encoding a changed row.
     schema: Schema,
-    /// The changed column, checked in range and not a key column.
-    col: usize,
-    change: Change,
+    /// (column, change): each column checked in range, not a key column,
+    /// named once.
+    set: Vec<(usize, Change)>,
 }
 
 /// The action, converted to what the column's type needs.
@@ -54,8 +54,7 @@ impl RowUpdate {
     pub fn compile(
         schema: &Schema,
         filter: &[Pred],
-        col: u16,
-        action: &RowAction,
+        set: &[(u16, RowAction)],
     ) -> Result<RowUpdate, QueryError> {
         let plan = QueryPlan {
             filter: filter.to_vec(),
@@ -66,6 +65,25 @@ impl RowUpdate {
             },
         };
         let compiled = compile(schema, &plan)?;
+        if set.is_empty() {
+            return Err(refuse("an update must change at least one column".into()));
+        }
+        let mut changes = Vec::with_capacity(set.len());
+        for (i, (col, action)) in set.iter().enumerate() {
+            if set[..i].iter().any(|(c, _)| c == col) {
+                return Err(refuse(format!("update names column #{col} twice")));
+            }
+            changes.push((*col as usize, Self::change(schema, *col, action)?));
+        }
+        Ok(RowUpdate {
+            compiled,
+            schema: schema.clone(),
+            set: changes,
+        })
+    }
+
+    /// One column's action, checked and converted for its type.
+    fn change(schema: &Schema, col: u16, action: &RowAction) -> Result<Change, QueryError> {
         let column = schema.columns.get(col as usize).ok_or_else(|| {
             refuse(format!(
                 "update of column #{col}: the table has {} columns",
@@ -118,12 +136,7 @@ impl RowUpdate {
                 )));
             }
         };
-        Ok(RowUpdate {
-            compiled,
-            schema: schema.clone(),
-            col: col as usize,
-            change,
-        })
+        Ok(change)
     }
 
     /// The compiled filter and the row layout (to read rows with).
@@ -136,18 +149,41 @@ impl RowUpdate {
         self.compiled.filter(row)
     }
 
-    /// The new bytes of `bytes`: `Ok(None)` when the row does not match (or
-    /// an `Add` meets a NULL, which stays NULL); `Err` when the row does not
-    /// decode with the schema or cannot take the change.
+    /// The new bytes of `bytes`: `Ok(None)` when the row does not match;
+    /// `Err` when the row does not decode with the schema or cannot take the
+    /// change. Every matching row is written, as SQL's UPDATE counts every
+    /// row its WHERE passes: one whose only changes are `Add`s meeting NULLs
+    /// (which stay NULL) is written unchanged.
     pub fn apply(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
         let row = RowRef::new(self.compiled.layout(), bytes).map_err(|e| e.to_string())?;
         if !self.matches(&row) {
             return Ok(None);
         }
-        let column = &self.schema.columns[self.col];
+        let mut values = Vec::with_capacity(self.schema.columns.len());
+        for c in 0..self.schema.columns.len() {
+            values.push(row.scalar(c).map_err(|e| e.to_string())?);
+        }
+        for (col, change) in &self.set {
+            if let Some(new) = self.new_value(*col, change, &values[*col])? {
+                values[*col] = new;
+            }
+        }
+        encode_row(&self.schema, self.compiled.layout(), &values)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Column `col`'s new value from `current`; `None` when an `Add` meets a
+    /// NULL (it stays NULL).
+    fn new_value(
+        &self,
+        col: usize,
+        change: &Change,
+        current: &Scalar,
+    ) -> Result<Option<Scalar>, String> {
+        let column = &self.schema.columns[col];
         let name = &column.name;
-        let current = row.scalar(self.col).map_err(|e| e.to_string())?;
-        let new = match (&self.change, &current) {
+        Ok(Some(match (change, current) {
             (Change::Set(v), _) => v.clone(),
             (_, Scalar::Null) => return Ok(None),
             (Change::AddInt(d), Scalar::Int(a)) => {
@@ -198,18 +234,7 @@ impl RowUpdate {
                     column.ty
                 ));
             }
-        };
-        let mut values = Vec::with_capacity(self.schema.columns.len());
-        for c in 0..self.schema.columns.len() {
-            values.push(if c == self.col {
-                new.clone()
-            } else {
-                row.scalar(c).map_err(|e| e.to_string())?
-            });
-        }
-        encode_row(&self.schema, self.compiled.layout(), &values)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        }))
     }
 }
 

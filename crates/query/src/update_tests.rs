@@ -27,21 +27,21 @@ fn col(name: &str) -> u16 {
 }
 
 fn update(filter: &[Pred], name: &str, action: RowAction) -> RowUpdate {
-    RowUpdate::compile(&schema(), filter, col(name), &action).expect("a valid update")
+    RowUpdate::compile(&schema(), filter, &[(col(name), action)]).expect("a valid update")
 }
 
 fn refusal(name: &str, action: RowAction) -> String {
-    match RowUpdate::compile(&schema(), &[], col(name), &action) {
+    match RowUpdate::compile(&schema(), &[], &[(col(name), action.clone())]) {
         Ok(_) => panic!("{name} {action:?} was accepted"),
         Err(e) => e.to_string(),
     }
 }
 
-/// The model: what the column becomes, `None` when the row is not written.
+/// The model: what the column becomes (every matching row is written).
 fn model(current: &Scalar, action: &RowAction) -> Option<Scalar> {
     match (action, current) {
         (RowAction::Set(v), _) => Some(v.clone()),
-        (RowAction::Add(_), Scalar::Null) => None,
+        (RowAction::Add(_), Scalar::Null) => Some(Scalar::Null),
         (RowAction::Add(Scalar::Int(d)), Scalar::Int(a)) => Some(Scalar::Int(a + d)),
         (RowAction::Add(Scalar::Int(d)), Scalar::Date(a)) => Some(Scalar::Date(a + *d as i32)),
         (
@@ -81,8 +81,7 @@ fn actions() -> BoxedStrategy<(&'static str, RowAction)> {
 }
 
 proptest! {
-    /// Every row: written exactly when the filter is true (and an add meets
-    /// no NULL), and then equal to the old row with the one column changed.
+    /// Every row: written exactly when the filter is true, and then equal to the old row with the one column changed.
     #[test]
     fn an_update_changes_exactly_its_column_of_matching_rows(
         rows in proptest::collection::vec(row(), 1..20),
@@ -179,7 +178,7 @@ fn updates_that_cannot_run_are_refused_when_compiled() {
         let e = refusal(name, action);
         assert!(e.contains(want), "{name}: {e}");
     }
-    let e = RowUpdate::compile(&schema(), &[], 99, &RowAction::Set(Scalar::Null))
+    let e = RowUpdate::compile(&schema(), &[], &[(99, RowAction::Set(Scalar::Null))])
         .err()
         .expect("refused");
     assert!(e.to_string().contains("has 10 columns"), "{e}");
@@ -187,7 +186,7 @@ fn updates_that_cannot_run_are_refused_when_compiled() {
     // non-key column is needed.
     let mut s = schema();
     s.columns[1].nullable = false;
-    let e = RowUpdate::compile(&s, &[], 1, &RowAction::Set(Scalar::Null))
+    let e = RowUpdate::compile(&s, &[], &[(1, RowAction::Set(Scalar::Null))])
         .err()
         .expect("refused");
     assert!(e.to_string().contains("NOT NULL"), "{e}");
@@ -199,4 +198,43 @@ fn a_row_that_does_not_decode_is_an_error_not_a_panic() {
     for bytes in [&b""[..], b"\xA1", b"plain bytes of an untyped value"] {
         assert!(u.apply(bytes).is_err());
     }
+}
+
+#[test]
+fn several_columns_change_together_each_named_once() {
+    let mut r: Vec<Scalar> = vec![Scalar::Null; schema().columns.len()];
+    r[0] = Scalar::Int(1);
+    r[col("q") as usize] = Scalar::Int(5);
+    let bytes = &encode(&[r.clone()])[0];
+    let set = [
+        (col("q"), RowAction::Add(Scalar::Int(2))),
+        (col("s"), RowAction::Set(Scalar::Str("x".into()))),
+        // NULL stays NULL.
+        (col("i"), RowAction::Add(Scalar::Int(1))),
+    ];
+    let u = RowUpdate::compile(&schema(), &[], &set).expect("valid");
+    let new = decode(&u.apply(bytes).unwrap().expect("written"));
+    r[col("q") as usize] = Scalar::Int(7);
+    r[col("s") as usize] = Scalar::Str("x".into());
+    assert_eq!(new, r);
+    // Only adds, all meeting NULLs: nothing to write.
+    let u = RowUpdate::compile(
+        &schema(),
+        &[],
+        &[(col("i"), RowAction::Add(Scalar::Int(1)))],
+    )
+    .expect("valid");
+    assert_eq!(u.apply(bytes).unwrap(), None);
+    let twice = [
+        (col("q"), RowAction::Add(Scalar::Int(2))),
+        (col("q"), RowAction::Set(Scalar::Int(2))),
+    ];
+    let e = RowUpdate::compile(&schema(), &[], &twice)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("twice"), "{e}");
+    let e = RowUpdate::compile(&schema(), &[], &[])
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("at least one column"), "{e}");
 }

@@ -185,10 +185,9 @@ async fn execute(
         Op::UpdateRows {
             schema,
             filter,
-            col,
-            action,
+            set,
         } => {
-            let update = RowUpdate::compile(schema, filter, *col, action)
+            let update = RowUpdate::compile(schema, filter, set)
                 .map_err(|e| (Status::BadRequest, e.to_string()))?;
             let mut rows = RowKeys::new(&update, ChargedKeys::new(&state.engine));
             run.scan(&mut rows).await?;

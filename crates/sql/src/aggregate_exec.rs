@@ -10,18 +10,14 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use insitu_protocol::query::{AggState, GroupPartial, QueryOutput, Scalar};
 
@@ -41,16 +37,11 @@ pub struct InsituAggregateExec {
 impl InsituAggregateExec {
     pub fn new(node: InsituAggregateNode) -> Self {
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
+        let properties = crate::leaf::properties(schema.clone(), EmissionType::Final);
         Self {
             node,
             schema,
-            properties: Arc::new(properties),
+            properties,
         }
     }
 }
@@ -67,47 +58,14 @@ impl DisplayAs for InsituAggregateExec {
 }
 
 impl ExecutionPlan for InsituAggregateExec {
-    fn name(&self) -> &str {
-        "InsituAggregateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return Err(DataFusionError::Internal(
-                "InsituAggregateExec has no children".into(),
-            ));
-        }
-        Ok(self)
-    }
+    crate::leaf::leaf_methods!("InsituAggregateExec");
 
     fn execute(
         &self,
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
-                "InsituAggregateExec has one partition, asked for {partition}"
-            )));
-        }
+        crate::leaf::one_partition("InsituAggregateExec", partition)?;
         let fut = match &self.node.probe {
             Some(probe) => self
                 .node

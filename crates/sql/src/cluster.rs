@@ -9,7 +9,8 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use insitu_client::{Client, ClientError, QueryAnswer};
-use insitu_protocol::query::{GroupPartial, IndexProbe, QueryPlan};
+use insitu_protocol::plan::RowAction;
+use insitu_protocol::query::{GroupPartial, IndexProbe, Pred, QueryPlan};
 use insitu_protocol::schema::Schema;
 
 use crate::source::TableSource;
@@ -98,6 +99,26 @@ impl TableSource for ClusterTable {
         probe: IndexProbe,
     ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
         self.aggregate_with(plan, Some(probe))
+    }
+
+    fn update(
+        &self,
+        filter: Vec<Pred>,
+        set: Vec<(u16, RowAction)>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
+        let (client, id, snapshot_ts) = (self.client.clone(), self.id, self.snapshot_ts);
+        let (schema, errors) = (self.schema.clone(), self.errors.clone());
+        Box::pin(async move {
+            if snapshot_ts != 0 {
+                return Err(format!(
+                    "this session reads a snapshot (timestamp {snapshot_ts}); an UPDATE changes the newest rows: run it without --snapshot/--at"
+                ));
+            }
+            client
+                .update_rows(id, &schema, filter, set)
+                .await
+                .map_err(|e| errors.record(e))
+        })
     }
 }
 

@@ -8,15 +8,11 @@ use std::sync::Arc;
 
 use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_schema::SchemaRef;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 use insitu_protocol::query::{IndexProbe, QueryOutput, QueryPlan, SortKey};
 
@@ -59,12 +55,7 @@ impl InsituScanExec {
         filter_text: Vec<String>,
         column_names: Vec<String>,
     ) -> Self {
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        );
+        let properties = crate::leaf::properties(schema.clone(), EmissionType::Incremental);
         Self {
             source,
             plan,
@@ -74,7 +65,7 @@ impl InsituScanExec {
             limit,
             filter_text,
             column_names,
-            properties: Arc::new(properties),
+            properties,
         }
     }
 
@@ -181,47 +172,14 @@ impl DisplayAs for InsituScanExec {
 }
 
 impl ExecutionPlan for InsituScanExec {
-    fn name(&self) -> &str {
-        "InsituScanExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return Err(DataFusionError::Internal(
-                "InsituScanExec has no children".into(),
-            ));
-        }
-        Ok(self)
-    }
+    crate::leaf::leaf_methods!("InsituScanExec");
 
     fn execute(
         &self,
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
-                "InsituScanExec has one partition, asked for {partition}"
-            )));
-        }
+        crate::leaf::one_partition("InsituScanExec", partition)?;
         let schema = self.schema.clone();
         let drop_columns = self.drop_columns;
         let table = self.source.name().to_string();

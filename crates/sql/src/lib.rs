@@ -6,19 +6,21 @@
 //! [`TableSource`]; `ORDER BY .. LIMIT k` becomes a per-tablet top-k
 //! (`topk.rs`) and aggregates per-tablet partial aggregates
 //! (`aggregate.rs`). Joins, sorts and everything else run in DataFusion on
-//! the client.
+//! the client. `UPDATE` runs on the servers (`update.rs`).
 
 pub mod aggregate;
 pub mod aggregate_exec;
 pub mod cluster;
 pub mod exec;
 pub mod format;
+mod leaf;
 pub mod probe;
 pub mod provider;
 pub mod shell;
 pub mod source;
 pub mod topk;
 pub mod translate;
+pub mod update;
 
 use std::sync::Arc;
 

@@ -69,6 +69,43 @@ impl TableProvider for InsituTable {
             .collect())
     }
 
+    /// `UPDATE .. SET .. WHERE ..`, run by the servers (`update.rs`): every
+    /// assignment and every WHERE conjunct must translate exactly, else the
+    /// statement is refused with the reason (nothing is read out and
+    /// written back by the client).
+    async fn update(
+        &self,
+        _state: &dyn Session,
+        assignments: Vec<(String, Expr)>,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = self.source.schema();
+        let refused =
+            |e: String| DataFusionError::Plan(format!("UPDATE {}: {e}", self.source.name()));
+        let set = crate::update::assignments_to_set(&assignments, schema).map_err(refused)?;
+        let filter = filters_to_preds(&filters, schema).map_err(|e| {
+            refused(format!(
+                "the servers cannot evaluate this WHERE clause exactly ({e})"
+            ))
+        })?;
+        let mut text: Vec<String> = assignments
+            .iter()
+            .map(|(n, e)| format!("{n} = {e}"))
+            .collect();
+        text.sort();
+        let mut text = format!("set=[{}]", text.join(", "));
+        if !filters.is_empty() {
+            let f: Vec<String> = filters.iter().map(|f| f.to_string()).collect();
+            text.push_str(&format!(", filter=[{}]", f.join(" AND ")));
+        }
+        Ok(Arc::new(crate::update::UpdateExec::new(
+            self.source.clone(),
+            filter,
+            set,
+            text,
+        )))
+    }
+
     async fn scan(
         &self,
         _state: &dyn Session,

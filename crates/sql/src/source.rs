@@ -5,7 +5,8 @@
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use insitu_protocol::query::{GroupPartial, IndexProbe, QueryPlan};
+use insitu_protocol::plan::RowAction;
+use insitu_protocol::query::{GroupPartial, IndexProbe, Pred, QueryPlan};
 use insitu_protocol::schema::Schema;
 
 pub use insitu_rows::arrow::arrow_schema;
@@ -48,5 +49,17 @@ pub trait TableSource: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'static, Result<Vec<GroupPartial>, String>> {
         let _ = probe;
         self.aggregate(plan)
+    }
+    /// Change the columns `set` names of every row `filter` passes, on the
+    /// servers (`Op::UpdateRows`); the rows written. A source that cannot
+    /// write refuses.
+    fn update(
+        &self,
+        filter: Vec<Pred>,
+        set: Vec<(u16, RowAction)>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
+        let _ = (filter, set);
+        let name = self.name().to_string();
+        Box::pin(async move { Err(format!("table {name} does not take updates")) })
     }
 }

@@ -27,11 +27,11 @@ pub type Refusal = String;
 
 /// A column reference, possibly under casts that were proven harmless.
 #[derive(Clone, Copy, Debug)]
-struct ColRef {
+pub(crate) struct ColRef {
     /// Index of the column in the table's schema.
-    idx: u16,
+    pub idx: u16,
     /// The column's stored type (what the server compares with).
-    ty: ColumnType,
+    pub ty: ColumnType,
 }
 
 /// Translate one filter expression to a postfix program of at most
@@ -345,7 +345,7 @@ fn text_col(e: &Expr, schema: &Schema) -> Result<ColRef, Refusal> {
 }
 
 /// The value of a literal expression (through aliases), if it is one.
-fn literal(e: &Expr) -> Option<&ScalarValue> {
+pub(crate) fn literal(e: &Expr) -> Option<&ScalarValue> {
     match e {
         Expr::Literal(v, _) => Some(v),
         Expr::Alias(a) => literal(&a.expr),
@@ -366,7 +366,7 @@ fn literal_str(e: &Expr) -> Result<String, Refusal> {
 
 /// The column `e` reads, when `e` is a column under zero or more casts that
 /// cannot change comparisons or arithmetic values.
-fn col_ref(e: &Expr, schema: &Schema) -> Result<ColRef, Refusal> {
+pub(crate) fn col_ref(e: &Expr, schema: &Schema) -> Result<ColRef, Refusal> {
     match e {
         Expr::Column(c) => {
             let idx = schema
@@ -411,7 +411,7 @@ fn widened(c: ColRef, to: &DataType, e: &Expr) -> Result<ColRef, Refusal> {
 }
 
 /// `v` as a value of a column of type `ty`, exactly, or a refusal.
-fn scalar_for(ty: ColumnType, v: &ScalarValue) -> Result<Scalar, Refusal> {
+pub(crate) fn scalar_for(ty: ColumnType, v: &ScalarValue) -> Result<Scalar, Refusal> {
     if v.is_null() {
         return Err("a comparison with NULL".into());
     }
@@ -444,7 +444,7 @@ fn scalar_for(ty: ColumnType, v: &ScalarValue) -> Result<Scalar, Refusal> {
 }
 
 /// An integer literal's value, if it is an integer that fits i64.
-fn int_value(v: &ScalarValue) -> Option<i64> {
+pub(crate) fn int_value(v: &ScalarValue) -> Option<i64> {
     match v {
         ScalarValue::Int8(Some(x)) => Some(*x as i64),
         ScalarValue::Int16(Some(x)) => Some(*x as i64),

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
+
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -30,7 +32,8 @@ const BATCH_ROWS: usize = 4;
 pub struct MemSource {
     pub name: String,
     pub schema: Schema,
-    pub rows: Vec<Vec<Scalar>>,
+    /// The rows, changed by `update` (through the servers' own `RowUpdate`).
+    pub rows: Mutex<Vec<Vec<Scalar>>>,
     /// Every plan received, to check what was pushed.
     pub plans: Mutex<Vec<QueryPlan>>,
 }
@@ -41,15 +44,15 @@ impl MemSource {
         Arc::new(Self {
             name: name.into(),
             schema,
-            rows,
+            rows: Mutex::new(rows),
             plans: Mutex::new(vec![]),
         })
     }
 
     /// The rows of each fake tablet.
-    fn tablets(&self) -> [Vec<&Vec<Scalar>>; 2] {
+    fn tablets(rows: &[Vec<Scalar>]) -> [Vec<&Vec<Scalar>>; 2] {
         let mut t = [vec![], vec![]];
-        for (i, r) in self.rows.iter().enumerate() {
+        for (i, r) in rows.iter().enumerate() {
             t[i % 2].push(r);
         }
         t
@@ -58,7 +61,8 @@ impl MemSource {
     /// All rows as one batch (for the reference MemTable).
     pub fn batch(&self) -> RecordBatch {
         let all: Vec<usize> = (0..self.schema.columns.len()).collect();
-        let rows: Vec<&Vec<Scalar>> = self.rows.iter().collect();
+        let all_rows = self.rows.lock().unwrap();
+        let rows: Vec<&Vec<Scalar>> = all_rows.iter().collect();
         to_batch(&self.schema, &all, &rows)
     }
 }
@@ -83,8 +87,9 @@ impl TableSource for MemSource {
             panic!("rows() with a non-Rows plan");
         };
         let cols: Vec<usize> = columns.iter().map(|&c| c as usize).collect();
+        let all_rows = self.rows.lock().unwrap().clone();
         let mut answers: Vec<Vec<&Vec<Scalar>>> = vec![];
-        for tablet in self.tablets() {
+        for tablet in Self::tablets(&all_rows) {
             let mut kept: Vec<&Vec<Scalar>> = tablet
                 .into_iter()
                 .filter(|r| eval_filter(&plan.filter, r) == Some(true))
@@ -121,7 +126,8 @@ impl TableSource for MemSource {
             panic!("aggregate() with a non-Aggregate plan");
         };
         let mut groups: Vec<GroupPartial> = vec![];
-        for r in &self.rows {
+        let all_rows = self.rows.lock().unwrap().clone();
+        for r in &all_rows {
             if eval_filter(&plan.filter, r) != Some(true) {
                 continue;
             }
@@ -161,6 +167,36 @@ impl TableSource for MemSource {
             }
         }
         Box::pin(futures::future::ready(Ok(groups)))
+    }
+
+    /// The update as a shard runs it: each row encoded, changed by the
+    /// servers' `RowUpdate`, decoded again; all rows or none.
+    fn update(
+        &self,
+        filter: Vec<Pred>,
+        set: Vec<(u16, insitu_protocol::plan::RowAction)>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
+        let run = || -> Result<u64, String> {
+            let u = insitu_query::RowUpdate::compile(&self.schema, &filter, &set)
+                .map_err(|e| e.to_string())?;
+            let layout = insitu_rows::RowLayout::new(&self.schema);
+            let mut rows = self.rows.lock().unwrap();
+            let mut new_rows = rows.clone();
+            let mut n = 0;
+            for r in new_rows.iter_mut() {
+                let bytes = insitu_rows::encode_row(&self.schema, &layout, r).unwrap();
+                if let Some(new) = u.apply(&bytes)? {
+                    let row = insitu_rows::RowRef::new(&layout, &new).unwrap();
+                    for (c, v) in r.iter_mut().enumerate() {
+                        *v = row.scalar(c).unwrap();
+                    }
+                    n += 1;
+                }
+            }
+            *rows = new_rows;
+            Ok(n)
+        };
+        Box::pin(futures::future::ready(run()))
     }
 }
 
