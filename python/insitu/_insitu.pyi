@@ -297,6 +297,19 @@ class Table:
         object matching ``where``, on the servers; returns how many objects were
         updated. A number the field cannot hold raises ``ValueError`` before
         anything is sent."""
+    def delete_where(
+        self,
+        where: Optional[str] = None,
+        *,
+        from_key: Optional[BytesLike] = None,
+        to_key: Optional[BytesLike] = None,
+        all: bool = False,
+    ) -> int:
+        """Remove every object matching ``where`` (and the key range) on the
+        servers, each tablet's objects all or none; returns how many were
+        removed. Without ``where`` or a key range, ``all=True`` is required
+        (else ``ValueError``): a forgotten filter never empties a table. Typed
+        tables: ``Client.sql("DELETE FROM t WHERE ...")``."""
 
 class Scan(Iterator[object]):
     """The iterator ``Table.scan`` returns: ``(key, value)`` tuples, or lists of

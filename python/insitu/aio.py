@@ -162,8 +162,8 @@ class _AsyncKeyReads:
 
 
 class AsyncTransaction(_AsyncKeyReads):
-    """``insitu.Transaction`` with its reads and its commit awaitable. ``put``
-    and ``delete`` only record the write (nothing is sent before the commit),
+    """``insitu.Transaction`` with its reads and its commit awaitable. ``put``,
+    ``insert`` and ``delete`` only record the write (nothing is sent before the commit),
     so they are plain calls. One operation at a time: await each read
     before the next call."""
 
@@ -177,6 +177,10 @@ class AsyncTransaction(_AsyncKeyReads):
             value: BytesLike, *, ttl: Optional[float] = None,
             expires_at: Optional[float] = None) -> None:
         self.sync.put(_sync_table(table), key, value, ttl=ttl, expires_at=expires_at)
+
+    def insert(self, table: Union[AsyncTable, _insitu.Table], row: dict[str, Any]) -> None:
+        """``insitu.Transaction.insert``: a typed row, written at the commit."""
+        self.sync.insert(_sync_table(table), row)
 
     def delete(self, table: Union[AsyncTable, _insitu.Table], key: BytesLike) -> None:
         self.sync.delete(_sync_table(table), key)
@@ -282,6 +286,9 @@ class AsyncTable:
 
     async def update(self, field_spec: str, **kwargs: object) -> int:
         return await asyncio.to_thread(self.sync.update, field_spec, **kwargs)
+
+    async def delete_where(self, where: Optional[str] = None, **kwargs: object) -> int:
+        return await asyncio.to_thread(self.sync.delete_where, where, **kwargs)
 
     async def schema(self) -> Any:
         """``insitu.Table.schema``, awaited (a ``pyarrow.Schema``, or None

@@ -141,22 +141,32 @@ fn number_py<'py>(py: Python<'py>, n: Number) -> PyResult<Bound<'py, PyAny>> {
     })
 }
 
+/// What an aggregate reads: a number at a byte offset, or a JSON path.
+pub enum AggField {
+    Raw(Field),
+    Json(insitu_protocol::plan::JsonPath),
+}
+
 /// The value of aggregate `op` (checked by `agg_op`) from the merged partial:
-/// `sum` exact (an int for integer fields), `avg`/`min`/`max` None over no objects.
+/// `sum` exact (an int for integer fields, and for a JSON path while every
+/// number summed is an integer), `avg`/`min`/`max` None over no objects.
 pub fn agg_result<'py>(
     py: Python<'py>,
     op: &str,
-    field: Field,
+    field: &AggField,
     r: &AggPartial,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let float = field.is_float();
+    let (sum, avg) = match field {
+        AggField::Raw(f) => (r.sum(f.is_float()), r.avg(f.is_float())),
+        AggField::Json(_) => (r.mixed_sum(), r.mixed_avg()),
+    };
     Ok(match op {
-        "sum" => match r.sum(float) {
+        "sum" => match sum {
             insitu_compute::Sum::Int(v) => v.into_pyobject(py)?.into_any(),
             insitu_compute::Sum::Float(v) => v.into_pyobject(py)?.into_any(),
         },
         "count" => r.count.into_pyobject(py)?.into_any(),
-        "avg" => r.avg(float).into_pyobject(py)?.into_any(),
+        "avg" => avg.into_pyobject(py)?.into_any(),
         "min" => match r.min {
             Some(n) => number_py(py, n)?,
             None => py.None().into_bound(py),
@@ -169,10 +179,11 @@ pub fn agg_result<'py>(
 }
 
 /// An aggregate's Python arguments: the function (checked by `agg_op`), the
-/// field and the selection, each refused before any network call.
+/// field (`i64@0`) or JSON path (`$.age`) and the selection, each refused
+/// before any network call.
 pub struct AggregateArgs {
     pub op: String,
-    pub field: Field,
+    pub field: AggField,
     pub sel: Selection,
 }
 
@@ -184,9 +195,17 @@ impl AggregateArgs {
         from_key: Option<&Bound<'_, PyAny>>,
         to_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<AggregateArgs> {
+        let field = if field_spec.trim_start().starts_with('$') {
+            AggField::Json(
+                insitu_compute::parse_path(field_spec.trim())
+                    .map_err(|e| PyValueError::new_err(format!("bad JSON path: {e}")))?,
+            )
+        } else {
+            AggField::Raw(field(field_spec)?)
+        };
         Ok(AggregateArgs {
             op: agg_op(op)?,
-            field: field(field_spec)?,
+            field,
             sel: selection(filter, from_key, to_key)?,
         })
     }
@@ -195,11 +214,11 @@ impl AggregateArgs {
     pub fn run<'py>(
         &self,
         py: Python<'py>,
-        run: impl FnOnce(Field, &Selection) -> Result<AggPartial, ClientError> + Send,
+        run: impl FnOnce(&AggField, &Selection) -> Result<AggPartial, ClientError> + Send,
     ) -> PyResult<Bound<'py, PyAny>> {
         let r = py
-            .detach(|| run(self.field, &self.sel))
+            .detach(|| run(&self.field, &self.sel))
             .map_err(|e| crate::errors::to_py(py, e))?;
-        agg_result(py, &self.op, self.field, &r)
+        agg_result(py, &self.op, &self.field, &r)
     }
 }

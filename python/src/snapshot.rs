@@ -6,7 +6,7 @@ use insitu_client::{BlockingClient, BlockingSnapshot, MAX_SNAPSHOT_RETRIES};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::convert::{AggregateArgs, as_bytes, collect, key_slices, selection};
+use crate::convert::{AggField, AggregateArgs, as_bytes, collect, key_slices, selection};
 use crate::errors::{Unavailable, to_py};
 use crate::table::Table;
 
@@ -123,8 +123,10 @@ impl Snapshot {
         to_key: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = table.id;
-        AggregateArgs::parse(op, field_spec, r#where, from_key, to_key)?
-            .run(py, |f, sel| self.inner.aggregate(id, f, sel))
+        AggregateArgs::parse(op, field_spec, r#where, from_key, to_key)?.run(py, |f, sel| match f {
+            AggField::Raw(f) => self.inner.aggregate(id, *f, sel),
+            AggField::Json(p) => self.inner.aggregate_json(id, p.clone(), sel),
+        })
     }
 
     fn __repr__(&self) -> String {

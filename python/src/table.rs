@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::convert::{
-    AggregateArgs, as_bytes, collect, collect_pairs, field, key_slices, number, selection,
+    AggField, AggregateArgs, as_bytes, collect, collect_pairs, field, key_slices, number, selection,
 };
 use crate::errors::to_py;
 
@@ -215,8 +215,10 @@ impl Table {
         from_key: Option<&Bound<'py, PyAny>>,
         to_key: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        AggregateArgs::parse(op, field_spec, r#where, from_key, to_key)?
-            .run(py, |f, sel| self.client.aggregate(self.id, f, sel))
+        AggregateArgs::parse(op, field_spec, r#where, from_key, to_key)?.run(py, |f, sel| match f {
+            AggField::Raw(f) => self.client.aggregate(self.id, *f, sel),
+            AggField::Json(p) => self.client.aggregate_json(self.id, p.clone(), sel),
+        })
     }
 
     /// Add `add` to, or `set` to `set`, `field` of every object matching
@@ -245,6 +247,28 @@ impl Table {
             .map_err(|e| PyValueError::new_err(format!("bad update: {e}")))?;
         let sel = selection(r#where, from_key, to_key)?;
         py.detach(|| self.client.update(self.id, f, action, &sel))
+            .map_err(|e| to_py(py, e))
+    }
+
+    /// Remove every object matching `where` (and the key range), on the
+    /// servers, each tablet's all or none; returns how many were removed.
+    /// With no `where` and no key range, `all=True` must say so.
+    #[pyo3(signature = (r#where = None, *, from_key = None, to_key = None, all = false))]
+    fn delete_where(
+        &self,
+        py: Python<'_>,
+        r#where: Option<&str>,
+        from_key: Option<&Bound<'_, PyAny>>,
+        to_key: Option<&Bound<'_, PyAny>>,
+        all: bool,
+    ) -> PyResult<u64> {
+        if r#where.is_none() && from_key.is_none() && to_key.is_none() && !all {
+            return Err(PyValueError::new_err(
+                "this would remove every object of the table: give where= (or from_key=/to_key=), or all=True to mean it",
+            ));
+        }
+        let sel = selection(r#where, from_key, to_key)?;
+        py.detach(|| self.client.remove_where(self.id, &sel))
             .map_err(|e| to_py(py, e))
     }
 

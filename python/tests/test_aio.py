@@ -26,6 +26,8 @@ def test_aio_calls(cluster):
             assert await t.count("i64@0 >= 50") == 49
             assert await t.aggregate("sum", "i64@0", from_key="k", to_key="l") == sum(range(99))
             assert await t.update("i64@0", add=1, where="i64@0 between 0 and 9") == 10
+            assert await t.delete_where("i64@0 < 0") == 10  # the m* objects
+            assert await t.count() == 99
             assert "py_aio" in await c.tables()
             assert (await c.table("py_aio")).name == "py_aio"
             w = await c.train_logreg(t, dims=1)
@@ -142,5 +144,26 @@ def test_aio_snapshots_and_read_only(cluster):
             assert len(set(tries)) == len(tries), "each try on a fresh snapshot"
         finally:
             await c.drop_table("py_aio_snap")
+
+    asyncio.run(main())
+
+
+def test_aio_transaction_inserts_typed_rows(cluster):
+    async def main():
+        c = await aio.connect(cluster.addr, auth_token=cluster.token)
+        t = await c.create_table("py_aio_rows", tablets=2, schema="id int64, name utf8",
+                                 key="id")
+        try:
+            async with c.transaction() as tx:
+                tx.insert(t, {"id": 1, "name": "ann"})
+                tx.insert(t, {"id": 2, "name": "bo"})
+            got = await c.sql("SELECT id, name FROM py_aio_rows ORDER BY id")
+            assert got.to_pylist() == [{"id": 1, "name": "ann"}, {"id": 2, "name": "bo"}]
+            tx = c.transaction()
+            with pytest.raises(insitu.BadRequest, match="nick"):
+                tx.insert(t, {"id": 3, "name": "cy", "nick": "c"})
+            tx.discard()
+        finally:
+            await c.drop_table("py_aio_rows")
 
     asyncio.run(main())

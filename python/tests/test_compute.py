@@ -70,6 +70,20 @@ def test_update(numbers):
     assert struct.unpack("<qdB", v) == (-50, -1.5, 7)
 
 
+def test_delete_where(numbers):
+    with pytest.raises(ValueError, match="all=True"):
+        numbers.delete_where()
+    assert numbers.count() == 200
+    assert numbers.delete_where("u8@16 = 1") == sum(1 for i in range(200) if i % 3 == 1)
+    assert numbers.count("u8@16 = 1") == 0
+    assert numbers.delete_where(from_key="r00100", to_key="r00110") == sum(
+        1 for i in range(100, 110) if i % 3 != 1)
+    assert numbers.get("r00102") is None
+    left = numbers.count()
+    assert numbers.delete_where(all=True) == left
+    assert numbers.count() == 0
+
+
 def test_bad_specs_are_value_errors(numbers):
     with pytest.raises(ValueError, match="column 9"):
         numbers.count("i64@0 > ")
@@ -153,3 +167,20 @@ def test_train_logreg_errors(client, table):
     # an empty table trains nothing: zero weights
     w = client.train_logreg(table, dims=2)
     assert w.tolist() == [0.0, 0.0]
+
+
+def test_json_paths(table):
+    docs = {"a": {"age": 31, "name": "ann"}, "b": {"age": 40.5, "name": "bob"},
+            "c": {"name": "cy"}, "d": {"age": 2**62}}
+    import json
+    table.put_many((k, json.dumps(v)) for k, v in docs.items())
+    table.put("junk", b"\x00not json")
+    assert table.aggregate("sum", "$.age", "$.age < 1000") == 71.5
+    assert table.aggregate("count", "$.age") == 3
+    assert table.aggregate("sum", "$.age", "$.name = 'ann'") == 31
+    assert isinstance(table.aggregate("sum", "$.age", "$.age < 35"), int)
+    assert table.aggregate("max", "$.age") == 2**62
+    assert table.count("$.name = 'bob' or $.age > 35") == 2
+    assert table.count("not $.age > 35") == 1  # cy and junk have no age: unknown
+    with pytest.raises(ValueError, match="JSON path"):
+        table.aggregate("sum", "$.")

@@ -61,6 +61,26 @@ def test_rows_inserted_from_arrow_come_back_from_sql_unchanged(client, typed):
     assert got.to_pylist() == data.to_pylist()
 
 
+def test_sql_update_and_delete_run_in_the_servers(client, typed):
+    data = rows(1_000)
+    typed.insert_arrow(data)
+    got = client.sql(f"UPDATE {typed.name} SET qty = qty + 100, comment = 'x' WHERE rush")
+    rush = sum(1 for i in range(1_000) if i % 3 == 0)
+    assert got.to_pylist() == [{"count": rush}]
+    back = client.sql(f"SELECT id, qty, comment FROM {typed.name} ORDER BY id").to_pylist()
+    for i, r in enumerate(back):
+        if i % 3 == 0:
+            assert (r["qty"], r["comment"]) == (i % 50 + 100, "x")
+        else:
+            assert r["qty"] == i % 50
+    got = client.sql(f"DELETE FROM {typed.name} WHERE qty >= 100")
+    assert got.to_pylist() == [{"count": rush}]
+    n = client.sql(f"SELECT count(*) AS n FROM {typed.name}").to_pylist()[0]["n"]
+    assert n == 1_000 - rush
+    with pytest.raises(insitu.BadRequest, match="SET qty = <value>"):
+        client.sql(f"UPDATE {typed.name} SET qty = weight")
+
+
 def test_sql_aggregates_match_the_same_sums_in_python(client, typed):
     data = rows(3_000)
     typed.insert_arrow(data)

@@ -292,6 +292,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
         | Command::Count(_)
         | Command::Agg(_)
         | Command::Update(_)
+        | Command::Delete(_)
         | Command::Train(_)
         | Command::Tpch(_)
         | Command::Sql(_)

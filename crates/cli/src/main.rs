@@ -105,7 +105,7 @@ enum Command {
     },
     /// Print the value under KEY (exit code 1 if there is none).
     Get { table: String, key: String },
-    /// Remove KEY.
+    /// Remove KEY (many objects at once: `insitu delete`).
     Del { table: String, key: String },
     /// Print a table's objects as `key<TAB>value` lines.
     Scan {
@@ -138,6 +138,8 @@ enum Command {
     Agg(ops::AggArgs),
     /// Change a numeric field of every (matching) object on the servers; each change is a new version.
     Update(ops::UpdateArgs),
+    /// Remove every (matching) object or row on the servers: `--where`, a key range, or `--all`.
+    Delete(ops::DeleteArgs),
     /// Train a model with every gradient computed on the servers.
     #[command(subcommand)]
     Train(ops::TrainCmd),
@@ -411,6 +413,10 @@ fn main() -> std::process::ExitCode {
         Command::Update(args) => {
             init_tracing("warn");
             ops::update(args, cluster)
+        }
+        Command::Delete(args) => {
+            init_tracing("warn");
+            ops::delete(args, cluster)
         }
         Command::Train(cmd) => {
             init_tracing("warn");

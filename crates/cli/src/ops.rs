@@ -3,16 +3,22 @@
 //! by `insitu_compute::expr`, shared with the Python client):
 //!
 //! Fields name a little-endian number at a byte offset of a raw value:
-//! `i32@4`, `i64@0`, `f64@8`, `u8@16` (a byte). Expressions:
+//! `i32@4`, `i64@0`, `f64@8`, `u8@16` (a byte); or a value of a JSON
+//! document by its path: `$.age`, `$.address.city`, `$.tags[0]`,
+//! `$["first name"]`. Expressions:
 //!
 //! ```text
 //! expr  := and ("or" and)*
 //! and   := unary ("and" unary)*
 //! unary := "not" unary | "(" expr ")" | field cmp number
 //!        | field "between" number "and" number
+//!        | path cmp (number | 'string' | true | false)
+//!        | path "between" number "and" number
 //! cmp   := "=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">="
 //! ```
-//! e.g. `i64@0 > 5 and (f64@8 between 1.5 and 2 or not i32@16 = 3)`.
+//! e.g. `i64@0 > 5 and (f64@8 between 1.5 and 2 or not i32@16 = 3)`, or
+//! `$.age > 30 and $.name <> 'bob'` (a value without a number at `$.age`
+//! matches neither `$.age > 30` nor `not $.age > 30`: SQL's NULL).
 
 use std::time::Instant;
 
@@ -68,7 +74,10 @@ pub struct CountArgs {
     /// BETWEEN, IN (..), IS [NOT] NULL, LIKE/ILIKE 'pattern', ~ 'regex', joined by AND, OR, NOT and
     /// parentheses, e.g. `l_discount > 0.05 and l_shipmode in ('MAIL', 'SHIP')`. Untyped tables:
     /// fields TYPE@BYTE_OFFSET of the value (i32, i64, f64 or u8, little-endian) compared with
-    /// = != < <= > >= or `between A and B`, e.g. `i64@0 > 5 and not u8@8 = 0`.
+    /// = != < <= > >= or `between A and B`, e.g. `i64@0 > 5 and not u8@8 = 0`; or JSON paths
+    /// ($.age, $.address.city, $.tags[0], $["first name"]) compared with a number, a 'string',
+    /// true or false, e.g. `$.age > 30 and $.name <> 'bob'` (a value without one there matches
+    /// neither a comparison nor its `not`, like SQL's NULL).
     #[arg(long = "where")]
     pub filter: Option<String>,
     /// Only keys >= this (bytewise).
@@ -88,7 +97,8 @@ pub struct AggArgs {
     /// sum, min, max, avg or count.
     pub func: String,
     /// The column of a typed table (e.g. `l_quantity`), or the field of an
-    /// untyped one (e.g. `i64@0`).
+    /// untyped one (e.g. `i64@0`), or a JSON path of an untyped one (e.g.
+    /// `$.age`: the JSON numbers there; values without one are skipped).
     pub field: String,
     /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
@@ -102,7 +112,8 @@ pub struct UpdateArgs {
     /// The table (see `insitu table list`).
     pub table: String,
     /// The column of a typed table to change (e.g. `l_discount`; not a key
-    /// column), or the field of an untyped one (e.g. `i64@0`).
+    /// column), or the field of an untyped one (e.g. `i64@0`). A JSON path
+    /// (`$.age`) is not supported: update such values with get and put.
     pub field: String,
     /// Add this number to the field. Typed tables: a whole number for an
     /// integer column (days for a date column), at most the column's digits
@@ -116,6 +127,26 @@ pub struct UpdateArgs {
     /// Only objects matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
     pub filter: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct DeleteArgs {
+    /// The table (see `insitu table list`).
+    pub table: String,
+    /// Only objects (rows) matching this expression (see `insitu count --help`).
+    #[arg(long = "where")]
+    pub filter: Option<String>,
+    /// Only keys >= this (bytewise; untyped tables).
+    #[arg(long)]
+    pub from_key: Option<String>,
+    /// Only keys < this (bytewise; untyped tables).
+    #[arg(long)]
+    pub to_key: Option<String>,
+    /// Remove every object of the table: required when no --where,
+    /// --from-key or --to-key narrows the removal, so a forgotten filter
+    /// never empties a table.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -241,9 +272,12 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             crate::typed::agg(&client, table, &func, &a.field, &a.filter).await
         });
     }
+    if a.field.trim_start().starts_with('$') {
+        return agg_json(a, cluster);
+    }
     let field = parse_field(&a.field).map_err(|e| {
         anyhow::anyhow!(
-            "{e}\n(table {:?} is untyped: its values are bytes, and a field names a number at a byte offset of them, e.g. i64@0)",
+            "{e}\n(table {:?} is untyped: its values are bytes, and a field names a number at a byte offset of them, e.g. i64@0, or a JSON path names a number in a JSON value, e.g. $.age)",
             a.table
         )
     })?;
@@ -286,6 +320,36 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     })
 }
 
+/// `agg` of the JSON numbers at a path of an untyped table's values.
+fn agg_json(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    let path = insitu_compute::parse_path(&a.field).map_err(anyhow::Error::msg)?;
+    let func = a.func.to_ascii_lowercase();
+    if !["sum", "min", "max", "avg", "count"].contains(&func.as_str()) {
+        bail!(
+            "unknown aggregate {:?}: use sum, min, max, avg or count",
+            a.func
+        );
+    }
+    let mut sel = selection(&a.filter)?;
+    sel.at_snapshot = a.snapshot.mode();
+    runtime()?.block_on(async {
+        let (client, id) = open(cluster, &a.table).await?;
+        eprintln!(
+            "(untyped table: {path} reads the JSON number at that path; values without it are skipped)"
+        );
+        let r = client.aggregate_json(id, path, &sel).await?;
+        let out = match func.as_str() {
+            "sum" => r.mixed_sum().to_string(), // exact while every number is an integer
+            "count" => r.count.to_string(),
+            "avg" => r.mixed_avg().map_or("null".into(), |v| v.to_string()),
+            "min" => r.min.map_or("null".into(), show),
+            _ => r.max.map_or("null".into(), show),
+        };
+        crate::outln!("{out}")?;
+        Ok(())
+    })
+}
+
 pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
         let table = crate::typed::Typed {
@@ -297,6 +361,12 @@ pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         return runtime()?.block_on(async {
             crate::typed::update(&client, table, &a.field, action, &a.filter).await
         });
+    }
+    if a.field.trim_start().starts_with('$') {
+        bail!(
+            "update of a JSON path is not supported: {} (updates change numbers at byte offsets of untyped values, e.g. i64@0; change a JSON value with get and put)",
+            a.field
+        );
     }
     let field = parse_field(&a.field)?;
     let action = match (&a.add, &a.set) {
@@ -345,6 +415,49 @@ pub fn train(cmd: TrainCmd, cluster: &ClusterArg) -> anyhow::Result<()> {
         crate::outln!("bias {}", m.bias)?;
         let w: Vec<String> = m.weights.iter().map(|w| w.to_string()).collect();
         crate::outln!("weights {}", w.join(" "))?;
+        Ok(())
+    })
+}
+
+pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
+    let narrowed = a.filter.is_some() || a.from_key.is_some() || a.to_key.is_some();
+    if !narrowed && !a.all {
+        bail!(
+            "this would remove every object of {:?}: give --where (or --from-key/--to-key), or --all to mean it",
+            a.table
+        );
+    }
+    let started = Instant::now();
+    if let Some((client, (id, schema, _))) = typed_table(cluster, &a.table)? {
+        if a.from_key.is_some() || a.to_key.is_some() {
+            bail!(
+                "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
+            );
+        }
+        let filter = match &a.filter {
+            None => Vec::new(),
+            Some(f) => insitu_query::parse_where(&schema, f)
+                .map_err(|e| anyhow::anyhow!("bad --where expression {f:?}: {e}"))?,
+        };
+        return runtime()?.block_on(async {
+            let n = client.delete_rows(id, &schema, filter).await?;
+            crate::outln!("deleted {n} rows")?;
+            eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3);
+            Ok(())
+        });
+    }
+    let mut sel = selection(&a.filter)?;
+    if a.from_key.is_some() || a.to_key.is_some() {
+        sel.key_range = Some(KeyRange {
+            start: a.from_key.clone().unwrap_or_default().into_bytes(),
+            end: a.to_key.clone().map(String::into_bytes),
+        });
+    }
+    runtime()?.block_on(async {
+        let (client, id) = open(cluster, &a.table).await?;
+        let n = client.remove_where(id, &sel).await?;
+        crate::outln!("deleted {n} objects")?;
+        eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3);
         Ok(())
     })
 }

@@ -138,6 +138,16 @@ impl BlockingSnapshot {
         self.runtime
             .block_on(self.snap.aggregate(table, field, sel))
     }
+
+    pub fn aggregate_json(
+        &self,
+        table: u64,
+        path: insitu_protocol::plan::JsonPath,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.runtime
+            .block_on(self.snap.aggregate_json(table, path, sel))
+    }
 }
 
 impl BlockingClient {
@@ -380,6 +390,15 @@ impl BlockingClient {
         self.run(self.client.aggregate(table, field, sel))
     }
 
+    pub fn aggregate_json(
+        &self,
+        table: u64,
+        path: insitu_protocol::plan::JsonPath,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.run(self.client.aggregate_json(table, path, sel))
+    }
+
     pub fn update(
         &self,
         table: u64,
@@ -388,6 +407,10 @@ impl BlockingClient {
         sel: &Selection,
     ) -> Result<u64, ClientError> {
         self.run(self.client.update(table, field, action, sel))
+    }
+
+    pub fn remove_where(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        self.run(self.client.remove_where(table, sel))
     }
 
     pub fn train_logreg(

@@ -316,6 +316,28 @@ impl Client {
         }
     }
 
+    /// count, sum, min, max of the JSON numbers at `path` (e.g. `$.age`,
+    /// `insitu_compute::parse_path`) over the selection; objects that are
+    /// not JSON or hold no number there are skipped. Integers within i64
+    /// sum exactly in `sum_int`, other numbers in `sum_float`
+    /// (`AggExt::mixed_sum` adds them up).
+    pub async fn aggregate_json(
+        &self,
+        table: u64,
+        path: insitu_protocol::plan::JsonPath,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        let plan = sel.plan(Op::JsonAggregate { path });
+        match self
+            .execute_plan_at(table, &plan, sel.at_snapshot)
+            .await?
+            .partial
+        {
+            Partial::Aggregate(a) => Ok(a),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
     /// Change `field` of every object in the selection, on the servers; each
     /// change is a new version. Returns how many objects were updated.
     pub async fn update(
@@ -355,6 +377,43 @@ impl Client {
             schema: schema.clone(),
             filter,
             set,
+        });
+        match self.execute_plan(table, &plan).await?.partial {
+            Partial::Update { updated } => Ok(updated),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// Remove every object of `table` in the selection (key range and
+    /// filter), on the servers: each tablet's objects all or none (a value
+    /// too short for the filter refuses that tablet's removal). Returns how
+    /// many objects were removed. Never at a snapshot.
+    pub async fn remove_where(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
+        match self
+            .execute_plan(table, &sel.plan(Op::Remove))
+            .await?
+            .partial
+        {
+            Partial::Update { updated } => Ok(updated),
+            other => Err(wrong_kind(other)),
+        }
+    }
+
+    /// Remove every row of the typed table `table` that `filter` passes
+    /// (SQL's three-valued logic), on the servers: each tablet's rows all or
+    /// none. Checked here against the schema first. Returns how many rows
+    /// were removed.
+    pub async fn delete_rows(
+        &self,
+        table: u64,
+        schema: &insitu_protocol::schema::Schema,
+        filter: Vec<insitu_protocol::query::Pred>,
+    ) -> Result<u64, ClientError> {
+        insitu_query::compile_filter(schema, &filter)
+            .map_err(|e| ClientError::Status(Status::BadRequest, e.to_string()))?;
+        let plan = ScanPlan::new(Op::RemoveRows {
+            schema: schema.clone(),
+            filter,
         });
         match self.execute_plan(table, &plan).await?.partial {
             Partial::Update { updated } => Ok(updated),

@@ -156,6 +156,18 @@ impl Snapshot {
         self.client.aggregate(table, field, &self.pin(sel)).await
     }
 
+    /// `Client::aggregate_json` at this snapshot.
+    pub async fn aggregate_json(
+        &self,
+        table: u64,
+        path: insitu_protocol::plan::JsonPath,
+        sel: &Selection,
+    ) -> Result<AggPartial, ClientError> {
+        self.client
+            .aggregate_json(table, path, &self.pin(sel))
+            .await
+    }
+
     /// `sel`, read at this snapshot.
     fn pin(&self, sel: &Selection) -> Selection {
         Selection {

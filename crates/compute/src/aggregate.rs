@@ -5,6 +5,7 @@ use insitu_protocol::Number;
 use insitu_protocol::plan::{AggPartial, GradPartial, Partial};
 
 use crate::field::num_lt;
+use crate::json_doc::{JsonDoc, JsonValue};
 use crate::kernel::Kernel;
 
 /// A sum as reported: integer sums are exact in i128 (at most 2^64 values
@@ -34,6 +35,12 @@ pub trait AggExt {
     fn sum(&self, float: bool) -> Sum;
     /// sum / count; `None` over no objects.
     fn avg(&self, float: bool) -> Option<f64>;
+    /// The sum of a JSON path, whose numbers may be integers (in `sum_int`)
+    /// and floats (in `sum_float`): exact while the float part is zero
+    /// (then it adds nothing), else their f64 sum.
+    fn mixed_sum(&self) -> Sum;
+    /// `mixed_sum` / count; `None` over no values.
+    fn mixed_avg(&self) -> Option<f64>;
 }
 
 impl AggExt for AggPartial {
@@ -69,6 +76,18 @@ impl AggExt for AggPartial {
             };
             s / self.count as f64
         })
+    }
+
+    fn mixed_sum(&self) -> Sum {
+        if self.sum_float == 0.0 {
+            Sum::Int(self.sum_int)
+        } else {
+            Sum::Float(self.sum_int as f64 + self.sum_float)
+        }
+    }
+
+    fn mixed_avg(&self) -> Option<f64> {
+        (self.count > 0).then(|| (self.sum_int as f64 + self.sum_float) / self.count as f64)
     }
 }
 
@@ -204,6 +223,47 @@ impl Kernel for F64AggK {
         let b = &value[self.off..self.off + 8];
         let v = f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
         self.out.add(Number::F64(v));
+    }
+    fn reset(&mut self) {
+        self.out = AggPartial::default();
+    }
+}
+
+/// count/sum/min/max of the JSON numbers at the plan's path
+/// (`Op::JsonAggregate`); other values are skipped.
+pub struct JsonAggK {
+    /// The path read when called without a `Visit`'s reading (`visit`).
+    own: JsonDoc,
+    pub out: AggPartial,
+}
+
+impl JsonAggK {
+    pub fn new(path: &insitu_protocol::plan::JsonPath) -> Self {
+        JsonAggK {
+            own: JsonDoc::for_plan(&[], Some(path)).unwrap_or_default(),
+            out: AggPartial::default(),
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, v: JsonValue<'_>) {
+        if let JsonValue::Num(n) = v {
+            self.out.add(n);
+        }
+    }
+}
+
+impl Kernel for JsonAggK {
+    fn visit(&mut self, _: &[u8], value: &[u8]) {
+        self.own.read(value);
+        let v = self.own.op_value();
+        if let JsonValue::Num(n) = v {
+            self.out.add(n);
+        }
+    }
+    #[inline(always)]
+    fn visit_json(&mut self, _: &[u8], _: &[u8], json: &JsonDoc) {
+        self.add(json.op_value());
     }
     fn reset(&mut self) {
         self.out = AggPartial::default();

@@ -3,21 +3,30 @@
 //! Python client, so both accept exactly the same text).
 //!
 //! Fields name a little-endian number at a byte offset of a raw value:
-//! `i32@4`, `i64@0`, `f64@8`, `u8@16` (a byte). Expressions:
+//! `i32@4`, `i64@0`, `f64@8`, `u8@16` (a byte); or a value inside a JSON
+//! document by its path (`$.age`, `$.address.city`, `$.tags[0]`,
+//! `$["first name"]`; see `json.rs`). Expressions:
 //!
 //! ```text
 //! expr  := and ("or" and)*
 //! and   := unary ("and" unary)*
 //! unary := "not" unary | "(" expr ")" | field cmp number
 //!        | field "between" number "and" number
+//!        | path cmp (number | string | "true" | "false")
+//!        | path "between" number "and" number
 //! cmp   := "=" | "==" | "!=" | "<>" | "<" | "<=" | ">" | ">="
+//! string := "'" (any character, '' for a quote)* "'"
 //! ```
-//! e.g. `i64@0 > 5 and (f64@8 between 1.5 and 2 or not i32@16 = 3)`.
+//! e.g. `i64@0 > 5 and (f64@8 between 1.5 and 2 or not i32@16 = 3)`, or
+//! `$.age > 30 and $.name <> 'bob'`. A path without a value of the
+//! literal's kind makes its comparison unknown (SQL's NULL; `not` keeps it
+//! unknown, see `predicate.rs`); `between` on a path is `>= lo and <= hi`.
 //! Errors are messages naming what was wrong (and the column, for `--where`).
 
 use insitu_protocol::Number;
-use insitu_protocol::plan::{CmpOp, Field, PredOp};
+use insitu_protocol::plan::{CmpOp, Field, JsonLit, JsonPath, PredOp};
 
+use crate::json::parse_path_prefix;
 use crate::predicate::MAX_PRED_DEPTH;
 
 /// Parse a field like `i64@0`.
@@ -74,6 +83,10 @@ enum Tok {
     Op(&'static str),
     LParen,
     RParen,
+    /// `$...`: a JSON path.
+    Path(JsonPath),
+    /// `'...'` with `''` read as one quote.
+    Str(String),
 }
 
 fn tokenize(src: &str) -> Result<Vec<(usize, Tok)>, String> {
@@ -106,6 +119,20 @@ fn tokenize(src: &str) -> Result<Vec<(usize, Tok)>, String> {
             out.push((start, Tok::Num(src[start..i].to_string())));
             continue;
         }
+        if c == b'$' {
+            let (path, used) = parse_path_prefix(&src[i..])
+                .map_err(|(at, e)| format!("at column {}: bad JSON path: {e}", i + at + 1))?;
+            out.push((start, Tok::Path(path)));
+            i += used;
+            continue;
+        }
+        if c == b'\'' {
+            let (text, used) = quoted(&src[i..])
+                .ok_or_else(|| format!("at column {}: the string has no closing '", i + 1))?;
+            out.push((start, Tok::Str(text)));
+            i += used;
+            continue;
+        }
         let two = src.get(i..i + 2).unwrap_or("");
         let op = match two {
             "==" => Some("="),
@@ -136,6 +163,24 @@ fn tokenize(src: &str) -> Result<Vec<(usize, Tok)>, String> {
     Ok(out)
 }
 
+/// The `'...'` string at the start of `s` (`''` is one quote) and the
+/// bytes it takes; `None` if it does not end.
+fn quoted(s: &str) -> Option<(String, usize)> {
+    let mut text = String::new();
+    let mut rest = &s[1..];
+    loop {
+        let end = rest.find('\'')?;
+        text.push_str(&rest[..end]);
+        rest = &rest[end + 1..];
+        if let Some(after) = rest.strip_prefix('\'') {
+            text.push('\'');
+            rest = after;
+        } else {
+            return Some((text, s.len() - rest.len()));
+        }
+    }
+}
+
 struct Parser {
     toks: Vec<(usize, Tok)>,
     pos: usize,
@@ -157,6 +202,8 @@ impl Parser {
             Some(Tok::Op(o)) => format!("{o:?}"),
             Some(Tok::LParen) => "\"(\"".into(),
             Some(Tok::RParen) => "\")\"".into(),
+            Some(Tok::Path(p)) => format!("{:?}", p.to_string()),
+            Some(Tok::Str(t)) => format!("the string {:?}", t),
         };
         Err(format!(
             "at column {}: expected {what}, found {found}",
@@ -214,7 +261,12 @@ impl Parser {
                 self.pos += 1;
                 f
             }
-            _ => return self.err("a field like i64@0, \"not\" or \"(\""),
+            Some(Tok::Path(p)) => {
+                let path = p.clone();
+                self.pos += 1;
+                return self.json(path);
+            }
+            _ => return self.err("a field like i64@0 or $.key, \"not\" or \"(\""),
         };
         if self.keyword("between") {
             let lo = self.number()?;
@@ -225,6 +277,12 @@ impl Parser {
             self.out.push(PredOp::Between { field, lo, hi });
             return Ok(());
         }
+        let op = self.cmp_op()?;
+        let value = self.number()?;
+        self.out.push(PredOp::Cmp { field, op, value });
+        Ok(())
+    }
+    fn cmp_op(&mut self) -> Result<CmpOp, String> {
         let op = match self.peek() {
             Some(Tok::Op(o)) => match *o {
                 "=" => CmpOp::Eq,
@@ -237,8 +295,41 @@ impl Parser {
             _ => return self.err("a comparison (=, !=, <, <=, >, >=) or \"between\""),
         };
         self.pos += 1;
-        let value = self.number()?;
-        self.out.push(PredOp::Cmp { field, op, value });
+        Ok(op)
+    }
+    /// The rest of a comparison of the JSON value at `path`.
+    fn json(&mut self, path: JsonPath) -> Result<(), String> {
+        if self.keyword("between") {
+            let lo = self.number()?;
+            if !self.keyword("and") {
+                return self.err("\"and\" of between");
+            }
+            let hi = self.number()?;
+            // lo <= v <= hi; unknown when v is no number, like the parts.
+            for (op, n) in [(CmpOp::Ge, lo), (CmpOp::Le, hi)] {
+                self.out.push(PredOp::JsonCmp {
+                    path: path.clone(),
+                    op,
+                    value: JsonLit::Num(n),
+                });
+            }
+            self.out.push(PredOp::And);
+            return Ok(());
+        }
+        let op = self.cmp_op()?;
+        let col = self.col();
+        let value = match self.peek() {
+            Some(Tok::Num(_)) => JsonLit::Num(self.number()?),
+            Some(Tok::Str(t)) => JsonLit::Str(t.clone()),
+            Some(Tok::Word(w)) if w.eq_ignore_ascii_case("true") => JsonLit::Bool(true),
+            Some(Tok::Word(w)) if w.eq_ignore_ascii_case("false") => JsonLit::Bool(false),
+            _ => return self.err("a number, a 'string', true or false"),
+        };
+        if !matches!(value, JsonLit::Num(_)) {
+            self.pos += 1;
+        }
+        crate::json::check_cmp(&path, op, &value).map_err(|e| format!("at column {col}: {e}"))?;
+        self.out.push(PredOp::JsonCmp { path, op, value });
         Ok(())
     }
     fn number(&mut self) -> Result<Number, String> {
@@ -309,6 +400,82 @@ mod tests {
         let p = parse_where("u8@0 = 1 or u8@1 = 1 and u8@2 = 1").unwrap();
         assert!(matches!(p.as_slice(), [_, _, _, And, Or]));
         assert_eq!(parse_where("f64@8 <= -1.5e3").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn json_paths_compare_with_numbers_strings_and_booleans() {
+        use insitu_protocol::plan::{JsonLit, JsonStep};
+        let key = |k: &str| JsonPath {
+            steps: vec![JsonStep::Key(k.into())],
+        };
+        let p = parse_where("$.age > 30 and ($.name = 'it''s' or not $.ok != TRUE)").unwrap();
+        use PredOp::*;
+        assert_eq!(
+            p,
+            vec![
+                JsonCmp {
+                    path: key("age"),
+                    op: CmpOp::Gt,
+                    value: JsonLit::Num(Number::I64(30))
+                },
+                JsonCmp {
+                    path: key("name"),
+                    op: CmpOp::Eq,
+                    value: JsonLit::Str("it's".into())
+                },
+                JsonCmp {
+                    path: key("ok"),
+                    op: CmpOp::Ne,
+                    value: JsonLit::Bool(true)
+                },
+                Not,
+                Or,
+                And
+            ]
+        );
+        // between: >= lo and <= hi
+        let p = parse_where("$.a[0] between -1.5 and 2").unwrap();
+        assert!(matches!(
+            p.as_slice(),
+            [
+                JsonCmp {
+                    op: CmpOp::Ge,
+                    value: JsonLit::Num(Number::F64(_)),
+                    ..
+                },
+                JsonCmp {
+                    op: CmpOp::Le,
+                    value: JsonLit::Num(Number::I64(2)),
+                    ..
+                },
+                And
+            ]
+        ));
+        // No spaces needed; brackets and raw fields mix.
+        let p = parse_where(r#"$["first name"]='al'and i64@0>=1"#).unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(parse_where("$.s = ''").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn json_mistakes_say_where() {
+        let cases = [
+            ("$.age > 'x", "column 9: the string has no closing '"),
+            ("$.ok < true", "= or <> only"),
+            (
+                "$.name = bob",
+                "column 10: expected a number, a 'string', true or false",
+            ),
+            ("i64@0 = 'x'", "expected a number"),
+            ("$. > 1", "column 3: bad JSON path: expected a key"),
+            ("$.a between 'a' and 'b'", "expected a number"),
+            ("x > 1", "a field like i64@0 or $.key"),
+            ("$age > 1", "column 2: bad JSON path: unexpected 'a'"),
+        ];
+        for (text, want) in cases {
+            let e = parse_where(text).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

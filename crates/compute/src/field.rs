@@ -48,6 +48,12 @@ pub fn compare(a: Number, op: CmpOp, b: Number) -> bool {
     let Some(ord) = ord else {
         return op == CmpOp::Ne; // NaN: only "not equal" holds
     };
+    holds(ord, op)
+}
+
+/// Whether `a OP b` holds when `a` compares to `b` as `ord`.
+#[inline(always)]
+pub(crate) fn holds(ord: std::cmp::Ordering, op: CmpOp) -> bool {
     use std::cmp::Ordering::*;
     match op {
         CmpOp::Eq => ord == Equal,

@@ -1,17 +1,28 @@
 //! The per-object work of a scan, monomorphised per operation and field
-//! kind, behind the value-length check, the key range and the predicate
-//! ([`Visit`]). The driver (which objects, in what chunks) is the server's.
+//! kind, behind the value-length check, the key range, the reading of the
+//! plan's JSON paths (one pass per object, only when it has some) and the
+//! predicate ([`Visit`]). The driver (which objects, in what chunks) is the
+//! server's.
 
 use insitu_protocol::plan::{KeyRange, PredOp, ScanPlan};
 
 use crate::gradient::GradAcc;
-use crate::predicate::{eval, key_in_range};
+use crate::json_doc::{JsonDoc, op_path};
+use crate::predicate::{eval_with, key_in_range};
 
 /// One operation's per-object work.
 pub trait Kernel {
     /// Called for every object that passed the range, length and predicate
     /// checks; `value` is at least as long as the plan needs.
     fn visit(&mut self, key: &[u8], value: &[u8]);
+    /// `visit`, when the plan reads JSON paths: `json` holds what they
+    /// found in `value` (a kernel of a JSON path reads it there instead of
+    /// reading the document again).
+    #[inline(always)]
+    fn visit_json(&mut self, key: &[u8], value: &[u8], json: &JsonDoc) {
+        let _ = json;
+        self.visit(key, value)
+    }
     /// Forget everything visited (the scan restarts).
     fn reset(&mut self);
 }
@@ -74,6 +85,9 @@ pub struct Visit<'p, K, const FILTERED: bool> {
     key_range: Option<&'p KeyRange>,
     /// The validated predicate program.
     filter: &'p [PredOp],
+    /// The plan's JSON paths (filter and operation), read once per object;
+    /// empty when it reads none.
+    json: JsonDoc,
     /// Objects offered, matched or not.
     pub visited: u64,
     /// Objects that passed the range and the predicate.
@@ -90,6 +104,9 @@ impl<'p, K: Kernel, const FILTERED: bool> Visit<'p, K, FILTERED> {
             need,
             key_range: plan.key_range.as_ref(),
             filter: &plan.filter,
+            // Validated: at most MAX_JSON_PATHS paths (else none is read,
+            // and every JSON comparison is unknown).
+            json: JsonDoc::for_plan(&plan.filter, op_path(&plan.op)).unwrap_or_default(),
             visited: 0,
             matched: 0,
             short: None,
@@ -111,14 +128,22 @@ impl<'p, K: Kernel, const FILTERED: bool> Visit<'p, K, FILTERED> {
             }
             return;
         }
+        let json = !self.json.is_empty();
+        if json {
+            self.json.read(value);
+        }
         if FILTERED {
-            match eval(self.filter, value) {
+            match eval_with(self.filter, value, &self.json) {
                 Ok(true) => {}
                 _ => return, // too short was ruled out above
             }
         }
         self.matched += 1;
-        self.kernel.visit(key, value);
+        if json {
+            self.kernel.visit_json(key, value, &self.json);
+        } else {
+            self.kernel.visit(key, value);
+        }
     }
 
     pub fn reset(&mut self) {

@@ -4,7 +4,7 @@
 
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan};
 
-use crate::aggregate::{F64AggK, IntAggK};
+use crate::aggregate::{F64AggK, IntAggK, JsonAggK};
 use crate::gradient::GradAcc;
 use crate::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use crate::update::new_value;
@@ -57,6 +57,9 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
             };
             Partial::Gradient(run(plan, need, objects, k)?.acc.finish())
         }
+        Op::JsonAggregate { path } => {
+            Partial::Aggregate(run(plan, need, objects, JsonAggK::new(path))?.out)
+        }
         Op::Update { field, action } => {
             let keys = run(plan, need, objects, KeysK::default())?.0;
             let mut updated = 0;
@@ -68,9 +71,13 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
             }
             Partial::Update { updated }
         }
-        Op::UpdateRows { .. } => {
+        Op::Remove => Partial::Update {
+            updated: run(plan, need, objects, KeysK::default())?.0.len() as u64,
+        },
+        Op::UpdateRows { .. } | Op::RemoveRows { .. } => {
             return Err(
-                "a typed update reads rows by their schema: insitu-query evaluates it".into(),
+                "a typed update or removal reads rows by their schema: insitu-query evaluates it"
+                    .into(),
             );
         }
     })

@@ -5,6 +5,8 @@
 
 use insitu_protocol::plan::{MAX_DIMS, Op, PredOp, ScanPlan, Source};
 
+use crate::json::check_path;
+use crate::json_doc::{JsonDoc, op_path};
 use crate::predicate::validate_predicate;
 use crate::update::check_action;
 
@@ -26,13 +28,13 @@ pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {
         // Its filter and column are checked against the schema by
         // `insitu_query::RowUpdate`; the raw filter would read row bytes as
         // untyped fields.
-        Op::UpdateRows { .. } if !plan.filter.is_empty() => {
+        Op::UpdateRows { .. } | Op::RemoveRows { .. } if !plan.filter.is_empty() => {
             return Err(
-                "a typed update carries its filter in the operation; the plan's raw filter must be empty"
+                "a typed update or removal carries its filter in the operation; the plan's raw filter must be empty"
                     .into(),
             );
         }
-        Op::UpdateRows { .. } => {}
+        Op::UpdateRows { .. } | Op::RemoveRows { .. } | Op::Remove => {}
         Op::Gradient {
             layout, weights, ..
         } => {
@@ -47,6 +49,12 @@ pub fn validate_plan(plan: &ScanPlan) -> Result<usize, String> {
                 ));
             }
             need = need.max(layout.end());
+        }
+        // A JSON number needs no length: a value without it is skipped.
+        Op::JsonAggregate { path } => {
+            check_path(path)?;
+            // The filter's paths and this one, read in one pass per object.
+            JsonDoc::for_plan(&plan.filter, op_path(&plan.op))?;
         }
     }
     if let Source::IntKeys { from, to } = plan.source {
@@ -78,7 +86,12 @@ pub fn describe_need(plan: &ScanPlan) -> String {
             "f32x{}@{} and label u8@{}",
             layout.dims, layout.offset, layout.label_offset
         )),
-        Op::Count | Op::UpdateRows { .. } => {}
+        // JSON paths need no length (a value without one is like NULL).
+        Op::Count
+        | Op::UpdateRows { .. }
+        | Op::Remove
+        | Op::RemoveRows { .. }
+        | Op::JsonAggregate { .. } => {}
     }
     parts.join(", ")
 }
@@ -87,7 +100,7 @@ pub fn describe_need(plan: &ScanPlan) -> String {
 mod tests {
     use super::*;
     use insitu_protocol::Number;
-    use insitu_protocol::plan::{Field, PointLayout, UpdateAction};
+    use insitu_protocol::plan::{Field, JsonPath, JsonStep, PointLayout, UpdateAction};
 
     #[test]
     fn plans_are_checked() {
@@ -136,5 +149,33 @@ mod tests {
         };
         assert!(validate_plan(&reversed).is_err());
         assert_eq!(describe_need(&agg), "i32@4");
+    }
+
+    #[test]
+    fn json_plans_need_no_length_and_few_paths() {
+        use crate::expr::parse_where;
+        use crate::json::parse_path;
+        let mut plan = ScanPlan::new(Op::JsonAggregate {
+            path: parse_path("$.age").unwrap(),
+        });
+        assert_eq!(validate_plan(&plan), Ok(0));
+        assert_eq!(describe_need(&plan), "");
+        plan.filter = parse_where("$.name = 'bob' and u8@3 = 1").unwrap();
+        assert_eq!(validate_plan(&plan), Ok(4));
+        assert_eq!(describe_need(&plan), "u8@3");
+        // 32 paths in the filter, the most; the operation's is a 33rd
+        // unless the filter reads it too.
+        let text: Vec<String> = (0..32).map(|i| format!("$.k{i} = 1")).collect();
+        plan.filter = parse_where(&text.join(" or ")).unwrap();
+        assert!(validate_plan(&plan).unwrap_err().contains("at most 32"));
+        plan.op = Op::JsonAggregate {
+            path: parse_path("$.k7").unwrap(),
+        };
+        assert_eq!(validate_plan(&plan), Ok(0));
+        let deep = JsonPath {
+            steps: vec![JsonStep::Index(0); 17],
+        };
+        let plan = ScanPlan::new(Op::JsonAggregate { path: deep });
+        assert!(validate_plan(&plan).unwrap_err().contains("17 steps"));
     }
 }

@@ -5,6 +5,7 @@
 //! else calls `encode_*` / `decode_*` and never touches bytes directly.
 
 pub mod frame;
+pub mod json_path;
 pub mod limits;
 pub mod message;
 pub mod plan;

@@ -19,6 +19,7 @@ use std::marker::PhantomData;
 
 use serde::de::{Deserializer, Error, SeqAccess, Visitor};
 
+use crate::json_path::{JsonStep, MAX_JSON_PATH_BYTES, MAX_JSON_PATH_STEPS, MAX_JSON_STR_BYTES};
 use crate::plan::{MAX_DIMS, MAX_PRED_OPS};
 use crate::query::{MAX_AGGS, MAX_GROUPS, MAX_IN_LIST};
 use crate::schema::MAX_COLUMNS;
@@ -57,7 +58,11 @@ pub(crate) fn clear_violation() {
 }
 
 fn refuse<E: Error>(what: &'static str, len: usize, max: usize) -> E {
-    let msg = format!("{what}: {len} items, more than the limit of {max}");
+    refuse_with(format!("{what}: {len} items, more than the limit of {max}"))
+}
+
+/// Record `msg` as the reason of the failed decode, and fail with it.
+fn refuse_with<E: Error>(msg: String) -> E {
     VIOLATION.with(|v| *v.borrow_mut() = Some(msg.clone()));
     E::custom(msg)
 }
@@ -219,4 +224,68 @@ where
         crate::txn::MAX_TXN_PARTICIPANTS,
         "transaction participants",
     )
+}
+
+/// A string of at most `max` bytes, refused by its length before it is
+/// copied (postcard hands the visitor the bytes borrowed from the frame).
+struct BoundedString {
+    max: usize,
+    /// Names the field in the error.
+    what: &'static str,
+}
+
+impl Visitor<'_> for BoundedString {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a string of at most {} bytes ({})", self.max, self.what)
+    }
+
+    fn visit_str<E: Error>(self, s: &str) -> Result<String, E> {
+        if s.len() > self.max {
+            return Err(refuse_with(format!(
+                "{}: {} bytes, more than the limit of {}",
+                self.what,
+                s.len(),
+                self.max
+            )));
+        }
+        Ok(s.to_owned())
+    }
+}
+
+/// A key of a JSON path.
+pub(crate) fn json_key<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_str(BoundedString {
+        max: MAX_JSON_PATH_BYTES,
+        what: "JSON path key",
+    })
+}
+
+/// A string a JSON comparison carries.
+pub(crate) fn json_str<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_str(BoundedString {
+        max: MAX_JSON_STR_BYTES,
+        what: "JSON string literal",
+    })
+}
+
+/// The steps of a JSON path: at most `MAX_JSON_PATH_STEPS`, their keys at
+/// most `MAX_JSON_PATH_BYTES` together (each key is bounded as it decodes,
+/// so at most steps x bytes are allocated before the total is checked).
+pub(crate) fn json_steps<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<JsonStep>, D::Error> {
+    let steps: Vec<JsonStep> = bounded(d, MAX_JSON_PATH_STEPS, "JSON path steps")?;
+    let bytes: usize = steps
+        .iter()
+        .map(|s| match s {
+            JsonStep::Key(k) => k.len(),
+            JsonStep::Index(_) => 0,
+        })
+        .sum();
+    if bytes > MAX_JSON_PATH_BYTES {
+        return Err(refuse_with(format!(
+            "JSON path keys: {bytes} bytes together, more than the limit of {MAX_JSON_PATH_BYTES}"
+        )));
+    }
+    Ok(steps)
 }

@@ -9,6 +9,8 @@
 //! `i32@N`, `i64@N`, `f64@N`, `u8@N` (a label byte) and an f32 vector of `D`
 //! dimensions at an offset. A value too short for a field is an error of the
 //! whole request (`Status::BadRequest`, naming the key), never a silent skip.
+//! A JSON value is named by a path instead (`$.age`, see `json_path.rs`);
+//! an object without a value there is like SQL's NULL, never an error.
 //!
 //! The predicate is a postfix program (`Vec<PredOp>`) instead of a tree, so
 //! decoding hostile input never recurses and evaluation uses a fixed stack.
@@ -19,6 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::json_path::{JsonLit, JsonPath, JsonStep};
 use crate::message::Number;
 
 /// Most operations a predicate program may have.
@@ -108,6 +111,15 @@ pub enum PredOp {
     Or,
     /// Pop one, push its negation.
     Not,
+    /// Push `value at path OP value` for a JSON document: unknown (SQL's
+    /// NULL) when the object is not JSON or the path holds no value of the
+    /// literal's kind; the program then follows Kleene's three-valued logic
+    /// and passes only objects for which it is true.
+    JsonCmp {
+        path: JsonPath,
+        op: CmpOp,
+        value: JsonLit,
+    },
 }
 
 /// Where the objects of a tablet come from.
@@ -194,6 +206,19 @@ pub enum Op {
         #[serde(deserialize_with = "crate::limits::columns")]
         set: Vec<(u16, RowAction)>,
     },
+    /// Remove every object the plan selects (key range and raw filter);
+    /// answered as `Partial::Update { updated }`, the objects removed. Same
+    /// guarantees as `Update`: all of a tablet's objects or none.
+    Remove,
+    /// Remove every row of a typed table that `filter` passes (the plan's
+    /// own `filter` must be empty); answered like `Remove`.
+    RemoveRows {
+        /// The table's schema, as the client read it.
+        schema: crate::schema::Schema,
+        /// Postfix typed filter (SQL's three-valued logic); empty = every row.
+        #[serde(deserialize_with = "crate::limits::pred_ops")]
+        filter: Vec<crate::query::Pred>,
+    },
     /// Logistic-regression gradient and log-loss sums at `weights`, `bias`.
     Gradient {
         layout: PointLayout,
@@ -201,14 +226,24 @@ pub enum Op {
         weights: Vec<f32>,
         bias: f32,
     },
+    /// count, sum, min and max of the JSON numbers at `path` (objects that
+    /// are not JSON or hold no number there are skipped), answered as
+    /// `Partial::Aggregate`: integers that fit i64 in `sum_int`, other
+    /// numbers in `sum_float`.
+    JsonAggregate {
+        path: JsonPath,
+    },
 }
 
 impl Op {
-    /// Whether the operation writes (an update of raw fields or of typed
-    /// rows): it holds its tablet, carries an operation id, never runs at a
-    /// snapshot.
+    /// Whether the operation writes (an update or a removal, of raw objects
+    /// or typed rows): it holds its tablet, carries an operation id, never
+    /// runs at a snapshot.
     pub fn is_update(&self) -> bool {
-        matches!(self, Op::Update { .. } | Op::UpdateRows { .. })
+        matches!(
+            self,
+            Op::Update { .. } | Op::UpdateRows { .. } | Op::Remove | Op::RemoveRows { .. }
+        )
     }
 }
 

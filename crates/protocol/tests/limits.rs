@@ -128,6 +128,51 @@ fn a_frame_of_millions_of_predicate_ops_is_refused_before_it_is_built() {
 }
 
 #[test]
+fn an_over_long_json_path_is_refused_before_it_is_copied() {
+    use insitu_protocol::json_path::{JsonLit, JsonPath, JsonStep, MAX_JSON_PATH_BYTES};
+    use insitu_protocol::plan::CmpOp;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let scan = |key: String, lit: String| Request::Scan {
+        table: 1,
+        start_hash: 0,
+        end_hash: 0,
+        map_version: 1,
+        plan: ScanPlan {
+            filter: vec![PredOp::JsonCmp {
+                path: JsonPath {
+                    steps: vec![JsonStep::Key(key)],
+                },
+                op: CmpOp::Eq,
+                value: JsonLit::Str(lit),
+            }],
+            ..ScanPlan::new(Op::Count)
+        },
+        op_id: 0,
+        budget_ms: 0,
+        snapshot_ts: 0,
+    };
+    // A key of ~4 MiB in a frame: refused by its length, never copied.
+    let body = postcard::to_stdvec(&scan("k".repeat(MAX_BODY_BYTES - 100), String::new())).unwrap();
+    let (result, grew) = peak_growth(|| decode_request(&body).map(|_| ()));
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains("JSON path key") && e.contains(&format!("limit of {MAX_JSON_PATH_BYTES}")),
+        "{e}"
+    );
+    assert!(grew < 64 << 10, "decoding grew the heap by {grew} bytes");
+    // So is a ~4 MiB string to compare with.
+    let body = postcard::to_stdvec(&scan("k".into(), "s".repeat(MAX_BODY_BYTES - 100))).unwrap();
+    let (result, grew) = peak_growth(|| decode_request(&body).map(|_| ()));
+    let e = result.unwrap_err().to_string();
+    assert!(e.contains("JSON string literal"), "{e}");
+    assert!(grew < 64 << 10, "decoding grew the heap by {grew} bytes");
+    // Within the limits, the plan decodes as sent.
+    let ok = scan("k".repeat(MAX_JSON_PATH_BYTES), "bob".into());
+    let body = postcard::to_stdvec(&ok).unwrap();
+    assert_eq!(decode_request(&body).unwrap(), ok);
+}
+
+#[test]
 fn a_replication_frame_of_millions_of_tiny_ops_is_refused_before_it_is_built() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let free = BackupOp::Free { log: 0, segment: 0 };

@@ -32,7 +32,7 @@ pub use compile::{Compiled, answer_columns, compile};
 pub use merge::{agg_name, finalize_groups, merge_groups, merge_top_k};
 pub use parse::parse_where;
 pub use sink::{MAX_TOP_K_BYTES, Sink};
-pub use update::RowUpdate;
+pub use update::{RowUpdate, compile_filter};
 
 use insitu_rows::RowError;
 

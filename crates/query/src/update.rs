@@ -48,6 +48,20 @@ fn refuse(m: String) -> QueryError {
     QueryError::Plan(m)
 }
 
+/// A filter alone, checked against `schema` and compiled (regexes once):
+/// what a typed update or removal decides its rows with.
+pub fn compile_filter(schema: &Schema, filter: &[Pred]) -> Result<Compiled, QueryError> {
+    let plan = QueryPlan {
+        filter: filter.to_vec(),
+        output: QueryOutput::Rows {
+            columns: Vec::new(),
+            order_by: Vec::new(),
+            limit: None,
+        },
+    };
+    compile(schema, &plan)
+}
+
 impl RowUpdate {
     /// Check the update against `schema` (compiling the filter and its
     /// regexes once), or say why it cannot run.
@@ -56,15 +70,7 @@ impl RowUpdate {
         filter: &[Pred],
         set: &[(u16, RowAction)],
     ) -> Result<RowUpdate, QueryError> {
-        let plan = QueryPlan {
-            filter: filter.to_vec(),
-            output: QueryOutput::Rows {
-                columns: Vec::new(),
-                order_by: Vec::new(),
-                limit: None,
-            },
-        };
-        let compiled = compile(schema, &plan)?;
+        let compiled = compile_filter(schema, filter)?;
         if set.is_empty() {
             return Err(refuse("an update must change at least one column".into()));
         }

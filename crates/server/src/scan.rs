@@ -29,7 +29,7 @@ use insitu_compute::validate::describe_need;
 use insitu_compute::{GradAcc, validate_plan};
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult};
 use insitu_protocol::{Response, Status, encode_error};
-use insitu_query::RowUpdate;
+use insitu_query::{Compiled, RowUpdate, compile_filter};
 
 use crate::hold::Hold;
 use crate::scan_run::{Refusal, Run, show_key};
@@ -170,6 +170,12 @@ async fn execute(
             let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
             (Partial::Gradient(k.acc.finish()), vis, m)
         }
+        // Through `run_kernel` like the others: chunks, restarts, snapshots.
+        Op::JsonAggregate { path } => {
+            let k = insitu_compute::aggregate::JsonAggK::new(path);
+            let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
+            (Partial::Aggregate(k.out), vis, m)
+        }
         Op::Update { field, action } => {
             let (keys, vis, m) =
                 run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need, None).await?;
@@ -189,14 +195,24 @@ async fn execute(
         } => {
             let update = RowUpdate::compile(schema, filter, set)
                 .map_err(|e| (Status::BadRequest, e.to_string()))?;
-            let mut rows = RowKeys::new(&update, ChargedKeys::new(&state.engine));
-            run.scan(&mut rows).await?;
-            if let Some(refusal) = rows.refusal() {
-                return Err(refusal);
-            }
-            let (vis, m) = (rows.visited, rows.matched);
+            let (keys, vis, m) = row_keys(&mut run, update.compiled()).await?;
             let change = Change::Row(&update);
-            let updated = apply(&mut run, rows.keys, &change, deadline, op, &mut begun).await?;
+            let updated = apply(&mut run, keys, &change, deadline, op, &mut begun).await?;
+            (Partial::Update { updated }, vis, m)
+        }
+        Op::Remove => {
+            let (keys, vis, m) =
+                run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need, None).await?;
+            let change = Change::Remove { plan, need };
+            let updated = apply(&mut run, keys, &change, deadline, op, &mut begun).await?;
+            (Partial::Update { updated }, vis, m)
+        }
+        Op::RemoveRows { schema, filter } => {
+            let compiled =
+                compile_filter(schema, filter).map_err(|e| (Status::BadRequest, e.to_string()))?;
+            let (keys, vis, m) = row_keys(&mut run, &compiled).await?;
+            let change = Change::RemoveRow(&compiled);
+            let updated = apply(&mut run, keys, &change, deadline, op, &mut begun).await?;
             (Partial::Update { updated }, vis, m)
         }
     };
@@ -214,6 +230,20 @@ async fn execute(
         update_log::finish(state, k, &anchor, &result);
     }
     Ok(result)
+}
+
+/// Phase one of a typed update or removal: the keys of the rows `compiled`
+/// passes, and the rows visited and matched.
+async fn row_keys<'e>(
+    run: &mut Run<'e>,
+    compiled: &Compiled,
+) -> Result<(ChargedKeys<'e>, u64, u64), Refusal> {
+    let mut rows = RowKeys::new(compiled, ChargedKeys::new(&run.state.engine));
+    run.scan(&mut rows).await?;
+    if let Some(refusal) = rows.refusal() {
+        return Err(refusal);
+    }
+    Ok((rows.keys, rows.visited, rows.matched))
 }
 
 /// An update's phase two over the keys phase one collected: refused as a

@@ -1,5 +1,6 @@
-//! An update's phase two, shared by updates of raw fields (`Op::Update`) and
-//! of typed rows (`Op::UpdateRows`): check every collected key, then write.
+//! An update's phase two, shared by updates and removals of raw objects
+//! (`Op::Update`, `Op::Remove`) and of typed rows (`Op::UpdateRows`,
+//! `Op::RemoveRows`): check every collected key, then write.
 //!
 //! Two passes over the keys, each in slices of about `CHUNK` with a yield
 //! between them. The run's hold keeps other writes, other updates and tablet
@@ -16,7 +17,7 @@ use insitu_compute::kernel::Kernel;
 use insitu_compute::{apply_update, eval};
 use insitu_protocol::Status;
 use insitu_protocol::plan::{Field, ScanPlan, UpdateAction};
-use insitu_query::RowUpdate;
+use insitu_query::{Compiled, RowUpdate};
 use insitu_rows::RowRef;
 
 use crate::handler::engine_status;
@@ -38,14 +39,29 @@ pub(crate) enum Change<'a> {
         /// Bytes a value needs for everything the plan reads.
         need: usize,
     },
-    /// One column of a typed row (its filter is in the `RowUpdate`).
+    /// Columns of a typed row (its filter is in the `RowUpdate`).
     Row(&'a RowUpdate),
+    /// Remove the object if the plan's raw filter still passes it.
+    Remove {
+        plan: &'a ScanPlan,
+        /// Bytes a value needs for the filter.
+        need: usize,
+    },
+    /// Remove the row if the typed filter still passes it.
+    RemoveRow(&'a Compiled),
+}
+
+/// What phase two does to one object.
+pub(crate) enum Write {
+    /// Store these bytes (keeping the object's deadline).
+    Put(Vec<u8>),
+    Remove,
 }
 
 impl Change<'_> {
-    /// The object's new value; `None` when it no longer matches (or takes no
-    /// change); a refusal naming the key when it cannot take the change.
-    fn new_value(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
+    /// What to write for the object; `None` when it no longer matches; a
+    /// refusal naming the key when it cannot take the change.
+    fn write_for(&self, key: &[u8], value: &[u8]) -> Result<Option<Write>, Refusal> {
         let refused = |e: String| {
             (
                 Status::BadRequest,
@@ -62,24 +78,41 @@ impl Change<'_> {
                 action,
                 need,
             } => {
-                if value.len() < *need {
-                    return Err(crate::scan::short_error(plan, *need, key, value.len()));
-                }
-                if !matches!(eval(&plan.filter, value), Ok(true)) {
+                if !raw_matches(plan, *need, key, value)? {
                     return Ok(None);
                 }
                 let mut new = value.to_vec();
                 apply_update(*field, *action, &mut new).map_err(refused)?;
-                Ok(Some(new))
+                Ok(Some(Write::Put(new)))
             }
-            Change::Row(update) => update.apply(value).map_err(refused),
+            Change::Row(update) => Ok(update.apply(value).map_err(refused)?.map(Write::Put)),
+            Change::Remove { plan, need } => {
+                Ok(raw_matches(plan, *need, key, value)?.then_some(Write::Remove))
+            }
+            Change::RemoveRow(compiled) => {
+                let row =
+                    RowRef::new(compiled.layout(), value).map_err(|e| refused(e.to_string()))?;
+                Ok(compiled.filter(&row).then_some(Write::Remove))
+            }
         }
     }
 }
 
-/// Phase one of a typed update: the keys of the rows its filter passes.
+/// Whether the raw plan's filter passes `value` (re-checked in phase two:
+/// the object may have changed since its key was collected); a value too
+/// short for the plan refuses the update.
+fn raw_matches(plan: &ScanPlan, need: usize, key: &[u8], value: &[u8]) -> Result<bool, Refusal> {
+    if value.len() < need {
+        return Err(crate::scan::short_error(plan, need, key, value.len()));
+    }
+    Ok(matches!(eval(&plan.filter, value), Ok(true)))
+}
+
+/// Phase one of a typed update or removal: the keys of the rows its filter
+/// passes.
 pub(crate) struct RowKeys<'a, 'e> {
-    pub update: &'a RowUpdate,
+    /// The filter, and the row layout to read rows with.
+    pub compiled: &'a Compiled,
     pub keys: ChargedKeys<'e>,
     /// Rows seen and rows matched (the reply's `visited` / `matched`).
     pub visited: u64,
@@ -89,9 +122,9 @@ pub(crate) struct RowKeys<'a, 'e> {
 }
 
 impl<'a, 'e> RowKeys<'a, 'e> {
-    pub fn new(update: &'a RowUpdate, keys: ChargedKeys<'e>) -> Self {
+    pub fn new(compiled: &'a Compiled, keys: ChargedKeys<'e>) -> Self {
         RowKeys {
-            update,
+            compiled,
             keys,
             visited: 0,
             matched: 0,
@@ -119,9 +152,9 @@ impl ObjectSink for RowKeys<'_, '_> {
             return;
         }
         self.visited += 1;
-        match RowRef::new(self.update.compiled().layout(), value) {
+        match RowRef::new(self.compiled.layout(), value) {
             Err(e) => self.bad = Some((key.to_vec(), e.to_string())),
-            Ok(row) if self.update.matches(&row) => {
+            Ok(row) if self.compiled.filter(&row) => {
                 self.matched += 1;
                 self.keys.visit(key, value);
             }
@@ -177,7 +210,7 @@ pub(crate) async fn check_updates(
         let Ok(o) = engine.read(run.table, key) else {
             continue; // removed meanwhile: nothing to update
         };
-        change.new_value(key, o.value)?;
+        change.write_for(key, o.value)?;
     }
     Ok(())
 }
@@ -197,12 +230,12 @@ pub(crate) async fn write_updates(
         slices.at(run, i).await?;
         let mut engine = run.state.engine.borrow_mut();
         // An update keeps the object's deadline, as an increment does.
-        let (value, expires_at_ms) = {
+        let (write, expires_at_ms) = {
             let Ok(o) = engine.read(run.table, key) else {
                 continue;
             };
-            match change.new_value(key, o.value) {
-                Ok(Some(v)) => (v, o.expires_at_ms),
+            match change.write_for(key, o.value) {
+                Ok(Some(w)) => (w, o.expires_at_ms),
                 Ok(None) => continue,
                 // Checked by the first pass over the same, unchanged objects.
                 Err((_, e)) => {
@@ -210,7 +243,13 @@ pub(crate) async fn write_updates(
                 }
             }
         };
-        if let Err(e) = engine.write_expiring(run.table, key, &value, expires_at_ms, &rules) {
+        let done = match write {
+            Write::Put(value) => {
+                engine.write_expiring(run.table, key, &value, expires_at_ms, &rules)
+            }
+            Write::Remove => engine.remove(run.table, key, &rules),
+        };
+        if let Err(e) = done {
             return Err((
                 engine_status(&e),
                 format!(

@@ -120,6 +120,22 @@ impl TableSource for ClusterTable {
                 .map_err(|e| errors.record(e))
         })
     }
+
+    fn delete(&self, filter: Vec<Pred>) -> BoxFuture<'static, Result<u64, String>> {
+        let (client, id, snapshot_ts) = (self.client.clone(), self.id, self.snapshot_ts);
+        let (schema, errors) = (self.schema.clone(), self.errors.clone());
+        Box::pin(async move {
+            if snapshot_ts != 0 {
+                return Err(format!(
+                    "this session reads a snapshot (timestamp {snapshot_ts}); a DELETE changes the newest rows: run it without --snapshot/--at"
+                ));
+            }
+            client
+                .delete_rows(id, &schema, filter)
+                .await
+                .map_err(|e| errors.record(e))
+        })
+    }
 }
 
 impl ClusterTable {

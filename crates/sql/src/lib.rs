@@ -6,7 +6,7 @@
 //! [`TableSource`]; `ORDER BY .. LIMIT k` becomes a per-tablet top-k
 //! (`topk.rs`) and aggregates per-tablet partial aggregates
 //! (`aggregate.rs`). Joins, sorts and everything else run in DataFusion on
-//! the client. `UPDATE` runs on the servers (`update.rs`).
+//! the client. `UPDATE` and `DELETE` run on the servers (`update.rs`, `write_exec.rs`).
 
 pub mod aggregate;
 pub mod aggregate_exec;
@@ -21,6 +21,7 @@ pub mod source;
 pub mod topk;
 pub mod translate;
 pub mod update;
+pub mod write_exec;
 
 use std::sync::Arc;
 
@@ -94,10 +95,10 @@ pub async fn query(
 ) -> Result<(SchemaRef, Vec<RecordBatch>), SqlError> {
     let df = ctx.sql(sql).await.map_err(classify)?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let batches = df
-        .collect()
-        .await
-        .map_err(|e| SqlError::Execution(message(&e)))?;
+    // A statement refused while DataFusion plans it physically (an UPDATE
+    // the servers cannot apply exactly, say) is a planning error, not a
+    // failure of the query's run: `classify` tells them apart.
+    let batches = df.collect().await.map_err(classify_run)?;
     Ok((schema, batches))
 }
 
@@ -109,6 +110,16 @@ pub async fn run_sql(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>
 /// DataFusion's message without its backtrace.
 fn message(e: &DataFusionError) -> String {
     e.strip_backtrace()
+}
+
+/// An error from running a planned statement: a planning refusal met on
+/// the way (physical planning happens here) stays one; everything else is
+/// a failure of the run.
+fn classify_run(e: DataFusionError) -> SqlError {
+    match e.find_root() {
+        DataFusionError::Plan(_) | DataFusionError::SchemaError(..) => SqlError::Plan(message(&e)),
+        _ => SqlError::Execution(message(&e)),
+    }
 }
 
 /// An error from parsing/planning, sorted by kind.

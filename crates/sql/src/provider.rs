@@ -17,6 +17,7 @@ use insitu_protocol::query::{QueryOutput, QueryPlan};
 use crate::exec::InsituScanExec;
 use crate::source::{TableSource, arrow_schema};
 use crate::translate::{filter_to_preds, filters_to_preds};
+use crate::write_exec::{Dml, WriteExec};
 
 /// A typed insitu table registered with DataFusion.
 #[derive(Debug)]
@@ -93,15 +94,36 @@ impl TableProvider for InsituTable {
             .map(|(n, e)| format!("{n} = {e}"))
             .collect();
         text.sort();
-        let mut text = format!("set=[{}]", text.join(", "));
-        if !filters.is_empty() {
-            let f: Vec<String> = filters.iter().map(|f| f.to_string()).collect();
-            text.push_str(&format!(", filter=[{}]", f.join(" AND ")));
-        }
-        Ok(Arc::new(crate::update::UpdateExec::new(
+        let text = format!("set=[{}]{}", text.join(", "), filter_text(&filters));
+        Ok(Arc::new(WriteExec::new(
             self.source.clone(),
             filter,
-            set,
+            Dml::Update(set),
+            text,
+        )))
+    }
+
+    /// `DELETE FROM .. WHERE ..`, run by the servers: every WHERE conjunct
+    /// must translate exactly, else the statement is refused.
+    async fn delete_from(
+        &self,
+        _state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let filter = filters_to_preds(&filters, self.source.schema()).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "DELETE {}: the servers cannot evaluate this WHERE clause exactly ({e})",
+                self.source.name()
+            ))
+        })?;
+        let text = match filter_text(&filters) {
+            f if f.is_empty() => "all rows".to_string(),
+            f => f.trim_start_matches(", ").to_string(),
+        };
+        Ok(Arc::new(WriteExec::new(
+            self.source.clone(),
+            filter,
+            Dml::Delete,
             text,
         )))
     }
@@ -156,4 +178,13 @@ impl TableProvider for InsituTable {
             names,
         )))
     }
+}
+
+/// `, filter=[a AND b]` for EXPLAIN, or nothing without filters.
+fn filter_text(filters: &[Expr]) -> String {
+    if filters.is_empty() {
+        return String::new();
+    }
+    let f: Vec<String> = filters.iter().map(|f| f.to_string()).collect();
+    format!(", filter=[{}]", f.join(" AND "))
 }

@@ -62,4 +62,13 @@ pub trait TableSource: Send + Sync + std::fmt::Debug {
         let name = self.name().to_string();
         Box::pin(async move { Err(format!("table {name} does not take updates")) })
     }
+
+    /// Remove every row `filter` passes, on the servers
+    /// (`Op::RemoveRows`); the rows removed. A source that cannot write
+    /// refuses.
+    fn delete(&self, filter: Vec<Pred>) -> BoxFuture<'static, Result<u64, String>> {
+        let _ = filter;
+        let name = self.name().to_string();
+        Box::pin(async move { Err(format!("table {name} does not take deletes")) })
+    }
 }

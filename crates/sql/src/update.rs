@@ -1,9 +1,8 @@
 //! `UPDATE table SET .. WHERE ..` on an insitu table, run by the servers
 //! (`Op::UpdateRows`): DataFusion plans the statement and hands the table
-//! its assignments and WHERE conjuncts (`TableProvider::update`); they are
-//! translated here, and `UpdateExec` runs the update when the plan is
-//! executed (so `EXPLAIN UPDATE ..` changes nothing) and answers one row,
-//! `count`, the rows written.
+//! its assignments and WHERE conjuncts (`TableProvider::update`); the
+//! assignments are translated here, and `WriteExec` (`write_exec.rs`) runs
+//! the update when the plan is executed.
 //!
 //! What the servers apply, exactly or not at all:
 //! - `SET c = <literal>` (NULL included), the literal converted to `c`'s
@@ -18,22 +17,12 @@
 //! with the reason: the row is changed in the server, never read out and
 //! written back by the client.
 
-use std::fmt;
-use std::sync::Arc;
-
-use arrow_array::{RecordBatch, UInt64Array};
-use arrow_schema::{DataType, Field, Schema as ArrowSchema, SchemaRef};
-use datafusion::common::{DataFusionError, Result, ScalarValue};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
-use datafusion::physical_plan::execution_plan::EmissionType;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use insitu_protocol::plan::RowAction;
-use insitu_protocol::query::{Pred, Scalar};
+use insitu_protocol::query::Scalar;
 use insitu_protocol::schema::{ColumnType, Schema};
 
-use crate::source::TableSource;
 use crate::translate::{Refusal, col_ref, int_value, literal, scalar_for};
 
 /// The expression under any aliases and casts. Why unwrapping casts is
@@ -154,82 +143,4 @@ pub fn assignments_to_set(
         .iter()
         .map(|(name, e)| assignment(schema, name, e))
         .collect()
-}
-
-/// The physical `UPDATE`: runs the update on the servers when executed.
-#[derive(Debug)]
-pub struct UpdateExec {
-    /// Where the update runs.
-    source: Arc<dyn TableSource>,
-    /// The translated WHERE (ANDed conjuncts).
-    filter: Vec<Pred>,
-    /// The translated SET.
-    set: Vec<(u16, RowAction)>,
-    /// The statement's parts as SQL text, for EXPLAIN.
-    text: String,
-    /// One column, `count` (UInt64), as DataFusion's DML plans answer.
-    schema: SchemaRef,
-    /// DataFusion's cached plan properties (one partition, bounded).
-    properties: Arc<PlanProperties>,
-}
-
-impl UpdateExec {
-    pub fn new(
-        source: Arc<dyn TableSource>,
-        filter: Vec<Pred>,
-        set: Vec<(u16, RowAction)>,
-        text: String,
-    ) -> Self {
-        let schema = Arc::new(ArrowSchema::new(vec![Field::new(
-            "count",
-            DataType::UInt64,
-            false,
-        )]));
-        let properties = crate::leaf::properties(schema.clone(), EmissionType::Final);
-        UpdateExec {
-            source,
-            filter,
-            set,
-            text,
-            schema,
-            properties,
-        }
-    }
-}
-
-impl DisplayAs for UpdateExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "InsituUpdateExec: table={}, {} ({} filter steps, run by the servers)",
-            self.source.name(),
-            self.text,
-            self.filter.len()
-        )
-    }
-}
-
-impl ExecutionPlan for UpdateExec {
-    crate::leaf::leaf_methods!("InsituUpdateExec");
-
-    fn execute(
-        &self,
-        partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        crate::leaf::one_partition("InsituUpdateExec", partition)?;
-        let run = self.source.update(self.filter.clone(), self.set.clone());
-        let (schema, table) = (self.schema.clone(), self.source.name().to_string());
-        let stream = futures::stream::once(async move {
-            let n = run
-                .await
-                .map_err(|e| DataFusionError::Execution(format!("UPDATE of table {table}: {e}")))?;
-            RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![n]))])
-                .map_err(|e| DataFusionError::Execution(e.to_string()))
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream,
-        )))
-    }
 }

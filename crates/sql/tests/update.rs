@@ -1,8 +1,9 @@
-//! `UPDATE` through `InsituTable` (translated to the servers' typed update
-//! and applied by their own `RowUpdate` over the in-memory source) against
-//! the same statement on DataFusion's `MemTable`: the same count and the
-//! same table afterwards; what the servers cannot apply exactly is refused
-//! with the reason, and `EXPLAIN UPDATE` changes nothing.
+//! `UPDATE` and `DELETE` through `InsituTable` (translated to the servers'
+//! typed update or removal and applied by their own `RowUpdate` / compiled
+//! filter over the in-memory source) against the same statement on
+//! DataFusion's `MemTable`: the same count and the same table afterwards;
+//! what the servers cannot apply exactly is refused with the reason, and
+//! `EXPLAIN` changes nothing.
 
 mod common;
 
@@ -28,9 +29,18 @@ const UPDATES: &[&str] = &[
     "UPDATE items SET price = 1.255 WHERE id < 5",
 ];
 
+const DELETES: &[&str] = &[
+    "DELETE FROM items WHERE qty > 3",
+    "DELETE FROM items WHERE name IS NULL OR price < 10",
+    "DELETE FROM items WHERE NOT flag",
+    "DELETE FROM items WHERE name LIKE '%a%' AND ship >= DATE '2020-01-10'",
+    "DELETE FROM items WHERE id > 100",
+    "DELETE FROM items",
+];
+
 #[tokio::test]
-async fn updates_match_datafusion() {
-    for sql in UPDATES {
+async fn updates_and_deletes_match_datafusion() {
+    for sql in UPDATES.iter().chain(DELETES) {
         let f = fixture().await;
         let rows = same(&f, sql).await;
         assert_eq!(rows, 1, "{sql}: one count row");
@@ -89,12 +99,27 @@ async fn updates_the_servers_cannot_apply_exactly_are_refused() {
     .0
     .join("\n");
     assert!(
-        plan.contains("InsituUpdateExec: table=items, set=[qty = "),
+        plan.contains("InsituWriteExec: UPDATE table=items, set=[qty = "),
+        "{plan}"
+    );
+    let plan = render(
+        &run_sql(&f.insitu, "EXPLAIN DELETE FROM items WHERE price > 10")
+            .await
+            .unwrap(),
+        false,
+    )
+    .0
+    .join("\n");
+    assert!(
+        plan.contains("InsituWriteExec: DELETE table=items, filter=[price > "),
         "{plan}"
     );
     let after = render(
         &run_sql(&f.insitu, "SELECT * FROM items").await.unwrap(),
         true,
     );
-    assert_eq!(before, after, "a refused or explained UPDATE changed rows");
+    assert_eq!(
+        before, after,
+        "a refused or explained statement changed rows"
+    );
 }
