@@ -85,7 +85,13 @@ pub struct ExpirySweep {
     pub expired: Vec<ExpiredObject>,
     /// Entry bytes read (segments skipped by their counts read none).
     pub bytes_read: u64,
-    /// True when the sweep went past the last tablet and starts over next time.
+    /// True when the sweep went past the last tablet and starts over next
+    /// time. A call that resumed in the middle of a tablet and wrapped has
+    /// not read that tablet's earlier segments (nor the resumed segment's
+    /// earlier entries, which may have fallen due since it read them): only
+    /// the next call, starting at a tablet's first segment, covers them. A
+    /// due object is named at most one round late; it is absent to every
+    /// read meanwhile.
     pub wrapped: bool,
 }
 
