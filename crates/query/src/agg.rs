@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 use insitu_protocol::query::{AggFunc, AggState, GroupPartial, MAX_GROUPS, Scalar};
+use insitu_protocol::schema::ColumnType;
 use insitu_rows::{RowRef, Slot};
 
 use crate::QueryError;
+use crate::agg_fast::FastAggs;
 use crate::arith::{ArgType, Val};
 use crate::compile::Output;
 use crate::value::float_cmp;
@@ -24,11 +26,11 @@ enum Extreme {
 }
 
 #[derive(Clone, Debug)]
-struct State {
+pub(crate) struct State {
     /// Rows (count(*)) or non-NULL arguments.
-    count: u64,
+    pub count: u64,
     /// Exact sum at the argument's scale (checked adds).
-    sum_int: i128,
+    pub sum_int: i128,
     /// Sum of float arguments.
     sum_float: f64,
     /// Tracked only by min / max (None until a value is seen).
@@ -124,6 +126,37 @@ fn extreme_scalar(e: Extreme, ty: Option<ArgType>) -> Result<Scalar, QueryError>
     })
 }
 
+/// The group key of `row` into `buf`: per column a presence byte, then the
+/// value's bytes (floats normalised so -0.0 groups with 0.0 and NaNs
+/// together; text length-prefixed so keys cannot run into each other).
+fn group_key(row: &RowRef<'_>, group_by: &[usize], buf: &mut Vec<u8>) {
+    buf.clear();
+    for &c in group_by {
+        if row.is_null(c) {
+            buf.push(0);
+            continue;
+        }
+        buf.push(1);
+        match row.layout().slots[c] {
+            Slot::Var { .. } => {
+                let b = row.var(c);
+                buf.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                buf.extend_from_slice(b);
+            }
+            Slot::Fixed { offset, width } => match row.layout().types[c] {
+                ColumnType::Float64 => {
+                    let f = row.f64(c);
+                    let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
+                    buf.extend_from_slice(&f.to_bits().to_le_bytes());
+                }
+                ColumnType::Bool => buf.push(u8::from(row.bool(c))),
+                // RowRef::new checked the fixed region is inside the row.
+                _ => buf.extend_from_slice(&row.bytes()[offset..offset + width]),
+            },
+        }
+    }
+}
+
 /// Grouped aggregation of one tablet's rows.
 pub(crate) struct GroupSink {
     /// The compiled plan's group columns and aggregates.
@@ -138,11 +171,14 @@ pub(crate) struct GroupSink {
     key_buf: Vec<u8>,
     /// Scratch for argument programs (numbers only: no borrow of a row).
     stack: Vec<Val<'static>>,
+    /// The aggregates' fast form, when they all have one (`agg_fast.rs`).
+    fast: Option<Arc<FastAggs>>,
 }
 
 impl GroupSink {
-    pub fn new(out: Arc<Output>) -> GroupSink {
+    pub fn new(out: Arc<Output>, fast: Option<Arc<FastAggs>>) -> GroupSink {
         GroupSink {
+            fast,
             out,
             map: HashMap::new(),
             keys: Vec::new(),
@@ -164,67 +200,60 @@ impl GroupSink {
     }
 
     pub fn push(&mut self, row: &RowRef<'_>) -> Result<(), QueryError> {
-        let out = self.out.clone();
-        let Output::Groups { group_by, aggs } = &*out else {
+        // Borrowed field by field (not through a clone of the `Arc`: that
+        // was an atomic increment and decrement per row).
+        let GroupSink {
+            out,
+            map,
+            keys,
+            states,
+            key_buf,
+            stack,
+            fast,
+        } = self;
+        let Output::Groups { group_by, aggs } = &**out else {
             unreachable!("a group sink is made for an aggregate plan")
         };
-        // The key: per column a presence byte, then the value's bytes
-        // (floats normalised so -0.0 groups with 0.0 and NaNs together;
-        // text length-prefixed so keys cannot run into each other).
-        self.key_buf.clear();
-        for &c in group_by {
-            if row.is_null(c) {
-                self.key_buf.push(0);
-                continue;
+        let g = if group_by.is_empty() {
+            // One group: no key to build or look up.
+            if keys.is_empty() {
+                keys.push(Vec::new());
+                states.extend(std::iter::repeat_n(EMPTY, aggs.len()));
             }
-            self.key_buf.push(1);
-            match row.layout().slots[c] {
-                Slot::Var { .. } => {
-                    let b = row.var(c);
-                    self.key_buf
-                        .extend_from_slice(&(b.len() as u32).to_le_bytes());
-                    self.key_buf.extend_from_slice(b);
-                }
-                Slot::Fixed { offset, width } => match row.layout().types[c] {
-                    insitu_protocol::schema::ColumnType::Float64 => {
-                        let f = row.f64(c);
-                        let f = if f.is_nan() { f64::NAN } else { f + 0.0 };
-                        self.key_buf.extend_from_slice(&f.to_bits().to_le_bytes());
+            0
+        } else {
+            group_key(row, group_by, key_buf);
+            match map.get(key_buf.as_slice()) {
+                Some(&g) => g,
+                None => {
+                    if keys.len() >= MAX_GROUPS {
+                        return Err(QueryError::Eval(format!(
+                            "too many groups (more than {MAX_GROUPS}) for the servers; \
+                             group in the client instead (fetch the rows)"
+                        )));
                     }
-                    insitu_protocol::schema::ColumnType::Bool => {
-                        self.key_buf.push(u8::from(row.bool(c)))
-                    }
-                    // RowRef::new checked the fixed region is inside the row.
-                    _ => self
-                        .key_buf
-                        .extend_from_slice(&row.bytes()[offset..offset + width]),
-                },
-            }
-        }
-        let g = match self.map.get(self.key_buf.as_slice()) {
-            Some(&g) => g,
-            None => {
-                if self.keys.len() >= MAX_GROUPS {
-                    return Err(QueryError::Eval(format!(
-                        "too many groups (more than {MAX_GROUPS}) for the servers; \
-                         group in the client instead (fetch the rows)"
-                    )));
+                    let key = group_by
+                        .iter()
+                        .map(|&c| row.scalar(c))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let g = keys.len();
+                    keys.push(key);
+                    states.extend(std::iter::repeat_n(EMPTY, aggs.len()));
+                    map.insert(key_buf.as_slice().into(), g);
+                    g
                 }
-                let key = group_by
-                    .iter()
-                    .map(|&c| row.scalar(c))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let g = self.keys.len();
-                self.keys.push(key);
-                self.states.extend(std::iter::repeat_n(EMPTY, aggs.len()));
-                self.map.insert(self.key_buf.as_slice().into(), g);
-                g
             }
         };
         let base = g * aggs.len();
+        let group = &mut states[base..base + aggs.len()];
+        if let Some(fast) = fast
+            && fast.apply(row, group)?
+        {
+            return Ok(());
+        }
         for (a, agg) in aggs.iter().enumerate() {
-            let v = agg.arg.eval(row, &mut self.stack)?;
-            update(&mut self.states[base + a], agg.func, v)?;
+            let v = agg.arg.eval(row, stack)?;
+            update(&mut states[base + a], agg.func, v)?;
         }
         Ok(())
     }

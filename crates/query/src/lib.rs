@@ -6,7 +6,9 @@
 //!   hostile plan) and compiled; `filter.rs`: the compiled filter and its
 //!   Kleene evaluation over raw row bytes; `like.rs`: LIKE as regex, regex
 //!   limits; `arith.rs`: aggregate arguments (exact i128 arithmetic);
+//!   `exact.rs`: all-exact arguments on plain integers, i64 first;
 //! - `sink.rs`: rows, top-k; `agg.rs`: grouped aggregates per tablet;
+//!   `agg_fast.rs`: count/sum/avg of exact arguments without tagged values;
 //! - `merge.rs`: the client's merge of groups and top-k, and the final
 //!   aggregate batch; `build.rs`: Arrow arrays from scalars;
 //! - `parse.rs`: the CLI's `--where` text; `reference.rs`: an obviously
@@ -16,9 +18,11 @@
 //!   applied row by row.
 
 mod agg;
+mod agg_fast;
 mod arith;
 mod build;
 mod compile;
+mod exact;
 mod filter;
 pub mod like;
 mod merge;

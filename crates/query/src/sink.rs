@@ -67,7 +67,9 @@ impl Compiled {
                 page_bytes,
             }),
             Output::TopK { .. } => Kind::TopK(TopK::new(self.out.clone())),
-            Output::Groups { .. } => Kind::Groups(GroupSink::new(self.out.clone())),
+            Output::Groups { .. } => {
+                Kind::Groups(GroupSink::new(self.out.clone(), self.fast.clone()))
+            }
         };
         Sink { kind }
     }

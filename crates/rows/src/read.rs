@@ -9,6 +9,13 @@ use crate::layout::{ROW_TAG, RowLayout, Slot};
 /// A row checked against its layout: the tag, the length of the fixed part
 /// and every offset of the offset table (non-decreasing, inside the row).
 /// After `new` succeeds no accessor can read out of bounds.
+///
+/// `new_fixed` checks only the tag and the length (the fixed region and the
+/// offset table are inside the row), for a filter that reads fixed-width
+/// columns only: most rows of a selective scan are rejected without
+/// reading their offset table, and `check_vars` finishes the check for the
+/// rows that pass. No accessor can panic on a row `new_fixed` accepted
+/// either: `var` reads a bad offset table as an empty value.
 #[derive(Clone, Copy, Debug)]
 pub struct RowRef<'a> {
     bytes: &'a [u8],
@@ -16,33 +23,43 @@ pub struct RowRef<'a> {
 }
 
 impl<'a> RowRef<'a> {
+    #[inline]
     pub fn new(layout: &'a RowLayout, bytes: &'a [u8]) -> Result<RowRef<'a>, RowError> {
-        if bytes.first() != Some(&ROW_TAG) {
-            return Err(RowError::Malformed(
-                "not a typed row (first byte is not the row tag): was it written without the schema?"
-                    .into(),
-            ));
-        }
-        let var_start = layout.var_start();
-        if bytes.len() < var_start {
-            return Err(RowError::Malformed(format!(
-                "{} bytes, shorter than the {var_start} bytes every row of this schema has",
-                bytes.len()
-            )));
-        }
-        let var_len = bytes.len() - var_start;
-        let mut prev = 0usize;
-        for i in 0..layout.var_count {
-            let at = layout.fixed_end + 4 * i;
-            let end = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-            if end < prev || end > var_len {
-                return Err(RowError::Malformed(format!(
-                    "offset table entry {i} ({end}) is outside the row's {var_len} variable bytes"
-                )));
-            }
-            prev = end;
+        let row = RowRef::new_fixed(layout, bytes)?;
+        row.check_vars()?;
+        Ok(row)
+    }
+
+    /// The tag and the length checked, not the offset table (see above).
+    #[inline]
+    pub fn new_fixed(layout: &'a RowLayout, bytes: &'a [u8]) -> Result<RowRef<'a>, RowError> {
+        if bytes.first() != Some(&ROW_TAG) || bytes.len() < layout.var_start() {
+            return Err(bad_header(layout, bytes));
         }
         Ok(RowRef { bytes, layout })
+    }
+
+    /// The rest of `new`'s check: every offset table entry non-decreasing
+    /// and inside the row's variable region.
+    #[inline]
+    pub fn check_vars(&self) -> Result<(), RowError> {
+        let var_start = self.layout.var_start();
+        // In bounds: new_fixed checked bytes.len() >= var_start.
+        let table = &self.bytes[self.layout.fixed_end..var_start];
+        let var_len = self.bytes.len() - var_start;
+        let mut prev = 0usize;
+        // Every entry checked without an early exit: a handful of loads
+        // and compares, no branch per entry on the hot path.
+        let mut bad = false;
+        for entry in table.chunks_exact(4) {
+            let end = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) as usize;
+            bad |= end < prev || end > var_len;
+            prev = end;
+        }
+        if bad {
+            return Err(bad_table(self.layout, self.bytes));
+        }
+        Ok(())
     }
 
     pub fn layout(&self) -> &'a RowLayout {
@@ -108,7 +125,9 @@ impl<'a> RowRef<'a> {
         let start = if index == 0 { 0 } else { end_of(index - 1) };
         let end = end_of(index);
         let base = self.layout.var_start();
-        &self.bytes[base + start..base + end]
+        // Empty for a bad offset table: only a row from `new_fixed` whose
+        // `check_vars` was not called can have one.
+        self.bytes.get(base + start..base + end).unwrap_or_default()
     }
 
     /// A text column as `&str`, or an error if its bytes are not UTF-8.
@@ -136,4 +155,38 @@ impl<'a> RowRef<'a> {
             ColumnType::Utf8 => Scalar::Str(self.str(col)?.to_string()),
         })
     }
+}
+
+/// Why `new_fixed` refused a row (cold: built only for a bad row).
+#[cold]
+fn bad_header(layout: &RowLayout, bytes: &[u8]) -> RowError {
+    if bytes.first() != Some(&ROW_TAG) {
+        return RowError::Malformed(
+            "not a typed row (first byte is not the row tag): was it written without the schema?"
+                .into(),
+        );
+    }
+    RowError::Malformed(format!(
+        "{} bytes, shorter than the {} bytes every row of this schema has",
+        bytes.len(),
+        layout.var_start()
+    ))
+}
+
+/// Which offset table entry `check_vars` refused (cold).
+#[cold]
+fn bad_table(layout: &RowLayout, bytes: &[u8]) -> RowError {
+    let var_len = bytes.len() - layout.var_start();
+    let mut prev = 0usize;
+    for i in 0..layout.var_count {
+        let at = layout.fixed_end + 4 * i;
+        let end = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if end < prev || end > var_len {
+            return RowError::Malformed(format!(
+                "offset table entry {i} ({end}) is outside the row's {var_len} variable bytes"
+            ));
+        }
+        prev = end;
+    }
+    RowError::Malformed("bad offset table".into())
 }

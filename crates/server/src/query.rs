@@ -36,7 +36,6 @@ use insitu_protocol::query::{IndexProbe, QueryData, QueryPlan, QueryResult, Quer
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Response, Status, encode_error};
 use insitu_query::{Compiled, Sink, compile};
-use insitu_rows::RowRef;
 
 use crate::held::{MAX_HELD_BYTES, Page};
 use crate::scan_run::{CHUNK, ObjectSink, Refusal, Run, engine_refusal, show_key};
@@ -142,19 +141,18 @@ impl ObjectSink for QueryVisit<'_> {
             return;
         }
         self.visited += 1;
-        match RowRef::new(self.compiled.layout(), value) {
+        match self.compiled.keep(value) {
             Err(e) => self.bad = Some((key.to_vec(), e.to_string())),
-            Ok(row) => {
-                if self.compiled.filter(&row) {
-                    self.matched += 1;
-                    if let Err(e) = self.sink.push(&row) {
-                        self.bad = Some((key.to_vec(), e.to_string()));
-                    } else if self.cut.is_some()
-                        && self.sink.is_full()
-                        && !self.sink.rows_limit_reached()
-                    {
-                        self.cut_page();
-                    }
+            Ok(None) => {}
+            Ok(Some(row)) => {
+                self.matched += 1;
+                if let Err(e) = self.sink.push(&row) {
+                    self.bad = Some((key.to_vec(), e.to_string()));
+                } else if self.cut.is_some()
+                    && self.sink.is_full()
+                    && !self.sink.rows_limit_reached()
+                {
+                    self.cut_page();
                 }
             }
         }

@@ -152,13 +152,13 @@ impl ObjectSink for RowKeys<'_, '_> {
             return;
         }
         self.visited += 1;
-        match RowRef::new(self.compiled.layout(), value) {
+        match self.compiled.keep(value) {
             Err(e) => self.bad = Some((key.to_vec(), e.to_string())),
-            Ok(row) if self.compiled.filter(&row) => {
+            Ok(Some(_)) => {
                 self.matched += 1;
                 self.keys.visit(key, value);
             }
-            Ok(_) => {}
+            Ok(None) => {}
         }
     }
 

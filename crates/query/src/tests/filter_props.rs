@@ -128,8 +128,89 @@ fn plan(filter: Vec<Pred>) -> QueryPlan {
     }
 }
 
+/// A comparison of an exact column with a literal at the ends of i64
+/// (bounds no value passes, or every value does).
+fn extreme_cmp() -> BoxedStrategy<Pred> {
+    (
+        proptest::sample::select(vec![0u16, 1, 2, 3, 6]),
+        op(),
+        proptest::sample::select(vec![i64::MIN, i64::MIN + 1, i64::MAX - 1, i64::MAX]),
+    )
+        .prop_map(|(col, op, v)| Pred::Cmp {
+            col,
+            op,
+            value: if col == 6 {
+                Scalar::Date(v.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32)
+            } else {
+                Scalar::Int(v)
+            },
+        })
+        .boxed()
+}
+
+/// A comparison of an exact column (int, decimal, date) with a literal
+/// from the rows' small range, so that ties are common: the leaves the
+/// filter turns into range checks.
+fn exact_cmp() -> BoxedStrategy<Pred> {
+    (
+        proptest::sample::select(vec![0u16, 1, 2, 3, 4, 6]),
+        op(),
+        -6i64..7,
+    )
+        .prop_map(|(col, op, v)| Pred::Cmp {
+            col,
+            op,
+            value: match col {
+                6 => Scalar::Date(v as i32),
+                // The decimals' own scales (2 and 4), values near the rows'.
+                3 => Scalar::Decimal {
+                    value: v * 100,
+                    scale: 2,
+                },
+                4 => Scalar::Decimal {
+                    value: v * 100,
+                    scale: 4,
+                },
+                _ => Scalar::Int(v),
+            },
+        })
+        .boxed()
+}
+
+/// A conjunction: leaves joined by ANDs (several bounds of one column
+/// merge into one range check; the rest stop at the first non-TRUE).
+fn conjunction() -> BoxedStrategy<Vec<Pred>> {
+    proptest::collection::vec(
+        prop_oneof![4 => exact_cmp(), 3 => leaf(), 1 => extreme_cmp()],
+        1..7,
+    )
+    .prop_map(|leaves| {
+        let n = leaves.len();
+        let mut prog = leaves;
+        prog.extend(std::iter::repeat_n(Pred::And, n - 1));
+        prog
+    })
+    .boxed()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn conjunctions_equal_the_reference_and_keep_agrees(
+        prog in conjunction(),
+        rows in rows(24),
+    ) {
+        let s = schema();
+        let compiled = crate::compile(&s, &plan(prog.clone())).expect("generated programs are valid");
+        for (r, bytes) in rows.iter().zip(super::encode(&rows)) {
+            let row = RowRef::new(compiled.layout(), &bytes).expect("encoded row");
+            let want = reference::truth(&prog, r) == Some(true);
+            prop_assert_eq!(compiled.filter(&row), want, "row {:?}", r);
+            let kept = compiled.keep(&bytes).expect("encoded row");
+            prop_assert_eq!(kept.is_some(), want, "keep, row {:?}", r);
+        }
+    }
 
     #[test]
     fn compiled_filter_equals_the_reference_kleene_evaluation(
