@@ -76,4 +76,8 @@ fn delete_typed_rows_from_the_cli_and_sql() {
     let e = fails(cluster.cli(&["sql", "DELETE FROM users WHERE upper(name) = 'CAROL'"]));
     assert!(e.contains("cannot evaluate this WHERE clause"), "{e}");
     assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "1");
+    // A snapshot session reads the past: it cannot delete from the present.
+    let e = fails(cluster.cli(&["sql", "--snapshot", "DELETE FROM users"]));
+    assert!(e.contains("a DELETE changes the newest rows"), "{e}");
+    assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "1");
 }
