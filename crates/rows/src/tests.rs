@@ -102,6 +102,17 @@ proptest! {
                 let _ = r.scalar(c);
             }
         }
+        // `new_fixed` accepts at least what `new` does, no accessor panics
+        // on a row it accepted, and `check_vars` finishes `new`'s check.
+        match RowRef::new_fixed(&layout, &bytes) {
+            Ok(r) => {
+                for c in 0..s.columns.len() {
+                    let _ = r.scalar(c);
+                }
+                prop_assert_eq!(r.check_vars().is_ok(), RowRef::new(&layout, &bytes).is_ok());
+            }
+            Err(_) => prop_assert!(RowRef::new(&layout, &bytes).is_err()),
+        }
     }
 
     #[test]
@@ -172,4 +183,30 @@ fn a_decimal_of_a_hostile_scale_is_refused_not_a_panic() {
     };
     let e = encode_row(&s, &layout, &row).unwrap_err().to_string();
     assert!(e.contains("scale above 18"), "{e}");
+}
+
+#[test]
+fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let row = vec![
+        Scalar::Int(1),
+        Scalar::Str("abc".into()),
+        Scalar::Int(2),
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Str("de".into()),
+        Scalar::Null,
+    ];
+    let mut bytes = encode_row(&s, &layout, &row).unwrap();
+    // The first text column ends far beyond the row.
+    bytes[layout.fixed_end..layout.fixed_end + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let e = RowRef::new(&layout, &bytes).unwrap_err();
+    assert!(e.to_string().contains("offset table entry 0"), "{e}");
+    let r = RowRef::new_fixed(&layout, &bytes).unwrap();
+    assert_eq!(r.i64(0), 1);
+    assert_eq!(r.i32(2), 2);
+    assert_eq!(r.var(1), b"");
+    assert_eq!(r.check_vars().unwrap_err(), e);
 }

@@ -231,3 +231,36 @@ proptest! {
         }
     }
 }
+
+/// `keep` checks a row's offset table only when the filter reads text or
+/// keeps the row: a bad table in a row a fixed-column filter rejects is
+/// not an error, in a kept row it is.
+#[test]
+fn keep_checks_the_offset_table_of_kept_rows_only() {
+    let s = schema();
+    let layout = insitu_rows::RowLayout::new(&s);
+    let mut row = vec![Scalar::Null; s.columns.len()];
+    row[0] = Scalar::Int(7);
+    row[7] = Scalar::Str("ab".into());
+    let mut bytes = super::encode(&[row]).remove(0);
+    bytes[layout.fixed_end..layout.fixed_end + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let keep = |filter: Vec<Pred>| {
+        crate::compile(&s, &plan(filter))
+            .expect("valid plan")
+            .keep(&bytes)
+            .map(|r| r.is_some())
+    };
+    let id = |v: i64| Pred::Cmp {
+        col: 0,
+        op: CmpOp::Eq,
+        value: Scalar::Int(v),
+    };
+    assert_eq!(keep(vec![id(8)]), Ok(false));
+    assert!(keep(vec![id(7)]).is_err());
+    let text = Pred::Cmp {
+        col: 7,
+        op: CmpOp::Eq,
+        value: Scalar::Str("zz".into()),
+    };
+    assert!(keep(vec![text]).is_err());
+}
