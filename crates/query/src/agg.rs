@@ -65,6 +65,11 @@ fn own(v: &Val<'_>) -> Extreme {
     }
 }
 
+/// A per-tablet sum beyond i128 (the general and the fast path).
+pub(crate) fn sum_overflow() -> QueryError {
+    QueryError::Eval("a sum overflowed 128 bits".into())
+}
+
 fn update(state: &mut State, func: AggFunc, v: Val<'_>) -> Result<(), QueryError> {
     if func == AggFunc::CountStar {
         state.count += 1;
@@ -77,10 +82,7 @@ fn update(state: &mut State, func: AggFunc, v: Val<'_>) -> Result<(), QueryError
     match func {
         AggFunc::Sum | AggFunc::Avg => match v {
             Val::Exact(x) => {
-                state.sum_int = state
-                    .sum_int
-                    .checked_add(x)
-                    .ok_or_else(|| QueryError::Eval("a sum overflowed 128 bits".into()))?
+                state.sum_int = state.sum_int.checked_add(x).ok_or_else(sum_overflow)?
             }
             Val::Float(f) => state.sum_float += f,
             _ => unreachable!("compile: sum and avg take numbers"),

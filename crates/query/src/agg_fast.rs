@@ -15,7 +15,7 @@ use insitu_protocol::schema::ColumnType;
 use insitu_rows::RowRef;
 
 use crate::QueryError;
-use crate::agg::State;
+use crate::agg::{State, sum_overflow};
 use crate::arith::Arg;
 use crate::compile::CompiledAgg;
 use crate::exact::ExactProgram;
@@ -108,7 +108,6 @@ impl FastAggs {
         if self.null_bits.iter().any(|&(b, m)| bytes[b] & m != 0) {
             return Ok(false);
         }
-        let overflow = || QueryError::Eval("a sum overflowed 128 bits".into());
         for (f, st) in self.aggs.iter().zip(states.iter_mut()) {
             st.count += 1;
             match f {
@@ -117,13 +116,13 @@ impl FastAggs {
                     st.sum_int = st
                         .sum_int
                         .checked_add(i128::from(read_i64(row, *offset, *read)))
-                        .ok_or_else(overflow)?
+                        .ok_or_else(sum_overflow)?
                 }
                 FastAgg::SumProgram(p) => {
                     st.sum_int = st
                         .sum_int
                         .checked_add(p.eval_present(row)?)
-                        .ok_or_else(overflow)?
+                        .ok_or_else(sum_overflow)?
                 }
             }
         }

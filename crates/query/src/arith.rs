@@ -118,7 +118,7 @@ pub enum Arg {
     Exact(ExactProgram),
 }
 
-fn overflow() -> QueryError {
+pub(crate) fn overflow() -> QueryError {
     QueryError::Eval("arithmetic overflow in an aggregate's argument (beyond 128 bits)".into())
 }
 

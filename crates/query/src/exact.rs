@@ -15,7 +15,7 @@
 use insitu_rows::RowRef;
 
 use crate::QueryError;
-use crate::arith::{BinOp, Conv, Step, Val};
+use crate::arith::{BinOp, Conv, Step, Val, overflow};
 use crate::filter::{ExactRead, read_at, read_i64};
 
 /// Deepest stack an exact program may need (deeper programs keep the
@@ -265,11 +265,6 @@ impl ExactProgram {
 
     /// The program in i128, as `Arg::Program` computes it.
     fn run_i128(&self, row: &RowRef<'_>) -> Result<i128, QueryError> {
-        let overflow = || {
-            QueryError::Eval(
-                "arithmetic overflow in an aggregate's argument (beyond 128 bits)".into(),
-            )
-        };
         let mut stack = [0i128; DEPTH];
         let mut sp = 0usize;
         for s in &self.steps {

@@ -65,15 +65,10 @@ fn fixed<const N: usize>(row: &RowRef<'_>, offset: usize) -> [u8; N] {
 
 #[inline]
 pub(crate) fn read_at(row: &RowRef<'_>, offset: usize, read: ExactRead) -> i128 {
-    match read {
-        ExactRead::I32 => i128::from(i32::from_le_bytes(fixed::<4>(row, offset))),
-        ExactRead::I64 => i128::from(i64::from_le_bytes(fixed::<8>(row, offset))),
-        ExactRead::Bool => i128::from(fixed::<1>(row, offset)[0] != 0),
-    }
+    i128::from(read_i64(row, offset, read))
 }
 
-/// `read_at` for the callers that compare in i64 (every stored exact value
-/// fits).
+/// A fixed column's exact value (every stored one fits i64).
 #[inline]
 pub(crate) fn read_i64(row: &RowRef<'_>, offset: usize, read: ExactRead) -> i64 {
     match read {
