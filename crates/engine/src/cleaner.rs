@@ -396,8 +396,11 @@ fn carry_counter(t: &mut Tablet, budget: &mut Budget, src: &Segment) -> Result<(
 /// most one free segment at a time (a survivor may be opened before its
 /// source is freed), which the cleaner reserve provides; every source is
 /// freed once copied, so the tablet ends with no more segments than it
-/// started with (plus at most that one). If no survivor is adopted, the old
-/// head is the head again unless it was cleaned.
+/// started with (plus at most that one). If no survivor is adopted for
+/// `len`, the old head is the head again, or, if it was cleaned, the
+/// survivor holding its copies is (cleaning the head is only done while that
+/// survivor keeps room for a tombstone: a failed write must not take away
+/// the room a tablet's first remove relies on, `slack.rs`).
 ///
 /// This is what makes removes and writes succeed on a full budget when the
 /// freed space is scattered over many tablets with few segments each: a
@@ -416,14 +419,22 @@ pub(crate) fn compact_into_head(
 ) -> bool {
     let segment_bytes = budget.segment_bytes;
     let need = len + entry::MAX_HEADER_BYTES; // the adopted head starts with a version mark
-    let adopt = |t: &mut Tablet, budget: &mut Budget| -> bool {
+    // The open survivor becomes the head if it has `len` bytes free behind
+    // the head's version mark.
+    let adopt = |t: &mut Tablet, budget: &mut Budget, len: usize| -> bool {
         let Some(s) = t.survivor else { return false };
         // A survivor holding the carried counter (`carry_counter`; the
         // counter has not moved since) needs no mark of its own: it then
         // needs no more room than before the carried mark took its bytes.
         let carries = t.head.is_none() && t.counter_mark == Some(t.segs[s as usize].id);
         let room = t.segs[s as usize].room(segment_bytes);
-        if room < if carries { len } else { need } {
+        if room
+            < if carries {
+                len
+            } else {
+                len + entry::MAX_HEADER_BYTES
+            }
+        {
             return false;
         }
         t.survivor = None;
@@ -435,7 +446,7 @@ pub(crate) fn compact_into_head(
         }
         true
     };
-    if adopt(t, budget) {
+    if adopt(t, budget, len) {
         return true;
     }
     let mut sources: Vec<(u64, u32, u64)> = Vec::new();
@@ -464,25 +475,58 @@ pub(crate) fn compact_into_head(
         // headless spell (`carry_counter`).
         t.counter_mark = None;
     }
+    // What a head must keep free for a tombstone (`slack.rs`) beside its
+    // version mark, and a mark carried out of a headless tablet's segment.
+    let slack = t.tombstone_slack();
+    let keep_for_tombstone = slack + 2 * entry::MAX_HEADER_BYTES;
     t.head = None;
     t.survivor = None;
     sources.sort_unstable_by_key(|&(kept, _, _)| kept);
-    for (_, slot, id) in sources {
+    let mut head_cleaned = false;
+    for (kept, slot, id) in sources {
         if t.segs[slot as usize].id != id || t.survivor == Some(slot) {
             continue; // reused by a survivor of this compaction
+        }
+        // The old head is cleaned, and anything after it, only while the
+        // survivor taking the copies can then be the head with room for a
+        // tombstone: a write that still fails must not leave the tablet
+        // without the room its first remove relies on (the other tablets
+        // may hold the tombstone reserve). A segment's copies fit the open
+        // survivor or spill into a fresh one, so the survivor then keeps at
+        // least `room - kept` bytes.
+        let is_head = sealed.is_some_and(|(h, _)| h == slot);
+        if is_head || head_cleaned {
+            let room = t
+                .survivor
+                .map_or(segment_bytes, |s| t.segs[s as usize].room(segment_bytes));
+            if (room as u64) < kept + keep_for_tombstone as u64 {
+                continue;
+            }
         }
         if clean_segment(t, slot, budget, stats).is_err() {
             break; // no room even for a survivor: nothing was lost
         }
-        if adopt(t, budget) {
+        head_cleaned |= is_head;
+        if adopt(t, budget, len) {
             return true;
         }
     }
-    if let Some((h, id)) = sealed
-        && t.segs[h as usize].id == id
-        && t.survivor != Some(h)
-    {
-        t.head = Some(h);
+    match sealed {
+        // Not cleaned: the old head is the head again, with its room.
+        Some((h, id)) if t.segs[h as usize].id == id && t.survivor != Some(h) => {
+            t.head = Some(h);
+        }
+        // Cleaned: the survivor holding its copies is the head (with the
+        // room for a tombstone the check above left it), though the
+        // caller's `len` does not fit.
+        Some(_) => {
+            let adopted = adopt(t, budget, slack);
+            debug_assert!(
+                adopted,
+                "the old head was cleaned into a survivor with room"
+            );
+        }
+        None => {}
     }
     false
 }
