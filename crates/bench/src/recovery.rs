@@ -8,8 +8,15 @@
 //! the detection: the coordinator commits a tablet's new owner only after
 //! the replay). Every object is then read back and compared (`verify_ms`,
 //! not part of the recovery time): `objects_lost` must be 0.
+//!
+//! Meanwhile a probe pings every shard of the surviving servers in turn
+//! (one `Ping` at a time, 1 ms apart) from the kill to the end of the
+//! recovery: `probe_ping_ms_max` is the longest any of them waited, what a
+//! request to a recovery master's shard may wait while it recovers.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -150,6 +157,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .min()
             .context("no servers listed")
     })?;
+    let survivors: Vec<String> = rt
+        .block_on(client.list_servers())?
+        .into_iter()
+        .filter(|s| s.id != victim_id)
+        .flat_map(|s| s.shard_addrs)
+        .collect();
+    let stop_probe = Arc::new(AtomicBool::new(false));
+    let probe = std::thread::spawn({
+        let stop = stop_probe.clone();
+        move || ping_probe(&survivors, &stop)
+    });
     eprintln!("killing server {victim_id} (SIGKILL) ...");
     let killed = Instant::now();
     victim.kill();
@@ -188,6 +206,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })?;
+    stop_probe.store(true, Ordering::Relaxed);
+    let (probe_pings, probe_ping_ms_max) = probe
+        .join()
+        .map_err(|_| anyhow::anyhow!("the ping probe panicked"))??;
     // Then every key is read back and compared (not timed: the check, not
     // the recovery).
     let verify_started = Instant::now();
@@ -224,6 +246,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.mb, args.servers
     );
     println!(
+        "a ping to a surviving server's shard waited at most {probe_ping_ms_max:.1} ms during \
+         the recovery ({probe_pings} pings)"
+    );
+    println!(
         "(target: 1 GB in at most 2 s with 3 servers; RAMCloud ~0.6 GB/s per recovery master)"
     );
     if let Some(path) = &args.json {
@@ -235,6 +261,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 "detect_ms": detect_ms, "recover_ms": recover_ms,
                 "recovery_seconds_per_gb": per_gb,
                 "objects_lost": lost, "objects_wrong": wrong, "verify_ms": verify_ms,
+                "probe_pings": probe_pings, "probe_ping_ms_max": probe_ping_ms_max,
             }),
         )?;
     }
@@ -244,6 +271,36 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bail!("{lost} objects lost and {wrong} wrong after recovery");
     }
     Ok(())
+}
+
+/// Ping every address in turn, 1 ms apart, until `stop`: the pings sent
+/// and the longest round trip (ms).
+fn ping_probe(addrs: &[String], stop: &AtomicBool) -> anyhow::Result<(u64, f64)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut conns = Vec::with_capacity(addrs.len());
+        for a in addrs {
+            conns.push(insitu_client::rpc::RpcConn::connect(a).await?);
+        }
+        let (mut pings, mut longest) = (0u64, Duration::ZERO);
+        while !stop.load(Ordering::Relaxed) {
+            for c in &conns {
+                let sent = Instant::now();
+                let reply = c
+                    .call_timeout(&insitu_protocol::Request::Ping, Duration::from_secs(60))
+                    .await?;
+                if !reply.status.is_ok() {
+                    bail!("a ping was refused: {}", reply.error_message());
+                }
+                longest = longest.max(sent.elapsed());
+                pings += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        anyhow::Ok((pings, longest.as_secs_f64() * 1e3))
+    })
 }
 
 fn tempdir() -> anyhow::Result<PathBuf> {

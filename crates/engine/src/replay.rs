@@ -28,8 +28,6 @@ use hashbrown::{HashMap, HashTable};
 use crate::entry::{
     self, Bad, KIND_MARK, KIND_OBJECT, KIND_RECORD, KIND_RECORD_REMOVED, KIND_TOMBSTONE,
 };
-use crate::segment::Purpose;
-use crate::tablet::Tablet;
 use crate::{CorruptEntry, Engine, EngineError, HashRange, RecordId, ReplayReport, TableId};
 
 /// The newest entry seen for one key.
@@ -88,6 +86,7 @@ fn oom<T>(_: T) -> EngineError {
     EngineError::OutOfMemory
 }
 
+#[cfg(test)]
 pub(crate) fn resolve<'s>(
     table: TableId,
     range: HashRange,
@@ -96,13 +95,60 @@ pub(crate) fn resolve<'s>(
     max_value_bytes: usize,
     report: &mut ReplayReport,
 ) -> Result<Resolved<'s>, EngineError> {
-    let mut newest: HashTable<Winner<'s>> = HashTable::new();
-    let mut newest_records: HashMap<RecordId, RecordWinner<'s>> = HashMap::new();
-    let mut next_version = 1u64;
-    for (si, buf) in segments.into_iter().enumerate() {
+    let mut r = Resolver::new(table, range, max_key_bytes, max_value_bytes);
+    for buf in segments {
+        r.feed(buf, report)?;
+    }
+    r.finish()
+}
+
+/// The newest entry of every key and record seen so far, fed one segment at
+/// a time (so a caller may yield between segments: `replay_steps.rs`).
+pub(crate) struct Resolver<'s> {
+    /// The tablet's table: entries of another table are corrupt.
+    table: TableId,
+    /// Objects outside it are skipped (records compete across ranges).
+    range: HashRange,
+    /// Limits an entry is checked against before it is believed.
+    max_key_bytes: usize,
+    max_value_bytes: usize,
+    /// Objects and tombstones, by key.
+    newest: HashTable<Winner<'s>>,
+    /// Side records and their removals, by id.
+    newest_records: HashMap<RecordId, RecordWinner<'s>>,
+    /// Highest version seen plus one, or a mark's counter.
+    next_version: u64,
+    /// Index of the next segment fed (positions and corrupt reports).
+    segments: usize,
+}
+
+impl<'s> Resolver<'s> {
+    pub fn new(
+        table: TableId,
+        range: HashRange,
+        max_key_bytes: usize,
+        max_value_bytes: usize,
+    ) -> Resolver<'s> {
+        Resolver {
+            table,
+            range,
+            max_key_bytes,
+            max_value_bytes,
+            newest: HashTable::new(),
+            newest_records: HashMap::new(),
+            next_version: 1,
+            segments: 0,
+        }
+    }
+
+    /// Resolve the entries of the next segment against those seen.
+    pub fn feed(&mut self, buf: &'s [u8], report: &mut ReplayReport) -> Result<(), EngineError> {
+        let (table, range) = (self.table, self.range);
+        let si = self.segments;
+        self.segments += 1;
         let mut at = 0;
         loop {
-            let p = match entry::parse(buf, at, table, max_key_bytes, max_value_bytes) {
+            let p = match entry::parse(buf, at, table, self.max_key_bytes, self.max_value_bytes) {
                 Ok(p) => p,
                 Err(Bad::End) => break,
                 Err(Bad::Stop(reason)) => {
@@ -134,10 +180,10 @@ pub(crate) fn resolve<'s>(
                 continue;
             }
             if p.kind == KIND_MARK {
-                next_version = next_version.max(p.version);
+                self.next_version = self.next_version.max(p.version);
                 continue;
             }
-            next_version = next_version.max(p.version + 1);
+            self.next_version = self.next_version.max(p.version + 1);
             let hash = crate::key_hash(table, p.key);
             if p.kind == KIND_RECORD || p.kind == KIND_RECORD_REMOVED {
                 // `parse` checked the value's length; refused, not trusted.
@@ -161,15 +207,15 @@ pub(crate) fn resolve<'s>(
                 };
                 // Every anchor competes (see the module comment); equal
                 // versions are copies of one entry: keep the first.
-                match newest_records.get_mut(&id) {
+                match self.newest_records.get_mut(&id) {
                     Some(w) => {
                         if p.version > w.version {
                             *w = candidate;
                         }
                     }
                     None => {
-                        newest_records.try_reserve(1).map_err(oom)?;
-                        newest_records.insert(id, candidate);
+                        self.newest_records.try_reserve(1).map_err(oom)?;
+                        self.newest_records.insert(id, candidate);
                     }
                 }
                 continue;
@@ -188,6 +234,7 @@ pub(crate) fn resolve<'s>(
                 value: p.value,
                 expires_at_ms: p.expires_at_ms,
             };
+            let newest = &mut self.newest;
             match newest.find_mut(winner_probe(hash), |w| w.hash == hash && w.key == p.key) {
                 // Equal versions are copies of one entry (a cleaner copy): keep the first.
                 Some(w) => {
@@ -203,24 +250,38 @@ pub(crate) fn resolve<'s>(
                 }
             }
         }
+        Ok(())
     }
-    let live = newest.iter().filter(|w| w.kind == KIND_OBJECT).count();
-    let mut objects = Vec::new();
-    objects.try_reserve_exact(live).map_err(oom)?;
-    objects.extend(newest.into_iter().filter(|w| w.kind == KIND_OBJECT));
-    objects.sort_unstable_by_key(|w| w.position);
-    let kept = |w: &RecordWinner<'_>| w.kind == KIND_RECORD && range.contains(w.hash);
-    let mut records = Vec::new();
-    records
-        .try_reserve_exact(newest_records.values().filter(|w| kept(w)).count())
-        .map_err(oom)?;
-    records.extend(newest_records.into_values().filter(kept));
-    records.sort_unstable_by_key(|w| w.position);
-    Ok(Resolved {
-        objects,
-        records,
-        next_version,
-    })
+
+    pub fn table(&self) -> TableId {
+        self.table
+    }
+
+    pub fn range(&self) -> HashRange {
+        self.range
+    }
+
+    /// The live winners in log order, and the counter.
+    pub fn finish(self) -> Result<Resolved<'s>, EngineError> {
+        let range = self.range;
+        let live = self.newest.iter().filter(|w| w.kind == KIND_OBJECT).count();
+        let mut objects = Vec::new();
+        objects.try_reserve_exact(live).map_err(oom)?;
+        objects.extend(self.newest.into_iter().filter(|w| w.kind == KIND_OBJECT));
+        objects.sort_unstable_by_key(|w| w.position);
+        let kept = |w: &RecordWinner<'_>| w.kind == KIND_RECORD && range.contains(w.hash);
+        let mut records = Vec::new();
+        records
+            .try_reserve_exact(self.newest_records.values().filter(|w| kept(w)).count())
+            .map_err(oom)?;
+        records.extend(self.newest_records.into_values().filter(kept));
+        records.sort_unstable_by_key(|w| w.position);
+        Ok(Resolved {
+            objects,
+            records,
+            next_version: self.next_version,
+        })
+    }
 }
 
 impl Engine {
@@ -228,56 +289,25 @@ impl Engine {
     /// segment byte buffers: newest version wins, tombstones respected,
     /// corrupt entries reported and never loaded. Side records are rebuilt
     /// the same way (newest version per record id; see the module comment).
+    /// One call: `replay_in_steps` does the same in pieces.
     pub fn replay<'s>(
         &mut self,
         table: TableId,
         range: HashRange,
         segments: impl IntoIterator<Item = &'s [u8]>,
     ) -> Result<ReplayReport, EngineError> {
-        self.check_free_range(table, range)?;
-        let mut report = ReplayReport::default();
-        let resolved = resolve(
-            table,
-            range,
-            segments,
-            self.max_key_bytes,
-            self.config.max_value_bytes,
-            &mut report,
-        )?;
-        let mut t = Tablet::new(table, range, resolved.next_version);
-        let built = self.build_replayed(&mut t, &resolved);
-        if let Err(e) = built {
-            t.release(&mut self.budget);
-            return Err(e);
+        let mut resolver = self.replay_in_steps(table, range)?;
+        for segment in segments {
+            resolver.feed(segment)?;
         }
-        report.objects_loaded = resolved.objects.len() as u64;
-        report.records_loaded = resolved.records.len() as u64;
-        self.add_tablet(t)?;
-        Ok(report)
-    }
-
-    pub(crate) fn build_replayed(
-        &mut self,
-        t: &mut Tablet,
-        resolved: &Resolved<'_>,
-    ) -> Result<(), EngineError> {
-        t.reserve_index(&mut self.budget, resolved.objects.len())?;
-        if t.next_version > 1 {
-            // Log the counter even if no object survives (see split_tablet).
-            self.with_room_retry(|budget| t.open_head(budget, Purpose::Object))?;
+        let mut build = resolver.build(self)?;
+        match build.step(self, usize::MAX) {
+            Ok(done) => debug_assert!(done),
+            Err(e) => {
+                build.abandon(self);
+                return Err(e);
+            }
         }
-        for w in &resolved.objects {
-            self.with_room_retry(|budget| {
-                t.push_new(budget, w.hash, w.key, w.value, w.version, w.expires_at_ms)
-            })?;
-        }
-        // Records keep their versions (all below the counter).
-        t.reserve_records(&mut self.budget, resolved.records.len())?;
-        for w in &resolved.records {
-            self.with_room_retry(|budget| {
-                t.push_record(budget, w.id, w.anchor, w.payload, w.version)
-            })?;
-        }
-        Ok(())
+        build.finish(self)
     }
 }

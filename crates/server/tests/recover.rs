@@ -398,3 +398,75 @@ async fn refuses_segments_that_do_not_fit_in_memory_before_reading_them() {
     assert_eq!(read(&conn, b"key-1").await.0, Status::UnknownTablet);
     server.shutdown();
 }
+
+/// A tablet of `objects` small objects, written once: its segments.
+fn many_objects(objects: u32) -> Segments {
+    let config = EngineConfig {
+        segment_bytes: 64 * 1024,
+        memory_budget_bytes: 64 << 20,
+        max_value_bytes: 1024,
+    };
+    let mut e = Engine::with_max_key_bytes(config, 64).unwrap();
+    e.create_tablet(TABLE, HashRange::FULL).unwrap();
+    for i in 0..objects {
+        let value = i.to_le_bytes();
+        e.write(
+            TABLE,
+            format!("key-{i}").as_bytes(),
+            &value,
+            &RejectRules::default(),
+        )
+        .unwrap();
+    }
+    let mut segments = Vec::new();
+    e.for_each_segment(|v| segments.push((v.log, v.segment, v.bytes.to_vec(), v.sealed)));
+    segments
+}
+
+/// The replay runs in steps with the shard's other requests between them:
+/// while a recovery is under way, a second connection's `ShardStats` is
+/// answered with the tablet's segments already charged but the tablet not
+/// yet added, which a replay in one synchronous call never lets anyone see.
+#[tokio::test]
+async fn the_shard_answers_other_requests_while_it_replays() {
+    let objects = 100_000;
+    let segments = many_objects(objects);
+    let replicas = segments
+        .iter()
+        .map(|(l, s, bytes, sealed)| replica(*l, *s, bytes, *sealed))
+        .collect();
+    let (addr, _) = fake_backup(replicas).await;
+    let node = common::start(|_| {}).await;
+    let conn = RpcConn::connect(&node.shard(0)).await.unwrap();
+    let probe = RpcConn::connect(&node.shard(0)).await.unwrap();
+    let request = recover(&[addr], 3);
+    let recovery = conn.call(&request);
+    tokio::pin!(recovery);
+    let (mut probes, mut mid_build) = (0u32, 0u32);
+    let reply = loop {
+        tokio::select! {
+            reply = &mut recovery => break reply.unwrap(),
+            stats = probe.call(&Request::ShardStats { reset_longest_call: false }) => {
+                let stats = stats.unwrap();
+                let Ok(Response::ShardStats(stats)) = stats.decode() else {
+                    panic!("not stats: {:?}", stats.status);
+                };
+                probes += 1;
+                if stats.segment_bytes > 0 && !stats.tablets.iter().any(|t| t.table == TABLE) {
+                    mid_build += 1;
+                }
+            }
+        }
+    };
+    assert!(reply.status.is_ok(), "{}", reply.error_message());
+    assert!(
+        mid_build > 0,
+        "no probe of {probes} saw the tablet being built"
+    );
+    assert_eq!(
+        read(&conn, b"key-0").await.0,
+        Status::Retry,
+        "held Receiving"
+    );
+    node.server.shutdown();
+}
