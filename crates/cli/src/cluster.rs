@@ -290,6 +290,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
         let (gate, token_file) = if args.no_auth {
             (insitu_auth::Gate::open(), None)
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         } else {
             let (gate, path, _) = crate::auth::init_dir(&args.dir)?;
             (gate, Some(path))
@@ -372,7 +374,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             say(format_args!("  metrics at {url}/metrics, status page at {url}/"));
         }
         say(format_args!("  Ctrl-C to stop."));
-        wait_for_stop().await?;
+        stop.wait().await;
         note(format_args!("shutting down..."));
         tokio::task::spawn_blocking(move || servers.into_iter().for_each(|s| s.shutdown())).await?;
         coordinator.shutdown().await;
@@ -394,6 +396,8 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
         let mut config = CoordinatorConfig::new(args.dir.clone());
         config.replicas = args.replicas;
         config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         config.gate = gate;
         config.tls = tls;
         let handle = insitu_coordinator::start(config, listener).await?;
@@ -412,7 +416,7 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
                 "metrics at {url}/metrics, status page at {url}/"
             ));
         }
-        wait_for_stop().await?;
+        stop.wait().await;
         handle.shutdown().await;
         Ok(())
     })
@@ -431,6 +435,8 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             args.shards,
             args.memory_mb,
         );
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         config.replace = args.replace;
         config.advertise = args.advertise.clone();
         config.gate = gate;
@@ -462,7 +468,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
                 args.resp_table
             ));
         }
-        wait_for_stop().await?;
+        stop.wait().await;
         tokio::task::spawn_blocking(move || handle.shutdown()).await?;
         Ok(())
     })
@@ -496,14 +502,30 @@ fn kept_tables_warning(names: &[String], replicas: u32) -> String {
     )
 }
 
-/// Ctrl-C or SIGTERM (what process managers and tests send).
-async fn wait_for_stop() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
-        _ = term.recv() => {}
+/// Ctrl-C or SIGTERM (what process managers and tests send), caught from
+/// the moment this is made. Made before a role prints its ready line: a
+/// signal sent right after the line (a test, a supervisor) then stops the
+/// process cleanly instead of killing it before a handler is in place.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("cannot catch SIGTERM")?,
+            interrupt: signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
 }
 
 #[cfg(test)]
