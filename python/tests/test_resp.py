@@ -139,8 +139,13 @@ def test_cluster_client(resp_cluster):
     rc = RedisCluster(host="127.0.0.1", port=resp_cluster.resp_port,
                       password=resp_cluster.token)
     try:
+        # Every server is a node, the first on the port given; the slots
+        # are spread over both.
         nodes = rc.get_nodes()
-        assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", resp_cluster.resp_port)]
+        assert len(nodes) == 2, nodes
+        assert ("127.0.0.1", resp_cluster.resp_port) in [(n.host, n.port) for n in nodes]
+        owners = {rc.nodes_manager.get_node_from_slot(s).port for s in range(0, 16384, 512)}
+        assert len(owners) == 2, owners
         assert rc.keyslot("foo") == 12182
         for i in range(200):
             assert rc.set(f"cluster-{i}", i)
@@ -150,5 +155,8 @@ def test_cluster_client(resp_cluster):
         assert rc.incr("{c}.n") == 1 and rc.incr("{c}.n") == 2
         assert rc.delete("cluster-0") == 1
         assert rc.exists("cluster-0") == 0
+        # A plain client on one port reads what the cluster client wrote
+        # on both servers.
+        assert redis_client(resp_cluster).mget("cluster-7", "cluster-150") == [b"7", b"150"]
     finally:
         rc.close()

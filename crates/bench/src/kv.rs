@@ -134,37 +134,67 @@ pub(crate) fn start_insitu_pair(
     coordinator_flags: &[String],
     server_flags: &[String],
 ) -> anyhow::Result<(insitu_testkit::Proc, insitu_testkit::Proc, String)> {
-    let mut args: Vec<String> = vec![
-        "coordinator".into(),
-        "--port".into(),
-        "0".into(),
-        "--dir".into(),
-        dir.join("coordinator").display().to_string(),
-    ];
-    args.extend_from_slice(coordinator_flags);
-    let (coordinator, line) = start_insitu("coordinator", cpu, &args, "insitu coordinator at ")?;
-    let coord_addr = line
-        .trim_start_matches("insitu coordinator at ")
-        .split([',', ' '])
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let (coordinator, coord_addr) =
+        start_coordinator(cpu, &dir.join("coordinator"), coordinator_flags)?;
+    let server = start_server(
+        cpu,
+        &coord_addr,
+        &dir.join("server"),
+        memory_mb,
+        server_flags,
+    )?;
+    Ok((coordinator, server, coord_addr))
+}
+
+/// An `insitu server` of one shard enlisting with `coord_addr`, its data in
+/// `dir`, with `flags`.
+pub(crate) fn start_server(
+    cpu: Option<usize>,
+    coord_addr: &str,
+    dir: &std::path::Path,
+    memory_mb: u64,
+    flags: &[String],
+) -> anyhow::Result<insitu_testkit::Proc> {
     let mut args: Vec<String> = vec![
         "server".into(),
         "--coordinator".into(),
-        coord_addr.clone(),
+        coord_addr.to_string(),
         "--port".into(),
         "0".into(),
         "--dir".into(),
-        dir.join("server").display().to_string(),
+        dir.display().to_string(),
         "--shards".into(),
         "1".into(),
         "--memory-mb".into(),
         memory_mb.to_string(),
     ];
-    args.extend_from_slice(server_flags);
-    let (server, _) = start_insitu("server", cpu, &args, "insitu server ")?;
-    Ok((coordinator, server, coord_addr))
+    args.extend_from_slice(flags);
+    Ok(start_insitu("server", cpu, &args, "insitu server ")?.0)
+}
+
+/// An `insitu coordinator` on a free port with its metadata in `dir` and
+/// `flags`; the process and its address.
+pub(crate) fn start_coordinator(
+    cpu: Option<usize>,
+    dir: &std::path::Path,
+    flags: &[String],
+) -> anyhow::Result<(insitu_testkit::Proc, String)> {
+    let mut args: Vec<String> = vec![
+        "coordinator".into(),
+        "--port".into(),
+        "0".into(),
+        "--dir".into(),
+        dir.display().to_string(),
+    ];
+    args.extend_from_slice(flags);
+    let (coordinator, line) = start_insitu("coordinator", cpu, &args, "insitu coordinator at ")?;
+    let addr = line
+        .trim_start_matches("insitu coordinator at ")
+        .split([',', ' '])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    Ok((coordinator, addr))
 }
 
 /// Create the benchmark's table (one tablet, on the one shard) and name the store.

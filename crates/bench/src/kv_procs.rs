@@ -198,6 +198,17 @@ pub(crate) fn start_redis(
     appendfsync: Option<&str>,
     tls: Option<&TlsFiles>,
 ) -> anyhow::Result<Redis> {
+    start_redis_with(cpu, dir, appendfsync, tls, &[])
+}
+
+/// `start_redis` with `extra` flags after the others (later flags win).
+pub(crate) fn start_redis_with(
+    cpu: Option<usize>,
+    dir: &Path,
+    appendfsync: Option<&str>,
+    tls: Option<&TlsFiles>,
+    extra: &[String],
+) -> anyhow::Result<Redis> {
     ensure_redis_installed()?;
     let port = insitu_testkit::free_port()?;
     let mut args: Vec<String> = [
@@ -244,6 +255,7 @@ pub(crate) fn start_redis(
         }
         None => None,
     };
+    args.extend_from_slice(extra);
     let child = command(cpu, Path::new("redis-server"), &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -15,6 +15,7 @@ pub mod pushdown_cluster;
 pub mod recovery;
 pub mod resp;
 pub mod resp_bench;
+mod resp_cluster;
 pub mod resp_plot;
 pub mod tpch;
 pub mod txn;

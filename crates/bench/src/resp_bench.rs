@@ -11,10 +11,10 @@
 //! p50/p99 (ms) of each store and insitu's ratio. `resp_get_vs_redis` and
 //! `resp_set_vs_redis` are the lower ratio over the `-P` settings.
 //!
-//! Not measured: `--cluster`. insitu's RESP port describes itself to
-//! cluster clients as one node serving every slot (it forwards keys other
-//! servers own), and redis-benchmark refuses a cluster of one node
-//! ("Invalid cluster: 1 node(s)"); reported as such in the JSON.
+//! Then `redis-benchmark --cluster` with the same arguments against a Redis
+//! Cluster of two nodes and insitu with two servers (`resp_cluster.rs`;
+//! `--no-cluster` skips it): `cluster` in the JSON, and
+//! `resp_cluster_get_vs_redis` / `resp_cluster_set_vs_redis`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -54,6 +54,10 @@ pub struct Args {
     /// Do not pin the stores and redis-benchmark to separate CPUs.
     #[arg(long)]
     pub no_pin: bool,
+    /// Skip the `redis-benchmark --cluster` runs (two Redis Cluster nodes
+    /// against two insitu servers).
+    #[arg(long)]
+    pub no_cluster: bool,
     /// Write the figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -64,10 +68,10 @@ pub struct Args {
 
 /// One test's figures from redis-benchmark's CSV.
 #[derive(Clone, Debug)]
-struct Figures {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+pub(crate) struct Figures {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -140,33 +144,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             theirs_all.push(redis_benchmark(redis.plain.port(), &base)?);
             ours_all.push(redis_benchmark(resp_port, &base)?);
         }
-        let theirs = medians(&theirs_all);
-        let ours = medians(&ours_all);
-        let mut tests = serde_json::Map::new();
-        for (test, r) in &theirs {
-            let Some(i) = ours.iter().find(|(t, _)| t == test).map(|(_, f)| f) else {
-                bail!("redis-benchmark reported {test} for Redis but not for insitu");
-            };
-            let ratio = i.rps / r.rps;
-            let key = test.to_lowercase();
-            let slot = worst.entry(key.clone()).or_insert(f64::INFINITY);
-            *slot = slot.min(ratio);
-            println!(
-                "{p:>3} {key:>6} {:>14.0} {:>14.0} {ratio:>7.2} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-                r.rps, i.rps, r.p50_ms, i.p50_ms, r.p99_ms, i.p99_ms
-            );
-            tests.insert(
-                key,
-                json!({
-                    "redis": {"requests_per_s": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms},
-                    "insitu": {"requests_per_s": i.rps, "p50_ms": i.p50_ms, "p99_ms": i.p99_ms},
-                    "insitu_vs_redis": ratio,
-                }),
-            );
-        }
-        runs.push(json!({"pipeline": p, "tests": Value::Object(tests)}));
+        runs.push(compare("", p, &theirs_all, &ours_all, &mut worst)?);
     }
     let pick = |t: &str| worst.get(t).copied().filter(|r| r.is_finite());
+    let rounds = if args.quick { 1 } else { args.rounds.max(1) };
+    let cluster = if args.no_cluster {
+        Value::String("not measured: --no-cluster".into())
+    } else {
+        drop(redis);
+        crate::resp_cluster::run(
+            &crate::resp_cluster::ClusterLoad {
+                requests,
+                keyspace,
+                clients: args.clients,
+                tests: &args.tests,
+                pipelines: &pipelines,
+                rounds,
+            },
+            dir.path(),
+        )?
+    };
+    let cluster_ratio = |t: &str| cluster.get(t).cloned().unwrap_or(Value::Null);
     let report = json!({
         "rounds": if args.quick { 1 } else { args.rounds.max(1) },
         "command": format!("redis-benchmark -n {requests} -r {keyspace} -c {} -t {} -P {}", args.clients, args.tests, args.pipelines),
@@ -176,7 +174,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "runs": runs,
         "resp_get_vs_redis": pick("get"),
         "resp_set_vs_redis": pick("set"),
-        "cluster": "not measured: insitu describes one node serving every slot (CLUSTER SLOTS/SHARDS/NODES), and redis-benchmark --cluster refuses a cluster of one node",
+        "resp_cluster_get_vs_redis": cluster_ratio("get_vs_redis"),
+        "resp_cluster_set_vs_redis": cluster_ratio("set_vs_redis"),
+        "cluster": cluster,
     });
     println!(
         "resp_get_vs_redis {:.2}, resp_set_vs_redis {:.2} (lower over -P {})",
@@ -194,9 +194,45 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One pipeline depth's rounds of both stores: per test the medians, a
+/// printed row (`label` first) and insitu's ratio, the lowest ratio per test
+/// kept in `worst`; the run's JSON.
+pub(crate) fn compare(
+    label: &str,
+    p: u32,
+    theirs_all: &[Vec<(String, Figures)>],
+    ours_all: &[Vec<(String, Figures)>],
+    worst: &mut std::collections::BTreeMap<String, f64>,
+) -> anyhow::Result<Value> {
+    let (theirs, ours) = (medians(theirs_all), medians(ours_all));
+    let mut tests = serde_json::Map::new();
+    for (test, r) in &theirs {
+        let Some(i) = ours.iter().find(|(t, _)| t == test).map(|(_, f)| f) else {
+            bail!("redis-benchmark reported {test} for Redis but not for insitu");
+        };
+        let ratio = i.rps / r.rps;
+        let key = test.to_lowercase();
+        let slot = worst.entry(key.clone()).or_insert(f64::INFINITY);
+        *slot = slot.min(ratio);
+        println!(
+            "{label}{p:>3} {key:>6} {:>14.0} {:>14.0} {ratio:>7.2} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            r.rps, i.rps, r.p50_ms, i.p50_ms, r.p99_ms, i.p99_ms
+        );
+        tests.insert(
+            key,
+            json!({
+                "redis": {"requests_per_s": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms},
+                "insitu": {"requests_per_s": i.rps, "p50_ms": i.p50_ms, "p99_ms": i.p99_ms},
+                "insitu_vs_redis": ratio,
+            }),
+        );
+    }
+    Ok(json!({"pipeline": p, "tests": Value::Object(tests)}))
+}
+
 /// Per test, the median of each figure over the rounds (each figure on its
 /// own: the median p99 need not come from the median round).
-fn medians(rounds: &[Vec<(String, Figures)>]) -> Vec<(String, Figures)> {
+pub(crate) fn medians(rounds: &[Vec<(String, Figures)>]) -> Vec<(String, Figures)> {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -223,7 +259,10 @@ fn medians(rounds: &[Vec<(String, Figures)>]) -> Vec<(String, Figures)> {
 
 /// Run redis-benchmark against 127.0.0.1:`port` with `args` and `--csv`;
 /// per test (as it names them, e.g. "SET", "MSET (10 keys)") the figures.
-fn redis_benchmark(port: u16, args: &[String]) -> anyhow::Result<Vec<(String, Figures)>> {
+pub(crate) fn redis_benchmark(
+    port: u16,
+    args: &[String],
+) -> anyhow::Result<Vec<(String, Figures)>> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
         .args(args)

@@ -48,7 +48,10 @@ pub struct UpArgs {
     metrics_port: Option<u16>,
     /// Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli,
     /// redis-benchmark and Redis client libraries work against it, and every
-    /// key is served whichever server holds it.
+    /// key is served whichever server holds it. With several servers, the
+    /// first listens on PORT and each other on a free port of its own
+    /// (printed), which Redis Cluster clients (redis-cli -c,
+    /// redis-benchmark --cluster) learn from any port and use directly.
     #[arg(long, value_name = "PORT")]
     resp_port: Option<u16>,
     /// The table that holds Redis database 0 (database N is TABLE.dbN),
@@ -287,11 +290,11 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         "--servers must be between 1 and 64"
     );
     runtime()?.block_on(async move {
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         std::fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
         let (gate, token_file) = if args.no_auth {
             (insitu_auth::Gate::open(), None)
-        // Caught from here on, before any ready line is printed.
-        let stop = StopSignals::new()?;
         } else {
             let (gate, path, _) = crate::auth::init_dir(&args.dir)?;
             (gate, Some(path))
@@ -332,13 +335,14 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             config.replication.exit_on_fence = false;
             config.gate = gate.clone();
             config.tls = tls.as_ref().map(|(serve, _)| serve.clone());
-            // Every server listens on the one RESP port (the kernel spreads
-            // connections over all their shards); the first picks it if 0.
-            let resp_port = servers.first().and_then(|s: &insitu_server::ServerHandle| s.resp_addr).map(|a| a.port());
+            // Each server has a RESP port of its own, so a Redis Cluster
+            // client can be sent to the server holding a key; every port
+            // still serves every key. The first is the port asked for, the
+            // others free ones (PORT + 1 ... might be taken).
             config.resp = args.resp_port.map(|port| insitu_server::RespSettings {
-                port: resp_port.unwrap_or(port),
+                port: if i == 0 { port } else { 0 },
                 table: args.resp_table.clone(),
-                join: resp_port.is_some(),
+                join: false,
             });
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
@@ -369,6 +373,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         if let Some(resp) = servers.first().and_then(|s| s.resp_addr) {
             let tls_files = tls.as_ref().map(|(_, files)| files);
             say(format_args!("  Redis protocol on {resp} (table {}): {}", args.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files)));
+            let others: Vec<String> = servers.iter().skip(1).filter_map(|s| s.resp_addr).map(|a| a.port().to_string()).collect();
+            if !others.is_empty() {
+                say(format_args!("  (every server has its own Redis port, each serving every key: {} too; cluster clients learn them)", others.join(", ")));
+            }
         }
         if let Some(url) = &metrics_url {
             say(format_args!("  metrics at {url}/metrics, status page at {url}/"));
@@ -388,6 +396,8 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
     let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
     let gate = gate.with_dial_tls(dial);
     runtime()?.block_on(async move {
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
@@ -396,8 +406,6 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
         let mut config = CoordinatorConfig::new(args.dir.clone());
         config.replicas = args.replicas;
         config.failure_timeout = std::time::Duration::from_millis(args.failure_timeout_ms);
-        // Caught from here on, before any ready line is printed.
-        let stop = StopSignals::new()?;
         config.gate = gate;
         config.tls = tls;
         let handle = insitu_coordinator::start(config, listener).await?;
@@ -427,6 +435,8 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
     let gate = gate.with_dial_tls(dial);
     runtime()?.block_on(async move {
+        // Caught from here on, before any ready line is printed.
+        let stop = StopSignals::new()?;
         let mut config = server_config(
             args.coordinator.clone(),
             args.host.clone(),
@@ -435,8 +445,6 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             args.shards,
             args.memory_mb,
         );
-        // Caught from here on, before any ready line is printed.
-        let stop = StopSignals::new()?;
         config.replace = args.replace;
         config.advertise = args.advertise.clone();
         config.gate = gate;

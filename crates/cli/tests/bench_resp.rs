@@ -1,5 +1,6 @@
 //! Smoke test of `insitu bench resp --quick`: redis-benchmark against Redis
-//! and against insitu's RESP port end to end, JSON with the keys.
+//! and against insitu's RESP port end to end, and `--cluster` against two
+//! nodes of each, JSON with the keys.
 //! Needs redis-server and redis-benchmark (CI installs both); without them
 //! the test says SKIPPED.
 
@@ -40,7 +41,24 @@ fn bench_resp_quick_measures_both_stores() {
             }
         }
     }
-    for key in ["resp_get_vs_redis", "resp_set_vs_redis"] {
+    // redis-benchmark --cluster against two Redis Cluster nodes and two
+    // insitu servers, each described as a node.
+    let cluster_runs = report["cluster"]["runs"].as_array().expect("cluster runs");
+    assert_eq!(cluster_runs.len(), 2, "-P 1 and -P 16: {report}");
+    for run in cluster_runs {
+        for test in ["set", "get"] {
+            for store in ["redis", "insitu"] {
+                let rps = run["tests"][test][store]["requests_per_s"].as_f64().unwrap_or(0.0);
+                assert!(rps > 0.0, "cluster {test} on {store}: {run}");
+            }
+        }
+    }
+    for key in [
+        "resp_get_vs_redis",
+        "resp_set_vs_redis",
+        "resp_cluster_get_vs_redis",
+        "resp_cluster_set_vs_redis",
+    ] {
         assert!(
             report[key].as_f64().is_some_and(|r| r > 0.0),
             "{key}: {report}"

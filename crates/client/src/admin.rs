@@ -50,10 +50,34 @@ impl Client {
         tablets: u32,
         schema: Option<insitu_protocol::schema::Schema>,
     ) -> Result<TableInfo, ClientError> {
+        self.create_table_request(name, tablets, schema, false)
+            .await
+    }
+
+    /// Create untyped table `name` placing keys by Redis hash slot (its id
+    /// has `insitu_keyhash::SLOT_PLACED`, its tablets hold whole slots:
+    /// what the RESP port creates, so its layout can be described to Redis
+    /// Cluster clients). Not retried after a dropped connection.
+    pub async fn create_table_by_slot(
+        &self,
+        name: &str,
+        tablets: u32,
+    ) -> Result<TableInfo, ClientError> {
+        self.create_table_request(name, tablets, None, true).await
+    }
+
+    async fn create_table_request(
+        &self,
+        name: &str,
+        tablets: u32,
+        schema: Option<insitu_protocol::schema::Schema>,
+        by_slot: bool,
+    ) -> Result<TableInfo, ClientError> {
         let request = Request::CreateTable {
             name: name.to_string(),
             tablets,
             schema,
+            by_slot,
         };
         let reply = self.coord_call(&request, false, self.deadline()).await?;
         check_ok(&reply)?;

@@ -284,6 +284,22 @@ impl Client {
         Ok(route.endpoint(i).addr.clone())
     }
 
+    /// The tablet of `table` holding `key` (its server, shard and address),
+    /// from the cached map (fetched if not cached yet). What the Redis port
+    /// uses to send a cluster client to a key's server.
+    pub async fn tablet_of(
+        &self,
+        table: u64,
+        key: &[u8],
+    ) -> Result<insitu_protocol::TabletInfo, ClientError> {
+        let route = self.route(table, self.deadline()).await?;
+        let hash = insitu_keyhash::key_hash(table, key);
+        let i = route
+            .locate(hash)
+            .ok_or(ClientError::NoTablet { table, hash })?;
+        Ok(route.info.tablets[i].clone())
+    }
+
     /// Drop the cached map of `table`: the next request fetches it again.
     pub(crate) fn forget_map(&self, table: u64) {
         self.inner.routes.evict_id(table);

@@ -408,10 +408,22 @@ impl Model {
                     table.id, table.name
                 ));
             }
-            if table.id >= self.next_table_id {
+            // Counted without the placement bit (`tables.rs`).
+            if table.id & !insitu_keyhash::SLOT_PLACED >= self.next_table_id {
                 return Err(format!(
                     "table id {} is not below next_table_id {}",
                     table.id, self.next_table_id
+                ));
+            }
+            if insitu_keyhash::slot_placed(table.id)
+                && let Some(t) = table
+                    .tablets
+                    .iter()
+                    .find(|t| t.start_hash & ((1 << insitu_keyhash::SLOT_SHIFT) - 1) != 0)
+            {
+                return Err(format!(
+                    "table {} ({:?}) is placed by slot, but tablet {:#x} does not start on a slot",
+                    table.id, table.name, t.start_hash
                 ));
             }
         }

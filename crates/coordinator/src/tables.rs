@@ -1,7 +1,7 @@
 //! Tables: create and drop, and the shard calls they share.
 
 use futures::future::join_all;
-use insitu_keyhash::HashRange;
+use insitu_keyhash::{HashRange, SLOT_PLACED, SLOTS};
 use insitu_protocol::schema::Schema;
 use insitu_protocol::{Request, Response, Status, TabletState};
 use tracing::{info, warn};
@@ -16,6 +16,7 @@ impl Coordinator {
         name: String,
         count: u32,
         schema: Option<Schema>,
+        by_slot: bool,
     ) -> Reply {
         validate_name(&name)?;
         if let Some(schema) = &schema {
@@ -26,6 +27,17 @@ impl Coordinator {
         if count == 0 || count > MAX_TABLETS {
             return Err(Reject::bad(format!(
                 "a table needs 1 to {MAX_TABLETS} tablets, got {count}"
+            )));
+        }
+        if by_slot && (schema.is_some() || count > u32::from(SLOTS)) {
+            return Err(Reject::bad(format!(
+                "a table placed by hash slot is untyped and has at most {SLOTS} tablets \
+                 (got {count}{})",
+                if schema.is_some() {
+                    ", with a schema"
+                } else {
+                    ""
+                }
             )));
         }
         let guard = self.meta_lock.lock().await;
@@ -46,19 +58,29 @@ impl Coordinator {
             }
             (model.next_table_id, model.map_version + 1, slots)
         };
+        // Ids are counted without the placement bit; `next_table_id` stays
+        // far below it (a table a nanosecond for a century is 2^62).
+        assert!(id & SLOT_PLACED == 0, "table ids reached the placement bit");
+        let id = if by_slot { id | SLOT_PLACED } else { id };
         // Reserve the id and the version first, so that even if this create
         // fails half-way (and a shard keeps a copy we could not drop), neither
         // is ever handed out again.
         self.commit(
             &guard,
             vec![
-                Op::Counter(NEXT_TABLE_ID, id + 1),
+                Op::Counter(NEXT_TABLE_ID, (id & !SLOT_PLACED) + 1),
                 Op::Counter(MAP_VERSION, version),
             ],
         )
         .await?;
 
-        let tablets: Vec<Tablet> = HashRange::split_even(u64::from(count))
+        let ranges = if by_slot {
+            // `count` <= SLOTS, checked above.
+            HashRange::split_slots(count as u16)
+        } else {
+            HashRange::split_even(u64::from(count))
+        };
+        let tablets: Vec<Tablet> = ranges
             .into_iter()
             .enumerate()
             .map(|(i, range)| {

@@ -222,6 +222,11 @@ pub enum Request<'a> {
         tablets: u32,
         /// A typed table's schema; None = untyped (opaque values).
         schema: Option<crate::schema::Schema>,
+        /// Place keys by Redis hash slot (`insitu_keyhash::SLOT_PLACED`):
+        /// the id gets that bit and the tablets hold whole slots, so Redis
+        /// Cluster clients can be told which server serves which slots
+        /// (the RESP port's tables). At most 16,384 tablets then.
+        by_slot: bool,
     },
     DropTable {
         name: String,

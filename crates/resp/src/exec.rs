@@ -116,8 +116,40 @@ fn check<S>(ctx: &mut Ctx<'_, S>, args: &[Bytes]) -> Option<&'static CommandInfo
 }
 
 async fn run_command<S: Store>(ctx: &mut Ctx<'_, S>, info: &CommandInfo, args: &[Bytes]) {
+    match redirect(ctx, info, args).await {
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(e) => return ctx.out.error(&format!("ERR {e}")),
+    }
     if let Err(e) = run(ctx, info, args).await {
         ctx.out.error(&format!("ERR {e}"));
+    }
+}
+
+/// On a connection of a cluster client, a command whose first key another
+/// node serves is answered `MOVED <slot> <ip:port>` (Redis Cluster's reply:
+/// the client updates its layout and sends it there). Like Redis, only the
+/// first key decides: a multi-key command's keys must share a slot there,
+/// and here one whose keys span nodes still runs (forwarded).
+async fn redirect<S: Store>(
+    ctx: &mut Ctx<'_, S>,
+    info: &CommandInfo,
+    args: &[Bytes],
+) -> Result<bool, StoreError> {
+    let first = usize::try_from(info.keys.0).unwrap_or(0);
+    if !ctx.session.cluster || first == 0 {
+        return Ok(false);
+    }
+    let Some(key) = args.get(first) else {
+        return Ok(false);
+    };
+    match ctx.store.redirect(ctx.session.db, key).await? {
+        Some(node) => {
+            let slot = insitu_keyhash::key_slot(key);
+            ctx.out.error(&format!("MOVED {slot} {node}"));
+            Ok(true)
+        }
+        None => Ok(false),
     }
 }
 
@@ -153,10 +185,15 @@ async fn run<S: Store>(
         "client" => client(ctx, a),
         "info" => return info_cmd(ctx).await,
         "config" => config(ctx, a),
-        "cluster" => crate::cluster::cluster(ctx, a),
-        // Every key is served by every node here (`cluster.rs`): reading
-        // from a replica or following an ASK needs no state.
-        "readonly" | "readwrite" | "asking" => ctx.out.ok(),
+        "cluster" => return crate::cluster::cluster(ctx, a).await,
+        // Only cluster clients send these. No node has replicas to read
+        // from and no slot is ever half-moved (a tablet moves whole, and
+        // every node forwards a key it does not serve), so they need no
+        // state beyond marking the connection as a cluster client's.
+        "readonly" | "readwrite" | "asking" => {
+            ctx.session.cluster = true;
+            ctx.out.ok();
+        }
         // Handled by `execute` (`multi.rs`); never queued, so never here.
         "multi" | "exec" | "discard" | "watch" | "unwatch" => ctx.out.error(&format!(
             "ERR {} is not allowed here",

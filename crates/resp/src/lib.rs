@@ -2,8 +2,9 @@
 //! client's bytes (`codec`), replies written in the connection's protocol
 //! (`reply`), and what each command means over a `Store` (`exec`,
 //! `strings`, `expiry`, `keys`). Keys expire as in Redis: the `Store` keeps
-//! each key's deadline and hides it once past. Cluster clients discover one
-//! node serving every slot (`cluster`). The server adapts its shards
+//! each key's deadline and hides it once past. Cluster clients discover the
+//! store's slot layout, or one node serving every slot, and are redirected
+//! (`MOVED`) to a key's node once they learned the layout (`cluster`). The server adapts its shards
 //! to `Store`; nothing here knows sockets or insitu's own wire format.
 
 pub mod cluster;
@@ -24,7 +25,7 @@ pub use exec::execute;
 pub use reply::Proto;
 pub use session::{Session, Settings};
 pub use store::{
-    Commit, Cond, ExpiringKeys, MemStore, MemTx, Rewrite, ScanPage, Store, StoreError,
+    ClusterNode, Commit, Cond, ExpiringKeys, MemStore, MemTx, Rewrite, ScanPage, Store, StoreError,
     Transactional, Versioned,
 };
 

@@ -48,6 +48,11 @@ pub struct Session {
     /// The (ip, port) this connection reached: the node `CLUSTER SLOTS`
     /// and friends describe (None: the settings' port, no ip).
     pub local: Option<(String, u16)>,
+    /// The client asked for the cluster layout (`CLUSTER SLOTS | SHARDS |
+    /// NODES`, `READONLY`, `ASKING`): a cluster client, which follows
+    /// `MOVED`. Keys of other nodes are redirected only on such a
+    /// connection; a plain client has them forwarded.
+    pub cluster: bool,
     /// Set by `QUIT`: the connection closes after this reply.
     pub closing: bool,
     /// Commands queued since `MULTI` (None: not in a transaction).

@@ -142,6 +142,32 @@ pub trait Store {
     ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
         None
     }
+    /// The nodes serving database 0 by Redis hash slot, for cluster clients
+    /// (`CLUSTER SLOTS | SHARDS | NODES`). None: no slot layout, and the
+    /// node the connection reached is described as serving every slot.
+    async fn layout(&self) -> Result<Option<Vec<ClusterNode>>, StoreError> {
+        Ok(None)
+    }
+    /// The node ("ip:port") serving `key` of `db` when it is not the one
+    /// this connection reached: a connection that learned the layout is
+    /// sent there (`MOVED`). None: served here (or forwarded: a plain
+    /// client never learned the layout and is never redirected).
+    async fn redirect(&self, _db: u32, _key: &[u8]) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// One node of a slot layout (`Store::layout`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// 40 hex digits, stable while the node serves (`CLUSTER MYID`).
+    pub id: String,
+    pub ip: String,
+    pub port: u16,
+    /// The node this connection reached.
+    pub myself: bool,
+    /// Inclusive slot ranges it serves, ascending (none: it serves no slot).
+    pub slots: Vec<(u16, u16)>,
 }
 
 /// A store whose commands can run as one all-or-nothing group (`MULTI` /
@@ -175,9 +201,17 @@ pub struct MemStore {
     version: Cell<u64>,
     /// A pinned clock (Unix ms) for tests; None: the system clock.
     clock_ms: Cell<Option<u64>>,
+    /// A slot layout to describe and redirect by (tests of cluster mode).
+    layout: RefCell<Option<Vec<ClusterNode>>>,
 }
 
 impl MemStore {
+    /// Describe `nodes` to cluster clients and redirect keys of slots
+    /// another node serves (None: one node, every key served here).
+    pub fn set_layout(&self, nodes: Option<Vec<ClusterNode>>) {
+        *self.layout.borrow_mut() = nodes;
+    }
+
     /// Pin the clock at `ms` (Unix milliseconds), or None to follow the
     /// system clock again. Tests move it forward to make keys expire.
     pub fn set_clock_ms(&self, ms: Option<u64>) {
@@ -368,6 +402,23 @@ impl Store for MemStore {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64)
         })
+    }
+
+    async fn layout(&self) -> Result<Option<Vec<ClusterNode>>, StoreError> {
+        Ok(self.layout.borrow().clone())
+    }
+
+    async fn redirect(&self, _db: u32, key: &[u8]) -> Result<Option<String>, StoreError> {
+        let slot = insitu_keyhash::key_slot(key);
+        let layout = self.layout.borrow();
+        let owner = layout.iter().flatten().find(|n| {
+            n.slots
+                .iter()
+                .any(|&(first, last)| (first..=last).contains(&slot))
+        });
+        Ok(owner
+            .filter(|n| !n.myself)
+            .map(|n| format!("{}:{}", n.ip, n.port)))
     }
 }
 

@@ -10,6 +10,10 @@ use crate::{MemStore, Session, Settings, execute};
 #[path = "tests_expiry.rs"]
 mod expiry;
 
+// Cluster mode with a slot layout, beside these and using their `Conn`.
+#[path = "tests_cluster.rs"]
+mod cluster;
+
 struct Conn {
     store: MemStore,
     settings: Settings,

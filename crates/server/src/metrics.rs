@@ -265,5 +265,6 @@ pub(crate) fn shard_stats(
         live_bytes: mem.live_bytes,
         requests: state.metrics.total_requests(),
         longest_point_call_us: state.metrics.longest_point_call_us(reset_longest_call),
+        resp_port: state.resp_port,
     }
 }

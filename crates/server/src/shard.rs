@@ -120,6 +120,9 @@ pub struct ShardState {
     pub gate: insitu_auth::Gate,
     /// Request counters and latency for the metrics port (`metrics.rs`).
     pub metrics: crate::metrics::ShardMetrics,
+    /// The server's Redis protocol port (0: none), told to the other
+    /// servers in `ShardStats` so they can send cluster clients here.
+    pub resp_port: u16,
 }
 
 impl ShardState {
@@ -226,6 +229,7 @@ pub fn run_shard(
         versions: RefCell::new(crate::versions::Versions::default()),
         gate,
         metrics: crate::metrics::ShardMetrics::new(addr),
+        resp_port: resp.as_ref().map_or(0, |r| r.config.port),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {

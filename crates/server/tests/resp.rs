@@ -334,46 +334,133 @@ async fn a_dropped_table_is_created_again() {
     assert_eq!(replies, vec!["+OK\r\n", "$1\r\n3\r\n", ":1\r\n"]);
 }
 
+/// `CLUSTER SLOTS` parsed: (first, last, port, node id), in slot order.
+fn slot_ranges(reply: &str) -> Vec<(u16, u16, u16, String)> {
+    let mut lines = reply.split("\r\n");
+    let count: usize = lines.next().unwrap()[1..].parse().unwrap();
+    (0..count)
+        .map(|_| {
+            let mut next = || lines.next().unwrap().to_string();
+            assert_eq!(next(), "*3");
+            let first = next()[1..].parse().unwrap();
+            let last = next()[1..].parse().unwrap();
+            assert_eq!(next(), "*4");
+            assert_eq!(next(), "$9");
+            assert_eq!(next(), "127.0.0.1");
+            let port = next()[1..].parse().unwrap();
+            assert_eq!(next(), "$40");
+            let id = next();
+            assert_eq!(next(), "*0");
+            (first, last, port, id)
+        })
+        .collect()
+}
+
+/// The Redis table is placed by hash slot, so cluster clients learn which
+/// server serves which slots: both servers describe the same layout (every
+/// slot once, each server under its own port and id); a cluster client
+/// that follows it is never redirected, one that sends a key elsewhere is
+/// answered `MOVED` to the right server, and a plain client is served by
+/// any port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_clients_learn_one_node_that_serves_every_slot() {
+async fn cluster_clients_learn_which_server_serves_each_slot() {
     let c = cluster(|_| {}).await;
     let (a, b) = (c.resp(), c.resp_of_second());
     tokio::task::spawn_blocking(move || {
+        let layout = slot_ranges(&Line::open(a).call("CLUSTER SLOTS"));
+        assert_eq!(slot_ranges(&Line::open(b).call("CLUSTER SLOTS")), layout);
+        // Every slot once, in order; both servers serve some.
+        assert_eq!(layout[0].0, 0);
+        assert_eq!(layout.last().unwrap().1, 16383);
+        for w in layout.windows(2) {
+            assert_eq!(w[0].1 + 1, w[1].0, "{layout:?}");
+        }
         for addr in [a, b] {
-            let mut line = Line::open(addr);
-            // The node is the address the client reached, with every slot.
-            let slots = line.call("CLUSTER SLOTS");
-            let ip_port = format!("$9\r\n127.0.0.1\r\n:{}\r\n$40\r\n", addr.port());
+            let mine: Vec<&(u16, u16, u16, String)> =
+                layout.iter().filter(|r| r.2 == addr.port()).collect();
             assert!(
-                slots.starts_with("*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n") && slots.contains(&ip_port),
-                "{slots}"
+                !mine.is_empty(),
+                "{} serves no slot: {layout:?}",
+                addr.port()
             );
-            let id = line.call("CLUSTER MYID");
-            assert_eq!(id.len(), "$40\r\n".len() + 40 + 2, "{id}");
-            // The same id from every shard of one server (a connection may
-            // land on any of them).
+            // Its id is the one its ranges carry, from every shard (a
+            // connection may land on any of them).
+            let id = format!("$40\r\n{}\r\n", mine[0].3);
             for _ in 0..8 {
                 assert_eq!(Line::open(addr).call("CLUSTER MYID"), id);
             }
-            let nodes = line.call("CLUSTER NODES");
-            assert!(
-                nodes.contains(&format!("127.0.0.1:{}@", addr.port()))
-                    && nodes.contains("myself,master"),
+            let nodes = Line::open(addr).call("CLUSTER NODES");
+            let myself = format!(
+                "{} 127.0.0.1:{}@{} myself,master",
+                mine[0].3,
+                addr.port(),
+                u32::from(addr.port()) + 10000
+            );
+            assert!(nodes.contains(&myself), "{nodes}");
+            assert_eq!(
+                nodes.matches(" master ").count() + nodes.matches(",master ").count(),
+                2,
                 "{nodes}"
             );
-            assert_eq!(line.call("CLUSTER KEYSLOT {user1}.a"), ":8106\r\n");
-            assert_eq!(line.call("READONLY"), "+OK\r\n");
+            let info = Line::open(addr).call("CLUSTER INFO");
+            assert!(
+                info.contains("cluster_state:ok\r\n") && info.contains("cluster_known_nodes:2\r\n"),
+                "{info}"
+            );
         }
-        // A client that follows what it learnt reaches every key.
-        let mut line = Line::open(a);
-        for i in 0..50 {
-            assert_eq!(line.call(&format!("SET slot{i} {i}")), "+OK\r\n");
+        let owner = |slot: u16| {
+            let r = layout.iter().find(|r| (r.0..=r.1).contains(&slot)).unwrap();
+            std::net::SocketAddr::from(([127, 0, 0, 1], r.2))
+        };
+        let slot_of = |key: &str| insitu_keyhash::key_slot(key.as_bytes());
+        // A cluster client sends each key to its server: never redirected.
+        let mut cluster_conns: Vec<Line> = [a, b].iter().map(|&x| Line::open(x)).collect();
+        for conn in &mut cluster_conns {
+            conn.call("CLUSTER SLOTS");
         }
-        let mut other = Line::open(b);
-        for i in 0..50 {
-            let want = format!("${}\r\n{i}\r\n", i.to_string().len());
-            assert_eq!(other.call(&format!("GET slot{i}")), want);
+        let (mut to_a, mut to_b) = (0, 0);
+        for i in 0..60 {
+            let key = format!("slot{i}");
+            let home = owner(slot_of(&key));
+            let conn = if home == a {
+                to_a += 1;
+                &mut cluster_conns[0]
+            } else {
+                to_b += 1;
+                &mut cluster_conns[1]
+            };
+            assert_eq!(
+                conn.call(&format!("SET {key} {i}")),
+                "+OK\r\n",
+                "{key} at {home}"
+            );
         }
+        assert!(to_a > 0 && to_b > 0, "keys on both servers: {to_a} {to_b}");
+        // Sent to the other server: MOVED, with the slot and the owner.
+        for i in 0..60 {
+            let key = format!("slot{i}");
+            let slot = slot_of(&key);
+            let home = owner(slot);
+            let conn = if home == a {
+                &mut cluster_conns[1]
+            } else {
+                &mut cluster_conns[0]
+            };
+            assert_eq!(
+                conn.call(&format!("GET {key}")),
+                format!("-MOVED {slot} 127.0.0.1:{}\r\n", home.port())
+            );
+        }
+        // A plain client (it never asked for the layout) is served anywhere.
+        for addr in [a, b] {
+            let mut plain = Line::open(addr);
+            for i in 0..60 {
+                let want = format!("${}\r\n{i}\r\n", i.to_string().len());
+                assert_eq!(plain.call(&format!("GET slot{i}")), want);
+            }
+        }
+        assert_eq!(Line::open(a).call("CLUSTER KEYSLOT {user1}.a"), ":8106\r\n");
+        assert_eq!(Line::open(a).call("READONLY"), "+OK\r\n");
     })
     .await
     .unwrap();

@@ -369,6 +369,7 @@ fn shard_handle(
                     live_bytes: 0,
                     requests: 0,
                     longest_point_call_us: 0,
+                    resp_port: 0,
                 }),
             )
         }

@@ -424,6 +424,7 @@ pub async fn create(conn: &RpcConn, name: &str, tablets: u32) -> TableInfo {
                 name: name.into(),
                 tablets,
                 schema: None,
+                by_slot: false,
             },
         )
         .await,
@@ -491,6 +492,7 @@ pub async fn try_create(conn: &RpcConn, name: impl Into<String>, tablets: u32) -
         name: name.into(),
         tablets,
         schema: None,
+        by_slot: false,
     };
     call(conn, request).await
 }

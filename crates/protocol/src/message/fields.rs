@@ -154,6 +154,9 @@ pub struct ShardStats {
     /// the cleaner's slices and every other engine work run inside such
     /// calls, and nothing else runs on the shard meanwhile.
     pub longest_point_call_us: u64,
+    /// The server's Redis protocol port (0: none): where cluster clients
+    /// are sent for the slots this server serves.
+    pub resp_port: u16,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -177,6 +177,11 @@ impl Replicator {
             .map_or(0, |i| i.cluster_id)
     }
 
+    /// This server's id, once enlisted (the Redis port names its node by it).
+    pub fn server_id(&self) -> Option<u64> {
+        self.shared.identity.borrow().as_ref().map(|i| i.server_id)
+    }
+
     /// The coordinator's address, once enlisted (transactions find the
     /// owners of their anchors through it).
     pub fn coordinator(&self) -> Option<String> {

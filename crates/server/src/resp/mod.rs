@@ -5,6 +5,7 @@
 //! hop to the owner). The commands' meaning is `insitu-resp`'s; this module
 //! is the sockets (`conn.rs`) and the data (`store.rs`).
 
+mod cluster;
 mod conn;
 mod store;
 mod tx;
@@ -118,6 +119,11 @@ pub struct RespShard {
     client: tokio::sync::OnceCell<Client>,
     /// db -> table id, once the table is known to exist.
     tables: RefCell<HashMap<u32, u64>>,
+    /// server id -> its RESP port (0: none), asked once per server
+    /// (`ShardStats`): where cluster clients are sent. A server that comes
+    /// back after being declared dead has a new id, so an entry never goes
+    /// stale.
+    resp_ports: RefCell<HashMap<u64, u16>>,
 }
 
 impl RespShard {
@@ -135,6 +141,7 @@ impl RespShard {
             settings,
             client: tokio::sync::OnceCell::new(),
             tables: RefCell::new(HashMap::new()),
+            resp_ports: RefCell::new(HashMap::new()),
         }
     }
 
@@ -154,7 +161,7 @@ impl RespShard {
             .await
     }
 
-    fn table_name(&self, db: u32) -> String {
+    pub fn table_name(&self, db: u32) -> String {
         match db {
             0 => self.config.table.clone(),
             n => format!("{}.db{n}", self.config.table),
@@ -178,7 +185,8 @@ impl RespShard {
             Err(ClientError::Status(Status::UnknownTable, _)) if !create => return Ok(None),
             Err(ClientError::Status(Status::UnknownTable, _)) => {
                 // One tablet per shard in the cluster, so keys spread over
-                // every core from the start.
+                // every core from the start; placed by hash slot, so Redis
+                // Cluster clients can be told which server serves a key.
                 let shards: usize = client
                     .list_servers()
                     .await?
@@ -186,7 +194,7 @@ impl RespShard {
                     .map(|s| s.shard_addrs.len())
                     .sum();
                 match client
-                    .create_table(&name, shards.clamp(1, 1024) as u32)
+                    .create_table_by_slot(&name, shards.clamp(1, 1024) as u32)
                     .await
                 {
                     Ok(t) => t.id,
@@ -201,6 +209,22 @@ impl RespShard {
         };
         self.tables.borrow_mut().insert(db, id);
         Ok(Some(id))
+    }
+
+    /// The RESP port of server `server_id`, one of whose shards is at
+    /// `shard_addr` (0: it serves none).
+    pub async fn resp_port_of(&self, server_id: u64, shard_addr: &str) -> Result<u16, ClientError> {
+        if let Some(&port) = self.resp_ports.borrow().get(&server_id) {
+            return Ok(port);
+        }
+        let port = self
+            .client()
+            .await?
+            .shard_stats(shard_addr)
+            .await?
+            .resp_port;
+        self.resp_ports.borrow_mut().insert(server_id, port);
+        Ok(port)
     }
 
     /// Forget `db`'s table id (it was dropped: look it up again).

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use insitu_client::{ClientError, Selection, ShardStats, TableInfo};
 use insitu_engine::{EngineError, RejectRules as EngineRules};
 use insitu_protocol::{RejectRules, Status};
-use insitu_resp::{Cond, ExpiringKeys, ScanPage, Store, StoreError, Versioned};
+use insitu_resp::{ClusterNode, Cond, ExpiringKeys, ScanPage, Store, StoreError, Versioned};
 
 use crate::handler::admit;
 use crate::shard::ShardState;
@@ -69,7 +69,7 @@ fn client_refused(e: &ClientError) -> bool {
     )
 }
 
-fn err(e: impl std::fmt::Display) -> StoreError {
+pub(super) fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
 
@@ -101,14 +101,14 @@ enum Local<T> {
 }
 
 impl ShardStore<'_> {
-    async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
+    pub(super) async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
         self.resp.table(db, create).await.map_err(err)
     }
 
     /// A client call's error. An unknown table means `db`'s table was
     /// dropped (`insitu table drop`): its cached id is forgotten, so this
     /// command fails but the next one finds, or creates, the table again.
-    fn lost(&self, db: u32) -> impl Fn(ClientError) -> StoreError + '_ {
+    pub(super) fn lost(&self, db: u32) -> impl Fn(ClientError) -> StoreError + '_ {
         move |e| {
             if e.status() == Some(Status::UnknownTable) {
                 self.resp.forget(db);
@@ -117,7 +117,7 @@ impl ShardStore<'_> {
         }
     }
 
-    async fn client(&self) -> Result<&insitu_client::Client, StoreError> {
+    pub(super) async fn client(&self) -> Result<&insitu_client::Client, StoreError> {
         self.resp.client().await.map_err(err)
     }
 
@@ -517,5 +517,13 @@ impl Store for ShardStore<'_> {
         // The engine's clock decides expiry here; a forwarded key's owner
         // uses its own (the servers of a cluster keep their clocks in step).
         self.state.engine.borrow().now_ms()
+    }
+
+    async fn layout(&self) -> Result<Option<Vec<ClusterNode>>, StoreError> {
+        super::cluster::layout(self).await
+    }
+
+    async fn redirect(&self, db: u32, key: &[u8]) -> Result<Option<String>, StoreError> {
+        super::cluster::redirect(self, db, key).await
     }
 }
