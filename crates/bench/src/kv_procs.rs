@@ -75,14 +75,35 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 
 /// Pin every thread of this process to `cpu`.
 pub(crate) fn pin_self(cpu: usize) -> anyhow::Result<()> {
+    pin_self_to(&cpu.to_string())
+}
+
+/// Let every thread of this process (and the processes it starts from now
+/// on) run on every CPU it was allowed at start (undoes `pin_self`).
+pub(crate) fn unpin_self() -> anyhow::Result<()> {
+    let cpus: Vec<String> = allowed_cpus_at_start()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    anyhow::ensure!(
+        !cpus.is_empty(),
+        "cannot read the CPUs this process may use"
+    );
+    pin_self_to(&cpus.join(","))
+}
+
+/// The CPUs this process could use before it pinned itself: read once.
+fn allowed_cpus_at_start() -> &'static [usize] {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(allowed_cpus)
+}
+
+/// `taskset -a -p -c LIST` on this process.
+fn pin_self_to(list: &str) -> anyhow::Result<()> {
+    // Remember the CPUs allowed before the first pinning.
+    let _ = allowed_cpus_at_start();
     let status = Command::new("taskset")
-        .args([
-            "-a",
-            "-p",
-            "-c",
-            &cpu.to_string(),
-            &std::process::id().to_string(),
-        ])
+        .args(["-a", "-p", "-c", list, &std::process::id().to_string()])
         .stdout(Stdio::null())
         .status()
         .context("cannot run taskset")?;

@@ -8,8 +8,9 @@
 //! tokens, each with its RESP port; its Redis table is made on the first
 //! command, one tablet per server, placed by hash slot. redis-benchmark
 //! learns each cluster's nodes (`CLUSTER NODES`) and sends every key to its
-//! node. Nothing is pinned: two nodes and the load generator share the two
-//! cores the same way for both stores.
+//! node. Nothing is pinned (the bench unpins itself first, so the processes
+//! it starts inherit no pinning): two nodes and the load generator share the
+//! machine's cores the same way for both stores.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,6 +34,9 @@ pub(crate) struct ClusterLoad<'a> {
 
 /// Run both clusters; the JSON of `"cluster"` in the report.
 pub(crate) fn run(load: &ClusterLoad<'_>, dir: &Path) -> anyhow::Result<Value> {
+    // The single-store runs pinned this process to the load generator's CPU;
+    // the nodes started below would inherit it.
+    crate::kv_procs::unpin_self()?;
     let redis_dirs = [dir.join("redis-c1"), dir.join("redis-c2")];
     let mut redis_nodes = Vec::new();
     for d in &redis_dirs {

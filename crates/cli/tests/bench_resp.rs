@@ -48,7 +48,9 @@ fn bench_resp_quick_measures_both_stores() {
     for run in cluster_runs {
         for test in ["set", "get"] {
             for store in ["redis", "insitu"] {
-                let rps = run["tests"][test][store]["requests_per_s"].as_f64().unwrap_or(0.0);
+                let rps = run["tests"][test][store]["requests_per_s"]
+                    .as_f64()
+                    .unwrap_or(0.0);
                 assert!(rps > 0.0, "cluster {test} on {store}: {run}");
             }
         }
