@@ -107,6 +107,51 @@ fn validate_rejects_gaps_and_unknown_owners() {
     let mut ahead = m.clone();
     ahead.apply(&m.retire_ops(&[1], 7));
     assert!(ahead.validate().unwrap_err().contains("ahead"));
+
+    // A table placed by slot: the id is counted without its bit, and a
+    // tablet must start on a slot boundary.
+    let slot_id = 1 | insitu_keyhash::SLOT_PLACED;
+    let boundary = 1u64 << insitu_keyhash::SLOT_SHIFT;
+    let mut by_slot = model_with_servers(&[1]);
+    by_slot.apply(&[
+        Op::Counter(MAP_VERSION, 1),
+        Op::Counter(NEXT_TABLE_ID, 2),
+        Op::PutTable {
+            id: slot_id,
+            name: "redis".into(),
+            schema: None,
+        },
+        Op::PutTablet {
+            table: slot_id,
+            index: 0,
+            tablet: tablet(0, boundary - 1),
+        },
+        Op::PutTablet {
+            table: slot_id,
+            index: 1,
+            tablet: tablet(boundary, u64::MAX),
+        },
+    ]);
+    assert_eq!(by_slot.validate(), Ok(()));
+    let mut off_slot = by_slot.clone();
+    off_slot.apply(&[
+        Op::PutTablet {
+            table: slot_id,
+            index: 0,
+            tablet: tablet(0, boundary),
+        },
+        Op::PutTablet {
+            table: slot_id,
+            index: 1,
+            tablet: tablet(boundary + 1, u64::MAX),
+        },
+    ]);
+    assert!(
+        off_slot
+            .validate()
+            .unwrap_err()
+            .contains("does not start on a slot")
+    );
 }
 
 #[test]

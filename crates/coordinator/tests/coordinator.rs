@@ -571,3 +571,50 @@ async fn hostile_input_does_not_stop_the_coordinator() {
         .expect("shutdown completes");
     drop(idle);
 }
+
+/// A table placed by Redis hash slot (what the RESP port creates): its id
+/// carries `SLOT_PLACED`, its tablets start on slot boundaries, the next
+/// table's id is counted without the bit, and a typed one is refused.
+#[tokio::test]
+async fn a_table_placed_by_slot_has_the_bit_and_whole_slots() {
+    use insitu_keyhash::{HashRange, SLOT_PLACED, slot_placed};
+    let (_dir, _coord, c, _log, _s1, _s2, _id1, _id2) = two_servers("by_slot", 2, 2).await;
+    let by_slot = |name: &str, schema| Request::CreateTable {
+        name: name.into(),
+        tablets: 3,
+        schema,
+        by_slot: true,
+    };
+    let t = table_of(&call(&c, by_slot("redis", None)).await);
+    assert!(slot_placed(t.id), "id {:#x}", t.id);
+    assert_covers_hash_space(&t);
+    let ranges: Vec<(u64, u64)> = t
+        .tablets
+        .iter()
+        .map(|x| (x.start_hash, x.end_hash))
+        .collect();
+    let want: Vec<(u64, u64)> = HashRange::split_slots(3)
+        .iter()
+        .map(|r| (r.start, r.end))
+        .collect();
+    assert_eq!(ranges, want, "whole slots");
+    assert_eq!(open(&c, "redis").await, t);
+    // The next id is counted without the bit.
+    let plain = create(&c, "plain", 2).await;
+    assert!(!slot_placed(plain.id));
+    assert_eq!(plain.id, (t.id & !SLOT_PLACED) + 1);
+    // Typed tables are never placed by slot.
+    let schema = insitu_protocol::schema::Schema {
+        columns: vec![insitu_protocol::schema::Column {
+            name: "k".into(),
+            ty: insitu_protocol::schema::ColumnType::Int64,
+            nullable: false,
+        }],
+        key: vec![0],
+    };
+    let msg = expect_err(
+        &call(&c, by_slot("typed", Some(schema))).await,
+        Status::BadRequest,
+    );
+    assert!(msg.contains("placed by hash slot is untyped"), "{msg}");
+}
