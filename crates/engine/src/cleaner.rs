@@ -55,10 +55,43 @@ pub(crate) enum Goal {
     Room(Purpose),
 }
 
-/// Incremental cleaning starts below this utilisation (live / allocated)...
+/// Under memory pressure, incremental cleaning starts below this
+/// utilisation (live / allocated)...
 pub(crate) const INCREMENTAL_LOW: f64 = 0.88;
-/// ...and stops once it is back above this.
+/// ...and stops once it is back above this (the same gap is kept at every
+/// pressure, `incremental_high`).
 pub(crate) const INCREMENTAL_HIGH: f64 = 0.90;
+/// With the budget mostly free, incremental cleaning starts only below this
+/// utilisation: the log may hold up to twice its live bytes.
+pub(crate) const RELAXED_LOW: f64 = 0.50;
+/// Pressure (used / budget bytes) up to which `RELAXED_LOW` applies...
+pub(crate) const PRESSURE_RELAXED: f64 = 0.25;
+/// ...and from which `INCREMENTAL_LOW` does (linear in between).
+pub(crate) const PRESSURE_FULL: f64 = 0.75;
+
+/// The utilisation below which an incremental pass starts, at `pressure`
+/// (`Budget::pressure`: used / budget bytes).
+///
+/// Why it depends on pressure: the cost of cleaning per write grows as
+/// u / (1 - u) in the utilisation u of the segments cleaned. Held at 0.88
+/// whatever the budget, uniform overwrites moved 4.2 entries per write, and
+/// a profile of Redis-protocol `SET`s on a server using an eighth of its
+/// budget spent a quarter of its shard's time copying survivors, to save
+/// memory nobody needed. A budget mostly free lets the log run sparse (at
+/// worst twice the live bytes, so a server's memory stays a small multiple
+/// of its data, and its replicas and a recovery read no more than that);
+/// as the budget fills the target rises to 0.88, so memory is compact
+/// exactly when it is scarce. At steady state `pressure * low(pressure)` is
+/// the live share of the budget, an increasing function: one equilibrium.
+pub(crate) fn incremental_low(pressure: f64) -> f64 {
+    let t = ((pressure - PRESSURE_RELAXED) / (PRESSURE_FULL - PRESSURE_RELAXED)).clamp(0.0, 1.0);
+    RELAXED_LOW + t * (INCREMENTAL_LOW - RELAXED_LOW)
+}
+
+/// The utilisation at which an incremental pass stops, at `pressure`.
+pub(crate) fn incremental_high(pressure: f64) -> f64 {
+    incremental_low(pressure) + (INCREMENTAL_HIGH - INCREMENTAL_LOW)
+}
 /// No incremental cleaning while fewer segments than this are held.
 pub(crate) const INCREMENTAL_MIN_SEGMENTS: u64 = 8;
 /// Cap on segments one incremental pass cleans. The list is chosen when the

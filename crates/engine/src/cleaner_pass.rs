@@ -34,7 +34,7 @@
 //!   (no room for a survivor, a tablet dropped) loses nothing.
 
 use crate::CleanStats;
-use crate::cleaner::{self, Candidate, Goal, INCREMENTAL_HIGH, INCREMENTAL_MAX_SOURCES};
+use crate::cleaner::{self, Candidate, Goal, INCREMENTAL_MAX_SOURCES};
 use crate::segment::Budget;
 use crate::tablet::Tablet;
 
@@ -121,7 +121,8 @@ impl Pass {
                     .flatten()
                     .map(|t| t.live_bytes + t.record_bytes)
                     .sum();
-                if live as f64 >= INCREMENTAL_HIGH * budget.allocated_bytes as f64 {
+                let high = cleaner::incremental_high(budget.pressure());
+                if live as f64 >= high * budget.allocated_bytes as f64 {
                     return Sliced::Done;
                 }
             }

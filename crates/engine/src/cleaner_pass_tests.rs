@@ -56,7 +56,8 @@ fn check(e: &Engine, model: &BTreeMap<Vec<u8>, Vec<u8>>, keys: u64) {
 /// of up to 8 segments' live entries: ~700 here.
 #[test]
 fn no_write_carries_more_than_a_slice_and_utilisation_holds() {
-    let mut e = engine(64);
+    // ~20 segments live of 32: pressure high enough for the 0.88 target.
+    let mut e = engine(32);
     let mut model = BTreeMap::new();
     let keys = 2_000u64;
     let any = RejectRules::default();
@@ -92,6 +93,72 @@ fn no_write_carries_more_than_a_slice_and_utilisation_holds() {
     let m = e.memory();
     assert!(m.utilization >= 0.8, "utilisation {m:?}");
     check(&e, &model, keys);
+}
+
+/// Uniform overwrites of `keys` keys (after loading them) on an engine of
+/// `budget_segments`: its memory figures and the entries the cleaner moved.
+fn overwrite_uniformly(
+    budget_segments: usize,
+    keys: u64,
+    writes: u64,
+) -> (crate::MemoryStats, u64) {
+    let mut e = engine(budget_segments);
+    let mut model = BTreeMap::new();
+    let any = RejectRules::default();
+    let mut rng = Rng(2);
+    for n in 0..keys + writes {
+        let i = if n < keys { n } else { rng.next() % keys };
+        let v = vec![(n % 251) as u8; 100];
+        e.write(TABLE, &key(i), &v, &any).expect("write");
+        model.insert(key(i), v);
+    }
+    check(&e, &model, keys);
+    (e.memory(), e.cleaner_totals().entries_moved)
+}
+
+/// How compact the log is kept follows how full the budget is: with the
+/// budget mostly free the cleaner lets the log run to about twice its live
+/// bytes and copies a fraction of what it copies under pressure; with the
+/// budget tight it keeps utilisation high.
+#[test]
+fn the_log_runs_sparse_only_while_the_budget_is_mostly_free() {
+    let (keys, writes) = (2_000u64, 20_000u64);
+    // ~280 KB live: about 17 segments of 1,024 (pressure ~4 %) or of 30.
+    let (sparse, sparse_moved) = overwrite_uniformly(1024, keys, writes);
+    let (tight, tight_moved) = overwrite_uniformly(30, keys, writes);
+    assert!(
+        (0.45..0.75).contains(&sparse.utilization),
+        "a free budget: utilisation near {} ({sparse:?})",
+        crate::cleaner::RELAXED_LOW
+    );
+    assert!(
+        sparse.segment_bytes <= 2 * sparse.live_bytes + 4 * SEG as u64,
+        "at most about twice the live bytes: {sparse:?}"
+    );
+    assert!(tight.utilization >= 0.8, "a tight budget: {tight:?}");
+    assert!(
+        sparse_moved * 3 < tight_moved,
+        "sparse cleaning copies far less: {sparse_moved} entries moved against {tight_moved}"
+    );
+}
+
+#[test]
+fn the_utilisation_target_rises_with_pressure() {
+    use crate::cleaner::{
+        INCREMENTAL_HIGH, INCREMENTAL_LOW, RELAXED_LOW, incremental_high, incremental_low,
+    };
+    assert_eq!(incremental_low(0.0), RELAXED_LOW);
+    assert_eq!(incremental_low(0.25), RELAXED_LOW);
+    assert_eq!(incremental_low(0.75), INCREMENTAL_LOW);
+    assert_eq!(incremental_low(1.5), INCREMENTAL_LOW);
+    assert!((incremental_high(1.0) - INCREMENTAL_HIGH).abs() < 1e-12);
+    let mut last = 0.0;
+    for i in 0..=100 {
+        let low = incremental_low(f64::from(i) / 100.0);
+        assert!(low >= last, "monotone at {i}%");
+        assert!(incremental_high(f64::from(i) / 100.0) > low);
+        last = low;
+    }
 }
 
 /// A pass cut into one-entry slices while everything that can happen

@@ -260,6 +260,15 @@ impl Budget {
         self.allocated_bytes + self.index_bytes + self.transient.load(Ordering::Relaxed)
     }
 
+    /// How full the budget is: used / budget bytes (1 for a zero budget,
+    /// which has no room to be sparse in).
+    pub fn pressure(&self) -> f64 {
+        if self.budget_bytes == 0 {
+            return 1.0;
+        }
+        self.used_bytes() as f64 / self.budget_bytes as f64
+    }
+
     /// Whether `bytes` more may be used for `purpose`, leaving the reserves
     /// that purpose may not touch.
     pub fn may_grow(&self, bytes: u64, purpose: Purpose) -> bool {
