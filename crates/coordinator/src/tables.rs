@@ -80,11 +80,23 @@ impl Coordinator {
         } else {
             HashRange::split_even(u64::from(count))
         };
+        // A slot-placed table's tablets go to the shards in blocks, server by
+        // server: each server then serves one run of slots (what a Redis
+        // Cluster client expects to see, and one line of `CLUSTER SLOTS`).
+        // Other tables' go round-robin, so the first tablets of every table
+        // do not all land on the first server.
+        let mut by_server = slots.clone();
+        by_server.sort_unstable();
+        let tablet_count = ranges.len();
         let tablets: Vec<Tablet> = ranges
             .into_iter()
             .enumerate()
             .map(|(i, range)| {
-                let (server_id, shard) = slots[i % slots.len()];
+                let (server_id, shard) = if by_slot {
+                    by_server[i * by_server.len() / tablet_count]
+                } else {
+                    slots[i % slots.len()]
+                };
                 Tablet {
                     start_hash: range.start,
                     end_hash: range.end,

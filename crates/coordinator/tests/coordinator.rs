@@ -578,7 +578,7 @@ async fn hostile_input_does_not_stop_the_coordinator() {
 #[tokio::test]
 async fn a_table_placed_by_slot_has_the_bit_and_whole_slots() {
     use insitu_keyhash::{HashRange, SLOT_PLACED, slot_placed};
-    let (_dir, _coord, c, _log, _s1, _s2, _id1, _id2) = two_servers("by_slot", 2, 2).await;
+    let (_dir, _coord, c, _log, _s1, _s2, id1, id2) = two_servers("by_slot", 2, 2).await;
     let by_slot = |name: &str, schema| Request::CreateTable {
         name: name.into(),
         tablets: 3,
@@ -599,10 +599,35 @@ async fn a_table_placed_by_slot_has_the_bit_and_whole_slots() {
         .collect();
     assert_eq!(ranges, want, "whole slots");
     assert_eq!(open(&c, "redis").await, t);
+    // Tablets go to the shards in blocks, server by server: each server
+    // serves one run of slots.
+    let eight = Request::CreateTable {
+        name: "redis8".into(),
+        tablets: 8,
+        schema: None,
+        by_slot: true,
+    };
+    let t8 = table_of(&call(&c, eight).await);
+    let owners: Vec<(u64, u32)> = t8.tablets.iter().map(|x| (x.server_id, x.shard)).collect();
+    let (a, b) = (id1.min(id2), id1.max(id2));
+    assert_eq!(
+        owners,
+        [
+            (a, 0),
+            (a, 0),
+            (a, 1),
+            (a, 1),
+            (b, 0),
+            (b, 0),
+            (b, 1),
+            (b, 1)
+        ],
+        "blocks of slots per server and shard"
+    );
     // The next id is counted without the bit.
     let plain = create(&c, "plain", 2).await;
     assert!(!slot_placed(plain.id));
-    assert_eq!(plain.id, (t.id & !SLOT_PLACED) + 1);
+    assert_eq!(plain.id, (t8.id & !SLOT_PLACED) + 1);
     // Typed tables are never placed by slot.
     let schema = insitu_protocol::schema::Schema {
         columns: vec![insitu_protocol::schema::Column {

@@ -24,6 +24,7 @@ pub mod errors {
     pub const OVERFLOW: &str = "ERR increment or decrement would overflow";
     pub const NO_SUCH_KEY: &str = "ERR no such key";
     pub const TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
+    pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
 }
 
 /// Everything a command handler needs.
@@ -128,9 +129,12 @@ async fn run_command<S: Store>(ctx: &mut Ctx<'_, S>, info: &CommandInfo, args: &
 
 /// On a connection of a cluster client, a command whose first key another
 /// node serves is answered `MOVED <slot> <ip:port>` (Redis Cluster's reply:
-/// the client updates its layout and sends it there). Like Redis, only the
-/// first key decides: a multi-key command's keys must share a slot there,
-/// and here one whose keys span nodes still runs (forwarded).
+/// the client updates its layout and sends it there), and a multi-key
+/// command whose keys are in different slots `CROSSSLOT`, as a Redis
+/// Cluster node answers it (a cluster client splits such a request by
+/// slot, or uses hash tags; sending it whole is the client's bug, which it
+/// should see here as it would in production). A plain client's
+/// multi-key command runs whatever its slots (forwarded).
 async fn redirect<S: Store>(
     ctx: &mut Ctx<'_, S>,
     info: &CommandInfo,
@@ -143,6 +147,10 @@ async fn redirect<S: Store>(
     let Some(key) = args.get(first) else {
         return Ok(false);
     };
+    if !one_slot(info.keys, args) {
+        ctx.out.error(errors::CROSSSLOT);
+        return Ok(true);
+    }
     match ctx.store.redirect(ctx.session.db, key).await? {
         Some(node) => {
             let slot = insitu_keyhash::key_slot(key);
@@ -151,6 +159,26 @@ async fn redirect<S: Store>(
         }
         None => Ok(false),
     }
+}
+
+/// Whether every key of `args` (positions `keys`, as `CommandInfo::keys`)
+/// hashes to the first key's slot.
+pub(crate) fn one_slot(keys: (i32, i32, i32), args: &[Bytes]) -> bool {
+    let (Ok(first), Ok(step)) = (usize::try_from(keys.0), usize::try_from(keys.2)) else {
+        return true;
+    };
+    // A negative last counts from the end (-1: the last argument).
+    let last = match usize::try_from(keys.1) {
+        Ok(last) => last.min(args.len().saturating_sub(1)),
+        Err(_) => args.len().saturating_sub(keys.1.unsigned_abs() as usize),
+    };
+    if first == 0 || step == 0 || first >= args.len() {
+        return true;
+    }
+    let slot = insitu_keyhash::key_slot(&args[first]);
+    (first..=last)
+        .step_by(step)
+        .all(|i| insitu_keyhash::key_slot(&args[i]) == slot)
 }
 
 /// Reply with the error `text` (the command is done).

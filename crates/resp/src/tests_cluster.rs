@@ -82,18 +82,60 @@ fn a_cluster_client_is_moved_and_a_plain_one_is_served() {
     assert_eq!(c.run("GET foo"), "-MOVED 12182 127.0.0.1:6381\r\n");
     assert_eq!(c.run("SET foo 2"), "-MOVED 12182 127.0.0.1:6381\r\n");
     assert_eq!(c.run("GET bar"), "$-1\r\n", "this node's slot: served");
-    // The first key decides; a hash tag moves the key with its tag.
-    assert_eq!(c.run("MGET bar foo"), "*2\r\n$-1\r\n$1\r\n1\r\n");
-    assert_eq!(c.run("MGET foo bar"), "-MOVED 12182 127.0.0.1:6381\r\n");
+    // A hash tag moves the key with its tag.
     assert_eq!(c.run("GET {bar}foo"), "$-1\r\n");
+    assert_eq!(c.run("MSET {bar}foo 3 bar 4"), "+OK\r\n");
+    assert_eq!(c.run("MGET bar {bar}foo"), "*2\r\n$1\r\n4\r\n$1\r\n3\r\n");
+    // Keys in different slots: refused as Redis Cluster refuses them,
+    // before any MOVED, whatever node the first key is on.
+    let cross = "-CROSSSLOT Keys in request don't hash to the same slot\r\n";
+    assert_eq!(c.run("MGET bar foo"), cross);
+    assert_eq!(c.run("MGET foo bar"), cross);
+    assert_eq!(c.run("MSET bar 1 foo 2"), cross);
+    assert_eq!(c.run("DEL bar foo"), cross);
+    assert_eq!(c.run("GET bar"), "$1\r\n4\r\n", "nothing written");
     // Commands without keys are never moved.
-    assert_eq!(c.run("DBSIZE"), ":1\r\n");
+    assert_eq!(c.run("DBSIZE"), ":3\r\n");
     assert_eq!(c.run("PING"), "+PONG\r\n");
     // READONLY / ASKING mark a cluster client too.
     let mut d = two_nodes();
     assert_eq!(d.run("GET foo"), "$-1\r\n");
     d.run("READONLY");
     assert_eq!(d.run("GET foo"), "-MOVED 12182 127.0.0.1:6381\r\n");
+    // A plain client's multi-key command runs whatever its slots.
+    let mut e = two_nodes();
+    assert_eq!(e.run("MSET bar 1 foo 2"), "+OK\r\n");
+    assert_eq!(e.run("MGET foo bar"), "*2\r\n$1\r\n2\r\n$1\r\n1\r\n");
+}
+
+#[test]
+fn the_slots_of_every_key_position_are_compared() {
+    use crate::command::COMMANDS;
+    let keys = |name: &str| COMMANDS.iter().find(|c| c.name == name).unwrap().keys;
+    let args = |s: &str| -> Vec<bytes::Bytes> {
+        s.split(' ')
+            .map(|w| bytes::Bytes::copy_from_slice(w.as_bytes()))
+            .collect()
+    };
+    // MSET's values are not keys: only the odd positions count.
+    assert!(crate::exec::one_slot(
+        keys("mset"),
+        &args("MSET {a}1 foo {a}2 bar")
+    ));
+    assert!(!crate::exec::one_slot(
+        keys("mset"),
+        &args("MSET {a}1 x foo y")
+    ));
+    assert!(!crate::exec::one_slot(
+        keys("rename"),
+        &args("RENAME foo bar")
+    ));
+    assert!(crate::exec::one_slot(
+        keys("rename"),
+        &args("RENAME {t}a {t}b")
+    ));
+    assert!(crate::exec::one_slot(keys("get"), &args("GET foo")));
+    assert!(crate::exec::one_slot(keys("ping"), &args("PING")));
 }
 
 #[test]

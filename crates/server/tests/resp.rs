@@ -378,9 +378,12 @@ async fn cluster_clients_learn_which_server_serves_each_slot() {
         for addr in [a, b] {
             let mine: Vec<&(u16, u16, u16, String)> =
                 layout.iter().filter(|r| r.2 == addr.port()).collect();
-            assert!(
-                !mine.is_empty(),
-                "{} serves no slot: {layout:?}",
+            // One run of slots each: the tablets (several per shard) go
+            // to the servers in blocks.
+            assert_eq!(
+                mine.len(),
+                1,
+                "{} serves one run of slots: {layout:?}",
                 addr.port()
             );
             // Its id is the one its ranges carry, from every shard (a
@@ -451,6 +454,14 @@ async fn cluster_clients_learn_which_server_serves_each_slot() {
                 format!("-MOVED {slot} 127.0.0.1:{}\r\n", home.port())
             );
         }
+        // Keys of different slots in one command: refused to a cluster
+        // client as Redis Cluster refuses them (a plain one is served).
+        assert_ne!(slot_of("{a}1"), slot_of("{b}1"));
+        assert_eq!(
+            cluster_conns[0].call("MGET {a}1 {b}1"),
+            "-CROSSSLOT Keys in request don't hash to the same slot\r\n"
+        );
+        assert_eq!(Line::open(a).call("MGET {a}1 {b}1"), "*2\r\n$-1\r\n$-1\r\n");
         // A plain client (it never asked for the layout) is served anywhere.
         for addr in [a, b] {
             let mut plain = Line::open(addr);
