@@ -1,5 +1,6 @@
 //! The plot of `insitu bench resp`: requests per second of each
-//! redis-benchmark test, Redis beside insitu, one panel per pipeline depth.
+//! redis-benchmark test, Redis beside insitu, one panel per pipeline depth
+//! (single stores first, then the `--cluster` runs if the report has them).
 //! Plain SVG drawn from the report's JSON, no dependencies.
 
 use std::fmt::Write;
@@ -15,7 +16,16 @@ const TESTS: [&str; 4] = ["set", "get", "incr", "mset"];
 const STORES: [(&str, &str); 2] = [("redis", "#c0392b"), ("insitu", "#2060c0")];
 
 pub fn svg(report: &Value) -> String {
-    let runs = report["runs"].as_array().cloned().unwrap_or_default();
+    let single = report["runs"].as_array().cloned().unwrap_or_default();
+    let cluster = report["cluster"]["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let runs: Vec<(&str, Value)> = single
+        .into_iter()
+        .map(|r| ("", r))
+        .chain(cluster.into_iter().map(|r| ("cluster ", r)))
+        .collect();
     let width = LEFT + PANEL_W * runs.len().max(1) as f64 + 20.0;
     let rps = |run: &Value, test: &str, store: &str| {
         run["tests"][test][store]["requests_per_s"]
@@ -29,9 +39,9 @@ pub fn svg(report: &Value) -> String {
     );
     let _ = write!(
         s,
-        r#"<text x="{LEFT}" y="18" font-size="13">redis-benchmark requests/s: Redis (red) and insitu's RESP port (blue), one core each</text>"#
+        r#"<text x="{LEFT}" y="18" font-size="13">redis-benchmark requests/s: Redis (red) and insitu's RESP port (blue); one core each, or two nodes each (cluster)</text>"#
     );
-    for (i, run) in runs.iter().enumerate() {
+    for (i, (label, run)) in runs.iter().enumerate() {
         let x0 = LEFT + PANEL_W * i as f64;
         let max = TESTS
             .iter()
@@ -41,7 +51,7 @@ pub fn svg(report: &Value) -> String {
         let p = run["pipeline"].as_u64().unwrap_or(0);
         let _ = write!(
             s,
-            r#"<text x="{}" y="{}" font-size="12">-P {p}</text>"#,
+            r#"<text x="{}" y="{}" font-size="12">{label}-P {p}</text>"#,
             x0 + 10.0,
             TOP - 8.0
         );
@@ -96,5 +106,22 @@ mod tests {
         let svg = super::svg(&report);
         assert_eq!(svg.matches("<rect").count(), 8);
         assert!(svg.contains("insitu get -P 1: 110 req/s"));
+    }
+
+    #[test]
+    fn draws_the_cluster_runs_after_the_single_ones() {
+        let run = |p: u64, v: f64| {
+            serde_json::json!({"pipeline": p, "tests": {
+                "set": {"redis": {"requests_per_s": 100.0}, "insitu": {"requests_per_s": v}}
+            }})
+        };
+        let report = serde_json::json!({
+            "runs": [run(1, 90.0), run(16, 91.0)],
+            "cluster": {"runs": [run(16, 92.0)]}
+        });
+        let svg = super::svg(&report);
+        assert_eq!(svg.matches("<rect").count(), 3 * 8);
+        assert!(svg.contains(">cluster -P 16</text>"), "{svg}");
+        assert!(svg.find("91 req/s").unwrap() < svg.find("92 req/s").unwrap());
     }
 }
