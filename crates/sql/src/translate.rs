@@ -118,7 +118,15 @@ fn pred(expr: &Expr, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal
                     }
                 },
             };
-            regex(col, pattern, case_insensitive, false, schema, out)
+            text_match(
+                Match::Regex,
+                col,
+                pattern,
+                case_insensitive,
+                false,
+                schema,
+                out,
+            )
         }
         other => Err(format!("{other} is not a pushable filter")),
     }
@@ -143,14 +151,14 @@ fn binary(b: &BinaryExpr, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Re
         | Operator::LtEq
         | Operator::Gt
         | Operator::GtEq => compare(l, b.op, r, schema, out),
-        Operator::RegexMatch => regex(l, r, false, false, schema, out),
-        Operator::RegexIMatch => regex(l, r, true, false, schema, out),
-        Operator::RegexNotMatch => regex(l, r, false, true, schema, out),
-        Operator::RegexNotIMatch => regex(l, r, true, true, schema, out),
-        Operator::LikeMatch => like_parts(l, r, false, false, schema, out),
-        Operator::ILikeMatch => like_parts(l, r, true, false, schema, out),
-        Operator::NotLikeMatch => like_parts(l, r, false, true, schema, out),
-        Operator::NotILikeMatch => like_parts(l, r, true, true, schema, out),
+        Operator::RegexMatch => text_match(Match::Regex, l, r, false, false, schema, out),
+        Operator::RegexIMatch => text_match(Match::Regex, l, r, true, false, schema, out),
+        Operator::RegexNotMatch => text_match(Match::Regex, l, r, false, true, schema, out),
+        Operator::RegexNotIMatch => text_match(Match::Regex, l, r, true, true, schema, out),
+        Operator::LikeMatch => text_match(Match::Like, l, r, false, false, schema, out),
+        Operator::ILikeMatch => text_match(Match::Like, l, r, true, false, schema, out),
+        Operator::NotLikeMatch => text_match(Match::Like, l, r, false, true, schema, out),
+        Operator::NotILikeMatch => text_match(Match::Like, l, r, true, true, schema, out),
         op => Err(format!("operator {op} is not pushed")),
     }
 }
@@ -272,7 +280,8 @@ fn like(l: &Like, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
     if l.escape_char.is_some_and(|c| c != '\\') {
         return Err("LIKE with an escape character other than \\".into());
     }
-    like_parts(
+    text_match(
+        Match::Like,
         &l.expr,
         &l.pattern,
         l.case_insensitive,
@@ -282,34 +291,17 @@ fn like(l: &Like, schema: &Schema, out: &mut Vec<Pred>) -> Result<(), Refusal> {
     )
 }
 
-fn like_parts(
-    col: &Expr,
-    pattern: &Expr,
-    case_insensitive: bool,
-    negated: bool,
-    schema: &Schema,
-    out: &mut Vec<Pred>,
-) -> Result<(), Refusal> {
-    let c = text_col(col, schema)?;
-    let pattern = literal_str(pattern)?;
-    if pattern.len() > MAX_PATTERN_BYTES {
-        return Err(format!(
-            "LIKE pattern of {} bytes: more than {MAX_PATTERN_BYTES}",
-            pattern.len()
-        ));
-    }
-    out.push(Pred::Like {
-        col: c.idx,
-        pattern,
-        case_insensitive,
-    });
-    if negated {
-        out.push(Pred::Not);
-    }
-    Ok(())
+/// Which text match a pattern pushes down as.
+#[derive(Clone, Copy)]
+enum Match {
+    Like,
+    Regex,
 }
 
-fn regex(
+/// A text column matched against a literal pattern (of at most
+/// `MAX_PATTERN_BYTES`), then `NOT` if negated.
+fn text_match(
+    kind: Match,
     col: &Expr,
     pattern: &Expr,
     case_insensitive: bool,
@@ -320,15 +312,26 @@ fn regex(
     let c = text_col(col, schema)?;
     let pattern = literal_str(pattern)?;
     if pattern.len() > MAX_PATTERN_BYTES {
+        let what = match kind {
+            Match::Like => "LIKE pattern",
+            Match::Regex => "regex",
+        };
         return Err(format!(
-            "regex of {} bytes: more than {MAX_PATTERN_BYTES}",
+            "{what} of {} bytes: more than {MAX_PATTERN_BYTES}",
             pattern.len()
         ));
     }
-    out.push(Pred::Regex {
-        col: c.idx,
-        pattern,
-        case_insensitive,
+    out.push(match kind {
+        Match::Like => Pred::Like {
+            col: c.idx,
+            pattern,
+            case_insensitive,
+        },
+        Match::Regex => Pred::Regex {
+            col: c.idx,
+            pattern,
+            case_insensitive,
+        },
     });
     if negated {
         out.push(Pred::Not);

@@ -320,6 +320,7 @@ fn like_and_regex() {
         ]
     );
     refused(like(false, "a!%", Some('!'), false));
+    refused(like(false, &"x".repeat(5000), None, false));
     refused(Expr::Like(Like::new(
         false,
         Box::new(col("i")),
