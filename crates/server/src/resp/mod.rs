@@ -253,3 +253,21 @@ impl RespShard {
         self.tables.borrow_mut().remove(&db);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{TABLETS_PER_SHARD, tablets_for};
+
+    #[test]
+    fn a_redis_table_has_tablets_per_shard_up_to_the_cap() {
+        assert_eq!(
+            tablets_for(0),
+            TABLETS_PER_SHARD as u32,
+            "no shard listed yet"
+        );
+        assert_eq!(tablets_for(1), 8);
+        assert_eq!(tablets_for(6), 48);
+        assert_eq!(tablets_for(128), 1024);
+        assert_eq!(tablets_for(100_000), 1024, "a bounded map");
+    }
+}
