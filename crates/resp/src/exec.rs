@@ -172,11 +172,12 @@ pub(crate) fn one_slot(keys: (i32, i32, i32), args: &[Bytes]) -> bool {
         Ok(last) => last.min(args.len().saturating_sub(1)),
         Err(_) => args.len().saturating_sub(keys.1.unsigned_abs() as usize),
     };
-    if first == 0 || step == 0 || first >= args.len() {
+    // One key (every single-key command): nothing to compare, no hashing.
+    if first == 0 || step == 0 || first >= args.len() || last < first + step {
         return true;
     }
     let slot = insitu_keyhash::key_slot(&args[first]);
-    (first..=last)
+    (first + step..=last)
         .step_by(step)
         .all(|i| insitu_keyhash::key_slot(&args[i]) == slot)
 }
