@@ -345,6 +345,10 @@ class ConnectionError(Error):
 class Unavailable(Error):
     """The cluster cannot serve the request right now; retrying later may succeed."""
 
+class DataLost(Error):
+    """No object under the key, but one may have existed: its tablet lost its
+    objects with a server that held them in memory only (R = 0)."""
+
 class OutOfMemory(Error):
     """A server has no room for the data (memory budget or replica disk)."""
 

@@ -9,6 +9,7 @@
 //!  +-- Timeout          no reply, or retries did not succeed, within the timeout
 //!  +-- ConnectionError  cannot connect, or the connection dropped
 //!  +-- Unavailable      the cluster cannot serve it right now (tablet moving, no servers)
+//!  +-- DataLost         no object under the key, but one may have existed: its tablet's objects were lost
 //!  +-- OutOfMemory      a server has no room (memory or replica disk)
 //!  +-- TooLarge         key, value or request over the protocol's limits
 //!  +-- BadRequest       the server refused the request as invalid
@@ -78,7 +79,15 @@ pyo3::create_exception!(
     Unavailable,
     Error,
     "The cluster cannot serve the request right now (a tablet is moving, no \
-     servers, data lost); retrying later may succeed."
+     servers); retrying later may succeed."
+);
+pyo3::create_exception!(
+    insitu,
+    DataLost,
+    Error,
+    "No object under the key now, but one may have existed: the key's tablet \
+     lost its objects with a server that held them in memory only (R = 0). \
+     Retrying does not help; `insitu table ack-loss TABLE` acknowledges the loss."
 );
 pyo3::create_exception!(
     insitu,
@@ -117,6 +126,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("ConnectionError", py.get_type::<ConnectionError>())?;
     m.add("Unavailable", py.get_type::<Unavailable>())?;
+    m.add("DataLost", py.get_type::<DataLost>())?;
     m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
     m.add("TooLarge", py.get_type::<TooLarge>())?;
     m.add("BadRequest", py.get_type::<BadRequest>())?;
@@ -136,8 +146,10 @@ fn for_status(status: Status, msg: String) -> PyErr {
         OutOfMemory | NoSpace => self::OutOfMemory::new_err(msg),
         KeyTooLarge | ValueTooLarge => TooLarge::new_err(msg),
         BadRequest | EmptyKey | NotANumber => self::BadRequest::new_err(msg),
-        Retry | StaleMap | UnknownTablet | NoServers | DataLost | Fenced | CursorExpired
-        | SnapshotTooOld => Unavailable::new_err(msg),
+        Status::DataLost => self::DataLost::new_err(msg),
+        Retry | StaleMap | UnknownTablet | NoServers | Fenced | CursorExpired | SnapshotTooOld => {
+            Unavailable::new_err(msg)
+        }
         Unauthenticated | Forbidden => AuthenticationError::new_err(msg),
         Ok | Internal | Truncated | UnknownServer => Error::new_err(msg),
     }

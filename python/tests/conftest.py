@@ -49,16 +49,34 @@ class Cluster:
         self.dir = tempfile.TemporaryDirectory(prefix="insitu-pytest-")
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [insitu_bin(), "up", "--servers", str(servers), "--shards", "1",
-             "--port", str(self.port), "--dir", self.dir.name,
-             "--memory-mb", str(memory_mb), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        self._wait_up()
+        self._args = [insitu_bin(), "up", "--servers", str(servers), "--shards", "1",
+                      "--port", str(self.port), "--dir", self.dir.name,
+                      "--memory-mb", str(memory_mb), *extra]
+        self._start()
         # `insitu up` requires authentication: the client token it wrote.
         with open(os.path.join(self.dir.name, "auth-token")) as f:
             self.token = f.read().strip()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            self._args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self._wait_up()
+
+    def restart(self) -> None:
+        """kill -9 the whole cluster, then start it again on the same
+        directory and port (as an operator would after a crash)."""
+        self.kill()
+        self._start()
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        """Run `insitu ARGS...` against this cluster with its token."""
+        token = os.path.join(self.dir.name, "auth-token")
+        return subprocess.run(
+            [insitu_bin(), "--auth-token-file", token, *args],
+            env={**os.environ, "INSITU_CLUSTER": self.addr},
+            capture_output=True, text=True, timeout=60,
+        )
 
     def connect(self, **kwargs) -> insitu.Client:
         """`insitu.connect` to this cluster, presenting its token."""

@@ -7,17 +7,19 @@ import time
 import pytest
 
 import insitu
-from conftest import free_port, run_bounded
+from conftest import Cluster, free_port, run_bounded
 
 
 def test_hierarchy():
     for cls in (insitu.NotFound, insitu.UnknownTable, insitu.Conflict, insitu.Timeout,
                 insitu.ConnectionError, insitu.Unavailable, insitu.OutOfMemory,
-                insitu.TooLarge, insitu.BadRequest):
+                insitu.TooLarge, insitu.BadRequest, insitu.DataLost):
         assert issubclass(cls, insitu.Error)
     assert issubclass(insitu.TableExists, insitu.Conflict)
     assert issubclass(insitu.Error, Exception)
     assert insitu.Error("by hand").status is None
+    # Retrying does not bring lost objects back: not an Unavailable.
+    assert not issubclass(insitu.DataLost, insitu.Unavailable)
 
 
 def test_unknown_table(client):
@@ -121,3 +123,29 @@ def test_calls_release_the_gil(own_cluster):
     th.join(120)
     assert not th.is_alive()
     assert out == {"value": b"v"}
+
+
+def test_lost_objects_raise_data_lost_until_acknowledged():
+    """With --replicas 0 a crash loses the objects, never silently: a read of
+    a key that may have existed raises DataLost until an operator runs
+    `insitu table ack-loss`, and a key written again gets a higher version."""
+    c = Cluster(servers=1, memory_mb=64, extra=("--replicas", "0"))
+    try:
+        t = c.connect(timeout=20.0).create_table("cache", tablets=2)
+        old = t.put(b"k", b"v")
+        for _ in range(20):
+            old = t.put(b"k", b"v")
+        c.restart()
+        t = c.connect(timeout=20.0).table("cache")
+        with pytest.raises(insitu.DataLost) as e:
+            t.get(b"k")
+        assert e.value.status == "DataLost"
+        assert "may have existed" in str(e.value)
+        assert t.put(b"k", b"again") > old
+        assert t.get(b"k") == b"again"
+        out = c.cli("table", "ack-loss", "cache")
+        assert out.returncode == 0, out.stderr
+        assert "acknowledged: 2 tablets of table cache" in out.stdout
+        assert t.get(b"never") is None
+    finally:
+        c.stop()

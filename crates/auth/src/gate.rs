@@ -202,6 +202,7 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | BackupList { .. }
         | BackupRead { .. }
         | BackupForget { .. }
+        | MarkLost { .. }
         | Enlist { .. } => true,
         // Transactions' peer requests stay open to clients: a participant
         // asks the owner of an anchor key named in a client's `TxnPrepare`
@@ -222,6 +223,7 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | Enumerate { .. }
         | ShardStats { .. }
         | RemoveServer { .. }
+        | AckLoss { .. }
         | CreateTable { .. }
         | DropTable { .. }
         | CreateIndex { .. }

@@ -43,6 +43,12 @@ pub enum TableCmd {
     List,
     /// Drop a table and free its memory on every server.
     Drop { name: String },
+    /// Acknowledge that a table lost objects: a server that held some of its
+    /// tablets in memory only (`--replicas 0`) died. Until then a read of a
+    /// missing key in such a tablet fails with "data lost" (the key may have
+    /// existed) and `count`/`agg` warn; afterwards missing keys are simply
+    /// not found.
+    AckLoss { name: String },
 }
 
 #[derive(Subcommand)]
@@ -157,6 +163,19 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                     t.tablets.len(),
                     servers
                 )?;
+            }
+        }
+        Command::Table(TableCmd::AckLoss { name }) => {
+            let client = connect(cluster).await?;
+            match client.ack_loss(&name).await {
+                Ok(0) => crate::outln!("table {name} has no lost objects to acknowledge")?,
+                Ok(n) => crate::outln!(
+                    "acknowledged: {n} tablets of table {name} lost their objects; missing keys there now read as not found"
+                )?,
+                Err(e) if e.status() == Some(insitu_client::Status::UnknownTable) => {
+                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Command::Table(TableCmd::Drop { name }) => {

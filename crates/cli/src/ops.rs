@@ -204,7 +204,36 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 async fn open(cluster: &ClusterArg, table: &str) -> anyhow::Result<(Client, u64)> {
     let (client, info) = crate::data::open(cluster, table).await?;
+    warn_lost(&info);
     Ok((client, info.id))
+}
+
+/// Say on stderr that an answer over table `info` leaves out objects that
+/// were lost with a server (tablets marked lost, until `ack-loss`).
+fn warn_lost(info: &insitu_client::TableInfo) {
+    let lost: Vec<u64> = info
+        .tablets
+        .iter()
+        .map(|t| t.lost_from)
+        .filter(|&from| from != 0)
+        .collect();
+    if lost.is_empty() {
+        return;
+    }
+    let mut with: Vec<String> = lost
+        .iter()
+        .map(|&f| insitu_protocol::lost_with(f))
+        .collect();
+    with.sort();
+    with.dedup();
+    eprintln!(
+        "warning: {} of the {} tablets of table {:?} lost their objects with {} (it held them in memory only); this answer covers what was written there since. `insitu table ack-loss {}` acknowledges the loss",
+        lost.len(),
+        info.tablets.len(),
+        info.name,
+        with.join(", "),
+        info.name
+    );
 }
 
 fn show(n: Number) -> String {
@@ -252,6 +281,7 @@ type TypedInfo = (u64, insitu_protocol::schema::Schema, Vec<u16>);
 fn typed_table(cluster: &ClusterArg, table: &str) -> anyhow::Result<Option<(Client, TypedInfo)>> {
     runtime()?.block_on(async {
         let (client, info) = crate::data::open(cluster, table).await?;
+        warn_lost(&info);
         Ok(info
             .schema
             .clone()

@@ -150,5 +150,34 @@ pub async fn status(cluster: &ClusterArg) -> anyhow::Result<()> {
             crate::outln!("  table {table:?}: tablets {}", tablets.join(", "))?;
         }
     }
+    // Tablets whose objects were lost, until an operator acknowledges it.
+    let lost: Vec<(&str, Vec<String>)> = tables
+        .iter()
+        .map(|t| {
+            let indexes = t
+                .tablets
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.lost_from != 0)
+                .map(|(i, x)| {
+                    format!(
+                        "{i} (lost with {})",
+                        insitu_protocol::lost_with(x.lost_from)
+                    )
+                })
+                .collect::<Vec<_>>();
+            (t.name.as_str(), indexes)
+        })
+        .filter(|(_, indexes)| !indexes.is_empty())
+        .collect();
+    if !lost.is_empty() {
+        let n: usize = lost.iter().map(|(_, i)| i.len()).sum();
+        crate::outln!(
+            "{n} tablets lost their objects (in-memory only); acknowledge with `insitu table ack-loss TABLE`:"
+        )?;
+        for (table, tablets) in lost {
+            crate::outln!("  table {table:?}: tablets {}", tablets.join(", "))?;
+        }
+    }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! tables, list servers, move a tablet, shard stats): coordinator calls that
 //! are not routed by key, kept apart from the point operations in `client`.
 
-use insitu_protocol::{Request, Response, ServerInfo, ShardStats, Status, TableInfo};
+use insitu_protocol::{Request, Response, ServerInfo, ShardStats, Status, TableInfo, TabletInfo};
 
 use crate::client::{Client, check_ok, decode};
 use crate::error::ClientError;
@@ -208,6 +208,42 @@ impl Client {
             .coord_call(&Request::RemoveServer { server_id }, true, self.deadline())
             .await?;
         self.expect_done(&reply)
+    }
+
+    /// Acknowledge that table `table_name` lost objects with a server that
+    /// held them in memory only (`insitu table ack-loss`): its tablets answer
+    /// a missing key with "no such object" again instead of
+    /// `Status::DataLost`. Returns how many tablets had been marked lost (0:
+    /// none; acknowledging twice is harmless).
+    pub async fn ack_loss(&self, table_name: &str) -> Result<u32, ClientError> {
+        let request = Request::AckLoss {
+            table: table_name.to_string(),
+        };
+        let reply = self.coord_call(&request, true, self.deadline()).await?;
+        check_ok(&reply)?;
+        if let Some(id) = self.inner.routes.id_of(table_name) {
+            self.inner.routes.evict_id(id);
+        }
+        match decode(&reply, &self.inner.coordinator.addr)? {
+            Response::LossAcknowledged { tablets } => Ok(tablets),
+            other => Err(ClientError::unexpected(
+                &self.inner.coordinator.addr,
+                format!("{other:?} where LossAcknowledged was expected"),
+            )),
+        }
+    }
+
+    /// The tablets of table `name` whose objects were lost and not yet
+    /// acknowledged (index in the table's map, tablet), from a fresh map:
+    /// what `count` and `agg` warn about.
+    pub async fn lost_tablets(&self, name: &str) -> Result<Vec<(usize, TabletInfo)>, ClientError> {
+        let info = self.open_table(name).await?;
+        Ok(info
+            .tablets
+            .into_iter()
+            .enumerate()
+            .filter(|(_, t)| t.lost_from != 0)
+            .collect())
     }
 
     /// Memory and tablet figures of the shard at `addr`.

@@ -384,6 +384,7 @@ mod tests {
                     shard: 0,
                     addr: format!("127.0.0.1:{}", 1000 + r.start % 7),
                     map_version: 1,
+                    lost_from: 0,
                 })
                 .collect(),
             map_version: 5,

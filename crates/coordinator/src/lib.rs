@@ -76,6 +76,7 @@
 mod conn;
 mod death;
 mod failure;
+mod lost;
 mod membership;
 mod metrics;
 mod model;

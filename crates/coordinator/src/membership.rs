@@ -210,6 +210,10 @@ impl Coordinator {
                 (table, index, tablet, addr.as_str())
             })
             .collect();
+        // Every re-homed tablet lost its objects: each is marked lost, with
+        // a version floor recorded in the same commit as its new owner, before
+        // the map names that owner (`lost.rs`).
+        let (floor, floor_op) = self.take_floor();
         let takes = placed.iter().map(|(table, _, t, addr)| {
             // The shard may still hold a copy of the tablet it moved out
             // before the owner died (its drop was never delivered).
@@ -230,9 +234,16 @@ impl Coordinator {
                 state: TabletState::Active,
                 migration: 0,
             };
+            let mark = crate::lost::mark_request(
+                *table,
+                t.start_hash,
+                insitu_protocol::LOST_FROM_EARLIER_RUN,
+                floor,
+            );
             async move {
                 self.shards.call(addr, &clear, CONTROL_TIMEOUT).await?;
-                self.shards.call(addr, &request, CONTROL_TIMEOUT).await
+                self.shards.call(addr, &request, CONTROL_TIMEOUT).await?;
+                self.shards.call(addr, &mark, CONTROL_TIMEOUT).await
             }
         });
         let results = join_all(takes).await;
@@ -240,11 +251,18 @@ impl Coordinator {
         let mut undo = Vec::new();
         for ((table, index, tablet, addr), result) in placed.iter().zip(&results) {
             match result {
-                Ok(()) => ops.push(Op::PutTablet {
-                    table: *table,
-                    index: *index,
-                    tablet: tablet.clone(),
-                }),
+                Ok(()) => {
+                    ops.push(Op::PutTablet {
+                        table: *table,
+                        index: *index,
+                        tablet: tablet.clone(),
+                    });
+                    ops.push(Op::PutDataLost {
+                        table: *table,
+                        index: *index,
+                        master: insitu_protocol::LOST_FROM_EARLIER_RUN,
+                    });
+                }
                 Err(e) => {
                     warn!(
                         table,
@@ -265,6 +283,9 @@ impl Coordinator {
             .filter(|(_, r)| r.is_ok())
             .map(|(p, _)| p.clone())
             .collect();
+        if !ops.is_empty() {
+            ops.push(floor_op);
+        }
         if !ops.is_empty()
             && let Err(e) = self.commit(guard, ops).await
         {

@@ -85,6 +85,9 @@ pub const MAP_VERSION: &str = "map_version";
 pub const CLUSTER_ID: &str = "cluster_id";
 /// Replicas per segment (R), as last configured.
 pub const REPLICAS: &str = "replicas";
+/// The highest version floor given to a tablet re-created empty after a
+/// loss (`lost.rs`): the next one is above it whatever the clock says.
+pub const LOST_VERSION_FLOOR: &str = "lost_version_floor";
 
 /// One durable change. A request's changes are committed together.
 #[derive(Clone, Debug)]
@@ -134,6 +137,11 @@ pub enum Op {
     PutLostFrom { table: u64, index: u32, master: u64 },
     /// The recovery of tablet `index` of `table` is committed and activated.
     DeleteLostFrom { table: u64, index: u32 },
+    /// Tablet `index` of `table` was re-created empty: its objects died
+    /// with server `master`, which held them in memory only (`lost.rs`).
+    PutDataLost { table: u64, index: u32, master: u64 },
+    /// An operator acknowledged that loss (`AckLoss`).
+    DeleteDataLost { table: u64, index: u32 },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -155,6 +163,13 @@ pub struct Model {
     /// `Retry`, never an empty re-creation) until its new owner is committed,
     /// and keeps its entry until that owner is activated (`recovery.rs`).
     pub lost_from: BTreeMap<(u64, u32), u64>,
+    /// Tablets re-created empty whose objects were lost, by (table id,
+    /// tablet index): the dead server that held them in memory only. Kept
+    /// until an operator acknowledges the loss; the owner answers reads of
+    /// missing keys `DataLost` meanwhile (`lost.rs`).
+    pub data_lost: BTreeMap<(u64, u32), u64>,
+    /// Highest version floor handed to a lost tablet (`LOST_VERSION_FLOOR`).
+    pub lost_version_floor: u64,
     pub next_table_id: u64,
     pub next_server_id: u64,
     pub map_version: u64,
@@ -185,6 +200,7 @@ impl Model {
                     MAP_VERSION => self.map_version = *value,
                     CLUSTER_ID => self.cluster_id = *value,
                     REPLICAS => self.replicas = u32::try_from(*value).unwrap_or(u32::MAX),
+                    LOST_VERSION_FLOOR => self.lost_version_floor = *value,
                     other => tracing::error!(
                         counter = other,
                         "unknown counter in a change (ignored in memory)"
@@ -239,6 +255,16 @@ impl Model {
                 Op::DeleteLostFrom { table, index } => {
                     self.lost_from.remove(&(*table, *index));
                 }
+                Op::PutDataLost {
+                    table,
+                    index,
+                    master,
+                } => {
+                    self.data_lost.insert((*table, *index), *master);
+                }
+                Op::DeleteDataLost { table, index } => {
+                    self.data_lost.remove(&(*table, *index));
+                }
                 Op::PutTable { id, name, schema } => {
                     self.by_name.insert(name.clone(), *id);
                     self.tables.insert(
@@ -263,6 +289,7 @@ impl Model {
                     }
                     self.moves.retain(|(table, _), _| table != id);
                     self.lost_from.retain(|(table, _), _| table != id);
+                    self.data_lost.retain(|(table, _), _| table != id);
                 }
                 Op::PutTablet {
                     table,
@@ -322,7 +349,9 @@ impl Model {
     /// its replicas: orphaned under map version `version` (the caller also
     /// commits `Counter(MAP_VERSION, version)`) and recorded in `lost_from`.
     /// May be part of the transaction that declares the server dead, so no
-    /// client is ever sent to the dead address after that commit.
+    /// client is ever sent to the dead address after that commit. With R = 0
+    /// nothing holds the objects: each tablet is also recorded in
+    /// `data_lost`, before anything is re-created (`lost.rs`).
     pub fn lose_tablets_ops(&self, dead: u64, version: u64) -> Vec<Op> {
         let mut ops = Vec::new();
         for table in self.tables.values() {
@@ -343,6 +372,13 @@ impl Model {
                         index: i as u32,
                         master: dead,
                     });
+                    if self.replicas == 0 {
+                        ops.push(Op::PutDataLost {
+                            table: table.id,
+                            index: i as u32,
+                            master: dead,
+                        });
+                    }
                 }
             }
         }

@@ -40,6 +40,7 @@ impl Coordinator {
             if old.is_orphaned() || !model.is_live(old.server_id) {
                 return Err(no_live_server(index as usize, &table_name));
             }
+            crate::lost::refuse_lost_move(&model, id, index, &table_name)?;
             if model.moves.contains_key(&(id, index)) {
                 return Err(Reject::new(
                     Status::Retry,

@@ -267,7 +267,10 @@ async fn orphan_tablets_of(coord: &Coordinator, dead: u64) -> anyhow::Result<()>
     if ops.is_empty() {
         return Ok(());
     }
-    let tablets = ops.len() / 2;
+    let tablets = ops
+        .iter()
+        .filter(|op| matches!(op, Op::PutTablet { .. }))
+        .count();
     coord.commit(&guard, ops).await.map_err(|e| {
         anyhow::anyhow!("orphaning the tablets of dead server {dead}: {}", e.message)
     })?;
@@ -475,9 +478,22 @@ async fn activate(
         start_hash: owned.start_hash,
         map_version: owned.map_version,
     };
-    let result = coord
-        .call_with_retries(&addr, &request, CONTROL_TIMEOUT)
-        .await;
+    // A tablet re-created empty (R = 0) is marked lost, with its version
+    // floor, before it serves (`lost.rs`).
+    let lost = coord.model().data_lost.get(&(table, index)).copied();
+    let mut result = match lost {
+        Some(master) => {
+            coord
+                .mark_lost_on(&addr, table, owned.start_hash, master)
+                .await
+        }
+        None => Ok(()),
+    };
+    if result.is_ok() {
+        result = coord
+            .call_with_retries(&addr, &request, CONTROL_TIMEOUT)
+            .await;
+    }
     let guard = coord.meta_lock.lock().await;
     let (unchanged, version) = {
         let model = coord.model();

@@ -20,12 +20,15 @@ struct Fake {
     addr: String,
     log: Arc<Mutex<Vec<String>>>,
     refuse_recover: Arc<AtomicBool>,
+    /// The version floor of every `MarkLost` it got, in order.
+    floors: Arc<Mutex<Vec<u64>>>,
 }
 
 async fn fake_shard() -> Fake {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let refuse_recover = Arc::new(AtomicBool::new(false));
-    let (log2, refuse) = (log.clone(), refuse_recover.clone());
+    let floors: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (log2, refuse, floors2) = (log.clone(), refuse_recover.clone(), floors.clone());
     let addr = insitu_testkit::peer::serve(move |id, body, out| {
         let log = &log2;
         match decode_request(body).unwrap() {
@@ -59,6 +62,18 @@ async fn fake_shard() -> Fake {
                     .push(format!("Activate t{table} s{start_hash} v{map_version}"));
                 encode_response(out, id, Status::Ok, &Response::Done).unwrap();
             }
+            Request::MarkLost {
+                table,
+                start_hash,
+                lost_from,
+                version_floor,
+            } => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("Mark t{table} s{start_hash} f{lost_from}"));
+                floors2.lock().unwrap().push(version_floor);
+                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+            }
             Request::DropTablet {
                 table, start_hash, ..
             } => {
@@ -76,13 +91,19 @@ async fn fake_shard() -> Fake {
         addr,
         log,
         refuse_recover,
+        floors,
     }
 }
 
 use crate::test_dir::TestDir as Dir;
 
 fn open(dir: &Dir) -> Coordinator {
-    let (store, model, opened) = Store::open(&dir.0, 2).unwrap();
+    open_with(dir, 2)
+}
+
+/// A coordinator on `dir` with R = `replicas`.
+fn open_with(dir: &Dir, replicas: u32) -> Coordinator {
+    let (store, model, opened) = Store::open(&dir.0, replicas).unwrap();
     Coordinator::new(
         store,
         model,
@@ -195,6 +216,10 @@ async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
         let model = coord.model();
         assert!(model.lost_from.is_empty());
         assert!(
+            model.data_lost.is_empty(),
+            "replicas held them: nothing lost"
+        );
+        assert!(
             !model.servers.contains_key(&1),
             "the dead server is forgotten"
         );
@@ -252,6 +277,87 @@ async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
     assert_eq!(owners, vec![2, 3], "round-robin over the live servers");
     assert!(coord.masters_being_recovered().is_empty());
     assert!(!coord.model().servers.contains_key(&1));
+    coord.close().await;
+}
+
+#[tokio::test]
+async fn with_no_replicas_recovered_tablets_stay_marked_lost_until_acknowledged() {
+    let dir = Dir::new("recovery");
+    let (a, b) = (fake_shard().await, fake_shard().await);
+    let coord = open_with(&dir, 0);
+    setup(&coord, &a, &b).await;
+
+    recover_server(&coord, 1).await.unwrap();
+    // Each re-created tablet is marked lost (from server 1) before it is
+    // activated, with a version floor; floors only rise.
+    let mut marked = Vec::new();
+    for fake in [&a, &b] {
+        let log = take(&fake.log);
+        for (i, line) in log.iter().enumerate() {
+            if let Some(rest) = line.strip_prefix("Mark ") {
+                let activate = format!("Activate {}", rest.trim_end_matches(" f1"));
+                assert!(line.ends_with(" f1"), "{line}");
+                assert!(
+                    log[i + 1..].iter().any(|l| l.starts_with(&activate)),
+                    "marked before activated: {log:?}"
+                );
+                marked.push(rest.to_string());
+            }
+        }
+    }
+    marked.sort();
+    assert_eq!(
+        marked,
+        vec![
+            format!("t1 s{} f1", STARTS[0]),
+            format!("t1 s{} f1", STARTS[2])
+        ]
+    );
+    let mut floors: Vec<u64> = [&a, &b]
+        .iter()
+        .flat_map(|f| f.floors.lock().unwrap().clone())
+        .collect();
+    floors.sort_unstable();
+    assert_eq!(floors.len(), 2);
+    assert!(floors[0] > 1 << 50 && floors[1] > floors[0], "{floors:?}");
+    {
+        let model = coord.model();
+        assert_eq!(model.lost_version_floor, floors[1]);
+        let info = model.table_info(TABLE).unwrap();
+        let lost: Vec<u64> = info.tablets.iter().map(|t| t.lost_from).collect();
+        assert_eq!(lost, vec![1, 0, 1, 0]);
+    }
+    // Not movable before the loss is acknowledged.
+    let e = coord.move_tablet("t".into(), 0, 3).await.unwrap_err();
+    assert_eq!(e.status, Status::BadRequest);
+    assert!(e.message.contains("ack-loss t"), "{}", e.message);
+    coord.close().await;
+    drop(coord);
+
+    // Durable: a new coordinator still has the marks and the floor.
+    let coord = open_with(&dir, 0);
+    assert_eq!(coord.model().data_lost.len(), 2);
+    assert_eq!(coord.model().lost_version_floor, floors[1]);
+    let reply = coord.ack_loss("t".into()).await.unwrap();
+    assert_eq!(reply, Response::LossAcknowledged { tablets: 2 });
+    let unmarks: Vec<String> = [&a, &b].iter().flat_map(|f| take(&f.log)).collect();
+    assert_eq!(unmarks.len(), 2, "{unmarks:?}");
+    assert!(unmarks.iter().all(|l| l.ends_with(" f0")), "{unmarks:?}");
+    assert!(coord.model().data_lost.is_empty());
+    assert!(
+        coord
+            .model()
+            .table_info(TABLE)
+            .unwrap()
+            .tablets
+            .iter()
+            .all(|t| t.lost_from == 0)
+    );
+    // Idempotent, and an unknown table is named.
+    let reply = coord.ack_loss("t".into()).await.unwrap();
+    assert_eq!(reply, Response::LossAcknowledged { tablets: 0 });
+    let e = coord.ack_loss("nope".into()).await.unwrap_err();
+    assert_eq!(e.status, Status::UnknownTable);
     coord.close().await;
 }
 

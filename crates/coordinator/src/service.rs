@@ -155,6 +155,7 @@ impl Coordinator {
                     .await
             }
             Request::RemoveServer { server_id } => self.remove_server(server_id).await,
+            Request::AckLoss { table } => self.ack_loss(table).await,
             Request::CreateTable {
                 name,
                 tablets,

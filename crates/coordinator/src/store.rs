@@ -15,6 +15,7 @@
 //! | `dead_servers` | `u64` server id        | `()`: the server was declared dead (kept until its tablets are recovered) |
 //! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
 //! | `lost_from` | `(u64 table id, u32 index)` | `u64`: the dead master whose replicas hold the tablet (being recovered) |
+//! | `data_lost` | `(u64 table id, u32 index)` | `u64`: the dead server that held the tablet's objects in memory only (R = 0); kept until an operator acknowledges the loss |
 //!
 //! Counters:
 //! - `layout_version`: version of this layout (currently 1); a database with
@@ -28,6 +29,8 @@
 //!   backups can refuse replicas of another cluster.
 //! - `replicas`: R, replicas per segment, as last configured: the configured
 //!   value wins at every open (the change is logged).
+//! - `lost_version_floor`: the highest version floor handed to a tablet
+//!   re-created empty after a loss (`lost.rs`); only grows; no row: 0.
 //! - `timestamp_reservation`: the timestamp oracle's high-water mark: every
 //!   timestamp ever handed out is below it (`oracle.rs`). Only grows; no row:
 //!   0 (none handed out yet). Written by the oracle alone, in a transaction
@@ -48,7 +51,7 @@
 //! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
 //! transaction that orphans a dead server's tablet until its recovered copy
 //! is activated on its new owner (see `recovery.rs`). `server_identities`,
-//! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from`, `table_schemas` and `table_indexes` were added
+//! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from`, `data_lost`, `table_schemas` and `table_indexes` were added
 //! without changing the layout version: an older database simply has none,
 //! and they are created empty on open (likewise the `cluster_id` and
 //! `replicas` counters; `timestamp_reservation` is read as 0 until the
@@ -66,8 +69,8 @@ use anyhow::{Context, bail};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::model::{
-    CLUSTER_ID, MAP_VERSION, Model, MoveRecord, NEXT_SERVER_ID, NEXT_TABLE_ID, Op, REPLICAS, Table,
-    Tablet,
+    CLUSTER_ID, LOST_VERSION_FLOOR, MAP_VERSION, Model, MoveRecord, NEXT_SERVER_ID, NEXT_TABLE_ID,
+    Op, REPLICAS, Table, Tablet,
 };
 
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
@@ -87,6 +90,8 @@ const BACKUP_ADDRS: TableDefinition<u64, &str> = TableDefinition::new("server_ba
 const DEAD: TableDefinition<u64, ()> = TableDefinition::new("dead_servers");
 /// Tablets being recovered: the dead master whose replicas hold them.
 const LOST_FROM: TableDefinition<TabletKey, u64> = TableDefinition::new("lost_from");
+/// Tablets re-created empty after a loss: the dead server that held them.
+const DATA_LOST: TableDefinition<TabletKey, u64> = TableDefinition::new("data_lost");
 /// A typed table's schema, postcard-encoded (`insitu_protocol::schema::Schema`).
 const SCHEMAS: TableDefinition<u64, &[u8]> = TableDefinition::new("table_schemas");
 /// A typed table's indexed columns, postcard-encoded `Vec<u16>`.
@@ -183,6 +188,7 @@ impl Store {
             txn.open_table(BACKUP_ADDRS)?;
             txn.open_table(DEAD)?;
             txn.open_table(LOST_FROM)?;
+            txn.open_table(DATA_LOST)?;
         }
         txn.commit()?;
         Ok(opened)
@@ -206,6 +212,7 @@ impl Store {
             model.map_version = v;
         }
         model.cluster_id = counter(CLUSTER_ID)?.context("the cluster id is missing")?;
+        model.lost_version_floor = counter(LOST_VERSION_FLOOR)?.unwrap_or(0);
         model.replicas = counter(REPLICAS)?
             .and_then(|v| u32::try_from(v).ok())
             .context("R (replicas) is missing or out of range")?;
@@ -329,6 +336,11 @@ impl Store {
             model.lost_from.insert(key.value(), master.value());
         }
 
+        for row in txn.open_table(DATA_LOST)?.iter()? {
+            let (key, master) = row?;
+            model.data_lost.insert(key.value(), master.value());
+        }
+
         model
             .validate()
             .map_err(|e| anyhow::anyhow!("inconsistent metadata: {e}"))?;
@@ -350,6 +362,7 @@ impl Store {
             let mut backup_addrs = txn.open_table(BACKUP_ADDRS)?;
             let mut dead = txn.open_table(DEAD)?;
             let mut lost_from = txn.open_table(LOST_FROM)?;
+            let mut data_lost = txn.open_table(DATA_LOST)?;
             for op in ops {
                 match op {
                     Op::Counter(name, value) => {
@@ -418,6 +431,16 @@ impl Store {
                     Op::DeleteLostFrom { table, index } => {
                         lost_from.remove((*table, *index))?;
                     }
+                    Op::PutDataLost {
+                        table,
+                        index,
+                        master,
+                    } => {
+                        data_lost.insert((*table, *index), *master)?;
+                    }
+                    Op::DeleteDataLost { table, index } => {
+                        data_lost.remove((*table, *index))?;
+                    }
                     Op::PutTable { id, name, schema } => {
                         tables.insert(*id, name.as_str())?;
                         if let Some(schema) = schema {
@@ -440,6 +463,7 @@ impl Store {
                         tablets.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         moves.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                         lost_from.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
+                        data_lost.retain_in((*id, 0u32)..=(*id, u32::MAX), |_, _| false)?;
                     }
                     Op::PutTablet {
                         table,

@@ -11,6 +11,7 @@ pub use fields::{
     BackupOp, Number, Object, ReadResult, RejectRules, ReplicaInfo, ServerInfo, ServerState,
     ShardStats, SideRecord, TableInfo, TabletInfo, TabletStat, TabletState, WriteResult,
 };
+pub use fields::{LOST_FROM_EARLIER_RUN, lost_with};
 
 /// A byte string borrowed from a frame; encoded as varint length + bytes.
 pub type Blob<'a> = &'a serde_bytes::Bytes;
@@ -388,6 +389,29 @@ pub enum Request<'a> {
         #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         keys: Vec<Blob<'a>>,
     },
+
+    // ---- objects lost with an in-memory-only server (R = 0) ----
+    /// Coordinator -> storage shard: tablet `start_hash` of `table` was
+    /// re-created empty after server `lost_from` died holding its objects in
+    /// memory only. Until the mark is cleared (the same request with
+    /// `lost_from` 0, after `AckLoss`), a read of a key the tablet does not
+    /// hold answers `Status::DataLost` instead of "no such object": the key
+    /// may have existed. The tablet's version counter is raised to at least
+    /// `version_floor` (0: unchanged), which the coordinator chose above
+    /// every version the lost copy can have handed out, so a key's version
+    /// never goes back. Sent before the tablet serves.
+    MarkLost {
+        table: u64,
+        start_hash: u64,
+        lost_from: u64,
+        version_floor: u64,
+    },
+    /// Operator -> coordinator (`insitu table ack-loss NAME`): the loss of
+    /// table `table`'s lost objects is acknowledged; its tablets answer
+    /// "no such object" for missing keys again. Answered `LossAcknowledged`.
+    AckLoss {
+        table: String,
+    },
 }
 
 /// Most timestamps one `Request::Timestamps` may ask for: enough for a
@@ -459,6 +483,8 @@ impl Request<'_> {
             TxnInquire { .. } => "TxnInquire",
             Timestamps { .. } => "Timestamps",
             SnapshotRead { .. } => "SnapshotRead",
+            MarkLost { .. } => "MarkLost",
+            AckLoss { .. } => "AckLoss",
         }
     }
 }
@@ -573,5 +599,10 @@ pub enum Response<'a> {
     Timestamps {
         first: u64,
         count: u32,
+    },
+    /// `AckLoss` done: how many tablets of the table had been marked lost
+    /// (0: none was; acknowledging is idempotent).
+    LossAcknowledged {
+        tablets: u32,
     },
 }

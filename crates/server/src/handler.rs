@@ -2,16 +2,16 @@
 //! encode the reply into the connection's output buffer.
 
 use bytes::BytesMut;
-use insitu_engine::{EngineError, HashRange, key_hash};
+use insitu_engine::{EngineError, key_hash};
 use insitu_protocol::{
-    Number, Object, RejectRules, Request, Response, Status, TabletState, blob, decode_request,
-    encode_error, encode_response,
+    Number, Object, RejectRules, Request, Response, Status, blob, decode_request, encode_error,
+    encode_response,
     frame::{MAX_BODY_BYTES, check_header},
 };
 
 use insitu_auth::{Admission, Session};
 
-use crate::shard::{ShardState, TabletMeta};
+use crate::shard::ShardState;
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
@@ -169,6 +169,7 @@ pub async fn handle(
             | Request::TakeTablet { .. }
             | Request::DropTablet { .. }
             | Request::ActivateTablet { .. }
+            | Request::MarkLost { .. }
             | Request::ServerDown { .. }
     );
     let kind = request.name();
@@ -222,7 +223,10 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                         expires_at_ms: obj.expires_at_ms,
                     },
                 ),
-                Err(e) => reply_engine_error(out, id, &e),
+                Err(e) => {
+                    let (status, message) = crate::lost::refusal(state, table, key, &e);
+                    encode_error(out, id, status, message)
+                }
             }
         }
         Request::Write {
@@ -242,7 +246,13 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 expires_at_ms,
                 &rules(&r),
             );
-            reply_result(out, id, result.map(|version| Response::Written { version }));
+            crate::lost::reply_keyed(
+                state,
+                (table, key),
+                out,
+                id,
+                result.map(|version| Response::Written { version }),
+            );
         }
         Request::Remove {
             table,
@@ -253,7 +263,13 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 return encode_error(out, id, s, s.to_string());
             }
             let result = state.engine.borrow_mut().remove(table, key, &rules(&r));
-            reply_result(out, id, result.map(|version| Response::Removed { version }));
+            crate::lost::reply_keyed(
+                state,
+                (table, key),
+                out,
+                id,
+                result.map(|version| Response::Removed { version }),
+            );
         }
         Request::Increment {
             table,
@@ -263,6 +279,10 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         } => {
             if let Err(s) = admit(state, table, key, true) {
                 return encode_error(out, id, s, s.to_string());
+            }
+            // A lost counter must not silently start again from 0.
+            if let Err((status, message)) = crate::lost::check_missing(state, table, key) {
+                return encode_error(out, id, status, message);
             }
             let mut engine = state.engine.borrow_mut();
             let result = match delta {
@@ -301,112 +321,29 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             map_version,
             state: tablet_state,
             migration,
-        } => {
-            let Some(range) = HashRange::new(start_hash, end_hash) else {
-                return encode_error(out, id, Status::BadRequest, "tablet range start > end");
-            };
-            if tablet_state == TabletState::Receiving {
-                if let Err(message) =
-                    crate::migrate::fresh_receiving_copy(state, table, start_hash, migration)
-                {
-                    return encode_error(out, id, Status::BadRequest, message);
-                }
-            }
-            let exists = state.tablets.borrow().contains_key(&(table, start_hash));
-            if !exists {
-                if let Err(e) = state.engine.borrow_mut().create_tablet(table, range) {
-                    return reply_engine_error(out, id, &e);
-                }
-            }
-            // Taking a tablet we hold re-activates it (and un-freezes an aborted
-            // move); holds of scans still running on it stay theirs.
-            let mut tablets = state.tablets.borrow_mut();
-            let meta = tablets
-                .entry((table, start_hash))
-                .or_insert_with(|| TabletMeta::new(map_version, tablet_state));
-            meta.map_version = map_version;
-            meta.state = tablet_state;
-            meta.frozen = false;
-            meta.moved_out = false;
-            meta.migration = 0;
-            meta.receiving = if tablet_state == TabletState::Receiving {
-                migration
-            } else {
-                0
-            };
-            drop(tablets);
-            state.recount_unusual();
-            tracing::info!(
-                shard = state.index,
-                table,
-                start_hash,
-                end_hash,
-                ?tablet_state,
-                "took tablet"
-            );
-            reply(out, id, &Response::Done)
-        }
+        } => crate::tablet_control::take(
+            state,
+            id,
+            (table, start_hash, end_hash),
+            (map_version, tablet_state, migration),
+            out,
+        ),
         Request::DropTablet {
             table,
             start_hash,
             only_if_not_serving,
-        } => {
-            let serving = state
-                .tablets
-                .borrow()
-                .get(&(table, start_hash))
-                .is_some_and(|m| m.serves_reads());
-            if only_if_not_serving && serving {
-                tracing::info!(
-                    shard = state.index,
-                    table,
-                    start_hash,
-                    "kept tablet: it serves here"
-                );
-                return reply(out, id, &Response::Done);
-            }
-            state.tablets.borrow_mut().remove(&(table, start_hash));
-            state.engine.borrow_mut().drop_tablet(table, start_hash);
-            state.recount_unusual();
-            tracing::info!(shard = state.index, table, start_hash, "dropped tablet");
-            reply(out, id, &Response::Done)
-        }
+        } => crate::tablet_control::drop_tablet(
+            state,
+            id,
+            (table, start_hash),
+            only_if_not_serving,
+            out,
+        ),
         Request::ActivateTablet {
             table,
             start_hash,
             map_version,
-        } => {
-            let found = match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
-                Some(m) => {
-                    // A moved or recovered tablet starts to serve: its
-                    // objects' replaced versions were not kept here
-                    // (`versions.rs`). Not for a tablet that served
-                    // already (an aborted move re-activates its source).
-                    if m.state == TabletState::Receiving {
-                        let end = state.engine.borrow().tablet_for(table, start_hash);
-                        if let Some(r) = end {
-                            state.versions.borrow_mut().arrive(table, (r.start, r.end));
-                        }
-                    }
-                    m.state = TabletState::Active;
-                    m.frozen = false;
-                    m.map_version = map_version;
-                    true
-                }
-                None => false,
-            };
-            state.recount_unusual();
-            if found {
-                reply(out, id, &Response::Done)
-            } else {
-                encode_error(
-                    out,
-                    id,
-                    Status::UnknownTablet,
-                    "no such tablet on this shard",
-                )
-            }
-        }
+        } => crate::tablet_control::activate(state, id, (table, start_hash), map_version, out),
         Request::MigrateTablet {
             table,
             start_hash,
@@ -514,6 +451,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         | Request::ListServers
         | Request::Timestamps { .. }
         | Request::RemoveServer { .. }
+        | Request::AckLoss { .. }
         | Request::MoveTablet { .. } => encode_error(
             out,
             id,
@@ -558,6 +496,15 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 Err((status, message)) => encode_error(out, id, status, message),
             }
         }
+        Request::MarkLost {
+            table,
+            start_hash,
+            lost_from,
+            version_floor,
+        } => match crate::lost::mark(state, table, start_hash, lost_from, version_floor) {
+            Ok(()) => reply(out, id, &Response::Done),
+            Err((status, message)) => encode_error(out, id, status, message),
+        },
         Request::ServerDown { server_id } => {
             tracing::info!(
                 shard = state.index,

@@ -94,7 +94,7 @@ pub fn read(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mu
         engine
             .read(table, key)
             .map(|o| (o.version, o.value))
-            .map_err(|e| engine_status(&e))
+            .map_err(|e| crate::lost::refusal(state, table, key, &e).0)
     })
 }
 

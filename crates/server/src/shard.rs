@@ -41,6 +41,9 @@ pub struct TabletMeta {
     pub write_holds: u32,
     /// An update holds the tablet (exclusive: other updates and moves wait).
     pub updating: bool,
+    /// 0, or the server this tablet's objects were lost with (`MarkLost`,
+    /// `lost.rs`): missing keys answer `DataLost` until it is cleared.
+    pub lost_from: u64,
 }
 
 impl TabletMeta {
@@ -55,6 +58,7 @@ impl TabletMeta {
             receiving: 0,
             write_holds: 0,
             updating: false,
+            lost_from: 0,
         }
     }
     pub fn serves_reads(&self) -> bool {
@@ -87,6 +91,8 @@ pub struct ShardState {
     /// Tablets not plainly serving (receiving, frozen or held). While zero,
     /// the hot path skips the per-request state check.
     pub unusual_tablets: Cell<usize>,
+    /// Tablets marked lost (`lost.rs`): 0 keeps the check off the read path.
+    pub lost_tablets: Cell<usize>,
     pub connections: Cell<usize>,
     /// Enumerations in progress, so each batch costs O(batch) (enumerate.rs).
     pub enumerate: RefCell<crate::enumerate::EnumerateCache>,
@@ -150,13 +156,11 @@ impl ShardState {
         }
     }
     pub fn recount_unusual(&self) {
-        let n = self
-            .tablets
-            .borrow()
-            .values()
-            .filter(|m| !m.serves_writes())
-            .count();
+        let tablets = self.tablets.borrow();
+        let n = tablets.values().filter(|m| !m.serves_writes()).count();
         self.unusual_tablets.set(n);
+        let lost = tablets.values().filter(|m| m.lost_from != 0).count();
+        self.lost_tablets.set(lost);
     }
 }
 
@@ -213,6 +217,7 @@ pub fn run_shard(
         engine: RefCell::new(engine),
         tablets: RefCell::new(HashMap::new()),
         unusual_tablets: Cell::new(0),
+        lost_tablets: Cell::new(0),
         connections: Cell::new(0),
         enumerate: RefCell::new(crate::enumerate::EnumerateCache::default()),
         held: RefCell::new(crate::held::HeldQueries::default()),

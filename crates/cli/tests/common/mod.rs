@@ -77,6 +77,9 @@ pub struct Cluster {
     /// The id each of `servers` enlisted with (same index), as `add_server`
     /// started them: how a test finds the process of a server it picked by id.
     pub server_ids: Vec<u64>,
+    /// Extra `insitu coordinator` arguments, given again at every restart
+    /// (R is taken from the command line at each start).
+    pub coordinator_args: Vec<String>,
 }
 
 impl Cluster {
@@ -85,15 +88,23 @@ impl Cluster {
     }
 
     pub fn start(servers: usize, shards: usize) -> Cluster {
+        Cluster::start_with(servers, shards, &[])
+    }
+
+    /// `start`, with extra `insitu coordinator` arguments (e.g. `--replicas 0`).
+    pub fn start_with(servers: usize, shards: usize, coordinator_args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
-        let coordinator = start_coordinator(dir.path(), port);
+        let coordinator_args: Vec<String> =
+            coordinator_args.iter().map(|a| a.to_string()).collect();
+        let coordinator = start_coordinator_with(dir.path(), port, &coordinator_args);
         let mut c = Cluster {
             dir,
             port,
             coordinator,
             servers: Vec::new(),
             server_ids: Vec::new(),
+            coordinator_args,
         };
         for _ in 0..servers {
             c.add_server(shards);
@@ -156,7 +167,8 @@ impl Cluster {
 
     pub fn restart_coordinator(&mut self) {
         self.coordinator.kill();
-        self.coordinator = start_coordinator(self.dir.path(), self.port);
+        self.coordinator =
+            start_coordinator_with(self.dir.path(), self.port, &self.coordinator_args);
     }
 
     /// Run a CLI command against this cluster; returns (exit code, stdout, stderr).
@@ -166,12 +178,19 @@ impl Cluster {
 }
 
 pub fn start_coordinator(dir: &Path, port: u16) -> Proc {
+    start_coordinator_with(dir, port, &[])
+}
+
+/// `start_coordinator` with extra arguments.
+pub fn start_coordinator_with(dir: &Path, port: u16, extra: &[String]) -> Proc {
     let cdir = dir.join("coordinator");
     let cdir = cdir.to_str().expect("utf-8 path").to_string();
     let port = port.to_string();
+    let mut args = vec!["coordinator", "--port", &port, "--dir", &cdir];
+    args.extend(extra.iter().map(String::as_str));
     // The old process's port may take a moment to free up.
     let (p, _) = Proc::spawn_retrying(
-        || insitu_command(&["coordinator", "--port", &port, "--dir", &cdir]),
+        || insitu_command(&args),
         "coordinator",
         |l| l.contains("insitu coordinator at"),
         Duration::from_secs(20),

@@ -115,6 +115,7 @@ fn coord_handle(
                             shard: 0,
                             addr: addr.clone(),
                             map_version: st.map_version,
+                            lost_from: 0,
                         }
                     })
                     .collect();

@@ -105,7 +105,8 @@ impl Model {
         let tablets = table
             .tablets
             .iter()
-            .map(|t| TabletInfo {
+            .enumerate()
+            .map(|(i, t)| TabletInfo {
                 start_hash: t.start_hash,
                 end_hash: t.end_hash,
                 server_id: t.server_id,
@@ -115,6 +116,7 @@ impl Model {
                     .unwrap_or_default()
                     .to_string(),
                 map_version: t.map_version,
+                lost_from: self.data_lost.get(&(id, i as u32)).copied().unwrap_or(0),
             })
             .collect();
         Some(TableInfo {

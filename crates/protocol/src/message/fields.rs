@@ -23,6 +23,19 @@ pub enum Number {
     F64(f64),
 }
 
+/// `TabletInfo::lost_from` of a tablet whose objects died with a server of
+/// an earlier run, whose id is no longer on record.
+pub const LOST_FROM_EARLIER_RUN: u64 = u64::MAX;
+
+/// How a message names the server a tablet's objects were lost with.
+pub fn lost_with(lost_from: u64) -> String {
+    if lost_from == LOST_FROM_EARLIER_RUN {
+        "a server of an earlier run".to_string()
+    } else {
+        format!("server {lost_from}")
+    }
+}
+
 /// Where a tablet lives and which map version placed it there.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct TabletInfo {
@@ -35,6 +48,11 @@ pub struct TabletInfo {
     pub addr: String,
     /// Map version of this tablet's last reassignment.
     pub map_version: u64,
+    /// 0: nothing lost. Else the server that died holding this tablet's
+    /// objects in memory only (R = 0): the tablet was re-created empty and
+    /// stays marked until an operator acknowledges the loss (`AckLoss`).
+    /// [`LOST_FROM_EARLIER_RUN`]: a server of an earlier run.
+    pub lost_from: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -132,7 +132,13 @@ impl ShardStore<'_> {
                 version: obj.version,
                 expires_at_ms: obj.expires_at_ms,
             }))),
-            Err(EngineError::ObjectDoesntExist) => Ok(Local::Done(None)),
+            Err(EngineError::ObjectDoesntExist) => {
+                match crate::lost::lost_from(self.state, table, key) {
+                    0 => Ok(Local::Done(None)),
+                    // The key may have existed: say so rather than "nil".
+                    from => Err(err(format!("data lost: {}", crate::lost::message(from)))),
+                }
+            }
             Err(EngineError::UnknownTablet) => Ok(Local::Forward),
             Err(e) => Err(err(e)),
         }
