@@ -12,7 +12,8 @@
 //! (under `--sync always`) makes them durable with one flush before any is
 //! answered. The store work runs on the blocking pool, so pings and reads of
 //! the next requests go on during an fsync, and whatever arrives meanwhile
-//! forms the next group. Under `--sync interval` a timer flushes every
+//! forms the next group (a small group under `--sync interval`, which never
+//! fsyncs, runs on this thread: `run_group`). Under `--sync interval` a timer flushes every
 //! `sync_interval`. Shutdown flushes before the thread ends.
 //!
 //! Bounded like a shard's connections (`ConnLimits`): the frame header is
@@ -54,6 +55,9 @@ const BASE_BUFFER_BYTES: usize = 64 * 1024;
 /// Most jobs (connections' batches) in one group: bounds one group's work
 /// so that its replies are not held back behind an unbounded drain.
 const MAX_GROUP_JOBS: usize = 1024;
+/// Interval mode: a group of at most this many frame bytes is applied on
+/// this thread instead of the blocking pool (`run_group` says why).
+const INLINE_GROUP_BYTES: usize = 256 * 1024;
 /// Name of the replica directory inside the server's data directory.
 pub const REPLICA_DIR: &str = "replicas";
 
@@ -290,7 +294,7 @@ async fn commit_loop(
                         Err(_) => break,
                     }
                 }
-                service = run_group(service, group).await;
+                service = run_group(service, group, settings.sync).await;
             }
             _ = ticker.tick(), if timer_flushes && service.is_some() => {
                 service = on_blocking_pool(service, |svc| log_flush(svc, "timer")).await.0;
@@ -337,7 +341,14 @@ fn log_flush(svc: &mut Service, why: &'static str) {
 }
 
 /// Answer one group: apply everything, one flush (always mode), replies.
-async fn run_group(service: Option<Service>, group: Vec<Job>) -> Option<Service> {
+///
+/// Why a small group runs inline in interval mode: it is a few `write` calls
+/// into the page cache and no fsync, a few microseconds, while the trip to
+/// the blocking pool and back costs two thread wake-ups on every replication
+/// round, which is what a durable write waits for. Groups that fsync (always
+/// mode) or carry much data still go to the pool, so a ping or the next
+/// request's bytes are never held behind the disk.
+async fn run_group(service: Option<Service>, group: Vec<Job>, sync: SyncMode) -> Option<Service> {
     let (frames, replies): (Vec<_>, Vec<_>) =
         group.into_iter().map(|j| (j.frames, j.reply)).unzip();
     if service.is_none() {
@@ -355,7 +366,14 @@ async fn run_group(service: Option<Service>, group: Vec<Job>) -> Option<Service>
         }
         return None;
     }
-    let (service, outs) = on_blocking_pool(service, move |svc| answer_group(svc, &frames)).await;
+    let bytes: usize = frames.iter().flatten().map(|(_, body)| body.len()).sum();
+    let (service, outs) = match service {
+        Some(mut svc) if sync == SyncMode::Interval && bytes <= INLINE_GROUP_BYTES => {
+            let outs = answer_group(&mut svc, &frames);
+            (Some(svc), Some(outs))
+        }
+        service => on_blocking_pool(service, move |svc| answer_group(svc, &frames)).await,
+    };
     for (out, reply) in outs.unwrap_or_default().into_iter().zip(replies) {
         let _ = reply.send(out);
     }
