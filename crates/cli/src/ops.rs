@@ -80,14 +80,42 @@ pub struct CountArgs {
     /// neither a comparison nor its `not`, like SQL's NULL).
     #[arg(long = "where")]
     pub filter: Option<String>,
-    /// Only keys >= this (bytewise).
-    #[arg(long)]
-    pub from_key: Option<String>,
-    /// Only keys < this (bytewise).
-    #[arg(long)]
-    pub to_key: Option<String>,
+    #[command(flatten)]
+    pub keys: KeyRangeArgs,
     #[command(flatten)]
     pub snapshot: SnapshotArgs,
+}
+
+/// `--from-key` / `--to-key`: a bytewise key range (untyped tables), shared
+/// by `count` and `delete`.
+#[derive(clap::Args)]
+pub struct KeyRangeArgs {
+    /// Only keys >= this (bytewise; untyped tables).
+    #[arg(long)]
+    pub from_key: Option<String>,
+    /// Only keys < this (bytewise; untyped tables).
+    #[arg(long)]
+    pub to_key: Option<String>,
+}
+
+impl KeyRangeArgs {
+    /// The range given, if either end was.
+    fn range(&self) -> Option<KeyRange> {
+        (self.from_key.is_some() || self.to_key.is_some()).then(|| KeyRange {
+            start: self.from_key.clone().unwrap_or_default().into_bytes(),
+            end: self.to_key.clone().map(String::into_bytes),
+        })
+    }
+
+    /// Refused on a typed table, whose keys are columns.
+    fn refuse_typed(&self) -> anyhow::Result<()> {
+        if self.range().is_some() {
+            bail!(
+                "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
+            );
+        }
+        Ok(())
+    }
 }
 
 #[derive(clap::Args)]
@@ -136,12 +164,8 @@ pub struct DeleteArgs {
     /// Only objects (rows) matching this expression (see `insitu count --help`).
     #[arg(long = "where")]
     pub filter: Option<String>,
-    /// Only keys >= this (bytewise; untyped tables).
-    #[arg(long)]
-    pub from_key: Option<String>,
-    /// Only keys < this (bytewise; untyped tables).
-    #[arg(long)]
-    pub to_key: Option<String>,
+    #[command(flatten)]
+    pub keys: KeyRangeArgs,
     /// Remove every object of the table: required when no --where,
     /// --from-key or --to-key narrows the removal, so a forgotten filter
     /// never empties a table.
@@ -246,11 +270,7 @@ fn show(n: Number) -> String {
 pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
         a.snapshot.refuse_typed(&a.table)?;
-        if a.from_key.is_some() || a.to_key.is_some() {
-            bail!(
-                "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
-            );
-        }
+        a.keys.refuse_typed()?;
         let table = crate::typed::Typed {
             id,
             schema: &schema,
@@ -260,12 +280,7 @@ pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     }
     let mut sel = selection(&a.filter)?;
     sel.at_snapshot = a.snapshot.mode();
-    if a.from_key.is_some() || a.to_key.is_some() {
-        sel.key_range = Some(KeyRange {
-            start: a.from_key.clone().unwrap_or_default().into_bytes(),
-            end: a.to_key.clone().map(String::into_bytes),
-        });
-    }
+    sel.key_range = a.keys.range();
     runtime()?.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         let n = client.count(id, &sel).await?;
@@ -450,7 +465,7 @@ pub fn train(cmd: TrainCmd, cluster: &ClusterArg) -> anyhow::Result<()> {
 }
 
 pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let narrowed = a.filter.is_some() || a.from_key.is_some() || a.to_key.is_some();
+    let narrowed = a.filter.is_some() || a.keys.range().is_some();
     if !narrowed && !a.all {
         bail!(
             "this would remove every object of {:?}: give --where (or --from-key/--to-key), or --all to mean it",
@@ -459,11 +474,7 @@ pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     if let Some((client, (id, schema, _))) = typed_table(cluster, &a.table)? {
-        if a.from_key.is_some() || a.to_key.is_some() {
-            bail!(
-                "--from-key/--to-key are for untyped tables; on a typed table filter the key columns with --where"
-            );
-        }
+        a.keys.refuse_typed()?;
         let filter = match &a.filter {
             None => Vec::new(),
             Some(f) => insitu_query::parse_where(&schema, f)
@@ -477,12 +488,7 @@ pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         });
     }
     let mut sel = selection(&a.filter)?;
-    if a.from_key.is_some() || a.to_key.is_some() {
-        sel.key_range = Some(KeyRange {
-            start: a.from_key.clone().unwrap_or_default().into_bytes(),
-            end: a.to_key.clone().map(String::into_bytes),
-        });
-    }
+    sel.key_range = a.keys.range();
     runtime()?.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         let n = client.remove_where(id, &sel).await?;
