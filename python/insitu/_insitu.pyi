@@ -74,6 +74,10 @@ class Client:
         """The names of the tables."""
     def drop_table(self, name: str) -> None:
         """Drop a table and free its memory on every server (``UnknownTable`` if absent)."""
+    def ack_loss(self, name: str) -> int:
+        """Acknowledge that table ``name`` lost objects with a server that held
+        them in memory only (R = 0): reads of its missing keys stop raising
+        ``DataLost``. Returns how many tablets had been marked lost."""
     def table(self, name: str) -> Table:
         """Open an existing table (``UnknownTable`` if there is none)."""
     def train_logreg(

@@ -73,6 +73,9 @@ class AsyncClient:
     async def drop_table(self, name: str) -> None:
         await asyncio.to_thread(self.sync.drop_table, name)
 
+    async def ack_loss(self, name: str) -> int:
+        return await asyncio.to_thread(self.sync.ack_loss, name)
+
     async def table(self, name: str) -> AsyncTable:
         return AsyncTable(await asyncio.to_thread(self.sync.table, name))
 

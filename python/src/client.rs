@@ -226,6 +226,15 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    /// Acknowledge that table `name` lost objects with a server that held
+    /// them in memory only (R = 0): reads of its missing keys stop raising
+    /// `DataLost` and return None. Returns how many tablets had been marked
+    /// lost (0: none; acknowledging twice is harmless).
+    fn ack_loss(&self, py: Python<'_>, name: &str) -> PyResult<u32> {
+        py.detach(|| self.inner.ack_loss(name))
+            .map_err(|e| to_py(py, e))
+    }
+
     /// Open an existing table (raises `UnknownTable` if there is none).
     fn table(&self, py: Python<'_>, name: &str) -> PyResult<Table> {
         let info = py

@@ -227,6 +227,11 @@ impl BlockingClient {
         self.run(self.client.drop_table(name))
     }
 
+    /// See `Client::ack_loss`.
+    pub fn ack_loss(&self, name: &str) -> Result<u32, ClientError> {
+        self.run(self.client.ack_loss(name))
+    }
+
     pub fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
         self.run(self.client.list_tables())
     }
