@@ -43,12 +43,17 @@ pub enum TableCmd {
     List,
     /// Drop a table and free its memory on every server.
     Drop { name: String },
-    /// Acknowledge that a table lost objects: a server that held some of its
-    /// tablets in memory only (`--replicas 0`) died. Until then a read of a
-    /// missing key in such a tablet fails with "data lost" (the key may have
-    /// existed) and `count`/`agg` warn; afterwards missing keys are simply
-    /// not found.
-    AckLoss { name: String },
+    /// Acknowledge that a table lost objects with a server that held them in memory only.
+    ///
+    /// A server that held some of the table's tablets in memory only
+    /// (`--replicas 0`) died, and they came back empty. Until this command, a
+    /// read of a missing key there fails with "data lost" (the key may have
+    /// existed) and `count`/`agg` warn; afterwards missing keys are simply not
+    /// found. `insitu status` lists the tablets concerned.
+    AckLoss {
+        /// The table.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]

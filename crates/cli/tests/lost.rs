@@ -64,9 +64,41 @@ async fn read_all(client: &Client, table: u64) -> BTreeMap<String, Option<u64>> 
     seen
 }
 
+/// `GET path` on the coordinator's metrics port.
+fn get(addr: &str, path: &str) -> String {
+    let (code, body) = common::rt()
+        .block_on(insitu_telemetry::http::get(addr, path))
+        .expect("metrics port answers");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+/// Poll the metrics port until gauge `name` (any labels) reads `value`
+/// (gauges are published every second).
+fn metric_until(addr: &str, name: &str, value: f64) {
+    let reads = |l: &str| {
+        let (head, v) = l.rsplit_once(' ').unwrap_or(("", ""));
+        let named = head == name || head.starts_with(&format!("{name}{{"));
+        named && v.parse::<f64>() == Ok(value)
+    };
+    for _ in 0..100 {
+        if get(addr, "/metrics").lines().any(reads) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "/metrics never showed {name} = {value}:\n{}",
+        get(addr, "/metrics")
+    );
+}
+
 #[test]
 fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
-    let mut cluster = Cluster::start_with(2, 1, &["--replicas", "0"]);
+    let metrics_port = common::free_port().to_string();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut cluster =
+        Cluster::start_with(2, 1, &["--replicas", "0", "--metrics-port", &metrics_port]);
     let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", "4"]);
     assert_eq!(code, 0, "{out}{err}");
     let rt = Runtime::new().expect("runtime");
@@ -99,6 +131,12 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
     });
     assert!(out.contains(&format!("lost with server {victim}")), "{out}");
     assert!(out.contains("insitu table ack-loss TABLE"), "{out}");
+    metric_until(&metrics, "insitu_tablets_lost", 2.0);
+    let page = get(&metrics, "/");
+    assert!(
+        page.contains("2 lost their objects (insitu table ack-loss t)"),
+        "{page}"
+    );
 
     // Reads: the survivor's keys read as before, the others say "lost".
     let seen = rt.block_on(read_all(&client, table));
@@ -194,6 +232,8 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
     let (code, out, _) = cluster.cli(&["status"]);
     assert_eq!(code, 0);
     assert!(!out.contains("lost their objects"), "{out}");
+    metric_until(&metrics, "insitu_tablets_lost", 0.0);
+    assert!(!get(&metrics, "/").contains("lost their objects"));
     let (code, out, err) = cluster.cli(&["table", "ack-loss", "t"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("has no lost objects"), "{out}");

@@ -47,6 +47,8 @@ pub async fn publish(coord: Arc<Coordinator>, shutdown: CancellationToken) {
         let tablets: usize = model.tables.values().map(|t| t.tablets.len()).sum();
         metrics::gauge!("insitu_cluster_tablets").set(tablets as f64);
         metrics::gauge!("insitu_tablets_awaiting_recovery").set(model.lost_from.len() as f64);
+        // Tablets whose objects were lost (R = 0), until acknowledged.
+        metrics::gauge!("insitu_tablets_lost").set(model.data_lost.len() as f64);
         metrics::gauge!("insitu_tablet_moves_in_progress").set(model.moves.len() as f64);
         metrics::gauge!("insitu_map_version").set(model.map_version as f64);
     }

@@ -65,8 +65,9 @@ pub async fn render(coord: &Coordinator, rates: &Rates) -> String {
                 backup: model.backup_addrs.get(id).cloned().unwrap_or_default(),
             })
             .collect();
-        // table name -> tablets per server id (orphaned ones under 0).
-        let tables: BTreeMap<String, (usize, BTreeMap<u64, usize>)> = model
+        // table name -> tablets per server id (orphaned ones under 0), and
+        // how many lost their objects (not yet acknowledged).
+        let tables: BTreeMap<String, (usize, BTreeMap<u64, usize>, usize)> = model
             .tables
             .values()
             .map(|t| {
@@ -74,7 +75,8 @@ pub async fn render(coord: &Coordinator, rates: &Rates) -> String {
                 for tablet in &t.tablets {
                     *per.entry(tablet.server_id).or_insert(0) += 1;
                 }
-                (t.name.clone(), (t.tablets.len(), per))
+                let lost = model.data_lost.range((t.id, 0)..=(t.id, u32::MAX)).count();
+                (t.name.clone(), (t.tablets.len(), per, lost))
             })
             .collect();
         (servers, tables, model.map_version, model.replicas)
@@ -165,14 +167,19 @@ pub async fn render(coord: &Coordinator, rates: &Rates) -> String {
         h.push_str(
             "<table><tr><th>table</th><th class=\"num\">tablets</th><th>tablets per server</th></tr>",
         );
-        for (name, (count, per)) in &tables {
-            let spread: Vec<String> = per
+        for (name, (count, per, lost)) in &tables {
+            let mut spread: Vec<String> = per
                 .iter()
                 .map(|(server, n)| match *server {
                     crate::model::ORPHANED => format!("{n} awaiting a server"),
                     id => format!("server {id}: {n}"),
                 })
                 .collect();
+            if *lost > 0 {
+                spread.push(format!(
+                    "{lost} lost their objects (insitu table ack-loss {name})"
+                ));
+            }
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td class=\"num\">{count}</td><td>{}</td></tr>",
