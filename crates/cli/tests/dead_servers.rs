@@ -5,37 +5,20 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::Cluster;
-
-/// Run `insitu status` until `pred` accepts its output (at most ~20 s).
-fn status_until(cluster: &Cluster, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let mut last = String::new();
-    for _ in 0..200 {
-        let (code, out, err) = cluster.cli(&["status"]);
-        assert_eq!(code, 0, "{out}{err}");
-        if pred(&out) {
-            return out;
-        }
-        last = out;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("status never showed {what}:\n{last}");
-}
 
 #[test]
 fn killed_and_removed_servers_in_status() {
     let mut cluster = Cluster::start(2, 1);
     let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", "4"]);
     assert_eq!(code, 0, "{out}{err}");
-    let out = status_until(&cluster, "two live servers", |o| o.contains(": 2 servers"));
+    let out = cluster.status_until("two live servers", |o| o.contains(": 2 servers"));
     assert!(out.contains(" up "), "{out}");
 
     // Server 1's process is killed: declared dead, its tablets recovered onto
     // server 2 (for now re-created empty), and it is forgotten.
     cluster.servers[0].kill();
-    let out = status_until(&cluster, "server 1 gone", |o| {
+    let out = cluster.status_until("server 1 gone", |o| {
         o.contains(": 1 servers") && !o.contains("waiting for recovery")
     });
     assert!(

@@ -26,20 +26,6 @@ async fn connect(addr: &str) -> Client {
     Client::connect_with(addr, config).await.expect("connect")
 }
 
-/// Run `insitu status` until `pred` accepts its output (at most ~30 s).
-fn status_until(cluster: &Cluster, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let mut last = String::new();
-    for _ in 0..300 {
-        let (code, out, err) = cluster.cli(&["status"]);
-        if code == 0 && pred(&out) {
-            return out;
-        }
-        last = format!("{out}{err}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("status never showed {what}:\n{last}");
-}
-
 /// Every key's state after the loss: `Some(version)` if it still reads (at
 /// that version), `None` if its read answered `DataLost`.
 async fn read_all(client: &Client, table: u64) -> BTreeMap<String, Option<u64>> {
@@ -126,7 +112,7 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
     // The server holding some tablets dies; R = 0 keeps no copy.
     let victim = cluster.server_ids[0];
     cluster.kill_server(victim);
-    let out = status_until(&cluster, "the lost tablets", |o| {
+    let out = cluster.status_until("the lost tablets", |o| {
         o.contains("tablets lost their objects") && !o.contains("waiting for recovery")
     });
     assert!(out.contains(&format!("lost with server {victim}")), "{out}");
@@ -205,7 +191,7 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
     // The marks are durable: a restarted coordinator still reports them and
     // the shards still answer DataLost.
     cluster.restart_coordinator();
-    status_until(&cluster, "the lost tablets after a restart", |o| {
+    cluster.status_until("the lost tablets after a restart", |o| {
         o.contains("2 tablets lost their objects")
     });
     let err = rt
