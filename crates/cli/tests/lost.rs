@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::Cluster;
-use insitu_client::{Client, ClientConfig, Status};
+use insitu_client::{Client, ClientConfig, RejectRules, Status};
 use tokio::runtime::Runtime;
 
 const KEYS: usize = 200;
@@ -143,6 +143,34 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
         }
     }
     let lost_key = lost[0].clone();
+
+    // Every other request that would treat a lost key as never written says
+    // so too: a multi-read item, an increment (which would restart the
+    // counter at 0) and a remove that requires the object (a plain remove
+    // of an absent key removes nothing and says so, lost or not).
+    let kept_key = seen
+        .iter()
+        .find(|(_, s)| s.is_some())
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    let items = rt
+        .block_on(client.multi_read(table, &[lost[2].as_str(), kept_key.as_str()]))
+        .expect("multi-read");
+    let item_status = items[0].as_ref().err().and_then(|e| e.status());
+    assert_eq!(item_status, Some(Status::DataLost), "{:?}", items[0]);
+    assert!(matches!(&items[1], Ok(Some(_))), "{:?}", items[1]);
+    let e = rt
+        .block_on(client.increment_i64(table, lost[3].as_str(), 1))
+        .expect_err("a lost counter");
+    assert_eq!(e.status(), Some(Status::DataLost), "{e}");
+    let must_exist = RejectRules {
+        doesnt_exist: true,
+        ..RejectRules::default()
+    };
+    let e = rt
+        .block_on(client.remove_with(table, lost[4].as_str(), must_exist))
+        .expect_err("a lost key");
+    assert_eq!(e.status(), Some(Status::DataLost), "{e}");
 
     // The CLI: a lost key's get fails and says why; count warns.
     let (code, out, err) = cluster.cli(&["get", "t", &lost_key]);

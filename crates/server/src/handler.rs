@@ -213,21 +213,12 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 return encode_error(out, id, s, s.to_string());
             }
             let engine = state.engine.borrow();
-            match engine.read(table, key) {
-                Ok(obj) => reply(
-                    out,
-                    id,
-                    &Response::Read {
-                        version: obj.version,
-                        value: blob(obj.value),
-                        expires_at_ms: obj.expires_at_ms,
-                    },
-                ),
-                Err(e) => {
-                    let (status, message) = crate::lost::refusal(state, table, key, &e);
-                    encode_error(out, id, status, message)
-                }
-            }
+            let result = engine.read(table, key).map(|obj| Response::Read {
+                version: obj.version,
+                value: blob(obj.value),
+                expires_at_ms: obj.expires_at_ms,
+            });
+            crate::lost::reply_keyed(state, (table, key), out, id, result);
         }
         Request::Write {
             table,
