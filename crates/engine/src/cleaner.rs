@@ -508,9 +508,10 @@ pub(crate) fn compact_into_head(
         // headless spell (`carry_counter`).
         t.counter_mark = None;
     }
-    // What a head must keep free for a tombstone (`slack.rs`) beside its
-    // version mark, and a mark carried out of a headless tablet's segment.
-    let slack = t.tombstone_slack();
+    // What a head must keep free for a tombstone (`slack.rs`) and for the
+    // groups promised room (`promise.rs`) beside its version mark, and a
+    // mark carried out of a headless tablet's segment.
+    let slack = t.tombstone_slack() + t.promised.bytes();
     let keep_for_tombstone = slack + 2 * entry::MAX_HEADER_BYTES;
     t.head = None;
     t.survivor = None;
@@ -550,8 +551,8 @@ pub(crate) fn compact_into_head(
             t.head = Some(h);
         }
         // Cleaned: the survivor holding its copies is the head (with the
-        // room for a tombstone the check above left it), though the
-        // caller's `len` does not fit.
+        // room for a tombstone and the promises the check above left it),
+        // though the caller's `len` does not fit.
         Some(_) => {
             let adopted = adopt(t, budget, slack);
             debug_assert!(

@@ -33,6 +33,15 @@ pub enum EngineError {
     VersionExhausted {
         version: u64,
     },
+    /// The tablet's head holds room promised to pending groups (a
+    /// transaction's decision, `Engine::promise_head`): `held` bytes of it,
+    /// and `asked` more do not fit within `max` beside them. Retry once
+    /// the decisions are applied.
+    HeadPromised {
+        held: usize,
+        asked: usize,
+        max: usize,
+    },
     /// create_tablet / split: the range overlaps an existing tablet, or is invalid.
     BadTablet(String),
 }
@@ -64,6 +73,10 @@ impl std::fmt::Display for EngineError {
                 f,
                 "version {version} is beyond the maximum {}: the tablet's version counter is exhausted",
                 crate::MAX_VERSION
+            ),
+            EngineError::HeadPromised { held, asked, max } => write!(
+                f,
+                "the tablet's log head holds {held} bytes for pending transaction decisions; {asked} more bytes do not fit beside them (at most {max}): retry once they are applied"
             ),
             EngineError::BadTablet(why) => write!(f, "bad tablet: {why}"),
         }

@@ -75,6 +75,8 @@ impl Tablet {
         budget: &mut Budget,
         additional: usize,
     ) -> Result<(), EngineError> {
+        // Slots promised to pending groups stay free (`promise.rs`).
+        let additional = additional + self.promised.record_slots();
         let map = &self.records;
         let growth = index::growth_bytes_of(
             (map.len(), map.capacity(), map.allocation_size()),

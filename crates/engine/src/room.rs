@@ -166,6 +166,18 @@ impl Engine {
         len: usize,
         purpose: Purpose,
     ) -> Result<bool, EngineError> {
+        // Room promised to pending groups stays free behind every append
+        // (`promise.rs`); a group drops its promise before it appends.
+        let held = self.tablet(slot).promised.bytes();
+        let fresh = self.config.segment_bytes - crate::entry::MAX_HEADER_BYTES;
+        if held > 0 && len + held > fresh {
+            return Err(EngineError::HeadPromised {
+                held,
+                asked: len,
+                max: fresh,
+            });
+        }
+        let len = len + held;
         if self.tablet(slot).head_room(self.config.segment_bytes) >= len {
             return Ok(false);
         }

@@ -47,6 +47,9 @@ pub(crate) struct Tablet {
     /// This head keeps no tombstone slack: a reserved group filled it
     /// (`Engine::reserve_head`). Cleared whenever a new head is taken.
     pub slack_waived: bool,
+    /// Head room, index slots and record slots held for pending groups
+    /// (`promise.rs`): every other append leaves them free.
+    pub promised: std::sync::Arc<crate::promise::Promised>,
     /// Where the cleaner appends survivors; kept open across passes so a
     /// pass's last, partly filled survivor is topped up by the next pass.
     pub survivor: Option<u32>,
@@ -93,6 +96,7 @@ impl Tablet {
             head: None,
             key_classes: crate::slack::KeyClasses::default(),
             slack_waived: false,
+            promised: std::sync::Arc::default(),
             survivor: None,
             counter_mark: None,
             next_segment_id: 1,
@@ -307,6 +311,8 @@ impl Tablet {
         budget: &mut Budget,
         additional: usize,
     ) -> Result<(), EngineError> {
+        // Slots promised to pending groups stay free (`promise.rs`).
+        let additional = additional + self.promised.index_slots();
         if additional <= self.index.capacity() - self.index.len() {
             return Ok(());
         }

@@ -30,6 +30,9 @@ pub fn engine_status(e: &EngineError) -> Status {
         EngineError::WrongVersion { .. } => Status::WrongVersion,
         EngineError::NotANumber { .. } => Status::NotANumber,
         EngineError::BadTablet(_) => Status::BadRequest,
+        // Room held for transaction decisions about to be applied: gone
+        // within a round trip or two.
+        EngineError::HeadPromised { .. } => Status::Retry,
         // The protocol has no status of its own for this; the message says
         // which version and that the tablet's counter is spent.
         EngineError::VersionExhausted { .. } => Status::Internal,

@@ -33,6 +33,7 @@ mod txn;
 mod txn_durable;
 mod txn_peers;
 mod txn_resolve;
+mod txn_room;
 mod update_apply;
 mod update_keys;
 mod update_log;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use insitu_client::Client;
-use insitu_engine::{TransientCharge, key_hash};
+use insitu_engine::{HeadPromise, TransientCharge, key_hash};
 use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnWrite};
 use insitu_protocol::{Response, Status, encode_error};
 use insitu_txn::{Anchor, Item, Participant, Refusal, Write};
@@ -44,11 +44,10 @@ pub(crate) type DecisionAt = (u64, Vec<u8>, u8);
 /// A shard's transactions: the participant state and what it holds.
 pub struct ShardTxns {
     pub participant: RefCell<Participant>,
-    /// The memory-budget charges of each prepared transaction (its keys and
-    /// values are copies held outside the log until decided). Several when
-    /// a recovery brings several parts of one transaction: each part's
-    /// charge is kept until the decision, none replaces another.
-    pub(crate) charges: RefCell<HashMap<TxnId, Vec<TransientCharge>>>,
+    /// What each prepared transaction holds until its decision is applied
+    /// (`Held`). Present from the prepare (or the recovery of a record) on:
+    /// a resent prepare finds it.
+    pub(crate) held: RefCell<HashMap<TxnId, Held>>,
     /// The prepared records each transaction has here: (table, anchor key)
     /// per part (`txn_durable`). Absent: its parts have no records (a
     /// one-phase commit in one tablet).
@@ -72,11 +71,25 @@ pub struct ShardTxns {
     epoch: Instant,
 }
 
+/// What a prepared transaction holds here until its decision is applied.
+/// Several of each when a recovery brings several parts of one
+/// transaction: every part keeps its own, none replaces another.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// Memory-budget charges: its keys and values are copies held outside
+    /// the log until decided.
+    pub charges: Vec<TransientCharge>,
+    /// Log room for each part's decision (`Engine::promise_head`): a
+    /// committed write must never be refused for room once the vote is
+    /// yes. Taken by `txn_durable::apply_part`, the rest dropped with this.
+    pub promises: Vec<HeadPromise>,
+}
+
 impl Default for ShardTxns {
     fn default() -> Self {
         ShardTxns {
             participant: RefCell::new(Participant::new(insitu_txn::Limits::default())),
-            charges: RefCell::new(HashMap::new()),
+            held: RefCell::new(HashMap::new()),
             records: RefCell::new(HashMap::new()),
             decided_records: RefCell::new(HashMap::new()),
             applying: RefCell::new(HashSet::new()),
@@ -238,8 +251,7 @@ pub async fn prepare(
         table: items[0].table,
         key: items[0].key.to_vec(),
     };
-    if state.txns.charges.borrow().contains_key(&txn)
-        || state.txns.records.borrow().contains_key(&txn)
+    if state.txns.held.borrow().contains_key(&txn) || state.txns.records.borrow().contains_key(&txn)
     {
         // A resend of a prepare already taken: the same yes, once the first
         // has recorded the whole vote.
@@ -280,7 +292,11 @@ pub async fn prepare(
     let charge = state.engine.borrow().try_charge_transient(bytes as u64);
     match charge {
         Ok(charge) => {
-            state.txns.charges.borrow_mut().insert(txn, vec![charge]);
+            let held = Held {
+                charges: vec![charge],
+                promises: Vec::new(),
+            };
+            state.txns.held.borrow_mut().insert(txn, held);
         }
         Err(_) => {
             abort_here(state, txn);
@@ -291,6 +307,12 @@ pub async fn prepare(
                 format!("transaction {txn:#x}: no memory to hold {bytes} bytes until the commit"),
             );
         }
+    }
+    // The log room of each part's decision, held from now on: once the vote
+    // is yes, a commit must apply whatever fills the budget meanwhile.
+    if writes && let Err((status, why)) = crate::txn_room::promise_parts(state, txn, &own) {
+        abort_here(state, txn);
+        return encode_error(out, id, status, why);
     }
     // A one-phase commit that writes in one tablet needs no record: its
     // writes are one group in one log segment, so a crash keeps all of them
@@ -388,7 +410,7 @@ pub async fn prepare(
 fn abort_here(state: &ShardState, txn: TxnId) {
     let now = state.txns.now_ms();
     state.txns.participant.borrow_mut().decide(txn, false, now);
-    state.txns.charges.borrow_mut().remove(&txn);
+    state.txns.held.borrow_mut().remove(&txn);
     state.txns.records.borrow_mut().remove(&txn);
     state.holds_released.notify_waiters();
 }
@@ -519,7 +541,7 @@ pub(crate) async fn settle_and_apply(
         }
         txn_durable::apply_part(state, txn, part, plan);
     }
-    state.txns.charges.borrow_mut().remove(&txn);
+    state.txns.held.borrow_mut().remove(&txn);
     // Moves and updates waiting for this tablet's locks re-check; so does
     // a caller waiting for this application.
     state.holds_released.notify_waiters();

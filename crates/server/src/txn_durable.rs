@@ -189,18 +189,8 @@ pub(crate) fn write_prepared(
         return Ok(0);
     };
     let parts = parts(&engine, p, Some(own));
-    let segment_bytes = engine.config().segment_bytes;
     for part in &parts {
-        let bytes = group_bytes(part);
-        if bytes > segment_bytes {
-            return Err((
-                Status::BadRequest,
-                format!(
-                    "transaction {txn:#x} writes {bytes} bytes in one tablet of table {}; a transaction may write at most {segment_bytes} bytes (one log segment) per tablet",
-                    part.table
-                ),
-            ));
-        }
+        crate::txn_room::check_fits(&engine, txn, part)?;
     }
     let mut written: Vec<(u64, Vec<u8>)> = Vec::with_capacity(parts.len());
     // The vote part is the first (`parts`).
@@ -271,14 +261,20 @@ pub(crate) struct GroupPlan {
 }
 
 /// Append one part's decision as one group: the commit record, the writes
-/// (on a commit), the record's removal, in one log segment. A write the
-/// engine refuses now is logged and lost for its key alone (the decision
-/// is taken; ARCHITECTURE.md lists it among the known gaps).
+/// (on a commit), the record's removal, in one log segment, in the room
+/// its prepare promised (`txn_room`). Only a part without a promise (one
+/// recovered when there was no room) can meet a refusal now: logged, and
+/// lost for that key alone (the decision is taken).
 pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: GroupPlan) {
+    let promise = crate::txn_room::take_promise(state, txn, part);
     let mut engine = state.engine.borrow_mut();
     let hash = key_hash(part.table, &part.anchor);
     let bytes = group_bytes(part);
-    if let Err(e) = engine.reserve_head(part.table, hash, bytes) {
+    let room = match promise {
+        Some(promise) => engine.reserve_promised_head(promise, bytes),
+        None => engine.reserve_head(part.table, hash, bytes),
+    };
+    if let Err(e) = room {
         tracing::warn!(
             shard = state.index,
             txn,
@@ -461,6 +457,7 @@ pub(crate) fn restore_record(
                 })
                 .collect();
             let bytes: usize = items.iter().map(|i| i.key.len() + value_len(i)).sum();
+            let restored_items = items.clone();
             if let Err(why) = state.txns.participant.borrow_mut().restore(
                 txn,
                 record.primary,
@@ -475,16 +472,20 @@ pub(crate) fn restore_record(
                 state.txns.participant.borrow_mut().voted(txn, vote);
             }
             note_records(state, txn, [(table, anchor.to_vec())]);
-            // Charged when it fits; a recovery is never refused for it.
+            // Charged and given its decision's room when they fit; a
+            // recovery is never refused for them.
             if let Ok(charge) = state.engine.borrow().try_charge_transient(bytes as u64) {
-                state
-                    .txns
-                    .charges
-                    .borrow_mut()
-                    .entry(txn)
-                    .or_default()
-                    .push(charge);
+                let mut held = state.txns.held.borrow_mut();
+                held.entry(txn).or_default().charges.push(charge);
             }
+            let part = Part {
+                table,
+                anchor: anchor.to_vec(),
+                primary_anchor: is_primary,
+                items: restored_items,
+                record: true,
+            };
+            crate::txn_room::promise_restored(state, txn, &part);
         }
         CLASS_COMMITTED | CLASS_ABORTED => {
             let committed = id.class == CLASS_COMMITTED;

@@ -7,13 +7,13 @@
 
 mod common;
 
-use common::txn::{decide, prepare};
+use common::txn::{decide, keys_on_two_shards, prepare};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use insitu_client::{Client, ClientConfig, RpcConn, Status, TableInfo};
+use insitu_client::{Client, ClientConfig, RpcConn, Status};
 use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{RejectRules, Request, blob};
@@ -192,26 +192,6 @@ async fn a_stale_read_aborts_and_nothing_is_written() {
 }
 
 /// Two keys of `table` owned by different shards.
-fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, String)) {
-    let addr_of = |key: &str| {
-        let h = key_hash(info.id, key.as_bytes());
-        let tablet = info
-            .tablets
-            .iter()
-            .find(|t| t.start_hash <= h && h <= t.end_hash)
-            .unwrap();
-        tablet.addr.clone()
-    };
-    let first = "k0".to_string();
-    let first_addr = addr_of(&first);
-    let second = (1..1000)
-        .map(|i| format!("k{i}"))
-        .find(|k| addr_of(k) != first_addr)
-        .expect("keys spread over both shards");
-    let second_addr = addr_of(&second);
-    ((first, first_addr), (second, second_addr))
-}
-
 /// Wait until `key` reads `want` (None: absent), or fail after `within`.
 async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, within: Duration) {
     let deadline = Instant::now() + within;

@@ -1,7 +1,8 @@
 //! Raw transaction requests for the tests that play a client's part by
 //! hand: a prepare of one put, and a decision sent to a participant.
 
-use insitu_client::RpcConn;
+use insitu_client::{RpcConn, TableInfo};
+use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{Request, Response, blob};
 
@@ -52,4 +53,26 @@ pub async fn decide_at(conn: &RpcConn, txn: u64, commit: bool, commit_ts: u64) -
         Response::TxnDecided { committed, .. } => committed,
         other => panic!("{other:?} to TxnDecide"),
     }
+}
+
+/// Two keys of `info`'s table whose tablets are on different shards, each
+/// with its shard's address.
+pub fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, String)) {
+    let addr_of = |key: &str| {
+        let h = key_hash(info.id, key.as_bytes());
+        let tablet = info
+            .tablets
+            .iter()
+            .find(|t| t.start_hash <= h && h <= t.end_hash)
+            .unwrap();
+        tablet.addr.clone()
+    };
+    let first = "k0".to_string();
+    let first_addr = addr_of(&first);
+    let second = (1..1000)
+        .map(|i| format!("k{i}"))
+        .find(|k| addr_of(k) != first_addr)
+        .expect("keys spread over both shards");
+    let second_addr = addr_of(&second);
+    ((first, first_addr), (second, second_addr))
 }

@@ -1,0 +1,115 @@
+//! A transaction prepared on two shards commits whole even when plain
+//! writes fill both shards' memory between its prepare and its decision:
+//! the prepare holds the log room its decision needs (`Engine::
+//! promise_head`). Before, the commit's writes were refused for room and
+//! lost for their keys while the transaction counted as committed.
+
+mod common;
+
+use common::txn::{decide, keys_on_two_shards, prepare};
+
+use std::time::Duration;
+
+use insitu_client::{Client, ClientConfig, RpcConn, Status};
+
+/// Write new keys (`{prefix}{n:08}`, all of one length) of each size in
+/// turn until that size is refused for memory 40 times in a row: with
+/// falling sizes, no head keeps room for another key and the budget is
+/// spent (every key is live, so cleaning frees nothing). Returns the keys
+/// written.
+async fn fill(client: &Client, table: u64, prefix: &str, sizes: &[usize]) -> Vec<String> {
+    let mut written = Vec::new();
+    let mut n = 0u64;
+    for &size in sizes {
+        let value = vec![b'f'; size];
+        let mut refused = 0;
+        while refused < 30 {
+            n += 1;
+            let key = format!("{prefix}{n:08}");
+            match client.write(table, &key, &value).await {
+                Ok(_) => {
+                    written.push(key);
+                    refused = 0;
+                }
+                Err(e) if e.status() == Some(Status::OutOfMemory) => refused += 1,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+    }
+    written
+}
+
+#[tokio::test]
+async fn a_commit_applies_on_memory_filled_after_its_prepare() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let node = common::start(|c| {
+        c.shards = 2;
+        c.engine.segment_bytes = 128 * 1024;
+        // 12 segments per shard.
+        c.engine.memory_budget_bytes = 2 * 12 * 128 * 1024;
+        c.engine.max_value_bytes = 4096;
+    })
+    .await;
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let info = client.create_table("full", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
+    let (s1, s2) = (
+        RpcConn::connect(&a1).await.unwrap(),
+        RpcConn::connect(&a2).await.unwrap(),
+    );
+    // Values larger than the crumbs the filling leaves in a head.
+    let (v1, v2) = ("1".repeat(3000), "2".repeat(3000));
+    // Most of the memory first (as long as it takes), then room for the
+    // prepare by removing some of it; the rest is filled after the prepare,
+    // well within the 2 s after which a resolution would decide it.
+    let bulk = fill(&client, t, "bulk", &[4000]).await;
+    assert!(
+        bulk.len() > 100,
+        "only {} keys filled the memory",
+        bulk.len()
+    );
+    for key in &bulk[..20] {
+        client.remove(t, key).await.unwrap();
+    }
+    let txn = 0xf011;
+    for (conn, request) in [
+        (&s1, prepare(txn, None, &[&k2], t, &k1, &v1)),
+        (&s2, prepare(txn, Some(&k1), &[], t, &k2, &v2)),
+    ] {
+        let r = conn.call(&request).await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    }
+    let rest = fill(&client, t, "rest", &[4000, 1000]).await;
+    assert!(
+        rest.len() >= 20,
+        "only {} keys after the prepare",
+        rest.len()
+    );
+    // What the commit's writes need does not fit any more.
+    let late = client.write(t, "late00000000", &v1).await.unwrap_err();
+    assert_eq!(late.status(), Some(Status::OutOfMemory), "{late}");
+    // The primary decides, then the other participant hears it.
+    assert!(decide(&s1, txn, true).await);
+    assert!(decide(&s2, txn, true).await);
+    for (key, want) in [(&k1, &v1), (&k2, &v2)] {
+        let got = client.read(t, key).await.unwrap().map(|(v, _)| v);
+        assert_eq!(
+            got.as_deref(),
+            Some(want.as_bytes()),
+            "{key}: the committed write"
+        );
+    }
+    // Nothing else was lost.
+    for key in bulk[20..].iter().chain(&rest) {
+        assert!(client.read(t, key).await.unwrap().is_some(), "{key}");
+    }
+    drop(node);
+}
