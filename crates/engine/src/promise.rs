@@ -23,8 +23,8 @@
 //!   between, the shard being single-threaded): the head still has the
 //!   room, so nothing is allocated, and the new keys find index slots.
 //!
-//! Why the room asked is `bytes` plus the slack of a key of up to `bytes`:
-//! so the head keeps its tombstone slack behind the group, as
+//! Why the room asked is `bytes` plus the tombstone slack with the group's
+//! longest new key: so the head keeps its slack behind the group, as
 //! `reserve_head` would. Where a longer key written and then removed
 //! meanwhile took that slack, the group waives it for this head
 //! (`slack_waived`) rather than needing a new one: the promise only ever
@@ -78,6 +78,9 @@ pub struct GroupSize {
     pub new_keys: usize,
     /// Record ids it may add.
     pub new_records: usize,
+    /// The longest key among the objects it may add (0 if none): the
+    /// tombstone slack the head keeps behind the group grows to cover it.
+    pub longest_key: usize,
 }
 
 /// Room held in one tablet's head (and index) for one group until dropped.
@@ -89,6 +92,8 @@ pub struct HeadPromise {
     bytes: usize,
     index_slots: usize,
     record_slots: usize,
+    /// The group's longest new key (`GroupSize::longest_key`).
+    longest_key: usize,
     /// The tablet's table and first hash: which group this promise is for.
     table: TableId,
     start_hash: u64,
@@ -141,7 +146,8 @@ impl Engine {
         let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
         let fresh = self.config.segment_bytes - entry::MAX_HEADER_BYTES;
         let t = self.tablet(slot);
-        let bytes = group.bytes + t.tombstone_slack_with(group.bytes.min(self.max_key_bytes));
+        let longest_key = group.longest_key.min(self.max_key_bytes);
+        let bytes = group.bytes + t.tombstone_slack_with(longest_key);
         if bytes + t.tombstone_slack() > fresh {
             return Err(EngineError::ValueTooLarge {
                 len: group.bytes,
@@ -187,6 +193,7 @@ impl Engine {
             bytes,
             index_slots: group.new_keys,
             record_slots: group.new_records,
+            longest_key,
             table,
             start_hash: t.range.start,
         })
@@ -208,7 +215,7 @@ impl Engine {
         bytes: usize,
     ) -> Result<(), EngineError> {
         let (table, start) = (promise.table, promise.start_hash);
-        let promised = promise.bytes;
+        let (promised, longest_key) = (promise.bytes, promise.longest_key);
         drop(promise);
         let slot = self
             .route_exact(table, start)
@@ -216,7 +223,7 @@ impl Engine {
         let t = self.tablet(slot);
         let room = t.head_room(self.config.segment_bytes);
         let held = t.promised.bytes();
-        let slack = t.tombstone_slack_with(bytes.min(self.max_key_bytes));
+        let slack = t.tombstone_slack_with(longest_key);
         if bytes <= promised && room >= bytes + held {
             if room < bytes + slack + held {
                 self.tablet_and_budget(slot).0.slack_waived = true;

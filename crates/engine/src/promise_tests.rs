@@ -37,6 +37,7 @@ fn group(keys: usize) -> GroupSize {
         bytes: max_entry_bytes(6, 9) + keys * max_entry_bytes(8, 16) + max_entry_bytes(6, 17),
         new_keys: keys,
         new_records: 1,
+        longest_key: 8,
     }
 }
 
@@ -193,6 +194,7 @@ fn a_promise_holds_index_slots_against_other_new_keys() {
         bytes: 64,
         new_keys: 40,
         new_records: 0,
+        longest_key: 0,
     };
     let t = |e: &mut Engine| -> (usize, usize) {
         let t = e
@@ -283,6 +285,7 @@ proptest::proptest! {
                         bytes: n * max_entry_bytes(9, 16),
                         new_keys: n,
                         new_records: 0,
+                        longest_key: 9,
                     };
                     match e.promise_head(T, 0, g) {
                         Ok(p) => {

@@ -308,12 +308,6 @@ pub async fn prepare(
             );
         }
     }
-    // The log room of each part's decision, held from now on: once the vote
-    // is yes, a commit must apply whatever fills the budget meanwhile.
-    if writes && let Err((status, why)) = crate::txn_room::promise_parts(state, txn, &own) {
-        abort_here(state, txn);
-        return encode_error(out, id, status, why);
-    }
     // A one-phase commit that writes in one tablet needs no record: its
     // writes are one group in one log segment, so a crash keeps all of them
     // or none (a replica holds a prefix of a segment, and nothing after the
@@ -366,6 +360,15 @@ pub async fn prepare(
             settle_and_apply(state, txn, false, 0).await;
             return encode_error(out, id, status, why);
         }
+    }
+    // The log room of each part's decision, held from now on: once the vote
+    // is yes, a commit must apply whatever fills the budget meanwhile. Taken
+    // after the records (a record as large as its part's decision would not
+    // fit a head beside it).
+    if writes && let Err((status, why)) = crate::txn_room::promise_parts(state, txn, &own) {
+        // Records written above are removed by the abort.
+        settle_and_apply(state, txn, false, 0).await;
+        return encode_error(out, id, status, why);
     }
     // Every part is recorded (the conn makes the vote record durable before
     // this reply leaves, and before any answer to an inquiry): the vote
@@ -536,8 +539,9 @@ pub(crate) async fn settle_and_apply(
     let _ = state.txns.participant.borrow_mut().finish(txn);
     for part in rest {
         let plan = plan(part);
-        if part.items.is_empty() && !plan.has_record && !plan.commit_record {
-            continue; // a part of reads only, with nothing recorded
+        let writes = plan.commit && !part.items.is_empty();
+        if !writes && !plan.has_record && !plan.commit_record {
+            continue; // nothing to append: reads only, or an abort with no record
         }
         txn_durable::apply_part(state, txn, part, plan);
     }

@@ -19,16 +19,18 @@ use crate::txn_durable::{Part, group_bytes, parts};
 
 /// What a part's decision appends at most.
 pub(crate) fn group_size(part: &Part) -> GroupSize {
-    GroupSize {
-        bytes: group_bytes(part),
-        // Every put may add a key.
-        new_keys: part
-            .items
+    // Every put may add a key.
+    let puts = || {
+        part.items
             .iter()
             .filter(|i| matches!(i.write, Write::Put(_) | Write::PutExpiring(..)))
-            .count(),
+    };
+    GroupSize {
+        bytes: group_bytes(part),
+        new_keys: puts().count(),
         // The commit record, at the primary's anchor.
         new_records: usize::from(part.primary_anchor),
+        longest_key: puts().map(|i| i.key.len()).max().unwrap_or(0),
     }
 }
 

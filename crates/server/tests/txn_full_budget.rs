@@ -113,3 +113,40 @@ async fn a_commit_applies_on_memory_filled_after_its_prepare() {
     }
     drop(node);
 }
+
+/// A transaction writing most of a log segment in each of two tablets still
+/// commits: its prepared records (as large as its writes) go in first, and
+/// the room its decision needs is promised in a fresh head after them.
+#[tokio::test]
+async fn a_transaction_of_most_of_a_segment_commits() {
+    let node = common::start(|c| {
+        c.shards = 2;
+        c.engine.segment_bytes = 256 * 1024;
+        c.engine.max_value_bytes = 160 * 1024;
+    })
+    .await;
+    let client = Client::connect(&node.addr()).await.unwrap();
+    let info = client.create_table("large", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, _), (k2, _)) = keys_on_two_shards(&info);
+    // More than half a segment: its record and its promise cannot share a head.
+    let value = vec![b'x'; 150 * 1024];
+    let keys = [k1.clone(), k2.clone()];
+    client
+        .transaction(|mut tx| {
+            let (keys, value) = (keys.clone(), value.clone());
+            async move {
+                for key in keys {
+                    tx.write(t, key, value.clone());
+                }
+                Ok((tx, ()))
+            }
+        })
+        .await
+        .expect("a large transaction commits");
+    for key in [&k1, &k2] {
+        let got = client.read(t, key).await.unwrap().map(|(v, _)| v);
+        assert_eq!(got.as_deref(), Some(&value[..]), "{key}");
+    }
+    drop(node);
+}
