@@ -5,7 +5,10 @@
 //! warns, `insitu status` lists the tablets, a key written again gets a
 //! version above every version it had, a move of such a tablet is refused,
 //! the marks outlive a coordinator restart, and `insitu table ack-loss`
-//! clears them.
+//! clears them. A marked tablet whose new owner dies too waits for a server
+//! (an acknowledgement is refused meanwhile); a server restarted before it
+//! was found dead, and a whole `insitu up` restarted, say their old objects
+//! are lost too.
 
 mod common;
 
@@ -254,4 +257,132 @@ fn a_lost_tablet_says_so_until_the_loss_is_acknowledged() {
     let (code, out, err) = cluster.cli(&["table", "ack-loss", "nope"]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("unknown table \"nope\""), "{err}");
+}
+
+/// Write `k0..` once each; the highest version handed out.
+fn write_once(rt: &Runtime, client: &Client, table: u64) -> u64 {
+    rt.block_on(async {
+        let mut highest = 0;
+        for i in 0..KEYS {
+            let key = format!("k{i}");
+            let version = client.write(table, &key, format!("v{i}")).await;
+            highest = highest.max(version.expect("write"));
+        }
+        highest
+    })
+}
+
+/// Create table `t` (2 tablets) on the cluster at `addr` and write every
+/// key once: a runtime, a client, the table's id and the highest version.
+fn two_tablets_written(addr: &str) -> (Runtime, Client, u64, u64) {
+    let (code, out, err) = common::cli(addr, &["table", "create", "t", "--tablets", "2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let rt = Runtime::new().expect("runtime");
+    let client = rt.block_on(connect(addr));
+    let table = rt.block_on(client.open_table("t")).expect("open").id;
+    let highest = write_once(&rt, &client, table);
+    (rt, client, table, highest)
+}
+
+/// After a loss: every key says so, a key written again gets a version
+/// above every earlier one, and `ack-loss` on the cluster at `cluster`
+/// clears the marks of `tablets`.
+fn lost_until_acknowledged(
+    cluster: &str,
+    rt: &Runtime,
+    client: &Client,
+    table: u64,
+    highest_before: u64,
+    tablets: usize,
+) {
+    let seen = rt.block_on(read_all(client, table));
+    assert!(seen.values().all(Option::is_none), "{seen:?}");
+    let written = rt
+        .block_on(client.write(table, "k0", "again"))
+        .expect("a write to a lost tablet");
+    assert!(
+        written > highest_before,
+        "version {written} after the loss, {highest_before} before"
+    );
+    let (code, out, err) = common::cli(cluster, &["table", "ack-loss", "t"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("acknowledged: {tablets} tablets of table t")),
+        "{out}"
+    );
+    assert_eq!(
+        rt.block_on(client.read(table, "k1")).expect("read"),
+        None,
+        "acknowledged: simply not found"
+    );
+}
+
+/// A tablet marked lost whose new owner dies too waits for a server; an
+/// acknowledgement meanwhile is refused (nothing serves the tablet to clear
+/// its mark) and leaves every mark in place. The next server takes it over,
+/// marked lost again.
+#[test]
+fn an_acknowledgement_waits_for_a_lost_tablet_to_be_served() {
+    let mut cluster = Cluster::start_with(2, 1, &["--replicas", "0"]);
+    let (rt, client, table, highest_before) = two_tablets_written(&cluster.addr());
+    let (first, second) = (cluster.server_ids[0], cluster.server_ids[1]);
+    cluster.kill_server(first);
+    cluster.status_until("the first server's tablets marked lost", |o| {
+        o.contains("1 tablets lost their objects") && !o.contains("waiting for recovery")
+    });
+    cluster.kill_server(second);
+    cluster.status_until("every tablet waiting for a server", |o| {
+        o.contains("2 tablets waiting for recovery")
+    });
+    let (code, out, err) = cluster.cli(&["table", "ack-loss", "t"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("no live server yet"), "{err}");
+    cluster.add_server(1);
+    cluster.status_until("both tablets served and marked lost", |o| {
+        o.contains("2 tablets lost their objects") && !o.contains("waiting for recovery")
+    });
+    lost_until_acknowledged(&cluster.addr(), &rt, &client, table, highest_before, 2);
+}
+
+/// A server restarted on its directory before it was found dead (`insitu up
+/// --replicas 0` stopped and started again does this): its new incarnation
+/// retires the old one at once, and the old one's tablets come back on it
+/// empty, marked lost with the old incarnation.
+#[test]
+fn a_server_restarted_before_it_was_found_dead_says_its_objects_are_lost() {
+    // Found dead only after 60 s: the restart comes first.
+    let mut cluster =
+        Cluster::start_with(1, 1, &["--replicas", "0", "--failure-timeout-ms", "60000"]);
+    let (rt, client, table, highest_before) = two_tablets_written(&cluster.addr());
+    let victim = cluster.server_ids[0];
+    cluster.kill_server(victim);
+    let restarted = cluster.start_server(0, 1);
+    let out = cluster.status_until("the old incarnation's tablets marked lost", |o| {
+        o.contains("2 tablets lost their objects")
+    });
+    assert!(out.contains(&format!("lost with server {victim}")), "{out}");
+    lost_until_acknowledged(&cluster.addr(), &rt, &client, table, highest_before, 2);
+    drop(restarted);
+}
+
+/// `insitu up --replicas 0` killed and started again on its directory: the
+/// servers of the first run are found dead, and their tablets come back on
+/// the new servers empty, marked lost with the old servers, before any
+/// client is sent there.
+#[test]
+fn an_in_memory_up_restarted_says_its_objects_are_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let data = dir.path().join("data");
+    let args = ["--no-auth", "--replicas", "0"];
+    let up = common::start_up_with(2, port, &data, &args, "insitu is up");
+    let addr = format!("127.0.0.1:{port}");
+    let (rt, client, table, highest_before) = two_tablets_written(&addr);
+    drop(up); // kill -9
+    let _up = common::start_up_with(2, port, &data, &args, "insitu is up");
+    let out = common::status_until(&addr, "the old tablets served, marked lost", |o| {
+        o.contains("2 tablets lost their objects") && !o.contains("waiting for recovery")
+    });
+    assert!(out.contains("(lost with server "), "{out}");
+    lost_until_acknowledged(&addr, &rt, &client, table, highest_before, 2);
 }

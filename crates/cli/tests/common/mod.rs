@@ -179,18 +179,23 @@ impl Cluster {
     /// Run `insitu status` (which must succeed) until `pred` accepts its
     /// output, at most ~30 s; `what` names the awaited state in the panic.
     pub fn status_until(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let mut last = String::new();
-        for _ in 0..300 {
-            let (code, out, err) = self.cli(&["status"]);
-            assert_eq!(code, 0, "{out}{err}");
-            if pred(&out) {
-                return out;
-            }
-            last = out;
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("status never showed {what}:\n{last}");
+        status_until(&self.addr(), what, pred)
     }
+}
+
+/// `Cluster::status_until` for any cluster address.
+pub fn status_until(cluster: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..300 {
+        let (code, out, err) = cli(cluster, &["status"]);
+        assert_eq!(code, 0, "{out}{err}");
+        if pred(&out) {
+            return out;
+        }
+        last = out;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("status never showed {what}:\n{last}");
 }
 
 pub fn start_coordinator(dir: &Path, port: u16) -> Proc {
