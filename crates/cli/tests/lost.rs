@@ -366,9 +366,9 @@ fn a_server_restarted_before_it_was_found_dead_says_its_objects_are_lost() {
 }
 
 /// `insitu up --replicas 0` killed and started again on its directory: the
-/// servers of the first run are found dead, and their tablets come back on
-/// the new servers empty, marked lost with the old servers, before any
-/// client is sent there.
+/// servers of the first run are found dead, and their tablets come back
+/// spread over the new servers, empty, marked lost with the old servers,
+/// before any client is sent there.
 #[test]
 fn an_in_memory_up_restarted_says_its_objects_are_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -384,5 +384,10 @@ fn an_in_memory_up_restarted_says_its_objects_are_lost() {
         o.contains("2 tablets lost their objects") && !o.contains("waiting for recovery")
     });
     assert!(out.contains("(lost with server "), "{out}");
+    // Spread over both new servers, as a new table would be.
+    let info = rt.block_on(client.open_table("t")).expect("open");
+    let homes: std::collections::BTreeSet<&str> =
+        info.tablets.iter().map(|t| t.addr.as_str()).collect();
+    assert_eq!(homes.len(), 2, "{out}");
     lost_until_acknowledged(&addr, &rt, &client, table, highest_before, 2);
 }

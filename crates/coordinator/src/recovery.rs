@@ -8,8 +8,8 @@
 //!    version: from then on `OpenTable`/`TableMap` answer `Retry` ("being
 //!    recovered"), and enlistments never re-create these tablets empty;
 //! 2. for every tablet lost from `dead`, round-robin over the live servers'
-//!    shards (shard 0 of each server first; one tablet at a time per shard,
-//!    all shards in parallel): reserves a map version, sends
+//!    shards (those holding the fewest tablets first, then shard 0 of each
+//!    server first; one tablet at a time per shard, all shards in parallel): reserves a map version, sends
 //!    `RecoverTablet` (the shard reads the replicas, replays them and holds
 //!    the tablet `Receiving`), and on success commits the new owner under a
 //!    new map version; then `ActivateTablet`, and only once that is
@@ -29,6 +29,7 @@
 //! tablet's owner after its tablets were orphaned (that tablet would never be
 //! recovered), and the reconciler must not act on a tablet half-recovered.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -87,7 +88,7 @@ fn targets(coord: &Coordinator, dead: u64) -> Targets {
         .into_iter()
         .filter(|s| s.id != dead && s.state == ServerState::Up)
         .collect();
-    let slots = model
+    let mut slots: Vec<(u64, u32, String)> = model
         .placement_slots()
         .into_iter()
         .filter(|(server, _)| live.iter().any(|s| s.id == *server))
@@ -95,6 +96,15 @@ fn targets(coord: &Coordinator, dead: u64) -> Targets {
             Some((server, shard, model.shard_addr(server, shard)?.to_string()))
         })
         .collect();
+    // Shards holding the fewest tablets first (stable: shard 0 of each
+    // server first among equals). Why: each dead server's tablets are dealt
+    // from the first slot, so several recoveries in a row (a restarted
+    // `insitu up` forgets all its servers) piled up on the same shards.
+    let mut owned: HashMap<(u64, u32), usize> = HashMap::new();
+    for t in model.tables.values().flat_map(|t| &t.tablets) {
+        *owned.entry((t.server_id, t.shard)).or_default() += 1;
+    }
+    slots.sort_by_key(|(server, shard, _)| owned.get(&(*server, *shard)).copied().unwrap_or(0));
     let backups = live
         .into_iter()
         .filter(|s| !s.backup_addr.is_empty())

@@ -107,12 +107,13 @@ async fn reenlisting_on_the_same_addresses_rehomes_the_old_servers_tablets() {
     assert_covers_hash_space(&a2);
     assert_covers_hash_space(&b2);
     // Exactly the tablets of id1 were re-homed, round-robin over every live
-    // shard (shard 0 of each server by id, then shard 1), with the new
-    // version; id2's are untouched.
+    // shard, those holding the fewest tablets first (id3's, empty, before
+    // id2's shard with 3; then shard 0 of each server by id, then shard 1),
+    // with the new version; id2's are untouched.
     let slots = [
-        (id2, 0u32, s2[0].addr.clone()),
-        (id3, 0, s1[0].addr.clone()),
+        (id3, 0u32, s1[0].addr.clone()),
         (id3, 1, s1[1].addr.clone()),
+        (id2, 0, s2[0].addr.clone()),
     ];
     let mut expected = Vec::new();
     let mut next_shard = 0usize;
