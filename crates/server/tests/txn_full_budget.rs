@@ -11,6 +11,7 @@ use common::txn::{decide, keys_on_two_shards, prepare};
 use std::time::Duration;
 
 use insitu_client::{Client, ClientConfig, RpcConn, Status};
+use insitu_protocol::{RejectRules, Request, blob};
 
 /// Write new keys (`{prefix}{n:08}`, all of one length) of each size in
 /// turn until that size is refused for memory 40 times in a row: with
@@ -147,6 +148,84 @@ async fn a_transaction_of_most_of_a_segment_commits() {
     for key in [&k1, &k2] {
         let got = client.read(t, key).await.unwrap().map(|(v, _)| v);
         assert_eq!(got.as_deref(), Some(&value[..]), "{key}");
+    }
+    drop(node);
+}
+
+/// Write `value` under `key` on `conn` unconditionally, as a client's plain
+/// write does but without its retries: the status the shard answered.
+async fn raw_write(conn: &RpcConn, table: u64, key: &str, value: &[u8]) -> (Status, String) {
+    let reply = conn
+        .call(&Request::Write {
+            table,
+            key: blob(key.as_bytes()),
+            value: blob(value),
+            rules: RejectRules::default(),
+            expires_at_ms: 0,
+        })
+        .await
+        .unwrap();
+    (reply.status, reply.error_message())
+}
+
+/// A plain write that does not fit the tablet's head beside the room
+/// promised to a prepared transaction's decision is refused with `Retry`
+/// (the engine's `HeadPromised`), never allowed to break the promise; a
+/// write that fits beside it is taken meanwhile, and once the transaction
+/// is decided the refused write succeeds as sent.
+#[tokio::test]
+async fn a_write_with_no_room_beside_a_promise_is_retried_until_the_decision() {
+    // No small budget needed: the refusal is for head room, not memory.
+    let node = common::start(|c| {
+        c.shards = 2;
+        c.engine.segment_bytes = 256 * 1024;
+        c.engine.max_value_bytes = 160 * 1024;
+    })
+    .await;
+    let client = Client::connect(&node.addr()).await.unwrap();
+    let info = client.create_table("promised", 4).await.unwrap();
+    let t = info.id;
+    // Two participants: a lone one would commit at its prepare.
+    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
+    let (s1, s2) = (
+        RpcConn::connect(&a1).await.unwrap(),
+        RpcConn::connect(&a2).await.unwrap(),
+    );
+    // Other keys of k1's tablet (the promise is the tablet's): a write to
+    // k1 itself would wait on its lock, a `Retry` of another cause.
+    let tablet = common::tablet_of(&info, &k1);
+    let (plain, small) = (
+        common::key_in(&info, tablet, "plain"),
+        common::key_in(&info, tablet, "small"),
+    );
+    // More than half a segment: only a lone promise may hold that much, and
+    // `big` (under half a segment) does not fit a head beside it.
+    let v1 = "1".repeat(150 * 1024);
+    let big = vec![b'b'; 120 * 1024];
+    let txn = 0xf0f1;
+    for (conn, request) in [
+        (&s1, prepare(txn, None, &[&k2], t, &k1, &v1)),
+        (&s2, prepare(txn, Some(&k1), &[], t, &k2, "2")),
+    ] {
+        let r = conn.call(&request).await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    }
+    // Both writes come well within the 2 s after which the resolver would
+    // decide the transaction itself.
+    let (status, why) = raw_write(&s1, t, &plain, &big).await;
+    assert_eq!(status, Status::Retry, "{plain} beside the promise: {why}");
+    // The tablet takes what fits beside the promise: the refusal is for
+    // room, not for a lock or a frozen tablet.
+    let (status, why) = raw_write(&s1, t, &small, b"fits").await;
+    assert_eq!(status, Status::Ok, "{small} beside the promise: {why}");
+    // The primary decides, then the other participant hears it.
+    assert!(decide(&s1, txn, true).await);
+    assert!(decide(&s2, txn, true).await);
+    let (status, why) = raw_write(&s1, t, &plain, &big).await;
+    assert_eq!(status, Status::Ok, "{plain} after the decision: {why}");
+    for (key, want) in [(&k1, v1.as_bytes()), (&plain, &big[..]), (&small, b"fits")] {
+        let got = client.read(t, key).await.unwrap().map(|(v, _)| v);
+        assert_eq!(got.as_deref(), Some(want), "{key}");
     }
     drop(node);
 }

@@ -8,7 +8,9 @@ pub mod resp;
 pub mod txn;
 pub mod typed;
 
+use insitu_client::TableInfo;
 use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
+use insitu_keyhash::key_hash;
 use insitu_server::{ServerConfig, ServerHandle};
 
 /// A coordinator and one server; dropped in field order, the data
@@ -49,4 +51,21 @@ pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Node {
         server,
         dir,
     }
+}
+
+/// The index in `info.tablets` of the tablet holding `key`.
+pub fn tablet_of(info: &TableInfo, key: &str) -> usize {
+    let h = key_hash(info.id, key.as_bytes());
+    info.tablets
+        .iter()
+        .position(|t| t.start_hash <= h && h <= t.end_hash)
+        .expect("the tablets cover the hash space")
+}
+
+/// The first key `{prefix}{i}` held by tablet `index` of `info`.
+pub fn key_in(info: &TableInfo, index: usize, prefix: &str) -> String {
+    (0..100_000)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|k| tablet_of(info, k) == index)
+        .expect("some key hashes into every tablet")
 }
