@@ -4,7 +4,6 @@
 //! listens on its own port, so a request never crosses threads and the data
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
-mod backup_local;
 mod backup_service;
 mod conn;
 mod enumerate;
@@ -365,10 +364,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         backup_settings.clone(),
         stop_rx.clone(),
     );
-    let (backup_addr, installer, own_backup) = match started {
-        Ok((addr, installer, thread, door)) => {
+    let (backup_addr, installer) = match started {
+        Ok((addr, installer, thread)) => {
             threads.push(thread);
-            (addr, installer, door)
+            (addr, installer)
         }
         Err(e) => return Err(stop_all(&stop_tx, threads, e)),
     };
@@ -413,7 +412,6 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         } else {
             String::new()
         },
-        own_backup: config.replication.own_backup.then_some(own_backup),
     });
     tracing::info!(replicas = enlisted.replicas, "replication configured");
     Ok(ServerHandle {
