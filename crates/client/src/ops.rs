@@ -56,6 +56,9 @@ pub struct PlanOutcome {
     /// The snapshot every tablet was read at (0: none, each tablet as it was
     /// when scanned).
     pub snapshot_ts: u64,
+    /// Times every tablet was read again at a fresh snapshot because a
+    /// shard refused the one before (`Status::SnapshotTooOld`).
+    pub snapshot_retries: u32,
 }
 
 /// Whether an operation reads every tablet at one snapshot timestamp: the
@@ -222,6 +225,7 @@ impl Client {
                 max_server_time: Duration::ZERO,
                 restarts: 0,
                 snapshot_ts,
+                snapshot_retries,
             };
             for (_, r) in ok {
                 out.visited += r.visited;

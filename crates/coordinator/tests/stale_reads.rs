@@ -260,6 +260,7 @@ async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
         start_hash: 0,
         migration: first,
         next_version: 1,
+        commit_ts_bound: None,
         objects: vec![Object {
             key: blob(b"gone"),
             value: blob(b"old"),

@@ -130,6 +130,12 @@ pub enum Request<'a> {
         /// The move's id: must match the receiving copy's (see `TakeTablet`).
         migration: u64,
         next_version: u64,
+        /// Every transaction commit applied to the tablet's objects has a
+        /// timestamp at or below this: the snapshot floor the tablet starts
+        /// with at its destination (snapshots taken before the move are
+        /// still read there). None: not known, the destination learns a
+        /// floor from the oracle after the move.
+        commit_ts_bound: Option<u64>,
         #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         objects: Vec<Object<'a>>,
         /// The tablet's side records (transactions' decision records), in

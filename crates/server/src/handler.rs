@@ -354,13 +354,14 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             start_hash,
             migration,
             next_version,
+            commit_ts_bound,
             objects,
             records,
         } => {
             match crate::migrate::install_batch(
                 state,
                 (table, start_hash, migration),
-                next_version,
+                (next_version, commit_ts_bound),
                 &objects,
                 &records,
             ) {

@@ -5,6 +5,7 @@
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
 mod backup_service;
+mod commit_bound;
 mod conn;
 mod enumerate;
 mod expiry;

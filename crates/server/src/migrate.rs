@@ -109,6 +109,7 @@ async fn copy_out(
     // A prepared transaction's writes land at its decision: wait for every
     // lock on the tablet to go (no new one can come, the tablet is frozen).
     crate::txn::wait_no_locks(state, table, start_hash).await?;
+    let commit_ts_bound = commit_ts_bound(state, table).await;
     let engine_error = |e: insitu_engine::EngineError| (engine_status(&e), e.to_string());
     let (mut cursor, next_version) = {
         let engine = state.engine.borrow();
@@ -157,6 +158,7 @@ async fn copy_out(
             start_hash,
             migration,
             next_version,
+            commit_ts_bound,
             objects: batch,
             records: Vec::new(),
         };
@@ -189,6 +191,7 @@ async fn copy_out(
             start_hash,
             migration,
             next_version,
+            commit_ts_bound,
             objects: Vec::new(),
             records: records[at..end]
                 .iter()
@@ -214,6 +217,37 @@ async fn copy_out(
         "tablet copied out"
     );
     Ok(())
+}
+
+/// The bound on the commits applied to the tablet of `table` that moves out
+/// now (`commit_bound.rs`), its snapshot floor at the destination. Called
+/// once its last commit here was applied (its locks are gone, the tablet is
+/// frozen). Unknown here: a timestamp from the oracle, which every commit
+/// applied before was handed out before; None if that fails (the
+/// destination learns a floor itself).
+async fn commit_ts_bound(state: &ShardState, table: u64) -> Option<u64> {
+    let marks = match state.versions.borrow().commits.carried(table) {
+        Ok(bound) => return Some(bound),
+        Err(marks) => marks,
+    };
+    match crate::txn_peers::oracle_timestamp(state).await {
+        Ok(ts) => {
+            state
+                .versions
+                .borrow_mut()
+                .commits
+                .learned(table, marks, ts);
+            Some(ts)
+        }
+        Err(why) => {
+            tracing::warn!(
+                shard = state.index,
+                table,
+                "no commit bound for a moving tablet: {why}"
+            );
+            None
+        }
+    }
 }
 
 /// Send one batch and require its acknowledgement.
@@ -282,13 +316,17 @@ pub fn fresh_receiving_copy(
 pub fn install_batch(
     state: &ShardState,
     (table, start_hash, migration): (u64, u64, u64),
-    next_version: u64,
+    (next_version, commit_ts_bound): (u64, Option<u64>),
     objects: &[Object<'_>],
     records: &[SideRecord<'_>],
 ) -> Result<(), (Status, String)> {
-    match state.tablets.borrow().get(&(table, start_hash)) {
+    match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
         Some(m)
-            if m.state == TabletState::Receiving && m.receiving == migration && migration != 0 => {}
+            if m.state == TabletState::Receiving && m.receiving == migration && migration != 0 =>
+        {
+            // Every batch of a move carries the same bound.
+            m.carried_commit_ts = commit_ts_bound;
+        }
         Some(m) if m.state == TabletState::Receiving => {
             return Err((
                 Status::BadRequest,

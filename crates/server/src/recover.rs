@@ -386,11 +386,12 @@ async fn install(
     state.recount_unusual();
     // Transactions caught mid-commit: their parts lock again and their
     // decisions are known again before the tablet serves anything.
-    // Its objects' replaced versions were not kept here (`versions.rs`).
+    // Its objects' replaced versions were not kept here (`versions.rs`),
+    // and the dead server's commits are not known: no bound is carried.
     state
         .versions
         .borrow_mut()
-        .arrive(req.table, (range.start, range.end));
+        .arrive(req.table, (range.start, range.end), None);
     let records = crate::txn_durable::restore_tablet(state, req.table, req.start_hash);
     if records > 0 {
         tracing::info!(

@@ -44,6 +44,10 @@ pub struct TabletMeta {
     /// 0, or the server this tablet's objects were lost with (`MarkLost`,
     /// `lost.rs`): missing keys answer `DataLost` until it is cleared.
     pub lost_from: u64,
+    /// For a copy receiving a move: the bound on the tablet's commits its
+    /// batches carried (`commit_bound.rs`), its snapshot floor once
+    /// activated. None: not known (a recovery's copy, or an old source).
+    pub carried_commit_ts: Option<u64>,
 }
 
 impl TabletMeta {
@@ -59,6 +63,7 @@ impl TabletMeta {
             write_holds: 0,
             updating: false,
             lost_from: 0,
+            carried_commit_ts: None,
         }
     }
     pub fn serves_reads(&self) -> bool {

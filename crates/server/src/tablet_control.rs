@@ -103,12 +103,17 @@ pub(crate) fn activate(
         Some(m) => {
             // A moved or recovered tablet starts to serve: its
             // objects' replaced versions were not kept here
-            // (`versions.rs`). Not for a tablet that served
+            // (`versions.rs`), so it has a floor of its own, the bound
+            // its move carried. Not for a tablet that served
             // already (an aborted move re-activates its source).
             if m.state == TabletState::Receiving {
                 let end = state.engine.borrow().tablet_for(table, start_hash);
                 if let Some(r) = end {
-                    state.versions.borrow_mut().arrive(table, (r.start, r.end));
+                    let carried = m.carried_commit_ts;
+                    state
+                        .versions
+                        .borrow_mut()
+                        .arrive(table, (r.start, r.end), carried);
                 }
             }
             m.state = TabletState::Active;

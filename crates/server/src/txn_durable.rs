@@ -308,6 +308,10 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         let mut versions = state.versions.borrow_mut();
         let now = std::time::Instant::now();
         for item in &part.items {
+            if !matches!(item.write, Write::None) {
+                // What a move of its tablet carries (`commit_bound.rs`).
+                versions.commits.applied(item.table, plan.commit_ts);
+            }
             if versions.is_active() && plan.commit_ts != 0 && !matches!(item.write, Write::None) {
                 // The value this commit replaces, for snapshots before it.
                 let before = engine

@@ -29,9 +29,11 @@
 //! timestamp, since only snapshots older than that commit needed it. A
 //! tablet that arrives on this shard (a move, a recovery) brings objects
 //! whose replaced versions were never kept here: `arrive` gives it a floor
-//! of its own, learned from the oracle after it arrived, so only snapshots
-//! of that tablet are refused meanwhile, not those of the shard's other
-//! tablets.
+//! of its own. A moved tablet carries it: a bound on every commit applied
+//! to it before (`commit_bound.rs`), usually far below the move, so
+//! snapshots taken before the move are still read. A recovered one learns
+//! it from the oracle after it arrived. Only snapshots of that tablet below
+//! it are refused, not those of the shard's other tablets.
 //!
 //! Nothing here walks all kept versions at once (a shard must never stall):
 //! a reset or an arrival forgets nothing eagerly, and versions go a bounded
@@ -148,6 +150,10 @@ pub struct Versions {
     seq: u64,
     /// Bytes of kept versions (keys, values, `ENTRY_OVERHEAD` each).
     bytes: usize,
+    /// Per table, what the commits applied here are at or below: the floor
+    /// a tablet moving out carries (`commit_bound.rs`). Kept whether or not
+    /// versions are, and never reset (a commit applied stays applied).
+    pub(crate) commits: crate::commit_bound::CommitBounds,
 }
 
 /// Where a walk of changed keys (`Versions::changed_in`) goes on from.
@@ -168,13 +174,17 @@ impl Versions {
     }
 
     /// The floor for snapshots of the tablet `(table, start)`: the shard's,
-    /// or the tablet's own if it arrived since and is higher. None: one of
-    /// them is still to be learned.
+    /// or the tablet's own if it arrived since keeping began. None: it is
+    /// still to be learned. Why not the shard's floor too for an arrived
+    /// tablet: that floor bounds the commits applied here before keeping
+    /// began, and none of them touched the tablet's objects as they
+    /// arrived (a commit to them in an earlier stay here is below the bound
+    /// it carried back, `commit_bound.rs`). Every commit applied to it here
+    /// since it arrived was kept, or raised the floor (`raised`).
     pub fn floor_for(&self, tablet: (u64, u64)) -> Option<u64> {
-        let shard = self.floor?.max(self.raised);
         match self.arrived.get(&tablet) {
-            None => Some(shard),
-            Some((_, own)) => own.map(|f| f.max(shard)),
+            None => Some(self.floor?.max(self.raised)),
+            Some((_, own)) => own.map(|f| f.max(self.raised)),
         }
     }
 
@@ -201,14 +211,19 @@ impl Versions {
 
     /// A tablet arrived here (`table`, hash range `start..=_end`): its
     /// objects' replaced versions were not kept here, so its snapshots need
-    /// a floor learned after now. What was kept for its keys in an earlier
-    /// stay stays until it expires: it is below that floor (module doc).
-    pub fn arrive(&mut self, table: u64, (start, _end): (u64, u64)) {
+    /// a floor of their own: `carried`, the bound on every commit applied
+    /// to it before (`commit_bound.rs`), or if none is known (a recovery)
+    /// one learned from the oracle after now. What was kept for its keys in
+    /// an earlier stay stays until it expires: it is below that floor
+    /// (module doc, and `commit_bound.rs`).
+    pub fn arrive(&mut self, table: u64, (start, _end): (u64, u64), carried: Option<u64>) {
+        self.commits.arrived(table, carried);
         if !self.active {
             return; // nothing kept; the shard's floor will be learned after now
         }
         self.arrivals += 1;
-        self.arrived.insert((table, start), (self.arrivals, None));
+        self.arrived
+            .insert((table, start), (self.arrivals, carried));
     }
 
     /// The arrival number of `tablet` (None: not arrived since keeping began).

@@ -255,7 +255,7 @@ proptest! {
                 v.reset();
             }
             if *kind == 6 {
-                v.arrive(1, (0, u64::MAX));
+                v.arrive(1, (0, u64::MAX), None);
             }
             if *kind != 7 {
                 v.note_read(now);
@@ -315,18 +315,18 @@ fn an_arrived_tablet_needs_its_own_floor() {
     v.set_floor(v.generation(), 10);
     // Key hash 7 (see `keep`) is in the tablet 0..=100, not in 200..=300.
     keep(&mut v, &e, b"a", 11, Some(b"x"), now);
-    v.arrive(1, (200, 300));
+    v.arrive(1, (200, 300), None);
     assert_eq!(
         v.floor_for((1, 0)),
         Some(10),
         "another tablet is unaffected"
     );
     assert_eq!(changed(&v, 1, (0, 100), 10).len(), 1);
-    v.arrive(1, (0, 100));
+    v.arrive(1, (0, 100), None);
     assert_eq!(v.floor_for((1, 0)), None, "to be learned after the arrival");
     let tag = v.fetch_tag((1, 0));
     // A second arrival while the fetch was out: that fetch does not count.
-    v.arrive(1, (0, 100));
+    v.arrive(1, (0, 100), None);
     v.set_floors((1, 0), tag, 20);
     assert_eq!(v.floor_for((1, 0)), None);
     let tag = v.fetch_tag((1, 0));
@@ -342,4 +342,40 @@ fn an_arrived_tablet_needs_its_own_floor() {
     v.note_read(now);
     v.set_floor(v.generation(), 40);
     assert_eq!(v.floor_for((1, 0)), Some(40));
+}
+
+#[test]
+fn a_moved_tablet_arrives_with_the_bound_it_carries() {
+    let mut v = Versions::default();
+    let now = Instant::now();
+    v.note_read(now);
+    v.set_floor(v.generation(), 10);
+    // Its commits were all at or below 25: snapshots from 25 on are read
+    // at once, no fetch from the oracle.
+    v.arrive(1, (0, 100), Some(25));
+    assert_eq!(v.floor_for((1, 0)), Some(25));
+    // The shard's floor bounds commits applied here before keeping began,
+    // none of them to the arrived objects: the bound alone counts.
+    v.arrive(1, (200, 300), Some(3));
+    assert_eq!(v.floor_for((1, 200)), Some(3));
+    assert_eq!(v.floor_for((1, 600)), Some(10), "a tablet that stayed");
+    // Each arrival is counted: a scan admitted before one is refused.
+    let before = v.arrival((1, 0));
+    v.arrive(1, (0, 100), Some(25));
+    assert_ne!(v.arrival((1, 0)), before);
+    // What it carried is what this shard's own moves of the table carry on.
+    v.arrive(1, (400, 500), Some(60));
+    assert_eq!(v.commits.carried(1), Ok(60));
+    // Carried even while nothing is kept (no arrival recorded then).
+    v.reset();
+    v.arrive(2, (0, 100), Some(70));
+    assert_eq!(v.commits.carried(2), Ok(70));
+    assert_eq!(v.arrival((2, 0)), None);
+    // A recovered tablet carries nothing: its floor is learned, and the
+    // table's bound is unknown.
+    v.note_read(now);
+    v.set_floor(v.generation(), 80);
+    v.arrive(2, (0, 100), None);
+    assert_eq!(v.floor_for((2, 0)), None);
+    assert!(v.commits.carried(2).is_err());
 }

@@ -17,7 +17,6 @@ use insitu_client::{Client, ClientConfig, RpcConn, Status};
 use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{RejectRules, Request, blob};
-use insitu_server::ServerConfig;
 
 struct Cluster {
     client: Client,
@@ -214,9 +213,7 @@ async fn wait_for(client: &Client, table: u64, key: &str, want: Option<&str>, wi
 #[tokio::test]
 async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
     let c = cluster(1).await;
-    let mut config = ServerConfig::new(c.node.addr(), c.node.dir.path().join("s2"));
-    config.shards = 1;
-    let second = insitu_server::start(config).await.unwrap();
+    let second = c.node.second_server("s2").await;
     let info = c.client.create_table("moving", 1).await.unwrap();
     let t = info.id;
     let owner = info.tablets[0].addr.clone();
@@ -264,9 +261,7 @@ async fn a_tablet_move_waits_for_locks_then_carries_the_commit() {
 #[tokio::test]
 async fn a_commit_decision_moves_with_its_anchor_tablet() {
     let c = cluster(1).await;
-    let mut config = ServerConfig::new(c.node.addr(), c.node.dir.path().join("s2"));
-    config.shards = 1;
-    let second = insitu_server::start(config).await.unwrap();
+    let second = c.node.second_server("s2").await;
     let info = c.client.create_table("carried", 4).await.unwrap();
     let t = info.id;
     let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);

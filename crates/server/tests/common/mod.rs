@@ -31,6 +31,14 @@ impl Node {
     pub fn shard(&self, i: usize) -> String {
         self.server.shard_addrs[i].to_string()
     }
+
+    /// Start a second one-shard server in this cluster (its data under
+    /// `name` in the node's directory); the caller shuts it down.
+    pub async fn second_server(&self, name: &str) -> ServerHandle {
+        let mut config = ServerConfig::new(self.addr(), self.dir.path().join(name));
+        config.shards = 1;
+        insitu_server::start(config).await.unwrap()
+    }
 }
 
 /// Start a coordinator and a one-shard server (data under one temporary

@@ -1,0 +1,160 @@
+//! Snapshot reads of a tablet that moved: the tablet carries a bound on its
+//! commits' timestamps, so its new shard reads snapshots taken after its
+//! last commit (even before the move) at once, and refuses those older than
+//! a commit whose replaced value stayed behind rather than answer them with
+//! a later value. Three servers of one shard each, on loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use insitu_client::{AtSnapshot, Client, ClientConfig, ClientError, Selection, Status};
+
+fn text(found: Result<Option<bytes::Bytes>, ClientError>) -> Result<Option<String>, Status> {
+    found
+        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        .map_err(|e| e.status().unwrap_or(Status::Internal))
+}
+
+async fn read_at(client: &Client, ts: u64, t: u64, key: &str) -> Result<Option<String>, Status> {
+    let snap = client.snapshot_at(ts).await.unwrap();
+    text(snap.read(t, key).await)
+}
+
+async fn commit(client: &Client, t: u64, key: &str, value: &str) {
+    let (key, value) = (key.to_string(), value.to_string());
+    client
+        .transaction(|mut tx| {
+            let (key, value) = (key.clone(), value.clone());
+            async move {
+                tx.write(t, key, value);
+                Ok((tx, ()))
+            }
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_tablet_reads_the_snapshots_its_commits_allow() {
+    let node = common::start(|_| {}).await;
+    let second = node.second_server("s2").await;
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let info = client.create_table("moved", 2).await.unwrap();
+    let t = info.id;
+    assert_ne!(
+        info.tablets[0].addr, info.tablets[1].addr,
+        "one tablet on each server"
+    );
+    let (k, other) = (common::key_in(&info, 0, "k"), common::key_in(&info, 1, "o"));
+    let servers = client.list_servers().await.unwrap();
+    let id_of = |addr: &str| {
+        servers
+            .iter()
+            .find(|s| s.shard_addrs.iter().any(|a| a == addr))
+            .expect("a server holds it")
+            .id
+    };
+    let (home, away) = (id_of(&info.tablets[0].addr), id_of(&info.tablets[1].addr));
+
+    // Both servers keep versions from here on (a snapshot read of each).
+    client
+        .read_only(|snap| {
+            let (k, other) = (k.clone(), other.clone());
+            async move {
+                snap.read(t, &k).await?;
+                snap.read(t, &other).await
+            }
+        })
+        .await
+        .unwrap();
+    commit(&client, t, &k, "v1").await;
+    let old = client.timestamp().await.unwrap();
+    commit(&client, t, &k, "v2").await;
+    let fresh = client.timestamp().await.unwrap();
+    assert_eq!(read_at(&client, old, t, &k).await, Ok(Some("v1".into())));
+    assert_eq!(read_at(&client, fresh, t, &k).await, Ok(Some("v2".into())));
+
+    client.move_tablet("moved", 0, away).await.unwrap();
+    // Taken before the move, after the tablet's last commit: read there.
+    assert_eq!(
+        read_at(&client, fresh, t, &k).await,
+        Ok(Some("v2".into())),
+        "a snapshot after the tablet's last commit, read on its new shard"
+    );
+    // Older than a commit whose replaced value stayed on the old shard:
+    // refused, never answered with the later value.
+    assert_eq!(
+        read_at(&client, old, t, &k).await,
+        Err(Status::SnapshotTooOld)
+    );
+    // A count at that snapshot spans both servers (only `k` was written).
+    assert_eq!(
+        client
+            .count(
+                t,
+                &Selection {
+                    at_snapshot: AtSnapshot::At(fresh),
+                    ..Selection::all()
+                }
+            )
+            .await
+            .unwrap(),
+        1
+    );
+
+    // On to a third server, which knew nothing of the table: the bound the
+    // second server took in is carried on.
+    let third = node.second_server("s3").await;
+    let servers = client.list_servers().await.unwrap();
+    let far = servers
+        .iter()
+        .map(|s| s.id)
+        .find(|id| ![home, away].contains(id))
+        .expect("a third server");
+    // It keeps versions once a snapshot was read there (until then the
+    // commits applied there were not kept, and any snapshot before its
+    // first read is refused, moved tablet or not).
+    client.move_tablet("moved", 1, far).await.unwrap();
+    client
+        .read_only(|snap| {
+            let other = other.clone();
+            async move { snap.read(t, &other).await }
+        })
+        .await
+        .unwrap();
+    client.move_tablet("moved", 0, far).await.unwrap();
+    assert_eq!(read_at(&client, fresh, t, &k).await, Ok(Some("v2".into())));
+    assert_eq!(
+        read_at(&client, old, t, &k).await,
+        Err(Status::SnapshotTooOld),
+        "the first server's commit is still bounded"
+    );
+
+    // Back home, where the versions of the first stay are still kept: a
+    // snapshot the bound admits never reads them, one below it is refused.
+    commit(&client, t, &k, "v3").await;
+    let after = client.timestamp().await.unwrap();
+    client.move_tablet("moved", 0, home).await.unwrap();
+    assert_eq!(read_at(&client, after, t, &k).await, Ok(Some("v3".into())));
+    assert_eq!(
+        read_at(&client, fresh, t, &k).await,
+        Err(Status::SnapshotTooOld),
+        "v3 was committed after it on the other server"
+    );
+    assert_eq!(
+        read_at(&client, old, t, &k).await,
+        Err(Status::SnapshotTooOld)
+    );
+    tokio::task::spawn_blocking(move || {
+        third.shutdown();
+        second.shutdown();
+    })
+    .await
+    .unwrap();
+    drop(node);
+}
