@@ -219,6 +219,28 @@ fn killing_every_process_and_restarting_them_keeps_every_acknowledged_write() {
     });
 }
 
+/// A one-server cluster keeps its only replica on its own backup, which its
+/// shards reach in-process (not through the backup port): after kill -9 of
+/// both processes, every acknowledged write is read back from that replica.
+#[test]
+fn a_lone_server_killed_and_restarted_keeps_every_acknowledged_write() {
+    let (mut cluster, rt) = cluster_with_table(1, 2);
+    let mut expect = BTreeMap::new();
+    rt.block_on(async {
+        let (client, table) = connect(&cluster).await;
+        let (acked, failed) = write_load(&client, table, 500, 2, &mut expect, |_| {}).await;
+        assert_eq!((acked, failed), (1000, 0));
+    });
+    cluster.coordinator.kill();
+    cluster.servers[0].kill();
+    cluster.restart_coordinator();
+    cluster.servers = vec![cluster.start_server(0, 1)];
+    rt.block_on(async {
+        let (client, table) = connect(&cluster).await;
+        check_all(&client, table, &expect).await;
+    });
+}
+
 #[test]
 fn bench_recovery_smoke_reports_every_key_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");

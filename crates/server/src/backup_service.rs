@@ -41,6 +41,7 @@ use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+pub use crate::backup_local::LocalBackup;
 use crate::limits::{Closed, ConnLimits, FrameBudget, MAX_FRAME_BYTES};
 
 /// Bytes of partly received big frames the backup port holds at once:
@@ -79,10 +80,10 @@ pub struct BackupSettings {
 type Service = BackupService<FsIo>;
 
 /// One connection's complete backup requests (request id, body), and where
-/// their encoded replies go.
-struct Job {
-    frames: Vec<(u64, BytesMut)>,
-    reply: oneshot::Sender<BytesMut>,
+/// their encoded replies go (also what `LocalBackup` hands over).
+pub(crate) struct Job {
+    pub frames: Vec<(u64, BytesMut)>,
+    pub reply: oneshot::Sender<BytesMut>,
 }
 
 /// Hands the opened store to the running service (once).
@@ -96,6 +97,10 @@ impl Installer {
     }
 }
 
+/// What `start` gives back: the bound address, the store's installer, the
+/// service thread, and the in-process door to it for this server's shards.
+pub type Started = (SocketAddr, Installer, JoinHandle<()>, LocalBackup);
+
 /// Bind the backup port on `host:port` (0: any free port) and start the
 /// service thread; it runs until `stop` turns true.
 pub fn start(
@@ -103,7 +108,7 @@ pub fn start(
     port: u16,
     settings: BackupSettings,
     stop: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, Installer, JoinHandle<()>)> {
+) -> anyhow::Result<Started> {
     anyhow::ensure!(
         !settings.sync_interval.is_zero(),
         "the sync interval must be positive"
@@ -114,11 +119,15 @@ pub fn start(
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     let (install_tx, install_rx) = oneshot::channel();
+    // Made here, not on the thread, so the shards' in-process door exists
+    // before the thread runs.
+    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
+    let door = LocalBackup::new(jobs_tx.clone());
     let thread = std::thread::Builder::new()
         .name("insitu-backup".into())
-        .spawn(move || run(listener, settings, install_rx, stop))
+        .spawn(move || run(listener, settings, install_rx, stop, (jobs_tx, jobs_rx)))
         .context("cannot start the backup service thread")?;
-    Ok((local, Installer(install_tx), thread))
+    Ok((local, Installer(install_tx), thread, door))
 }
 
 /// Open the replica store of cluster `cluster` under `dir`, logging what it
@@ -169,6 +178,7 @@ fn run(
     settings: BackupSettings,
     install: oneshot::Receiver<Service>,
     stop: watch::Receiver<bool>,
+    (jobs_tx, jobs_rx): (mpsc::UnboundedSender<Job>, mpsc::UnboundedReceiver<Job>),
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -180,7 +190,6 @@ fn run(
             return;
         }
     };
-    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
     let shared = Rc::new(Shared {
         limits: settings.limits.clone(),
         gate: settings.gate.clone(),

@@ -2,7 +2,7 @@
 
 use super::*;
 use insitu_client::RpcConn;
-use insitu_protocol::{Request, Response};
+use insitu_protocol::{BackupOp, Request, Response, blob};
 
 /// A safety net for awaits that must end; not a performance assertion.
 const SAFETY: Duration = Duration::from_secs(20);
@@ -19,7 +19,8 @@ async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_a
         tls: None,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (addr, installer, thread) = start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();
+    let (addr, installer, thread, _door) =
+        start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();
     let conn = RpcConn::connect(&addr.to_string()).await.unwrap();
     let call = |r: Request<'static>| {
         let conn = conn.clone();
@@ -61,4 +62,98 @@ async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_a
     tokio::task::spawn_blocking(move || thread.join().unwrap())
         .await
         .unwrap();
+}
+
+/// The in-process door (`LocalBackup`) reaches the same committer and store
+/// as the port: `Retry` before the store is installed, then a write made
+/// through the door is listed through the port (and the door), in order
+/// with a list in the same job; once the service has stopped the door
+/// answers an error instead of hanging.
+#[tokio::test]
+async fn the_in_process_door_reaches_the_same_store_as_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = BackupSettings {
+        sync: SyncMode::Interval,
+        sync_interval: Duration::from_secs(1),
+        disk_budget_bytes: u64::MAX,
+        limits: ConnLimits::default(),
+        gate: insitu_auth::Gate::open(),
+        tls: None,
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (addr, installer, thread, door) = start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();
+    let list = Request::BackupList {
+        cluster: 0,
+        master: 9,
+        fence: false,
+    };
+    let door_call = |requests: Vec<Request<'static>>| {
+        let door = door.clone();
+        async move {
+            tokio::time::timeout(SAFETY, door.call(&requests))
+                .await
+                .unwrap()
+        }
+    };
+    let early = door_call(vec![list.clone()]).await.unwrap();
+    assert_eq!(early.len(), 1);
+    assert_eq!(
+        early[0].status,
+        Status::Retry,
+        "{}",
+        early[0].error_message()
+    );
+    let service = open_store(&dir.path().join(REPLICA_DIR), 0, &settings).unwrap();
+    installer.install(service).unwrap();
+    let write = Request::BackupWrite {
+        cluster: 0,
+        master: 9,
+        ops: vec![BackupOp::Append {
+            log: 1,
+            table: 5,
+            start_hash: 0,
+            segment: 3,
+            offset: 0,
+            bytes: blob(b"seven b"),
+            close: false,
+        }],
+    };
+    // The install is asynchronous: retry as a master would (bounded).
+    let mut replies = Vec::new();
+    for _ in 0..2000 {
+        replies = door_call(vec![write.clone(), list.clone()]).await.unwrap();
+        if replies[0].status != Status::Retry {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(replies.len(), 2);
+    assert_eq!(
+        replies[0].status,
+        Status::Ok,
+        "{}",
+        replies[0].error_message()
+    );
+    assert!(matches!(replies[0].decode().unwrap(), Response::Done));
+    let listed = |reply: &insitu_client::rpc::Reply| match reply.decode().unwrap() {
+        Response::BackupReplicas { replicas } => replicas
+            .iter()
+            .map(|r| (r.log, r.table, r.segment, r.bytes))
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?} to BackupList"),
+    };
+    // The list after the write in the same job sees it: frames apply in order.
+    assert_eq!(listed(&replies[1]), vec![(1, 5, 3, 7)]);
+    let conn = RpcConn::connect(&addr.to_string()).await.unwrap();
+    let by_port = tokio::time::timeout(SAFETY, conn.call(&list))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(listed(&by_port), vec![(1, 5, 3, 7)]);
+    let _ = stop_tx.send(true);
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap();
+    let after = door_call(vec![list]).await;
+    assert!(after.is_err(), "a stopped service cannot answer");
 }

@@ -4,6 +4,7 @@
 //! listens on its own port, so a request never crosses threads and the data
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
+mod backup_local;
 mod backup_service;
 mod commit_bound;
 mod conn;
@@ -365,10 +366,10 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         backup_settings.clone(),
         stop_rx.clone(),
     );
-    let (backup_addr, installer) = match started {
-        Ok((addr, installer, thread)) => {
+    let (backup_addr, installer, own_backup) = match started {
+        Ok((addr, installer, thread, door)) => {
             threads.push(thread);
-            (addr, installer)
+            (addr, installer, door)
         }
         Err(e) => return Err(stop_all(&stop_tx, threads, e)),
     };
@@ -413,6 +414,7 @@ pub async fn start(config: ServerConfig) -> anyhow::Result<ServerHandle> {
         } else {
             String::new()
         },
+        own_backup: config.replication.own_backup.then_some(own_backup),
     });
     tracing::info!(replicas = enlisted.replicas, "replication configured");
     Ok(ServerHandle {

@@ -86,6 +86,9 @@ pub struct ClusterIdentity {
     pub coordinator: String,
     /// This server's own backup service ("" = none): the last-resort backup.
     pub backup_addr: String,
+    /// The same backup, called in-process (`backup_local.rs`): a batch for
+    /// `backup_addr` goes through it rather than the backup port.
+    pub own_backup: Option<crate::backup_service::LocalBackup>,
 }
 
 /// Shared by every shard of one server (across threads).
@@ -459,17 +462,36 @@ async fn send_batch(
     batch: &BackupBatch,
 ) -> Result<(), SendError> {
     let calls = async {
-        let conn = connect(repl, &batch.addr).await?;
         let timeout = repl.shared.config.call_timeout;
         let requests: Vec<Request<'_>> = batch
             .frames
             .iter()
             .map(|f| request(identity.cluster_id, identity.server_id, f))
             .collect();
-        let replies =
-            futures::future::join_all(requests.iter().map(|r| conn.call_timeout(r, timeout))).await;
+        let replies: Vec<Result<_, String>> = match &identity.own_backup {
+            Some(own) if *batch.addr == *identity.backup_addr => {
+                match tokio::time::timeout(timeout, own.call(&requests)).await {
+                    Ok(Ok(replies)) => replies.into_iter().map(Ok).collect(),
+                    Ok(Err(why)) => return Err(SendError::Failed(why)),
+                    Err(_) => {
+                        return Err(SendError::Failed(format!(
+                            "this server's backup did not answer in {} ms",
+                            timeout.as_millis()
+                        )));
+                    }
+                }
+            }
+            _ => {
+                let conn = connect(repl, &batch.addr).await?;
+                futures::future::join_all(requests.iter().map(|r| conn.call_timeout(r, timeout)))
+                    .await
+                    .into_iter()
+                    .map(|r| r.map_err(|e| e.to_string()))
+                    .collect()
+            }
+        };
         for reply in replies {
-            let reply = reply.map_err(|e| SendError::Failed(e.to_string()))?;
+            let reply = reply.map_err(SendError::Failed)?;
             match reply.status {
                 Status::Ok => match reply.decode() {
                     Ok(Response::Done) => {}
