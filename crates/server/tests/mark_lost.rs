@@ -9,7 +9,7 @@
 mod common;
 
 use insitu_client::{Client, RpcConn, TableInfo};
-use insitu_protocol::{RejectRules, Request, Response, Status, blob};
+use insitu_protocol::{Request, Response, Status, blob};
 
 /// The server the lost objects went with: any id other than 0 (0 clears a mark).
 const LOST_FROM: u64 = 77;
@@ -42,16 +42,7 @@ async fn read(conn: &RpcConn, table: u64, key: &str) -> (Status, Option<(Vec<u8>
 
 /// Write `key` unconditionally on `conn`; the version it got.
 async fn write(conn: &RpcConn, table: u64, key: &str, value: &[u8]) -> u64 {
-    let reply = conn
-        .call(&Request::Write {
-            table,
-            key: blob(key.as_bytes()),
-            value: blob(value),
-            rules: RejectRules::default(),
-            expires_at_ms: 0,
-        })
-        .await
-        .unwrap();
+    let reply = common::raw_write(conn, table, key, value).await;
     assert_eq!(reply.status, Status::Ok, "{}", reply.error_message());
     match reply.decode().unwrap() {
         Response::Written { version } => version,

@@ -11,7 +11,6 @@ use common::txn::{decide, keys_on_two_shards, prepare};
 use std::time::Duration;
 
 use insitu_client::{Client, ClientConfig, RpcConn, Status};
-use insitu_protocol::{RejectRules, Request, blob};
 
 /// Write new keys (`{prefix}{n:08}`, all of one length) of each size in
 /// turn until that size is refused for memory 40 times in a row: with
@@ -120,12 +119,7 @@ async fn a_commit_applies_on_memory_filled_after_its_prepare() {
 /// the room its decision needs is promised in a fresh head after them.
 #[tokio::test]
 async fn a_transaction_of_most_of_a_segment_commits() {
-    let node = common::start(|c| {
-        c.shards = 2;
-        c.engine.segment_bytes = 256 * 1024;
-        c.engine.max_value_bytes = 160 * 1024;
-    })
-    .await;
+    let node = large_values().await;
     let client = Client::connect(&node.addr()).await.unwrap();
     let info = client.create_table("large", 4).await.unwrap();
     let t = info.id;
@@ -154,17 +148,19 @@ async fn a_transaction_of_most_of_a_segment_commits() {
 
 /// Write `value` under `key` on `conn` unconditionally, as a client's plain
 /// write does but without its retries: the status the shard answered.
+/// Two shards with 256 KiB segments that take values up to 160 KiB: one
+/// large part fills most of a segment's head.
+async fn large_values() -> common::Node {
+    common::start(|c| {
+        c.shards = 2;
+        c.engine.segment_bytes = 256 * 1024;
+        c.engine.max_value_bytes = 160 * 1024;
+    })
+    .await
+}
+
 async fn raw_write(conn: &RpcConn, table: u64, key: &str, value: &[u8]) -> (Status, String) {
-    let reply = conn
-        .call(&Request::Write {
-            table,
-            key: blob(key.as_bytes()),
-            value: blob(value),
-            rules: RejectRules::default(),
-            expires_at_ms: 0,
-        })
-        .await
-        .unwrap();
+    let reply = common::raw_write(conn, table, key, value).await;
     (reply.status, reply.error_message())
 }
 
@@ -176,12 +172,7 @@ async fn raw_write(conn: &RpcConn, table: u64, key: &str, value: &[u8]) -> (Stat
 #[tokio::test]
 async fn a_write_with_no_room_beside_a_promise_is_retried_until_the_decision() {
     // No small budget needed: the refusal is for head room, not memory.
-    let node = common::start(|c| {
-        c.shards = 2;
-        c.engine.segment_bytes = 256 * 1024;
-        c.engine.max_value_bytes = 160 * 1024;
-    })
-    .await;
+    let node = large_values().await;
     let client = Client::connect(&node.addr()).await.unwrap();
     let info = client.create_table("promised", 4).await.unwrap();
     let t = info.id;

@@ -8,7 +8,7 @@ pub mod resp;
 pub mod txn;
 pub mod typed;
 
-use insitu_client::TableInfo;
+use insitu_client::{Reply, RpcConn, TableInfo};
 use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
 use insitu_keyhash::key_hash;
 use insitu_server::{ServerConfig, ServerHandle};
@@ -59,6 +59,21 @@ pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Node {
         server,
         dir,
     }
+}
+
+/// A plain `Write` of `key` sent straight to a shard (no routing, no
+/// retry): the reply as it came, refusals included.
+pub async fn raw_write(conn: &RpcConn, table: u64, key: &str, value: &[u8]) -> Reply {
+    use insitu_protocol::{RejectRules, Request, blob};
+    conn.call(&Request::Write {
+        table,
+        key: blob(key.as_bytes()),
+        value: blob(value),
+        rules: RejectRules::default(),
+        expires_at_ms: 0,
+    })
+    .await
+    .unwrap()
 }
 
 /// The index in `info.tablets` of the tablet holding `key`.
