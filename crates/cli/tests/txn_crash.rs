@@ -226,15 +226,6 @@ fn a_primary_killed_before_deciding_is_resolved_once() {
     });
 }
 
-/// The index (in `tablets`) of the tablet holding `key` of `table`.
-fn tablet_of(info: &insitu_protocol::TableInfo, key: &str) -> usize {
-    let hash = insitu_keyhash::key_hash(info.id, key.as_bytes());
-    info.tablets
-        .iter()
-        .position(|t| (t.start_hash..=t.end_hash).contains(&hash))
-        .expect("the tablets cover every hash")
-}
-
 /// Prepare `txn` as a client would when the secondary says no: the primary
 /// (`key` on `primary`) votes yes, the secondary (`other` on `secondary`)
 /// refuses, since the version it was read at is not the stored one.
@@ -305,13 +296,13 @@ fn a_refused_participant_is_never_counted_as_prepared_where_the_primary_is_recov
             servers.iter().find(|x| x.id == id).unwrap().shard_addrs[0].clone()
         };
         let s3 = (0..3).find(|&i| i != s.s1 && i != s.s2).unwrap();
-        let (a3, x) = (addr_of(s3), tablet_of(&info, &s.k1));
+        let (a3, x) = (addr_of(s3), common::tablet_of(&info, &s.k1));
         let mut k1b = None;
         let mut k3 = None;
         for i in 1000..5000 {
             let k = format!("key-{i}");
             let owner = s.client.owner_of(t, k.as_bytes(), false).await.unwrap();
-            if k1b.is_none() && tablet_of(&info, &k) == x {
+            if k1b.is_none() && common::tablet_of(&info, &k) == x {
                 k1b = Some(k);
             } else if k3.is_none() && owner == a3 {
                 k3 = Some(k);

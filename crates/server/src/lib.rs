@@ -10,6 +10,7 @@ mod commit_bound;
 mod conn;
 mod enumerate;
 mod expiry;
+mod faults;
 mod handler;
 mod held;
 mod hold;

@@ -342,6 +342,7 @@ pub async fn prepare(
                 if let Err(why) = wait_durable(state).await {
                     return encode_error(out, id, Status::Internal, why);
                 }
+                crate::faults::crash_point("prepare-after-part-records", txn);
                 // A primary's resolution may have aborted it meanwhile (it
                 // was asked about before its vote was whole): nothing more
                 // is written, and the vote is a no.

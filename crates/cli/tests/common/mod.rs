@@ -80,6 +80,9 @@ pub struct Cluster {
     /// Extra `insitu coordinator` arguments, given again at every restart
     /// (R is taken from the command line at each start).
     pub coordinator_args: Vec<String>,
+    /// Environment variables of every server started from now on (e.g.
+    /// `INSITU_CRASH_AT`).
+    pub server_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -105,6 +108,7 @@ impl Cluster {
             servers: Vec::new(),
             server_ids: Vec::new(),
             coordinator_args,
+            server_env: Vec::new(),
         };
         for _ in 0..servers {
             c.add_server(shards);
@@ -132,21 +136,22 @@ impl Cluster {
     pub fn start_server_with_id(&self, i: usize, shards: usize) -> (Proc, u64) {
         let sdir: PathBuf = self.dir.path().join(format!("server-{i}"));
         let shards = shards.to_string();
-        let (p, line) = start(
-            &format!("server-{i}"),
-            &[
-                "server",
-                "--coordinator",
-                &self.addr(),
-                "--dir",
-                sdir.to_str().expect("utf-8 path"),
-                "--shards",
-                &shards,
-                "--memory-mb",
-                "256",
-            ],
-            "up, shards at",
-        );
+        let mut command = insitu_command(&[
+            "server",
+            "--coordinator",
+            &self.addr(),
+            "--dir",
+            sdir.to_str().expect("utf-8 path"),
+            "--shards",
+            &shards,
+            "--memory-mb",
+            "256",
+        ]);
+        command.envs(self.server_env.iter().map(|(k, v)| (k, v)));
+        let (p, line) = Proc::spawn(command, &format!("server-{i}"), |l| {
+            l.contains("up, shards at")
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
         let id = line
             .strip_prefix("insitu server ")
             .and_then(|rest| rest.split_whitespace().next())
@@ -368,4 +373,13 @@ pub fn all_keys_intact(client: &insitu_client::BlockingClient, table: &str, n: u
             "key k{i} lost"
         );
     }
+}
+
+/// The index (in `tablets`) of the tablet holding `key` of `info`'s table.
+pub fn tablet_of(info: &insitu_protocol::TableInfo, key: &str) -> usize {
+    let hash = insitu_keyhash::key_hash(info.id, key.as_bytes());
+    info.tablets
+        .iter()
+        .position(|t| (t.start_hash..=t.end_hash).contains(&hash))
+        .expect("the tablets cover every hash")
 }
