@@ -7,17 +7,23 @@ use insitu_protocol::{BackupOp, Request, Response, blob};
 /// A safety net for awaits that must end; not a performance assertion.
 const SAFETY: Duration = Duration::from_secs(20);
 
-#[tokio::test]
-async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = BackupSettings {
-        sync: SyncMode::Always,
+/// A backup service's settings for these tests: no disk budget, the
+/// default connection limits, no tokens, no TLS.
+fn settings(sync: SyncMode) -> BackupSettings {
+    BackupSettings {
+        sync,
         sync_interval: Duration::from_secs(1),
         disk_budget_bytes: u64::MAX,
         limits: ConnLimits::default(),
         gate: insitu_auth::Gate::open(),
         tls: None,
-    };
+    }
+}
+
+#[tokio::test]
+async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(SyncMode::Always);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (addr, installer, thread, _door) =
         start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();
@@ -72,14 +78,7 @@ async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_a
 #[tokio::test]
 async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = BackupSettings {
-        sync: SyncMode::Interval,
-        sync_interval: Duration::from_secs(1),
-        disk_budget_bytes: u64::MAX,
-        limits: ConnLimits::default(),
-        gate: insitu_auth::Gate::open(),
-        tls: None,
-    };
+    let settings = settings(SyncMode::Interval);
     let (stop_tx, stop_rx) = watch::channel(false);
     let (addr, installer, thread, door) = start("127.0.0.1", 0, settings.clone(), stop_rx).unwrap();
     let list = Request::BackupList {
