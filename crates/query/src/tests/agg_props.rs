@@ -39,6 +39,14 @@ fn agg() -> BoxedStrategy<AggSpec> {
         col(4),
         col(5),
         vec![ValueOp::Col(3), ValueOp::Col(4), ValueOp::Mul],
+        // Starts with the program above (computed from its value).
+        vec![
+            ValueOp::Col(3),
+            ValueOp::Col(4),
+            ValueOp::Mul,
+            ValueOp::Col(2),
+            ValueOp::Add,
+        ],
         vec![ValueOp::Col(1), ValueOp::Lit(Scalar::Int(2)), ValueOp::Add],
         vec![
             ValueOp::Col(3),
@@ -142,8 +150,12 @@ proptest! {
     #[test]
     fn merged_tablet_aggregates_equal_the_reference(
         (rows, tablets) in split_rows(),
-        group_by in proptest::sample::select(vec![vec![], vec![1u16], vec![6], vec![7], vec![9], vec![3], vec![5], vec![1, 9], vec![7, 6]]),
-        aggs in proptest::collection::vec(agg(), 1..4),
+        // [7, 8] and [7, 8, 2]: keys that fit 16 bytes packed and keys that
+        // do not, in one tablet (`agg.rs` keeps the two apart).
+        group_by in proptest::sample::select(vec![vec![], vec![1u16], vec![6], vec![7], vec![9], vec![3], vec![5], vec![1, 9], vec![7, 6], vec![7, 8], vec![7, 8, 2]]),
+        // Up to 6: repeats (sum and avg of one argument) and programs that
+        // start with another are common.
+        aggs in proptest::collection::vec(agg(), 1..7),
         filter in filter(),
     ) {
         let s = schema();

@@ -132,6 +132,37 @@ fn more_groups_than_the_limit_is_a_clear_error() {
     );
 }
 
+/// Packed group keys (`agg.rs` `small_key`) keep text lengths: without
+/// them ("a", "b") and ("a\u{1}b", NULL) pack to the same 16 bytes
+/// (1 a 1 b, then zero padding).
+#[test]
+fn packed_group_keys_do_not_run_into_each_other() {
+    let c = compile(&schema(), &agg_plan(vec![7, 8], vec![], AggFunc::CountStar)).unwrap();
+    let mut sink = c.sink(0);
+    let layout = RowLayout::new(&schema());
+    let texts = [
+        (Scalar::Str("a".into()), Scalar::Str("b".into())),
+        (Scalar::Str("a\u{1}b".into()), Scalar::Null),
+        (Scalar::Str("a".into()), Scalar::Str("b".into())),
+        // 20 bytes of key: past the packed form, grouped by the byte key.
+        (Scalar::Str("x".repeat(9)), Scalar::Str("y".repeat(5))),
+        (Scalar::Str("x".repeat(9)), Scalar::Str("y".repeat(5))),
+    ];
+    for (i, (s, t)) in texts.into_iter().enumerate() {
+        let mut r = vec![Scalar::Null; 10];
+        r[0] = Scalar::Int(i as i64);
+        r[7] = s;
+        r[8] = t;
+        let b = encode_row(&schema(), &layout, &r).unwrap();
+        sink.push(&RowRef::new(&layout, &b).unwrap()).unwrap();
+    }
+    let QueryData::Groups(groups) = sink.finish().unwrap() else {
+        panic!("groups")
+    };
+    let counts: Vec<u64> = groups.iter().map(|g| g.states[0].count).collect();
+    assert_eq!(counts, vec![2, 1, 2], "{groups:?}");
+}
+
 fn one_column_schema(ty: ColumnType) -> Schema {
     Schema {
         columns: vec![Column {
