@@ -11,7 +11,7 @@ use insitu_protocol::schema::ColumnType;
 use insitu_rows::{RowRef, Slot};
 
 use crate::QueryError;
-use crate::agg_fast::FastAggs;
+use crate::agg_fast::{Batch, FastAggs};
 use crate::arith::{ArgType, Val};
 use crate::compile::Output;
 use crate::value::float_cmp;
@@ -256,6 +256,9 @@ pub(crate) struct GroupSink {
     stack: Vec<Val<'static>>,
     /// The aggregates' fast form, when they all have one (`agg_fast.rs`).
     fast: Option<Arc<FastAggs>>,
+    /// The fast form's rows not yet aggregated (`states` lacks them until
+    /// `flush_batch`).
+    batch: Batch,
 }
 
 /// A new group for `row`'s key: its key values and empty states; refused
@@ -287,6 +290,7 @@ impl GroupSink {
     pub fn new(out: Arc<Output>, fast: Option<Arc<FastAggs>>) -> GroupSink {
         GroupSink {
             fast,
+            batch: Batch::default(),
             out,
             map: HashMap::new(),
             small: Vec::new(),
@@ -304,6 +308,7 @@ impl GroupSink {
     }
 
     pub fn reset(&mut self) {
+        self.batch.clear();
         self.map.clear();
         self.small.clear();
         self.small_map.clear();
@@ -324,6 +329,7 @@ impl GroupSink {
             key_buf,
             stack,
             fast,
+            batch,
         } = self;
         let Output::Groups { group_by, aggs } = &**out else {
             unreachable!("a group sink is made for an aggregate plan")
@@ -363,13 +369,15 @@ impl GroupSink {
                 }
             }
         };
-        let base = g * aggs.len();
-        let group = &mut states[base..base + aggs.len()];
         if let Some(fast) = fast
-            && fast.apply(row, group)?
+            && fast.present(row)
         {
+            if fast.add(batch, row, g) {
+                fast.flush(batch, states, aggs.len())?;
+            }
             return Ok(());
         }
+        let base = g * aggs.len();
         for (a, agg) in aggs.iter().enumerate() {
             let v = agg.arg.eval(row, stack)?;
             update(&mut states[base + a], agg.func, v)?;
@@ -393,6 +401,7 @@ impl GroupSink {
         if let Some(fast) = &self.fast
             && n > 0
         {
+            fast.flush(&mut self.batch, &mut self.states, n)?;
             for group in self.states.chunks_exact_mut(n) {
                 fast.fill_same(group);
             }

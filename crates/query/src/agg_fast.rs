@@ -1,14 +1,19 @@
-//! The common aggregates (`count`, `sum`, `avg` of exact numbers) applied to
-//! a row without the general path's tagged values: one NULL test for every
-//! column the arguments read, then plain integer reads and adds.
+//! The common aggregates (`count`, `sum`, `avg` of exact numbers) without
+//! the general path's tagged values: one NULL test per row for every column
+//! the arguments read, then the row's inputs are copied into a batch
+//! (`Batch`, column by column) and every `BATCH_ROWS` rows the aggregates
+//! run over whole columns (`flush`; programs through `exact_batch.rs`).
 //!
 //! Why: the general path (`agg.rs` `update`) evaluates each argument to a
 //! `Val`, tests it for NULL, and matches on the function, per aggregate per
-//! row; TPC-H Q1 has eight aggregates over nearly every row, and that
-//! dispatch was most of its time. A row where one of the columns is NULL
-//! takes the general path, so the answers are the same by construction:
-//! for non-NULL arguments `update` does exactly what `apply` does (count
-//! the row, add the exact value with a checked i128 add).
+//! row; TPC-H Q1 has eight aggregates over nearly every row. Row by row,
+//! even the fast form paid a dispatch per aggregate and per program step;
+//! over a batch they are paid once per batch. A row where one of the
+//! columns is NULL takes the general path, so the answers are the same by
+//! construction: for non-NULL arguments `update` does exactly what `flush`
+//! does (count the row, add the exact value with a checked i128 add); only
+//! the order of the adds differs, and a tablet's rows come in no defined
+//! order anyway.
 
 use insitu_protocol::query::AggFunc;
 use insitu_protocol::schema::ColumnType;
@@ -19,7 +24,13 @@ use crate::agg::{State, sum_overflow};
 use crate::arith::Arg;
 use crate::compile::CompiledAgg;
 use crate::exact::ExactProgram;
+use crate::exact_batch::{BatchProgram, Scratch};
 use crate::filter::{ExactRead, read_i64};
+
+/// Rows a batch takes before its aggregates run. Why 1024: the batch's
+/// columns (8 bytes per input per row) stay in the L1/L2 cache, and the
+/// per-batch dispatch is spread over enough rows to vanish.
+pub(crate) const BATCH_ROWS: usize = 1024;
 
 /// How one aggregate's state changes for a row whose arguments are present.
 #[derive(Clone, Debug)]
@@ -38,11 +49,6 @@ enum FastAgg {
     /// repeated aggregate): skipped per row, copied at the end (`fill_same`).
     Same { of: usize },
 }
-
-/// Earlier aggregates whose values a later one may start from: the values
-/// are kept per row in a small array. Why a bound: a stack array, no
-/// allocation per row; later programs are computed in full.
-const REUSE: usize = 16;
 
 /// Whether aggregates `a` and `b` get equal states from `agg.rs`'s
 /// `update` on every row: sum and avg keep the same state; count(column)
@@ -77,14 +83,15 @@ pub(crate) struct FastAggs {
     null_bits: Vec<(usize, u8)>,
     /// Aggregates that count the row and add nothing.
     counts: Vec<usize>,
-    /// (aggregate, byte offset) of sums of an int64 or decimal column.
-    sums_i64: Vec<(usize, usize)>,
-    /// (aggregate, byte offset) of sums of an int32 column.
-    sums_i32: Vec<(usize, usize)>,
+    /// (byte offset, read) of each column the sums and programs read: the
+    /// batch's input columns, each once.
+    inputs: Vec<(usize, ExactRead)>,
+    /// (aggregate, input) of sums of a column.
+    sums: Vec<(usize, usize)>,
     /// (aggregate, program, from): sums of exact programs, in plan order;
-    /// with `from`, the program is the rest after aggregate `from`'s
-    /// program, whose value it starts from.
-    programs: Vec<(usize, ExactProgram, Option<usize>)>,
+    /// with `from` (an earlier entry of this list), the program is the rest
+    /// after that entry's program, starting from its values.
+    programs: Vec<(usize, BatchProgram, Option<usize>)>,
     /// (aggregate, the earlier aggregate it repeats).
     same: Vec<(usize, usize)>,
 }
@@ -146,28 +153,30 @@ impl FastAggs {
         let mut fast = FastAggs {
             null_bits,
             counts: Vec::new(),
-            sums_i64: Vec::new(),
-            sums_i32: Vec::new(),
+            inputs: Vec::new(),
+            sums: Vec::new(),
             programs: Vec::new(),
             same: Vec::new(),
         };
+        // Aggregate index -> its entry in `programs`, for `from`.
+        let mut program_of: Vec<Option<usize>> = vec![None; out.len()];
         for (a, f) in out.into_iter().enumerate() {
             match f {
                 FastAgg::Count => fast.counts.push(a),
-                FastAgg::SumCol {
-                    offset,
-                    read: ExactRead::I64,
-                } => fast.sums_i64.push((a, offset)),
-                FastAgg::SumCol {
-                    offset,
-                    read: ExactRead::I32,
-                } => fast.sums_i32.push((a, offset)),
-                FastAgg::SumCol {
-                    read: ExactRead::Bool,
-                    ..
-                } => unreachable!("`summable` reads integers only"),
-                FastAgg::SumProgram(p) => fast.programs.push((a, p, None)),
-                FastAgg::SumAfter { from, rest } => fast.programs.push((a, rest, Some(from))),
+                FastAgg::SumCol { offset, read } => {
+                    let k = input(&mut fast.inputs, (offset, read));
+                    fast.sums.push((a, k));
+                }
+                FastAgg::SumProgram(p) => {
+                    program_of[a] = Some(fast.programs.len());
+                    let bp = BatchProgram::new(&p, &mut fast.inputs);
+                    fast.programs.push((a, bp, None));
+                }
+                FastAgg::SumAfter { from, rest } => {
+                    let from = program_of[from].expect("`from` is an earlier program");
+                    let bp = BatchProgram::new(&rest, &mut fast.inputs);
+                    fast.programs.push((a, bp, Some(from)));
+                }
                 FastAgg::Same { of } => fast.same.push((a, of)),
             }
         }
@@ -184,55 +193,148 @@ impl FastAggs {
         }
     }
 
-    /// Apply the row to `states` (this group's, one per aggregate). Ok(false),
-    /// with nothing changed, when one of the argument columns is NULL in
-    /// this row: the caller takes the general path.
+    /// None of the columns the arguments read is NULL in `row` (else the
+    /// row takes the general path).
     #[inline]
-    pub fn apply(&self, row: &RowRef<'_>, states: &mut [State]) -> Result<bool, QueryError> {
+    pub fn present(&self, row: &RowRef<'_>) -> bool {
         let bytes = row.bytes();
         // In bounds: the bitmap precedes the fixed region RowRef checked.
-        if self.null_bits.iter().any(|&(b, m)| bytes[b] & m != 0) {
-            return Ok(false);
+        !self.null_bits.iter().any(|&(b, m)| bytes[b] & m != 0)
+    }
+
+    /// Take a `present` row of group `g` into `batch`; true when the batch
+    /// is full (the caller flushes it).
+    #[inline]
+    pub fn add(&self, batch: &mut Batch, row: &RowRef<'_>, g: usize) -> bool {
+        if batch.cols.len() != self.inputs.len() {
+            batch.cols.resize_with(self.inputs.len(), Vec::new);
         }
-        for &a in &self.counts {
-            states[a].count += 1;
+        for (col, &(offset, read)) in batch.cols.iter_mut().zip(&self.inputs) {
+            col.push(read_i64(row, offset, read));
         }
-        for &(a, offset) in &self.sums_i64 {
-            let st = &mut states[a];
-            st.count += 1;
-            let v = i128::from(read_i64(row, offset, ExactRead::I64));
-            st.sum_int = st.sum_int.checked_add(v).ok_or_else(sum_overflow)?;
+        // Groups are at most MAX_GROUPS.
+        batch.groups.push(g as u32);
+        batch.groups.len() >= BATCH_ROWS
+    }
+
+    /// Add the batch's rows to `states` (group-major, `per_group` states a
+    /// group) and empty it.
+    pub fn flush(
+        &self,
+        batch: &mut Batch,
+        states: &mut [State],
+        per_group: usize,
+    ) -> Result<(), QueryError> {
+        let n = batch.groups.len();
+        if n == 0 || per_group == 0 {
+            // No aggregates (GROUP BY alone): nothing to add.
+            batch.clear();
+            return Ok(());
         }
-        for &(a, offset) in &self.sums_i32 {
-            let st = &mut states[a];
-            st.count += 1;
-            let v = i128::from(read_i64(row, offset, ExactRead::I32));
-            st.sum_int = st.sum_int.checked_add(v).ok_or_else(sum_overflow)?;
+        let Batch {
+            groups,
+            cols,
+            values,
+            scratch,
+            rows_of,
+        } = batch;
+        // Every aggregate but a repeat counts each of its group's rows.
+        rows_of.clear();
+        rows_of.resize(states.len() / per_group, 0);
+        for &g in groups.iter() {
+            rows_of[g as usize] += 1;
         }
-        // This row's program values by aggregate, for programs that start
-        // from them.
-        let mut values = [0i128; REUSE];
-        for (a, p, from) in &self.programs {
-            let v = match from {
-                None => p.eval_present(row)?,
-                Some(f) => p.eval_after(row, values[*f])?,
-            };
-            if let Some(slot) = values.get_mut(*a) {
-                *slot = v;
+        let counting = self.counts.iter().copied();
+        let counting = counting
+            .chain(self.sums.iter().map(|s| s.0))
+            .chain(self.programs.iter().map(|p| p.0));
+        for a in counting {
+            for (g, &rows) in rows_of.iter().enumerate() {
+                states[g * per_group + a].count += rows;
             }
-            let st = &mut states[*a];
-            st.count += 1;
-            st.sum_int = st.sum_int.checked_add(v).ok_or_else(sum_overflow)?;
         }
-        Ok(true)
+        for &(a, k) in &self.sums {
+            add_sums(
+                states,
+                per_group,
+                a,
+                groups,
+                cols[k].iter().map(|&v| i128::from(v)),
+            )?;
+        }
+        values.resize_with(self.programs.len(), Vec::new);
+        for (j, (a, p, from)) in self.programs.iter().enumerate() {
+            let (done, rest) = values.split_at_mut(j);
+            let init = from.map(|f| done[f].as_slice());
+            p.eval(cols, init, n, scratch, &mut rest[0])?;
+            add_sums(states, per_group, *a, groups, rest[0].iter().copied())?;
+        }
+        groups.clear();
+        for c in cols.iter_mut() {
+            c.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Rows of the fast path waiting for their aggregates, column by column.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    /// Each row's group.
+    groups: Vec<u32>,
+    /// Per input of `FastAggs::inputs`, each row's value.
+    cols: Vec<Vec<i64>>,
+    /// Per entry of `FastAggs::programs`, its values for the batch (kept for
+    /// the programs that continue it).
+    values: Vec<Vec<i128>>,
+    /// The programs' i64 columns.
+    scratch: Scratch,
+    /// Per group, its rows in the batch.
+    rows_of: Vec<u64>,
+}
+
+impl Batch {
+    /// Forget the rows taken (the scan restarted).
+    pub fn clear(&mut self) {
+        self.groups.clear();
+        for c in self.cols.iter_mut() {
+            c.clear();
+        }
+    }
+}
+
+/// Add each row's value to its group's sum of aggregate `a` (checked: a
+/// sum past i128 is an error).
+fn add_sums(
+    states: &mut [State],
+    per_group: usize,
+    a: usize,
+    groups: &[u32],
+    values: impl Iterator<Item = i128>,
+) -> Result<(), QueryError> {
+    for (&g, v) in groups.iter().zip(values) {
+        let st = &mut states[g as usize * per_group + a];
+        st.sum_int = st.sum_int.checked_add(v).ok_or_else(sum_overflow)?;
+    }
+    Ok(())
+}
+
+/// The index of `col` in `inputs`, added if new.
+pub(crate) fn input(inputs: &mut Vec<(usize, ExactRead)>, col: (usize, ExactRead)) -> usize {
+    match inputs.iter().position(|&i| i == col) {
+        Some(k) => k,
+        None => {
+            inputs.push(col);
+            inputs.len() - 1
+        }
     }
 }
 
 /// `p` as a fast aggregate: from the earlier program it starts with (the
-/// longest, among the first `REUSE` aggregates), else in full.
+/// longest), else in full.
 fn longest_prefix(earlier: &[FastAgg], p: &ExactProgram) -> FastAgg {
     let mut best: Option<(usize, usize, ExactProgram)> = None;
-    for (j, f) in earlier.iter().enumerate().take(REUSE) {
+    for (j, f) in earlier.iter().enumerate() {
         let prefix = match f {
             FastAgg::SumProgram(q) => q,
             _ => continue,

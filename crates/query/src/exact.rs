@@ -20,10 +20,10 @@ use crate::filter::{ExactRead, read_at, read_i64};
 
 /// Deepest stack an exact program may need (deeper programs keep the
 /// general evaluator): Q1's deepest argument needs 3.
-const DEPTH: usize = 8;
+pub(crate) const DEPTH: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum XStep {
+pub(crate) enum XStep {
     /// A column's value (its NULL was checked up front).
     Col {
         offset: usize,
@@ -223,16 +223,16 @@ impl ExactProgram {
     #[inline]
     pub fn eval_present(&self, row: &RowRef<'_>) -> Result<i128, QueryError> {
         if !self.narrow.is_empty()
-            && let Some(v) = self.run_i64(row, None)
+            && let Some(v) = self.run_i64(row)
         {
             return Ok(i128::from(v));
         }
-        self.run_i128(row, None)
+        self.run_i128(row)
     }
 
     /// The rest of this program after its first `prefix.steps` steps, when
     /// `prefix` is a shorter program those steps equal: it starts from the
-    /// stack `[prefix's value]` (`eval_after`). None otherwise. Why: TPC-H
+    /// stack `[prefix's value]` (`exact_batch.rs`). None otherwise. Why: TPC-H
     /// Q1's `sum(disc_price * (1 + l_tax))` starts with all of
     /// `sum(disc_price)`'s steps; computed once, the second costs 4 steps
     /// instead of 9.
@@ -265,19 +265,14 @@ impl ExactProgram {
         self.steps.len()
     }
 
-    /// The value of a program made by `after` for a row whose columns are
-    /// present, given the prefix program's value for the row: the whole
-    /// program's value, exactly (both passes are exact, so starting from
-    /// the prefix's exact value changes nothing).
-    #[inline]
-    pub fn eval_after(&self, row: &RowRef<'_>, prefix: i128) -> Result<i128, QueryError> {
-        if !self.narrow.is_empty()
-            && let Ok(p) = i64::try_from(prefix)
-            && let Some(v) = self.run_i64(row, Some(p))
-        {
-            return Ok(i128::from(v));
-        }
-        self.run_i128(row, Some(prefix))
+    /// The steps, for the batch evaluator (`exact_batch.rs`).
+    pub(crate) fn steps(&self) -> &[XStep] {
+        &self.steps
+    }
+
+    /// Every literal and scale factor fits i64: an i64 pass may run.
+    pub(crate) fn fits_i64(&self) -> bool {
+        !self.narrow.is_empty()
     }
 
     /// The columns the program reads.
@@ -285,16 +280,11 @@ impl ExactProgram {
         self.cols.iter().copied()
     }
 
-    /// The program in i64, on a stack holding `init` if given (`after`);
-    /// None on any overflow.
+    /// The program in i64; None on any overflow.
     #[inline]
-    fn run_i64(&self, row: &RowRef<'_>, init: Option<i64>) -> Option<i64> {
+    fn run_i64(&self, row: &RowRef<'_>) -> Option<i64> {
         let mut stack = [0i64; DEPTH];
         let mut sp = 0usize;
-        if let Some(v) = init {
-            stack[0] = v;
-            sp = 1;
-        }
         for s in &self.narrow {
             match *s {
                 NStep::Push(v) => {
@@ -318,15 +308,10 @@ impl ExactProgram {
         Some(stack[0])
     }
 
-    /// The program in i128, as `Arg::Program` computes it (on a stack
-    /// holding `init` if given).
-    fn run_i128(&self, row: &RowRef<'_>, init: Option<i128>) -> Result<i128, QueryError> {
+    /// The program in i128, as `Arg::Program` computes it.
+    fn run_i128(&self, row: &RowRef<'_>) -> Result<i128, QueryError> {
         let mut stack = [0i128; DEPTH];
         let mut sp = 0usize;
-        if let Some(v) = init {
-            stack[0] = v;
-            sp = 1;
-        }
         for s in &self.steps {
             match *s {
                 XStep::Col { offset, read } => {
@@ -484,59 +469,6 @@ mod tests {
             ),
             Ok(Val::Exact(i128::from(i64::MAX) * i128::from(i64::MAX) + 1))
         );
-    }
-
-    #[test]
-    fn a_program_continues_from_a_prefix_exactly() {
-        use ValueOp::*;
-        let schema = schema();
-        let exact = |p: &[ValueOp]| match compile_general(&schema, p, "t").expect("compiles").0 {
-            Arg::Program(s) => ExactProgram::from_steps(&s).expect("exact"),
-            a => panic!("{a:?}"),
-        };
-        // Q1's shape: k * (1 - d), then that * (1 + d).
-        let prefix = exact(&[Col(0), Lit(Scalar::Int(1)), Col(1), Sub, Mul]);
-        let whole = exact(&[
-            Col(0),
-            Lit(Scalar::Int(1)),
-            Col(1),
-            Sub,
-            Mul,
-            Lit(Scalar::Int(1)),
-            Col(1),
-            Add,
-            Mul,
-        ]);
-        let rest = whole.after(&prefix).expect("a prefix");
-        assert_eq!(rest.len(), 4);
-        assert!(prefix.after(&whole).is_none(), "longer is no prefix");
-        assert!(whole.after(&whole).is_none(), "equal is no proper prefix");
-        let other = exact(&[Col(1), Lit(Scalar::Int(1)), Add]);
-        assert!(whole.after(&other).is_none());
-        let layout = RowLayout::new(&schema);
-        // Small values; a prefix inside i64 whose whole is not; a prefix
-        // beyond i64; a whole beyond i128.
-        for (k, d) in [
-            (3, 25),
-            (-7, 1_000),
-            (i64::MAX / 200, 5),
-            (i64::MAX, -3),
-            (i64::MAX, 999_999_999_999_999),
-        ] {
-            let bytes = encode_row(
-                &schema,
-                &layout,
-                &[Scalar::Int(k), Scalar::Decimal { value: d, scale: 2 }],
-            )
-            .expect("row");
-            let r = RowRef::new(&layout, &bytes).expect("row");
-            let want = whole.eval_present(&r).map_err(|e| e.to_string());
-            let got = prefix
-                .eval_present(&r)
-                .and_then(|p| rest.eval_after(&r, p))
-                .map_err(|e| e.to_string());
-            assert_eq!(got, want, "k={k} d={d}");
-        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod arith;
 mod build;
 mod compile;
 mod exact;
+mod exact_batch;
 mod filter;
 pub mod like;
 mod merge;

@@ -193,8 +193,16 @@ fn run<'a>(
     }
 }
 
+/// The sink's answer. An evaluation error here (a sum past 128 bits found
+/// when the last batch of aggregates ran) is the query's, not the server's.
 fn finished(sink: Sink) -> Result<QueryData, Refusal> {
-    sink.finish().map_err(|e| (Status::Internal, e.to_string()))
+    sink.finish().map_err(|e| {
+        let status = match e {
+            insitu_query::QueryError::Eval(_) => Status::BadRequest,
+            _ => Status::Internal,
+        };
+        (status, e.to_string())
+    })
 }
 
 /// Feed the tablet's rows to `visit`: those with the `candidates` hashes

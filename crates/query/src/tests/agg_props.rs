@@ -214,3 +214,95 @@ proptest! {
         }
     }
 }
+
+/// More rows than a batch takes (`agg_fast.rs` BATCH_ROWS), with NULLs in
+/// some arguments (the general path) and repeats and continued programs
+/// among the aggregates, against the reference; and a sink reset half-way
+/// (a restarted scan) forgets the rows it had batched.
+#[test]
+fn batched_aggregates_over_many_rows_equal_the_reference() {
+    use ValueOp::*;
+    let n = 2500i64;
+    let rows: Vec<Vec<Scalar>> = (0..n)
+        .map(|i| {
+            let null_every = |k: i64, v: Scalar| if i % k == 0 { Scalar::Null } else { v };
+            vec![
+                Scalar::Int(i),
+                null_every(13, Scalar::Int(i % 7 - 3)),
+                Scalar::Int(i % 5 * 1_000_000_007),
+                null_every(
+                    17,
+                    Scalar::Decimal {
+                        value: (i * 37) % 1200 - 600,
+                        scale: 2,
+                    },
+                ),
+                Scalar::Decimal {
+                    value: (i * 11) % 9000,
+                    scale: 4,
+                },
+                Scalar::Float(0.5),
+                Scalar::Date((i % 3) as i32),
+                Scalar::Str(["a", "b", "é"][(i % 3) as usize].into()),
+                null_every(5, Scalar::Str("t".into())),
+                Scalar::Bool(i % 2 == 0),
+            ]
+        })
+        .collect();
+    let program = vec![Col(3), Lit(Scalar::Int(1)), Sub, Col(2), Mul];
+    let mut continued = program.clone();
+    continued.extend([Col(4), Add]);
+    let agg = |func, arg: &Vec<ValueOp>| AggSpec {
+        func,
+        arg: arg.clone(),
+    };
+    let aggs = vec![
+        agg(AggFunc::Sum, &vec![Col(2)]),
+        agg(AggFunc::Avg, &vec![Col(2)]),
+        agg(AggFunc::Sum, &program),
+        agg(AggFunc::Sum, &continued),
+        agg(AggFunc::Avg, &continued),
+        agg(AggFunc::Count, &vec![Col(1)]),
+        agg(AggFunc::Sum, &vec![Col(1)]),
+        agg(AggFunc::CountStar, &vec![]),
+    ];
+    let s = schema();
+    for group_by in [vec![], vec![7u16, 8], vec![6]] {
+        let plan = QueryPlan {
+            filter: vec![],
+            output: QueryOutput::Aggregate {
+                group_by: group_by.clone(),
+                aggs: aggs.clone(),
+            },
+        };
+        let compiled = crate::compile(&s, &plan).expect("valid plan");
+        let bytes = super::encode(&rows);
+        let mut sink = compiled.sink(usize::MAX);
+        for b in &bytes[..1500] {
+            sink.push(&RowRef::new(compiled.layout(), b).expect("row"))
+                .expect("push");
+        }
+        sink.reset();
+        for b in &bytes {
+            sink.push(&RowRef::new(compiled.layout(), b).expect("row"))
+                .expect("push");
+        }
+        let QueryData::Groups(part) = sink.finish().expect("finish") else {
+            panic!("groups")
+        };
+        let merged = crate::merge_groups(&plan, vec![part]).expect("merge");
+        let batch = crate::finalize_groups(&s, &plan, &merged).expect("finalize");
+        let mut got: Vec<Vec<Scalar>> = (0..batch.num_rows())
+            .map(|i| batch_row(&batch, i).expect("row"))
+            .collect();
+        let Answer::Groups(mut want) = reference::run(&s, &plan, &rows).expect("reference") else {
+            panic!("groups")
+        };
+        got.sort_by(key_order(group_by.len()));
+        want.sort_by(key_order(group_by.len()));
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.iter().zip(w).all(|(a, b)| close(a, b)), "{g:?} vs {w:?}");
+        }
+    }
+}
