@@ -1,4 +1,4 @@
-//! Crash injection for process-level tests: with `INSITU_CRASH_AT` set to
+//! Crash and fault injection for tests: with `INSITU_CRASH_AT` set to
 //! `POINT:TXN` (a point below, a transaction id in hex), the server aborts
 //! the moment it reaches `POINT` for transaction `TXN`, as a `kill -9` at
 //! exactly that step would stop it. Unset (always, outside such tests), a
@@ -13,28 +13,51 @@
 //! - `prepare-after-part-records`: a participant with several parts made
 //!   every part's record but its vote record durable (`txn.rs`, `prepare`),
 //!   and has not written the vote record.
+//!
+//! `INSITU_FAULT_AT`, in the same form, injects a state instead of a crash:
+//! - `prepare-no-promise`: the prepare gives up the log room it promised
+//!   its decision, as a part taken back from its record by a recovery on a
+//!   shard without room has none (`txn_room::room_for_commit`).
 
 use std::sync::OnceLock;
 
-/// The armed point and transaction, read from the environment once.
-static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+/// The armed crash point and transaction, read from the environment once.
+static CRASH: OnceLock<Option<(String, u64)>> = OnceLock::new();
+/// The armed fault point and transaction, read from the environment once.
+static FAULT: OnceLock<Option<(String, u64)>> = OnceLock::new();
 
-fn armed() -> &'static Option<(String, u64)> {
-    ARMED.get_or_init(|| {
-        let value = std::env::var("INSITU_CRASH_AT").ok()?;
+fn armed(
+    cell: &'static OnceLock<Option<(String, u64)>>,
+    var: &str,
+) -> &'static Option<(String, u64)> {
+    cell.get_or_init(|| {
+        let value = std::env::var(var).ok()?;
         let (point, txn) = value.split_once(':')?;
         let txn = u64::from_str_radix(txn.trim_start_matches("0x"), 16).ok()?;
         Some((point.to_string(), txn))
     })
 }
 
+fn is_armed(armed: &Option<(String, u64)>, point: &str, txn: u64) -> bool {
+    armed.as_ref().is_some_and(|(p, t)| p == point && *t == txn)
+}
+
 /// Abort the process here if `INSITU_CRASH_AT` names `point` and `txn`.
 pub(crate) fn crash_point(point: &str, txn: u64) {
-    if let Some((armed_point, armed_txn)) = armed()
-        && armed_point == point
-        && *armed_txn == txn
-    {
+    if is_armed(armed(&CRASH, "INSITU_CRASH_AT"), point, txn) {
         eprintln!("INSITU_CRASH_AT={point}:{txn:#x} reached: the server aborts");
         std::process::abort();
     }
+}
+
+/// Whether `INSITU_FAULT_AT` names `point` and `txn`.
+pub(crate) fn fault_at(point: &str, txn: u64) -> bool {
+    let hit = is_armed(armed(&FAULT, "INSITU_FAULT_AT"), point, txn);
+    if hit {
+        tracing::warn!(
+            txn,
+            "INSITU_FAULT_AT={point}:{txn:#x} reached: fault injected"
+        );
+    }
+    hit
 }

@@ -371,6 +371,11 @@ pub async fn prepare(
         settle_and_apply(state, txn, false, 0).await;
         return encode_error(out, id, status, why);
     }
+    if crate::faults::fault_at("prepare-no-promise", txn)
+        && let Some(held) = state.txns.held.borrow_mut().get_mut(&txn)
+    {
+        held.promises.clear();
+    }
     // Every part is recorded (the conn makes the vote record durable before
     // this reply leaves, and before any answer to an inquiry): the vote
     // counts.
@@ -504,6 +509,18 @@ pub(crate) async fn settle_and_apply(
     let mut parts = parts;
     if let Some(recorded) = &recorded {
         txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
+    }
+    // A commit applies only where its writes have room: a part without
+    // it (taken back by a recovery when the shard had none) would have its
+    // writes refused and lost. It stays prepared, its keys locked, and the
+    // sweep applies it once room is made.
+    if committed && let Err(why) = crate::txn_room::room_for_commit(state, txn, &parts) {
+        tracing::warn!(
+            shard = state.index,
+            txn,
+            "a committed transaction waits for log room (its keys stay locked; retried by the sweep): {why}"
+        );
+        return (committed, commit_ts);
     }
     let plan = |part: &txn_durable::Part| GroupPlan {
         commit: committed,

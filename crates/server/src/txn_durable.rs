@@ -262,9 +262,10 @@ pub(crate) struct GroupPlan {
 
 /// Append one part's decision as one group: the commit record, the writes
 /// (on a commit), the record's removal, in one log segment, in the room
-/// its prepare promised (`txn_room`). Only a part without a promise (one
-/// recovered when there was no room) can meet a refusal now: logged, and
-/// lost for that key alone (the decision is taken).
+/// its prepare promised (`txn_room`), or one `txn_room::room_for_commit`
+/// made before a commit is applied (a part a recovery took back without
+/// room waits for it). So a commit's writes are never refused for room; a
+/// refusal left (an abort's record removal without a promise) is logged.
 pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: GroupPlan) {
     let promise = crate::txn_room::take_promise(state, txn, part);
     let mut engine = state.engine.borrow_mut();

@@ -88,8 +88,8 @@ pub(crate) fn promise_parts(
 }
 
 /// Hold the room of one part taken back from its record (a recovery or a
-/// move). Never refuses the recovery: without room, the decision takes its
-/// chances as a plain write would (logged).
+/// move). Never refuses the recovery: without room, a commit of the part
+/// waits until `room_for_commit` can make it (logged).
 pub(crate) fn promise_restored(state: &ShardState, txn: TxnId, part: &Part) {
     let hash = key_hash(part.table, &part.anchor);
     let promise = state
@@ -110,17 +110,54 @@ pub(crate) fn promise_restored(state: &ShardState, txn: TxnId, part: &Part) {
     }
 }
 
-/// Take back the promise held for `part` (one of its tablet), if any.
-pub(crate) fn take_promise(state: &ShardState, txn: TxnId, part: &Part) -> Option<HeadPromise> {
+/// Where in `txn`'s held promises the one for `part` (one of its tablet) is.
+fn promise_at(state: &ShardState, txn: TxnId, part: &Part) -> Option<usize> {
     let start = state
         .engine
         .borrow()
         .tablet_for(part.table, key_hash(part.table, &part.anchor))?
         .start;
-    let mut held = state.txns.held.borrow_mut();
-    let promises = &mut held.get_mut(&txn)?.promises;
-    let at = promises
+    let held = state.txns.held.borrow();
+    held.get(&txn)?
+        .promises
         .iter()
-        .position(|p| p.table() == part.table && p.start_hash() == start)?;
-    Some(promises.swap_remove(at))
+        .position(|p| p.table() == part.table && p.start_hash() == start)
+}
+
+/// Take back the promise held for `part` (one of its tablet), if any.
+pub(crate) fn take_promise(state: &ShardState, txn: TxnId, part: &Part) -> Option<HeadPromise> {
+    let at = promise_at(state, txn, part)?;
+    let mut held = state.txns.held.borrow_mut();
+    Some(held.get_mut(&txn)?.promises.swap_remove(at))
+}
+
+/// Room for every part of a commit that changes data or records the
+/// decision: the part's promise, or one made now (and held until the
+/// decision is applied). Err names the first part with neither: the
+/// caller must not apply the commit yet. Why: a part taken back by a
+/// recovery on a shard without room has no promise, and its writes,
+/// refused for memory, would be lost while the transaction counts as
+/// committed; kept prepared, its keys stay locked and the sweep applies it
+/// once removes or the cleaner make room. A part that only removes its
+/// record needs none (a record left behind is resolved again, harmlessly).
+pub(crate) fn room_for_commit(
+    state: &ShardState,
+    txn: TxnId,
+    parts: &[Part],
+) -> Result<(), String> {
+    for part in parts {
+        let writes = part.items.iter().any(|i| !matches!(i.write, Write::None));
+        if !(writes || part.primary_anchor) || promise_at(state, txn, part).is_some() {
+            continue;
+        }
+        let hash = key_hash(part.table, &part.anchor);
+        let promise = state
+            .engine
+            .borrow_mut()
+            .promise_head(part.table, hash, group_size(part))
+            .map_err(|e| format!("no log room for its part in table {}: {e}", part.table))?;
+        let mut held = state.txns.held.borrow_mut();
+        held.entry(txn).or_default().promises.push(promise);
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::txn::{decide, keys_on_two_shards, prepare};
+use common::txn::{decide, keys_on_two_shards, participants, prepare};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -311,11 +311,7 @@ async fn a_vanished_clients_transactions_are_resolved() {
     let c = cluster(2).await;
     let info = c.client.create_table("orphans", 4).await.unwrap();
     let t = info.id;
-    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
-    let (s1, s2) = (
-        RpcConn::connect(&a1).await.unwrap(),
-        RpcConn::connect(&a2).await.unwrap(),
-    );
+    let ((k1, s1), (k2, s2)) = participants(&info).await;
 
     // Prepared on both participants, then the client is gone: every vote was
     // yes, so the primary's resolution commits it.

@@ -6,38 +6,9 @@
 
 mod common;
 
-use common::txn::{decide, keys_on_two_shards, prepare};
+use common::txn::{decide, fill, keys_on_two_shards, participants, prepare, small_budget};
 
-use std::time::Duration;
-
-use insitu_client::{Client, ClientConfig, RpcConn, Status};
-
-/// Write new keys (`{prefix}{n:08}`, all of one length) of each size in
-/// turn until that size is refused for memory 40 times in a row: with
-/// falling sizes, no head keeps room for another key and the budget is
-/// spent (every key is live, so cleaning frees nothing). Returns the keys
-/// written.
-async fn fill(client: &Client, table: u64, prefix: &str, sizes: &[usize]) -> Vec<String> {
-    let mut written = Vec::new();
-    let mut n = 0u64;
-    for &size in sizes {
-        let value = vec![b'f'; size];
-        let mut refused = 0;
-        while refused < 30 {
-            n += 1;
-            let key = format!("{prefix}{n:08}");
-            match client.write(table, &key, &value).await {
-                Ok(_) => {
-                    written.push(key);
-                    refused = 0;
-                }
-                Err(e) if e.status() == Some(Status::OutOfMemory) => refused += 1,
-                Err(e) => panic!("filling: {e}"),
-            }
-        }
-    }
-    written
-}
+use insitu_client::{Client, RpcConn, Status};
 
 #[tokio::test]
 async fn a_commit_applies_on_memory_filled_after_its_prepare() {
@@ -45,26 +16,10 @@ async fn a_commit_applies_on_memory_filled_after_its_prepare() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let node = common::start(|c| {
-        c.shards = 2;
-        c.engine.segment_bytes = 128 * 1024;
-        // 12 segments per shard.
-        c.engine.memory_budget_bytes = 2 * 12 * 128 * 1024;
-        c.engine.max_value_bytes = 4096;
-    })
-    .await;
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(10),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let (node, client) = small_budget().await;
     let info = client.create_table("full", 4).await.unwrap();
     let t = info.id;
-    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
-    let (s1, s2) = (
-        RpcConn::connect(&a1).await.unwrap(),
-        RpcConn::connect(&a2).await.unwrap(),
-    );
+    let ((k1, s1), (k2, s2)) = participants(&info).await;
     // Values larger than the crumbs the filling leaves in a head.
     let (v1, v2) = ("1".repeat(3000), "2".repeat(3000));
     // Most of the memory first (as long as it takes), then room for the
@@ -177,11 +132,7 @@ async fn a_write_with_no_room_beside_a_promise_is_retried_until_the_decision() {
     let info = client.create_table("promised", 4).await.unwrap();
     let t = info.id;
     // Two participants: a lone one would commit at its prepare.
-    let ((k1, a1), (k2, a2)) = keys_on_two_shards(&info);
-    let (s1, s2) = (
-        RpcConn::connect(&a1).await.unwrap(),
-        RpcConn::connect(&a2).await.unwrap(),
-    );
+    let ((k1, s1), (k2, s2)) = participants(&info).await;
     // Other keys of k1's tablet (the promise is the tablet's): a write to
     // k1 itself would wait on its lock, a `Retry` of another cause.
     let tablet = common::tablet_of(&info, &k1);

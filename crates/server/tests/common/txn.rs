@@ -76,3 +76,67 @@ pub fn keys_on_two_shards(info: &TableInfo) -> ((String, String), (String, Strin
     let second_addr = addr_of(&second);
     ((first, first_addr), (second, second_addr))
 }
+
+/// A node whose memory a test can fill in about a second: two shards of 12
+/// log segments of 128 KiB each, values up to 4 KiB; and a client whose
+/// calls wait up to 10 s (filling takes many refused writes).
+pub async fn small_budget() -> (super::Node, insitu_client::Client) {
+    let node = super::start(|c| {
+        c.shards = 2;
+        c.engine.segment_bytes = 128 * 1024;
+        // 12 segments per shard.
+        c.engine.memory_budget_bytes = 2 * 12 * 128 * 1024;
+        c.engine.max_value_bytes = 4096;
+    })
+    .await;
+    let config = insitu_client::ClientConfig {
+        op_timeout: std::time::Duration::from_secs(10),
+        ..insitu_client::ClientConfig::default()
+    };
+    let client = insitu_client::Client::connect_with(&node.addr(), config)
+        .await
+        .unwrap();
+    (node, client)
+}
+
+/// Write new keys (`{prefix}{n:08}`, all of one length) of each size in
+/// turn until that size is refused for memory 30 times in a row: with
+/// falling sizes, no head keeps room for another key and the budget is
+/// spent (every key is live, so cleaning frees nothing). Returns the keys
+/// written.
+pub async fn fill(
+    client: &insitu_client::Client,
+    table: u64,
+    prefix: &str,
+    sizes: &[usize],
+) -> Vec<String> {
+    let mut written = Vec::new();
+    let mut n = 0u64;
+    for &size in sizes {
+        let value = vec![b'f'; size];
+        let mut refused = 0;
+        while refused < 30 {
+            n += 1;
+            let key = format!("{prefix}{n:08}");
+            match client.write(table, &key, &value).await {
+                Ok(_) => {
+                    written.push(key);
+                    refused = 0;
+                }
+                Err(e) if e.status() == Some(insitu_client::Status::OutOfMemory) => refused += 1,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+    }
+    written
+}
+
+/// Two keys of `info`'s table on different shards (`keys_on_two_shards`),
+/// each with a connection to its shard: the two participants of a
+/// transaction a test drives by hand.
+pub async fn participants(info: &TableInfo) -> ((String, RpcConn), (String, RpcConn)) {
+    let ((k1, a1), (k2, a2)) = keys_on_two_shards(info);
+    let s1 = RpcConn::connect(&a1).await.unwrap();
+    let s2 = RpcConn::connect(&a2).await.unwrap();
+    ((k1, s1), (k2, s2))
+}

@@ -1,0 +1,80 @@
+//! A committed part with no log room held for it (as a part a recovery
+//! took back on a shard without room has none) is not applied into a full
+//! budget, where its writes would be refused and lost while the transaction
+//! counts as committed: it stays prepared, its keys locked, and is applied
+//! once room is made (`txn_room::room_for_commit`, the sweep).
+//!
+//! Alone in its test binary: the fault is armed by an environment variable
+//! the server reads once per process (`faults.rs`).
+
+mod common;
+
+use common::txn::{decide, fill, participants, prepare, small_budget};
+
+use std::time::{Duration, Instant};
+
+use insitu_client::Status;
+
+/// The transaction the fault is armed for.
+const TXN: u64 = 0xf012;
+
+#[tokio::test]
+async fn a_commit_without_room_waits_for_room_instead_of_losing_its_writes() {
+    // SAFETY: set before any server thread starts (the first thing the
+    // only test of this binary does).
+    unsafe { std::env::set_var("INSITU_FAULT_AT", format!("prepare-no-promise:{TXN:x}")) };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (node, client) = small_budget().await;
+    let info = client.create_table("noroom", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, s1), (k2, s2)) = participants(&info).await;
+    let (v1, v2) = ("1".repeat(3000), "2".repeat(3000));
+    for (conn, request) in [
+        (&s1, prepare(TXN, None, &[&k2], t, &k1, &v1)),
+        (&s2, prepare(TXN, Some(&k1), &[], t, &k2, &v2)),
+    ] {
+        let r = conn.call(&request).await.unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    }
+    // The prepares hold no room (the fault); the budget fills.
+    let filler = fill(&client, t, "fill", &[4000, 1000]).await;
+    assert!(filler.len() > 100, "only {} keys", filler.len());
+    let late = client.write(t, "late00000000", &v1).await.unwrap_err();
+    assert_eq!(late.status(), Some(Status::OutOfMemory), "{late}");
+    // The commit is decided (it stands), but not applied into no room.
+    assert!(decide(&s1, TXN, true).await);
+    assert!(decide(&s2, TXN, true).await);
+    for key in [&k1, &k2] {
+        assert_eq!(
+            client.read(t, key).await.unwrap(),
+            None,
+            "{key}: not applied yet"
+        );
+    }
+    // Room is made; the sweep applies the commit (its first try comes
+    // PREPARED_TIMEOUT, 2 s, after the prepare).
+    for key in &filler[..filler.len() / 2] {
+        client.remove(t, key).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (key, want) in [(&k1, &v1), (&k2, &v2)] {
+        loop {
+            let got = client.read(t, key).await.unwrap().map(|(v, _)| v);
+            if got.as_deref() == Some(want.as_bytes()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{key}: the committed write was not applied once room was made (reads {:?})",
+                got.map(|v| v.len())
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The locks went with the application: the keys take plain writes.
+    client.write(t, &k1, b"after").await.unwrap();
+    drop(node);
+}
