@@ -73,11 +73,13 @@ pub struct BatchBuilder {
     rows: usize,
     /// Bytes appended so far (fixed widths + text bytes): the page-size estimate.
     bytes: usize,
+    /// Output columns that are text (none: no row's text is validated).
+    text_columns: usize,
 }
 
 impl BatchBuilder {
     pub fn new(schema: &Schema, columns: &[u16]) -> BatchBuilder {
-        let builders = columns
+        let builders: Vec<ColBuilder> = columns
             .iter()
             .map(|&c| match schema.columns[c as usize].ty {
                 ColumnType::Int32 => ColBuilder::I32(Int32Builder::new()),
@@ -93,7 +95,12 @@ impl BatchBuilder {
                 ColumnType::Bool => ColBuilder::Bool(BooleanBuilder::new()),
             })
             .collect();
+        let text_columns = builders
+            .iter()
+            .filter(|b| matches!(b, ColBuilder::Str(_)))
+            .count();
         BatchBuilder {
+            text_columns,
             schema: projected_schema(schema, columns),
             columns: columns.iter().map(|&c| c as usize).collect(),
             builders,
@@ -114,10 +121,21 @@ impl BatchBuilder {
     /// Append the projected columns of `row`. Fails only for text that is
     /// not UTF-8 (then nothing of the row is appended).
     pub fn append(&mut self, row: &RowRef<'_>) -> Result<(), RowError> {
-        // Check text first, so a failure leaves every builder the same length.
+        // Check text first, so a failure leaves every builder the same length:
+        // the row's text validated once (`var_text`), a column on its own only
+        // if that fails (another column may be the bad one).
+        let all = if self.text_columns > 0 {
+            row.var_text()
+        } else {
+            None
+        };
+        let text = |c: usize| match all.and_then(|t| row.str_in(c, t)) {
+            Some(s) => Ok(s),
+            None => row.str(c),
+        };
         for (b, &c) in self.builders.iter().zip(&self.columns) {
             if matches!(b, ColBuilder::Str(_)) && !row.is_null(c) {
-                row.str(c)?;
+                text(c)?;
             }
         }
         for (b, &c) in self.builders.iter_mut().zip(&self.columns) {
@@ -133,7 +151,7 @@ impl BatchBuilder {
                     if null {
                         b.append_null()
                     } else {
-                        let s = row.str(c).expect("checked above");
+                        let s = text(c).expect("checked above");
                         self.bytes += s.len();
                         b.append_value(s)
                     }

@@ -210,3 +210,54 @@ fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
     assert_eq!(r.var(1), b"");
     assert_eq!(r.check_vars().unwrap_err(), e);
 }
+
+/// Text is validated once per row (`RowRef::var_text`), and still each
+/// projected column on its own: two columns whose bytes are valid only
+/// together (an "é" split across them) are refused, and a bad column that
+/// is not projected does not refuse the row.
+#[test]
+fn text_split_across_columns_or_bad_elsewhere_is_judged_per_column() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let row = vec![
+        Scalar::Int(1),
+        Scalar::Str("a".into()),
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Str("b".into()),
+        Scalar::Null,
+    ];
+    let good = encode_row(&s, &layout, &row).unwrap();
+    // The variable region is "ab": make it the two bytes of "é".
+    let mut split = good.clone();
+    let n = split.len();
+    split[n - 2..].copy_from_slice("é".as_bytes());
+    let r = RowRef::new(&layout, &split).unwrap();
+    assert_eq!(r.var_text(), Some("é"), "valid as a whole");
+    for col in [1u16, 6] {
+        let mut b = BatchBuilder::new(&s, &[0, col]);
+        let e = b.append(&r).unwrap_err();
+        assert!(e.to_string().contains("not valid UTF-8"), "{e}");
+        assert_eq!(b.rows(), 0, "nothing of the row appended");
+    }
+    // Only the second column bad: projecting the first alone is fine.
+    let mut bad_note = good.clone();
+    bad_note[n - 1] = 0xff;
+    let r = RowRef::new(&layout, &bad_note).unwrap();
+    assert_eq!(r.var_text(), None);
+    let mut b = BatchBuilder::new(&s, &[0, 1]);
+    b.append(&r).unwrap();
+    let batch = b.finish();
+    assert_eq!(batch_row(&batch, 0).unwrap()[1], Scalar::Str("a".into()));
+    let mut b = BatchBuilder::new(&s, &[6]);
+    assert!(b.append(&r).is_err());
+    // The good row reads back through the one validation.
+    let r = RowRef::new(&layout, &good).unwrap();
+    let mut b = BatchBuilder::new(&s, &[1, 6]);
+    b.append(&r).unwrap();
+    let batch = b.finish();
+    let got = batch_row(&batch, 0).unwrap();
+    assert_eq!(got, vec![Scalar::Str("a".into()), Scalar::Str("b".into())]);
+}

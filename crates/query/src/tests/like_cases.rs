@@ -54,11 +54,28 @@ fn percent_and_underscore() {
     assert!(!like("", "a", false));
     assert!(!like("abc", "abcd", false), "anchored at the end");
     assert!(!like("bcd", "abcd", false), "anchored at the start");
+    // Leading and trailing runs of % drop an anchor (like.rs).
+    assert!(like("%%", "", false));
+    assert!(like("%%b%%", "abc", false));
+    assert!(!like("%%b%%", "ac", false));
+    assert!(like("%_%", "x", false));
+    assert!(!like("%_%", "", false));
+    assert!(like("%b", "ab", false));
+    assert!(!like("%b", "ba", false), "anchored at the end");
+    assert!(like("b%", "ba", false));
+    assert!(!like("b%", "ab", false), "anchored at the start");
+    assert!(like("%a%c", "xaybc", false));
+    assert!(!like("%a%c", "xaycb", false));
 }
 
 #[test]
 fn escapes_make_metacharacters_literal() {
     assert!(like("100\\%", "100%", false));
+    // A trailing % that is escaped is no wildcard: the end stays anchored.
+    assert!(!like("%100\\%", "100%x", false));
+    assert!(like("%100\\%", "x100%", false));
+    assert!(like("\\%%", "%x", false));
+    assert!(!like("\\%%", "x%", false));
     assert!(!like("100\\%", "1000", false));
     assert!(like("a\\_b", "a_b", false));
     assert!(!like("a\\_b", "axb", false));
