@@ -1,4 +1,5 @@
-//! LIKE patterns as anchored regular expressions, and every regular
+//! LIKE patterns as regular expressions (anchored unless the pattern starts
+//! or ends with `%`), and every regular
 //! expression of a plan built with the same size limits.
 
 use insitu_protocol::query::MAX_PATTERN_BYTES;
