@@ -308,12 +308,11 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         let rules = insitu_engine::RejectRules::default();
         let mut versions = state.versions.borrow_mut();
         let now = std::time::Instant::now();
-        for item in &part.items {
-            if !matches!(item.write, Write::None) {
-                // What a move of its tablet carries (`commit_bound.rs`).
-                versions.commits.applied(item.table, plan.commit_ts);
-            }
-            if versions.is_active() && plan.commit_ts != 0 && !matches!(item.write, Write::None) {
+        // Reads (`Write::None`) change nothing: skipped.
+        for item in part.items.iter().filter(|i| !matches!(i.write, Write::None)) {
+            // What a move of its tablet carries (`commit_bound.rs`).
+            versions.commits.applied(item.table, plan.commit_ts);
+            if versions.is_active() && plan.commit_ts != 0 {
                 // The value this commit replaces, for snapshots before it.
                 let before = engine
                     .read(item.table, &item.key)
@@ -336,7 +335,7 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
                     Err(EngineError::ObjectDoesntExist) => Ok(()),
                     r => r.map(|_| ()),
                 },
-                Write::None => Ok(()),
+                Write::None => unreachable!("reads are filtered out above"),
             };
             if let Err(e) = result {
                 tracing::error!(
