@@ -237,21 +237,31 @@ impl FastAggs {
             values,
             scratch,
             rows_of,
+            touched,
         } = batch;
-        // Every aggregate but a repeat counts each of its group's rows.
-        rows_of.clear();
+        // Every aggregate but a repeat counts each of its group's rows: per
+        // group of this batch (`touched`), not per group so far (a tablet
+        // may have up to MAX_GROUPS). `rows_of` is all zeros between flushes.
         rows_of.resize(states.len() / per_group, 0);
+        touched.clear();
         for &g in groups.iter() {
-            rows_of[g as usize] += 1;
+            let rows = &mut rows_of[g as usize];
+            if *rows == 0 {
+                touched.push(g);
+            }
+            *rows += 1;
         }
         let counting = self.counts.iter().copied();
         let counting = counting
             .chain(self.sums.iter().map(|s| s.0))
             .chain(self.programs.iter().map(|p| p.0));
         for a in counting {
-            for (g, &rows) in rows_of.iter().enumerate() {
-                states[g * per_group + a].count += rows;
+            for &g in touched.iter() {
+                states[g as usize * per_group + a].count += rows_of[g as usize];
             }
+        }
+        for &g in touched.iter() {
+            rows_of[g as usize] = 0;
         }
         for &(a, k) in &self.sums {
             add_sums(
@@ -289,8 +299,10 @@ pub(crate) struct Batch {
     values: Vec<Vec<i128>>,
     /// The programs' i64 columns.
     scratch: Scratch,
-    /// Per group, its rows in the batch.
+    /// Per group, its rows in the batch (zero outside `flush`).
     rows_of: Vec<u64>,
+    /// The groups of the batch, each once (`flush`).
+    touched: Vec<u32>,
 }
 
 impl Batch {
