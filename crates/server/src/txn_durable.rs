@@ -309,7 +309,11 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         let mut versions = state.versions.borrow_mut();
         let now = std::time::Instant::now();
         // Reads (`Write::None`) change nothing: skipped.
-        for item in part.items.iter().filter(|i| !matches!(i.write, Write::None)) {
+        for item in part
+            .items
+            .iter()
+            .filter(|i| !matches!(i.write, Write::None))
+        {
             // What a move of its tablet carries (`commit_bound.rs`).
             versions.commits.applied(item.table, plan.commit_ts);
             if versions.is_active() && plan.commit_ts != 0 {
