@@ -99,6 +99,19 @@ fn bin_i64(op: BinOp, a: i64, b: i64, l: i64, r: i64) -> Option<i64> {
     }
 }
 
+/// `(a * l) op (b * r)` in i128: the arithmetic of `Arg::Program`, shared
+/// by the row and batch (`exact_batch.rs`) evaluators; an error past i128.
+pub(crate) fn bin_i128(op: BinOp, a: i128, b: i128, l: i128, r: i128) -> Result<i128, QueryError> {
+    let a = a.checked_mul(l).ok_or_else(overflow)?;
+    let b = b.checked_mul(r).ok_or_else(overflow)?;
+    match op {
+        BinOp::Add => a.checked_add(b),
+        BinOp::Sub => a.checked_sub(b),
+        BinOp::Mul => a.checked_mul(b),
+    }
+    .ok_or_else(overflow)
+}
+
 /// The i64 steps of `steps` (every literal and factor fits i64).
 fn narrow_steps(steps: &[XStep]) -> Vec<NStep> {
     let mut out: Vec<NStep> = Vec::with_capacity(steps.len());
@@ -325,14 +338,7 @@ impl ExactProgram {
                 XStep::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
                 XStep::Bin { op, l, r } => {
                     sp -= 1;
-                    let a = stack[sp - 1].checked_mul(l).ok_or_else(overflow)?;
-                    let b = stack[sp].checked_mul(r).ok_or_else(overflow)?;
-                    stack[sp - 1] = match op {
-                        BinOp::Add => a.checked_add(b),
-                        BinOp::Sub => a.checked_sub(b),
-                        BinOp::Mul => a.checked_mul(b),
-                    }
-                    .ok_or_else(overflow)?;
+                    stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
                 }
             }
         }

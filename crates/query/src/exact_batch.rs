@@ -12,7 +12,7 @@
 use crate::QueryError;
 use crate::agg_fast::input;
 use crate::arith::{BinOp, overflow};
-use crate::exact::{DEPTH, ExactProgram, XStep};
+use crate::exact::{DEPTH, ExactProgram, XStep, bin_i128};
 use crate::filter::ExactRead;
 
 /// A step reading batch columns instead of row bytes.
@@ -181,14 +181,7 @@ impl BatchProgram {
                 BStep::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
                 BStep::Bin { op, l, r } => {
                     sp -= 1;
-                    let a = stack[sp - 1].checked_mul(l).ok_or_else(overflow)?;
-                    let b = stack[sp].checked_mul(r).ok_or_else(overflow)?;
-                    stack[sp - 1] = match op {
-                        BinOp::Add => a.checked_add(b),
-                        BinOp::Sub => a.checked_sub(b),
-                        BinOp::Mul => a.checked_mul(b),
-                    }
-                    .ok_or_else(overflow)?;
+                    stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
                 }
             }
         }
