@@ -1,4 +1,4 @@
-//! An aggregate whose sum does not fit 128 bits fails with a clear error
+//! An aggregate whose argument (or sum) does not fit 128 bits fails with a clear error
 //! the query's fault (`BadRequest`), found when the servers' last batch of
 //! rows is aggregated (`agg_fast.rs`), and the server goes on serving.
 
@@ -8,7 +8,7 @@ use insitu_client::{Client, Status};
 use insitu_protocol::query::{AggFunc, AggSpec, QueryOutput, QueryPlan, Scalar, ValueOp};
 
 #[tokio::test]
-async fn a_sum_past_128_bits_is_the_querys_error_not_the_servers() {
+async fn an_aggregate_past_128_bits_is_the_querys_error_not_the_servers() {
     let node = common::start(|_| {}).await;
     let client = Client::connect(&node.addr()).await.unwrap();
     let schema = insitu_rows::text::parse_schema("id int64, x int64", "id").unwrap();
