@@ -347,7 +347,7 @@ impl ExactProgram {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use insitu_protocol::query::{Scalar, ValueOp};
     use insitu_protocol::schema::{Column, ColumnType, Schema};
     use insitu_rows::{RowLayout, encode_row};
@@ -355,7 +355,9 @@ mod tests {
     use super::*;
     use crate::arith::{Arg, compile_general};
 
-    fn schema() -> Schema {
+    /// (k int64, d decimal(15,2)): the rows these tests and
+    /// `exact_batch.rs`'s evaluate programs over.
+    pub(crate) fn schema() -> Schema {
         let col = |name: &str, ty| Column {
             name: name.into(),
             ty,
@@ -373,6 +375,14 @@ mod tests {
                 ),
             ],
             key: vec![0],
+        }
+    }
+
+    /// `p` over `schema()` compiled to its exact form.
+    pub(crate) fn exact(p: &[ValueOp]) -> ExactProgram {
+        match compile_general(&schema(), p, "t").expect("compiles").0 {
+            Arg::Program(s) => ExactProgram::from_steps(&s).expect("exact"),
+            a => panic!("{a:?}"),
         }
     }
 
@@ -429,11 +439,6 @@ mod tests {
     #[test]
     fn operators_fuse_with_the_pushes_right_before_them() {
         use ValueOp::*;
-        let schema = schema();
-        let exact = |p: &[ValueOp]| match compile_general(&schema, p, "t").expect("compiles").0 {
-            Arg::Program(s) => ExactProgram::from_steps(&s).expect("exact"),
-            a => panic!("{a:?}"),
-        };
         // k, (1 - d) from two immediates, *, then + d with d immediate.
         let p = exact(&[Col(0), Lit(Scalar::Int(1)), Col(1), Sub, Mul, Col(1), Add]);
         assert!(matches!(

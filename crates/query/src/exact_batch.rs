@@ -214,40 +214,11 @@ fn bin(a: &mut [i64], b: &[i64], l: i64, r: i64, op: impl Fn(i64, i64) -> (i64, 
 #[cfg(test)]
 mod tests {
     use insitu_protocol::query::{Scalar, ValueOp};
-    use insitu_protocol::schema::{Column, ColumnType, Schema};
     use insitu_rows::{RowLayout, RowRef, encode_row};
 
     use super::*;
-    use crate::arith::{Arg, compile_general};
+    use crate::exact::tests::{exact, schema};
     use crate::filter::read_i64;
-
-    fn schema() -> Schema {
-        let col = |name: &str, ty| Column {
-            name: name.into(),
-            ty,
-            nullable: true,
-        };
-        Schema {
-            columns: vec![
-                col("k", ColumnType::Int64),
-                col(
-                    "d",
-                    ColumnType::Decimal {
-                        precision: 15,
-                        scale: 2,
-                    },
-                ),
-            ],
-            key: vec![0],
-        }
-    }
-
-    fn exact(p: &[ValueOp]) -> ExactProgram {
-        match compile_general(&schema(), p, "t").expect("compiles").0 {
-            Arg::Program(s) => ExactProgram::from_steps(&s).expect("exact"),
-            a => panic!("{a:?}"),
-        }
-    }
 
     /// Whole batches, and a program continued from its prefix, give what
     /// the row evaluator gives for each row, errors included: small values,
