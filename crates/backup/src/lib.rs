@@ -45,6 +45,15 @@ pub struct ReplicaId {
     pub segment: u64,
 }
 
+/// A log's digest: the segments of the log a recovery must find, as the
+/// master knew them when it made digest number `seq` (see the replicator).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digest {
+    pub seq: u64,
+    /// Segment ids, ascending.
+    pub segments: Vec<u64>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
     #[error("backup disk budget full: {need} bytes needed, {free} free")]
@@ -65,6 +74,8 @@ pub enum BackupError {
         held: Tablet,
         sent: Tablet,
     },
+    #[error("malformed request: {0}")]
+    Malformed(String),
     #[error("no replica {0:?} here")]
     Unknown(ReplicaId),
     #[error("replica {id:?} is corrupt: {why}")]

@@ -19,13 +19,19 @@
 //!
 //! record, 24-byte head then payload:
 //!  0  4  payload_len u32  <= MAX_RECORD_PAYLOAD_BYTES, checked before use
-//!  4  1  kind             1 data, 2 closed (payload empty: the segment is complete)
+//!  4  1  kind             1 data, 2 closed (payload empty: the segment is complete),
+//!                         3 digest (payload: the log's digest, below; adds no
+//!                         segment bytes, and may follow a close)
 //!  5  3  reserved, 0
 //!  8  8  offset u64       segment offset of the payload's first byte; must equal
 //!                         the bytes of data before it (a gap is corruption)
 //! 16  4  crc32c of head bytes 0..16 and the payload
 //! 20  4  reserved, 0
 //! 24  ..  payload
+//!
+//! digest payload (kind 3), little-endian:
+//!  0  8  seq u64          grows with every digest the master makes of the log
+//!  8  8n segment ids      u64 each, ascending, n <= MAX_DIGEST_SEGMENTS
 //! ```
 //!
 //! Crash cases. Records are only ever appended. A crash during an append
@@ -37,7 +43,7 @@
 //! (after a bad record no length can be trusted, so nothing after it is read).
 //! A file shorter than its header, or with a bad header, yields nothing.
 
-use crate::{ReplicaId, Tablet};
+use crate::{Digest, ReplicaId, Tablet};
 
 pub const MAGIC: [u8; 8] = *b"INSITUBK";
 pub const FORMAT: u32 = 1;
@@ -52,6 +58,9 @@ pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
 
 pub const KIND_DATA: u8 = 1;
 pub const KIND_CLOSED: u8 = 2;
+pub const KIND_DIGEST: u8 = 3;
+/// Most segment ids a digest record may list (the wire's limit).
+pub const MAX_DIGEST_SEGMENTS: usize = insitu_protocol::MAX_DIGEST_SEGMENTS;
 
 /// The 64-byte header of a replica of `id` (a segment of `tablet`'s log) in
 /// cluster `cluster`.
@@ -85,7 +94,9 @@ pub fn encode_record(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[u8]) {
 /// followed by `payload` itself.
 pub fn record_head(kind: u8, offset: u64, payload: &[u8]) -> [u8; RECORD_HEAD_BYTES] {
     debug_assert!(payload.len() <= MAX_RECORD_PAYLOAD_BYTES);
-    debug_assert!(kind == KIND_DATA || (kind == KIND_CLOSED && payload.is_empty()));
+    debug_assert!(
+        kind == KIND_DATA || kind == KIND_DIGEST || (kind == KIND_CLOSED && payload.is_empty())
+    );
     let mut head = [0u8; RECORD_HEAD_BYTES];
     head[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     head[4] = kind;
@@ -93,6 +104,36 @@ pub fn record_head(kind: u8, offset: u64, payload: &[u8]) -> [u8; RECORD_HEAD_BY
     let crc = crc32c::crc32c_append(crc32c::crc32c(&head[0..16]), payload);
     head[16..20].copy_from_slice(&crc.to_le_bytes());
     head
+}
+
+/// The payload of a digest record: `seq`, then the segment ids.
+pub fn encode_digest(digest: &Digest) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 8 * digest.segments.len());
+    out.extend_from_slice(&digest.seq.to_le_bytes());
+    for s in &digest.segments {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out
+}
+
+/// A digest record's payload read back; None if it is not a well-formed one
+/// (its crc matched, so only a writer bug gets here).
+fn decode_digest(payload: &[u8]) -> Option<Digest> {
+    if payload.len() < 8 || payload.len() % 8 != 0 {
+        return None;
+    }
+    let n = payload.len() / 8 - 1;
+    if n > MAX_DIGEST_SEGMENTS {
+        return None;
+    }
+    let segments: Vec<u64> = (0..n).map(|i| u64_at(payload, 8 + 8 * i)).collect();
+    if !segments.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    Some(Digest {
+        seq: u64_at(payload, 0),
+        segments,
+    })
 }
 
 /// What a replica file holds, as far as it can be trusted.
@@ -106,6 +147,8 @@ pub struct ParsedReplica {
     pub data: Vec<u8>,
     /// A `closed` record was read: the master finished this segment.
     pub closed: bool,
+    /// The digest with the highest `seq` among the file's digest records.
+    pub digest: Option<Digest>,
     /// File bytes that were well-formed (header + valid records). Appends
     /// after a repair start here.
     pub valid_file_bytes: u64,
@@ -171,6 +214,7 @@ pub fn parse(file: &[u8]) -> Result<ParsedReplica, HeaderError> {
         // doubling per record (a replica is written in many small records).
         data: Vec::with_capacity(file.len().saturating_sub(HEADER_BYTES)),
         closed: false,
+        digest: None,
         valid_file_bytes: HEADER_BYTES as u64,
         cut: None,
     };
@@ -178,10 +222,21 @@ pub fn parse(file: &[u8]) -> Result<ParsedReplica, HeaderError> {
     while at < file.len() {
         match parse_record(&file[at..], out.data.len() as u64, out.closed) {
             Ok((kind, payload)) => {
-                if kind == KIND_CLOSED {
-                    out.closed = true;
-                } else {
-                    out.data.extend_from_slice(payload);
+                match kind {
+                    KIND_CLOSED => out.closed = true,
+                    KIND_DIGEST => {
+                        let Some(d) = decode_digest(payload) else {
+                            out.cut = Some(format!(
+                                "malformed digest record at file offset {at}; {} trailing bytes ignored",
+                                file.len() - at
+                            ));
+                            break;
+                        };
+                        if out.digest.as_ref().is_none_or(|old| old.seq < d.seq) {
+                            out.digest = Some(d);
+                        }
+                    }
+                    _ => out.data.extend_from_slice(payload),
                 }
                 at += RECORD_HEAD_BYTES + payload.len();
                 out.valid_file_bytes = at as u64;
@@ -236,13 +291,14 @@ fn parse_record(b: &[u8], data_so_far: u64, closed: bool) -> Result<(u8, &[u8]),
             "record starts at segment offset {offset}, expected {data_so_far}"
         ));
     }
-    if closed {
+    if closed && kind != KIND_DIGEST {
         return Err("record after the segment was closed".to_string());
     }
     match kind {
         KIND_DATA if data_so_far + len as u64 <= MAX_SEGMENT_BYTES => Ok((kind, payload)),
         KIND_DATA => Err(format!("segment would exceed {MAX_SEGMENT_BYTES} bytes")),
         KIND_CLOSED if len == 0 => Ok((kind, payload)),
+        KIND_DIGEST if len >= 8 => Ok((kind, payload)),
         _ => Err(format!("unknown record kind {kind} (length {len})")),
     }
 }
@@ -345,6 +401,48 @@ mod tests {
         let p = parse(&f).unwrap();
         assert!(p.data.is_empty());
         assert!(p.cut.unwrap().contains("exceeds"));
+    }
+
+    fn digest(seq: u64, segments: &[u64]) -> Digest {
+        Digest {
+            seq,
+            segments: segments.to_vec(),
+        }
+    }
+
+    #[test]
+    fn digests_add_no_segment_bytes_and_the_newest_is_kept() {
+        let mut f = encode_header(1, ID, TABLET).to_vec();
+        encode_record(&mut f, KIND_DATA, 0, b"ab");
+        encode_record(&mut f, KIND_DIGEST, 2, &encode_digest(&digest(7, &[3, 27])));
+        encode_record(&mut f, KIND_DATA, 2, b"cd");
+        encode_record(&mut f, KIND_CLOSED, 4, &[]);
+        // After the close, as a digest's carrier may be a sealed segment.
+        encode_record(&mut f, KIND_DIGEST, 4, &encode_digest(&digest(9, &[27])));
+        encode_record(&mut f, KIND_DIGEST, 4, &encode_digest(&digest(8, &[1, 27])));
+        let p = parse(&f).unwrap();
+        assert_eq!(p.cut, None);
+        assert_eq!(p.data, b"abcd");
+        assert!(p.closed);
+        assert_eq!(p.digest, Some(digest(9, &[27])));
+        // A torn last digest leaves the one before it.
+        let p = parse(&f[..f.len() - 3]).unwrap();
+        assert_eq!(p.digest, Some(digest(9, &[27])));
+        assert!(p.cut.is_some());
+    }
+
+    #[test]
+    fn a_malformed_digest_cuts_the_file() {
+        for payload in [
+            vec![0u8; 12],
+            [encode_digest(&digest(1, &[5])), 4u64.to_le_bytes().to_vec()].concat(),
+        ] {
+            let mut f = encode_header(1, ID, TABLET).to_vec();
+            encode_record(&mut f, KIND_DIGEST, 0, &payload);
+            let p = parse(&f).unwrap();
+            assert_eq!(p.digest, None);
+            assert!(p.cut.unwrap().contains("malformed digest"));
+        }
     }
 
     #[test]

@@ -20,13 +20,13 @@
 
 use bytes::BytesMut;
 use insitu_protocol::{
-    BackupOp, Request, Response, Status, blob, encode_error, encode_response,
+    BackupOp, LogDigest, Request, Response, Status, blob, encode_error, encode_response,
     message::ReplicaInfo as WireReplica,
 };
 
 use crate::io::Io;
 use crate::store::{BackupStore, SyncMode};
-use crate::{BackupError, ReplicaId, Tablet};
+use crate::{BackupError, Digest, ReplicaId, Tablet};
 
 /// Most bytes one `BackupRead` answers with, whatever it asks for: 2 MiB is
 /// a whole segment of the engine's default size, so a recovery reads each
@@ -47,7 +47,8 @@ pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
 pub enum Outcome {
     Pong,
     Done,
-    Replicas(Vec<WireReplica>),
+    /// The replicas held of a master, and per log its newest digest.
+    Replicas(Vec<WireReplica>, Vec<LogDigest>),
     /// A chunk of a replica; `end`: it reaches the end of what is held.
     Bytes {
         bytes: Vec<u8>,
@@ -74,8 +75,9 @@ impl Outcome {
         let response = match self {
             Outcome::Pong => Response::Pong,
             Outcome::Done => Response::Done,
-            Outcome::Replicas(replicas) => Response::BackupReplicas {
+            Outcome::Replicas(replicas, digests) => Response::BackupReplicas {
                 replicas: replicas.clone(),
+                digests: digests.clone(),
             },
             Outcome::Bytes { bytes, end } => {
                 // One allocation for the reply instead of doubling up to it.
@@ -135,6 +137,7 @@ pub fn refusal(e: &BackupError) -> Outcome {
         | BackupError::Closed(_)
         | BackupError::TooLarge { .. }
         | BackupError::WrongTablet { .. }
+        | BackupError::Malformed(_)
         | BackupError::Unknown(_) => Outcome::refused(Status::BadRequest, e.to_string()),
         BackupError::Corrupt { .. } => Outcome::refused(
             Status::Internal,
@@ -318,6 +321,24 @@ impl<I: Io> BackupService<I> {
                     self.store.free_log(master, log);
                     Ok(())
                 }
+                BackupOp::Digest {
+                    log,
+                    segment,
+                    seq,
+                    ref segments,
+                } => {
+                    let id = ReplicaId {
+                        master,
+                        log,
+                        segment,
+                    };
+                    touched.push(id);
+                    let digest = Digest {
+                        seq,
+                        segments: segments.clone(),
+                    };
+                    self.store.digest(id, digest)
+                }
             };
             if let Err(e) = result {
                 // The ops before this one stay applied; a master resends
@@ -352,7 +373,17 @@ impl<I: Io> BackupService<I> {
                 closed: r.closed,
             })
             .collect();
-        Ok(Outcome::Replicas(replicas))
+        let digests = self
+            .store
+            .digests(master)
+            .into_iter()
+            .map(|(log, d)| LogDigest {
+                log,
+                seq: d.seq,
+                segments: d.segments,
+            })
+            .collect();
+        Ok(Outcome::Replicas(replicas, digests))
     }
 
     fn read(

@@ -139,7 +139,7 @@ fn a_fenced_master_is_refused_also_after_a_restart() {
         Outcome::Done
     );
     match one(&mut svc, list(3, true)) {
-        Outcome::Replicas(r) => {
+        Outcome::Replicas(r, _) => {
             assert_eq!(r.len(), 1);
             assert_eq!((r[0].log, r[0].table, r[0].start_hash), (1, 7, 1 << 56));
             assert_eq!((r[0].segment, r[0].bytes, r[0].closed), (1, 3, false));
@@ -178,7 +178,10 @@ fn forget_deletes_a_masters_replicas_and_keeps_the_others() {
         master: 1,
     };
     assert_eq!(one(&mut svc, forget), Outcome::Done);
-    assert_eq!(one(&mut svc, list(1, false)), Outcome::Replicas(vec![]));
+    assert_eq!(
+        one(&mut svc, list(1, false)),
+        Outcome::Replicas(vec![], vec![])
+    );
     assert_eq!(
         svc.store_mut().io_mut().paths().len(),
         1,
@@ -202,7 +205,7 @@ fn frees_drop_one_segment_or_a_whole_log() {
     ];
     assert_eq!(one(&mut svc, write(1, frees)), Outcome::Done);
     match one(&mut svc, list(1, false)) {
-        Outcome::Replicas(r) => assert_eq!(
+        Outcome::Replicas(r, _) => assert_eq!(
             r.iter().map(|r| (r.log, r.segment)).collect::<Vec<_>>(),
             [(1, 2)]
         ),

@@ -26,9 +26,12 @@ use crate::replica_file::{
     self, HEADER_BYTES, KIND_CLOSED, KIND_DATA, MAX_RECORD_PAYLOAD_BYTES, MAX_SEGMENT_BYTES,
     RECORD_HEAD_BYTES,
 };
-use crate::{BackupError, ReplicaId, Tablet};
+use crate::{BackupError, Digest, ReplicaId, Tablet};
 
+mod digest;
 mod flush;
+
+use digest::keep_newest_digests;
 
 /// When an append counts as durable; see the module comment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +100,13 @@ struct Replica {
     file_bytes: u64,
     /// Written since the last sync.
     unsynced: bool,
+    /// The newest digest of its log this replica carries, while it is the
+    /// newest this store holds of that log (an older one is forgotten in
+    /// memory when a newer arrives; its record stays in the file, and a
+    /// reopen forgets it again). Why one per log: every head of a log
+    /// carries a digest listing the whole log, so keeping them all would
+    /// cost memory quadratic in the log's length.
+    digest: Option<Digest>,
 }
 
 pub struct BackupStore<I: Io> {
@@ -208,11 +218,13 @@ impl<I: Io> BackupStore<I> {
                     pending: Vec::new(),
                     file_bytes: parsed.valid_file_bytes,
                     unsynced: false,
+                    digest: parsed.digest,
                 },
             );
         }
         report.replicas = replicas.len();
         report.fenced = fenced.len();
+        keep_newest_digests(&mut replicas);
         let store = BackupStore {
             config,
             io,
@@ -344,16 +356,7 @@ impl<I: Io> BackupStore<I> {
             + records * RECORD_HEAD_BYTES
             + new.len()
             + if close { RECORD_HEAD_BYTES } else { 0 };
-        let free = self
-            .config
-            .disk_budget_bytes
-            .saturating_sub(self.disk_bytes);
-        if growth as u64 > free {
-            return Err(BackupError::DiskFull {
-                need: growth as u64,
-                free,
-            });
-        }
+        self.check_disk_room(growth)?;
         let cluster = self.config.cluster;
         let dir = self.config.dir.clone();
         let r = self.replicas.entry(id).or_insert_with(|| Replica {
@@ -364,6 +367,7 @@ impl<I: Io> BackupStore<I> {
             pending: replica_file::encode_header(cluster, id, tablet).to_vec(),
             file_bytes: 0,
             unsynced: false,
+            digest: None,
         });
         if growth > 0 {
             self.dirty.insert(id);
@@ -397,6 +401,21 @@ impl<I: Io> BackupStore<I> {
         self.disk_bytes += growth as u64;
         if self.pending_bytes > self.config.buffer_budget_bytes {
             self.write_out(id, false)?;
+        }
+        Ok(())
+    }
+
+    /// `DiskFull` if `growth` more bytes would pass the disk budget.
+    pub(super) fn check_disk_room(&self, growth: usize) -> Result<(), BackupError> {
+        let free = self
+            .config
+            .disk_budget_bytes
+            .saturating_sub(self.disk_bytes);
+        if growth as u64 > free {
+            return Err(BackupError::DiskFull {
+                need: growth as u64,
+                free,
+            });
         }
         Ok(())
     }

@@ -35,10 +35,12 @@ fn config(sync: SyncMode, disk_budget_bytes: u64) -> BackupConfig {
     }
 }
 
+/// Replicas 0 and 4 are two segments of one log (a log's digest may move
+/// from one carrier to another); the others each have a log of their own.
 fn rid(i: u8) -> ReplicaId {
     ReplicaId {
         master: u64::from(i % 2) + 1,
-        log: u64::from(i % 3),
+        log: u64::from((i / 2) % 2),
         segment: u64::from(i),
     }
 }
@@ -69,6 +71,10 @@ enum Op {
     DiskFills {
         free: u64,
     },
+    /// A digest of the replica's log carried by the replica, listing it.
+    Digest {
+        replica: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -82,6 +88,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
         1 => (0u8..5).prop_map(|replica| Op::Free { replica }),
         1 => (0u64..3000).prop_map(|free| Op::DiskFills { free }),
+        2 => (0u8..5).prop_map(|replica| Op::Digest { replica }),
     ]
 }
 
@@ -95,10 +102,66 @@ struct Model {
     durable_closed: bool,
 }
 
+/// A digest the store accepted.
+#[derive(Clone, Debug)]
+struct Dig {
+    carrier: ReplicaId,
+    seq: u64,
+    /// Certainly on disk (a sync covered it).
+    durable: bool,
+}
+
+/// After a crash: per log, the store lists a digest it accepted whose
+/// carrier it holds, at least as new as every durable one; then the model
+/// keeps what may still be on disk.
+fn check_digests(store: &BackupStore<SimIo>, digests: &mut Vec<Dig>) {
+    let held: Vec<ReplicaId> = store.list(None).iter().map(|r| r.id).collect();
+    digests.retain(|g| held.contains(&g.carrier));
+    let mut listed: BTreeMap<(u64, u64), insitu_backup::Digest> = BTreeMap::new();
+    for master in [1, 2] {
+        for (log, d) in store.digests(master) {
+            assert!(
+                listed.insert((master, log), d).is_none(),
+                "two digests of one log"
+            );
+        }
+    }
+    for (&(master, log), d) in &listed {
+        let g = digests
+            .iter()
+            .find(|g| g.seq == d.seq)
+            .unwrap_or_else(|| panic!("digest {} never sent", d.seq));
+        assert_eq!((g.carrier.master, g.carrier.log), (master, log));
+        assert_eq!(d.segments, vec![g.carrier.segment]);
+    }
+    for g in digests.iter().filter(|g| g.durable) {
+        let d = listed.get(&(g.carrier.master, g.carrier.log));
+        assert!(
+            d.is_some_and(|d| d.seq >= g.seq),
+            "durable digest {} of {:?} lost: {d:?}",
+            g.seq,
+            g.carrier
+        );
+    }
+    // Newer ones were lost; older ones may be on disk or not.
+    digests.retain(|g| {
+        listed
+            .get(&(g.carrier.master, g.carrier.log))
+            .is_some_and(|d| g.seq <= d.seq)
+    });
+    for g in digests.iter_mut() {
+        g.durable = listed
+            .get(&(g.carrier.master, g.carrier.log))
+            .is_some_and(|d| d.seq == g.seq);
+    }
+}
+
 fn run(ops: Vec<Op>, sync: SyncMode) {
     let budget = 64 * 1024;
     let (mut store, _) = BackupStore::open(config(sync, budget), SimIo::default()).unwrap();
     let mut model: BTreeMap<ReplicaId, Model> = BTreeMap::new();
+    let mut digests: Vec<Dig> = Vec::new();
+    let mut next_seq = 0u64;
     for op in ops {
         match op {
             Op::Append {
@@ -125,6 +188,9 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                         if sync == SyncMode::Always && way == 0 {
                             m.durable = m.data.len();
                             m.durable_closed = m.closed;
+                            for g in digests.iter_mut().filter(|g| g.carrier == id) {
+                                g.durable = true;
+                            }
                         }
                     }
                     Err(BackupError::Closed(_)) => assert!(m.closed),
@@ -139,6 +205,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                     Err(BackupError::Io { .. }) => {
                         // The store dropped this replica (its state on disk is unknown).
                         model.remove(&id);
+                        digests.retain(|g| g.carrier != id);
                     }
                     Err(e) => panic!("unexpected {e}"),
                 }
@@ -155,12 +222,16 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                             let m = model.get_mut(&id).expect("checked above");
                             m.durable = m.data.len();
                             m.durable_closed = m.closed;
+                            for g in digests.iter_mut().filter(|g| g.carrier == id) {
+                                g.durable = true;
+                            }
                         }
                     }
                     // Writing out what earlier buffered appends took failed:
                     // the store dropped the replica.
                     Err(BackupError::Io { .. }) => {
                         model.remove(&id);
+                        digests.retain(|g| g.carrier != id);
                     }
                     Err(e) => panic!("resend of held bytes refused: {e}"),
                 }
@@ -171,11 +242,18 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                         m.durable = m.data.len();
                         m.durable_closed = m.closed;
                     }
+                    for g in &mut digests {
+                        g.durable = true;
+                    }
                 }
                 Err(_) => {
                     // Replicas whose write failed were dropped; the rest synced.
                     let held: Vec<ReplicaId> = store.list(None).iter().map(|r| r.id).collect();
                     model.retain(|id, _| held.contains(id));
+                    digests.retain(|g| held.contains(&g.carrier));
+                    for g in &mut digests {
+                        g.durable = true;
+                    }
                     for m in model.values_mut() {
                         m.durable = m.data.len();
                         m.durable_closed = m.closed;
@@ -224,10 +302,38 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                     );
                 }
                 model = next;
+                check_digests(&store, &mut digests);
             }
             Op::Free { replica } => {
                 store.free(rid(replica));
                 model.remove(&rid(replica));
+                digests.retain(|g| g.carrier != rid(replica));
+            }
+            Op::Digest { replica } => {
+                let id = rid(replica);
+                next_seq += 1;
+                let digest = insitu_backup::Digest {
+                    seq: next_seq,
+                    segments: vec![id.segment],
+                };
+                let held = store.list(None).iter().any(|r| r.id == id);
+                match store.digest(id, digest) {
+                    Ok(()) => {
+                        assert!(held, "a digest taken by a replica not held");
+                        digests.push(Dig {
+                            carrier: id,
+                            seq: next_seq,
+                            durable: false,
+                        });
+                    }
+                    Err(BackupError::Unknown(_)) => assert!(!held),
+                    Err(BackupError::DiskFull { .. }) => {}
+                    Err(BackupError::Io { .. }) => {
+                        model.remove(&id);
+                        digests.retain(|g| g.carrier != id);
+                    }
+                    Err(e) => panic!("unexpected {e}"),
+                }
             }
             Op::DiskFills { free } => store.io_mut().free_bytes = Some(free),
         }
@@ -447,4 +553,44 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
     let (mut store, report) = BackupStore::open(cfg(), io).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.read(rid(3)).unwrap(), (vec![6u8; 1], false));
+}
+
+#[test]
+fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = BackupConfig {
+        dir: dir.path().join("backup"),
+        ..config(SyncMode::Always, 1 << 20)
+    };
+    let digest = |seq: u64, segments: &[u64]| insitu_backup::Digest {
+        seq,
+        segments: segments.to_vec(),
+    };
+    let (mut store, _) = BackupStore::open(cfg.clone(), insitu_backup::FsIo::default()).unwrap();
+    let (a, b) = (rid(0), rid(4)); // two segments of one log
+    assert!(matches!(
+        store.digest(a, digest(1, &[0])),
+        Err(BackupError::Unknown(_))
+    ));
+    store.append(a, tablet(a), 0, b"head", true).unwrap();
+    store.digest(a, digest(1, &[0])).unwrap();
+    store.append(b, tablet(b), 0, b"next", false).unwrap();
+    store.digest(b, digest(2, &[0, 4])).unwrap();
+    // A resend of an older digest changes nothing.
+    store.digest(a, digest(1, &[0])).unwrap();
+    assert!(matches!(
+        store.digest(b, digest(3, &[4, 0])),
+        Err(BackupError::Malformed(_))
+    ));
+    assert_eq!(store.digests(1), vec![(0, digest(2, &[0, 4]))]);
+    store.flush().unwrap();
+    drop(store);
+    let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(store.digests(1), vec![(0, digest(2, &[0, 4]))]);
+    // Digest records add no segment bytes.
+    assert_eq!(store.read(a).unwrap(), (b"head".to_vec(), true));
+    assert_eq!(store.read(b).unwrap(), (b"next".to_vec(), false));
+    store.free(b);
+    assert_eq!(store.digests(1), vec![]);
 }

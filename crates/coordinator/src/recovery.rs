@@ -62,12 +62,21 @@ pub(crate) struct RecoverySummary {
     pub forget_failures: usize,
 }
 
-/// The `Retry` reply for a table whose tablet `index` is being recovered.
-pub(crate) fn being_recovered(index: usize, table: &str, master: u64) -> Reject {
+/// The `Retry` reply for a table whose tablet `index` is being recovered;
+/// `note`: why its last attempt failed, if one did.
+pub(crate) fn being_recovered(
+    index: usize,
+    table: &str,
+    master: u64,
+    note: Option<&str>,
+) -> Reject {
+    let last = note
+        .map(|n| format!(" (the last attempt failed: {n})"))
+        .unwrap_or_default();
     Reject::new(
         Status::Retry,
         format!(
-            "tablet {index} of table {table:?} is being recovered from the replicas of dead server {master}; try again shortly"
+            "tablet {index} of table {table:?} is being recovered from the replicas of dead server {master}{last}; try again shortly"
         ),
     )
 }
@@ -246,7 +255,12 @@ async fn recover_queue(
                 }
             }
         }
-        if !done {
+        if done {
+            coord.recovery_notes().remove(&(table, index));
+        } else {
+            coord
+                .recovery_notes()
+                .insert((table, index), errors.join("; "));
             left.push(format!(
                 "table {table} tablet {index}: every live shard failed ({})",
                 errors.join("; ")

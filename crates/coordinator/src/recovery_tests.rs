@@ -223,7 +223,11 @@ async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
             !model.servers.contains_key(&1),
             "the dead server is forgotten"
         );
-        assert!(usable_map(&model, TABLE).unwrap().is_ok());
+        assert!(
+            usable_map(&model, TABLE, &coord.recovery_notes())
+                .unwrap()
+                .is_ok()
+        );
         assert_eq!(model.validate(), Ok(()));
     }
     // Again: nothing to do, nothing sent.
@@ -250,10 +254,15 @@ async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
     {
         let model = coord.model();
         assert_eq!(model.lost_from.len(), 2);
-        let reject = usable_map(&model, TABLE).unwrap().unwrap_err();
+        let reject = usable_map(&model, TABLE, &coord.recovery_notes())
+            .unwrap()
+            .unwrap_err();
         assert_eq!(reject.status, Status::Retry);
+        // Why it is still waiting: the shards' refusals of the last attempt.
         assert!(
-            reject.message.contains("being recovered"),
+            reject.message.contains("being recovered")
+                && reject.message.contains("the last attempt failed")
+                && reject.message.contains("injected"),
             "{}",
             reject.message
         );

@@ -69,7 +69,16 @@ pub struct Coordinator {
     /// The timestamp oracle (`oracle.rs`): its own lock, so handing out
     /// timestamps never waits for a metadata change.
     pub(crate) oracle: Oracle,
+    /// Why the last attempt to recover a tablet failed, by (table, index),
+    /// until it is recovered: added to the `Retry` its clients get, so a
+    /// recovery that cannot finish (a segment no backup holds, no memory)
+    /// says why instead of only "try again". In memory only: a restarted
+    /// coordinator tries again and learns it anew.
+    pub(crate) recovery_notes: Mutex<RecoveryNotes>,
 }
+
+/// (table, tablet index) -> why its last recovery attempt failed.
+pub(crate) type RecoveryNotes = std::collections::HashMap<(u64, u32), String>;
 
 pub(crate) type MetaGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
 
@@ -90,12 +99,20 @@ impl Coordinator {
             reconcile_wake: tokio::sync::Notify::new(),
             recovery_wake: tokio::sync::Notify::new(),
             operator_removed: Mutex::new(Default::default()),
+            recovery_notes: Mutex::new(Default::default()),
             store: Mutex::new(Some(Arc::new(store))),
             model: Mutex::new(model),
             meta_lock: tokio::sync::Mutex::new(()),
             move_lock: tokio::sync::Mutex::new(()),
             shards: ShardPool::new(member),
         }
+    }
+
+    pub(crate) fn recovery_notes(&self) -> MutexGuard<'_, RecoveryNotes> {
+        // Only inserts and removes happen under it: whole after a panic too.
+        self.recovery_notes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn model(&self) -> MutexGuard<'_, Model> {
@@ -171,11 +188,13 @@ impl Coordinator {
                     .by_name
                     .get(&name)
                     .ok_or_else(|| unknown_table(&name))?;
-                usable_map(&model, id).ok_or_else(|| unknown_table(&name))?
+                usable_map(&model, id, &self.recovery_notes())
+                    .ok_or_else(|| unknown_table(&name))?
             }
-            Request::TableMap { table } => usable_map(&self.model(), table).ok_or_else(|| {
-                Reject::new(Status::UnknownTable, format!("no table with id {table}"))
-            })?,
+            Request::TableMap { table } => usable_map(&self.model(), table, &self.recovery_notes())
+                .ok_or_else(|| {
+                    Reject::new(Status::UnknownTable, format!("no table with id {table}"))
+                })?,
             Request::ListTables => {
                 let model = self.model();
                 Ok(Response::Tables(
@@ -235,13 +254,18 @@ impl Coordinator {
 /// its operation timeout (a server that enlists meanwhile gets the tablet),
 /// and then fails with that message rather than hanging on an empty address.
 /// `ListTables` still lists such a table, its orphaned tablets with server id
-/// 0 and an empty address.
-pub(crate) fn usable_map(model: &Model, id: u64) -> Option<Reply> {
+/// 0 and an empty address. `notes`: why a tablet's last recovery failed.
+pub(crate) fn usable_map(model: &Model, id: u64, notes: &RecoveryNotes) -> Option<Reply> {
     let info = model.table_info(id)?;
     Some(match model.first_orphan(id) {
         None => Ok(Response::Table(info)),
         Some(index) => Err(match model.lost_from.get(&(id, index as u32)) {
-            Some(master) => crate::recovery::being_recovered(index, &info.name, *master),
+            Some(master) => crate::recovery::being_recovered(
+                index,
+                &info.name,
+                *master,
+                notes.get(&(id, index as u32)).map(String::as_str),
+            ),
             None => no_live_server(index, &info.name),
         }),
     })

@@ -17,7 +17,10 @@ use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
 pub use frame::{Frame, FrameCodec, FrameKind, HEADER_BYTES, Header, MAX_BODY_BYTES};
-pub use limits::{MAX_BACKUP_OPS, MAX_MULTI_ITEMS, MAX_REPLICA_INFOS, MAX_SHARD_ADDRS};
+pub use limits::{
+    MAX_BACKUP_OPS, MAX_DIGEST_SEGMENTS, MAX_LOG_DIGESTS, MAX_MULTI_ITEMS, MAX_REPLICA_INFOS,
+    MAX_SHARD_ADDRS,
+};
 pub use message::*;
 
 /// Outcome of a request (frame header) or of one object in a multi-operation.
@@ -137,7 +140,9 @@ impl std::fmt::Display for Status {
             Status::StaleMap => "stale tablet map",
             Status::Fenced => "this master was declared dead; its writes are refused",
             Status::NoSpace => "the backup has no room for the replica",
-            Status::DataLost => "the tablet's objects were lost with its server (no replicas)",
+            Status::DataLost => {
+                "the tablet's objects were lost, or some are missing from its replicas"
+            }
             Status::CursorExpired => "the query's held pages expired; run it again",
             Status::Conflict => "transaction conflict: it did not commit; run it again",
             Status::Unauthenticated => "authentication failed",

@@ -42,6 +42,15 @@ pub const MAX_BACKUP_OPS: usize = 65_536;
 /// of one master's data on one backup).
 pub const MAX_REPLICA_INFOS: usize = 1 << 20;
 
+/// Most segment ids one log digest may list. Why: a tablet's log holds at
+/// most 16,384 segments (the index's 14-bit segment slot); four times that
+/// leaves room for other segment sizes while a digest stays under 1 MiB.
+pub const MAX_DIGEST_SEGMENTS: usize = 1 << 16;
+
+/// Most log digests one `BackupReplicas` answer may carry (one per log of
+/// the master the backup holds a digest of).
+pub const MAX_LOG_DIGESTS: usize = 1 << 16;
+
 thread_local! {
     /// Why the last decode on this thread was refused by a limit.
     static VIOLATION: RefCell<Option<String>> = const { RefCell::new(None) };
@@ -166,6 +175,24 @@ where
     T: serde::Deserialize<'de>,
 {
     bounded(d, MAX_REPLICA_INFOS, "replicas")
+}
+
+/// Segment ids of one log digest.
+pub(crate) fn digest_segments<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_DIGEST_SEGMENTS, "digest segments")
+}
+
+/// Log digests listed by a backup.
+pub(crate) fn log_digests<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    bounded(d, MAX_LOG_DIGESTS, "log digests")
 }
 
 /// Columns of a schema, a key, a projection, a sort or a group.

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 mod fields;
 
 pub use fields::{
-    BackupOp, Number, Object, ReadResult, RejectRules, ReplicaInfo, ServerInfo, ServerState,
-    ShardStats, SideRecord, TableInfo, TabletInfo, TabletStat, TabletState, WriteResult,
+    BackupOp, LogDigest, Number, Object, ReadResult, RejectRules, ReplicaInfo, ServerInfo,
+    ServerState, ShardStats, SideRecord, TableInfo, TabletInfo, TabletStat, TabletState,
+    WriteResult,
 };
 pub use fields::{LOST_FROM_EARLIER_RUN, lost_with};
 
@@ -558,6 +559,10 @@ pub enum Response<'a> {
     BackupReplicas {
         #[serde(deserialize_with = "crate::limits::replica_infos")]
         replicas: Vec<ReplicaInfo>,
+        /// Per log of the master, the newest digest held (see
+        /// `BackupOp::Digest`): how a recovery knows which segments to find.
+        #[serde(deserialize_with = "crate::limits::log_digests")]
+        digests: Vec<LogDigest>,
     },
     /// Bytes of a replica from the requested offset; `end`: no more follow.
     BackupBytes {

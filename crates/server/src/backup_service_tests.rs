@@ -62,7 +62,7 @@ async fn backup_requests_get_retry_until_the_store_is_installed_and_ping_works_a
     let reply = answered.expect("the installed store answers");
     assert!(matches!(
         reply.decode().unwrap(),
-        Response::BackupReplicas { replicas } if replicas.is_empty()
+        Response::BackupReplicas { replicas, .. } if replicas.is_empty()
     ));
     let _ = stop_tx.send(true);
     tokio::task::spawn_blocking(move || thread.join().unwrap())
@@ -135,7 +135,7 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     );
     assert!(matches!(replies[0].decode().unwrap(), Response::Done));
     let listed = |reply: &insitu_client::rpc::Reply| match reply.decode().unwrap() {
-        Response::BackupReplicas { replicas } => replicas
+        Response::BackupReplicas { replicas, .. } => replicas
             .iter()
             .map(|r| (r.log, r.table, r.segment, r.bytes))
             .collect::<Vec<_>>(),

@@ -31,12 +31,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod plan;
+use plan::{SegmentPlan, check_digest, plan_segments};
+
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::join_all;
 use insitu_client::rpc::RpcConn;
 use insitu_engine::{CorruptEntry, EngineError, HashRange, ReplayBuild, ReplayReport};
-use insitu_protocol::{ReplicaInfo, Request, Response, Status, TabletState};
+use insitu_protocol::{LogDigest, ReplicaInfo, Request, Response, Status, TabletState};
 
 use crate::handler::engine_status;
 use crate::shard::{ShardState, TabletMeta};
@@ -83,25 +86,6 @@ pub struct RecoverTablet {
     pub backups: Vec<String>,
 }
 
-/// One backup's copy of one segment.
-#[derive(Clone, Copy, Debug)]
-struct Holder {
-    /// Index into the request's `backups` (and the connections).
-    backup: usize,
-    /// Bytes it holds (listed, verified by the backup).
-    bytes: u64,
-    /// The master closed the segment: `bytes` is its whole length.
-    closed: bool,
-}
-
-/// One segment of the chosen log and who holds it, best holder first.
-struct SegmentPlan {
-    segment: u64,
-    holders: Vec<Holder>,
-    /// Index in `holders` of the copy in use (or to try next).
-    next: usize,
-}
-
 /// The cluster id sent with every backup request. Backups label replicas
 /// with it and refuse requests of another cluster; the shard learns it when
 /// the server enlists.
@@ -141,7 +125,7 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
     let _in_progress = InProgress { state, key };
     check_not_serving(state, req.table, req.start_hash)?;
     let cluster = cluster_id(state);
-    let (conns, listed) = list_all(state, &req.backups, cluster, req.master).await;
+    let (conns, listed, digests) = list_all(state, &req.backups, cluster, req.master).await;
     let mut plans = plan_segments(&listed, req.table, req.start_hash);
     // Every backup the coordinator names must answer. Nothing records which
     // segments a log should have (no log digest), so a recovery that went on
@@ -175,6 +159,7 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
         ));
     }
     let log = plans.log;
+    check_digest(&plans, &digests, &req)?;
     // The best holder of each segment has the most bytes: an upper bound of
     // what is held at once, charged before any byte is fetched.
     let total_bytes: u64 = plans
@@ -405,14 +390,19 @@ async fn install(
     Ok(Ok(report))
 }
 
-/// `BackupList{fence: true}` on every backup in parallel: a connection and
-/// the replicas of each backup that answered (`None`: skipped, logged).
+/// `BackupList{fence: true}` on every backup in parallel: a connection, the
+/// replicas and the log digests of each backup that answered (`None`:
+/// skipped, logged).
 async fn list_all(
     state: &ShardState,
     backups: &[String],
     cluster: u64,
     master: u64,
-) -> (Vec<Option<RpcConn>>, Vec<Vec<ReplicaInfo>>) {
+) -> (
+    Vec<Option<RpcConn>>,
+    Vec<Vec<ReplicaInfo>>,
+    Vec<Vec<LogDigest>>,
+) {
     let answers = join_all(
         backups
             .iter()
@@ -421,20 +411,23 @@ async fn list_all(
     .await;
     let mut conns = Vec::with_capacity(backups.len());
     let mut listed = Vec::with_capacity(backups.len());
+    let mut digests = Vec::with_capacity(backups.len());
     for (addr, answer) in backups.iter().zip(answers) {
         match answer {
-            Ok((conn, replicas)) => {
+            Ok((conn, replicas, d)) => {
                 conns.push(Some(conn));
                 listed.push(replicas);
+                digests.push(d);
             }
             Err(e) => {
                 tracing::warn!(backup = %addr, master, "skipping a backup during recovery: {e}");
                 conns.push(None);
                 listed.push(Vec::new());
+                digests.push(Vec::new());
             }
         }
     }
-    (conns, listed)
+    (conns, listed, digests)
 }
 
 async fn list_one(
@@ -442,7 +435,7 @@ async fn list_one(
     addr: &str,
     cluster: u64,
     master: u64,
-) -> Result<(RpcConn, Vec<ReplicaInfo>), String> {
+) -> Result<(RpcConn, Vec<ReplicaInfo>, Vec<LogDigest>), String> {
     let conn = tokio::time::timeout(CONNECT_TIMEOUT, RpcConn::open(addr, state.gate.as_member()))
         .await
         .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
@@ -464,71 +457,12 @@ async fn list_one(
         ));
     }
     match reply.decode() {
-        Ok(Response::BackupReplicas { replicas }) => Ok((conn, replicas)),
+        Ok(Response::BackupReplicas { replicas, digests }) => Ok((conn, replicas, digests)),
         Ok(other) => Err(format!("{addr}: unexpected reply to BackupList: {other:?}")),
         Err(e) => Err(format!(
             "{addr}: cannot decode the reply to BackupList: {e}"
         )),
     }
-}
-
-/// The newest log of the tablet and, per segment (by id), its holders.
-struct Plan {
-    /// The chosen log id (0 when no replica of the tablet exists).
-    log: u64,
-    segments: Vec<SegmentPlan>,
-}
-
-/// Keep the replicas of (table, start_hash), take the highest log id, and
-/// order each segment's holders: most bytes first, closed before open, and
-/// among equally good holders a turn by segment id, so the reads of a
-/// tablet are spread over its backups instead of all going to the first.
-fn plan_segments(listed: &[Vec<ReplicaInfo>], table: u64, start_hash: u64) -> Plan {
-    let ours = || {
-        listed.iter().enumerate().flat_map(move |(b, rs)| {
-            rs.iter()
-                .filter(move |r| r.table == table && r.start_hash == start_hash)
-                .map(move |r| (b, r))
-        })
-    };
-    let Some(log) = ours().map(|(_, r)| r.log).max() else {
-        return Plan {
-            log: 0,
-            segments: Vec::new(),
-        };
-    };
-    let mut by_segment: BTreeMap<u64, Vec<Holder>> = BTreeMap::new();
-    for (backup, r) in ours().filter(|(_, r)| r.log == log) {
-        let holders = by_segment.entry(r.segment).or_default();
-        // A backup lists a replica once; a duplicate is ignored.
-        if holders.iter().all(|h| h.backup != backup) {
-            holders.push(Holder {
-                backup,
-                bytes: r.bytes,
-                closed: r.closed,
-            });
-        }
-    }
-    let segments = by_segment
-        .into_iter()
-        .map(|(segment, mut holders)| {
-            holders.sort_by(|a, b| {
-                b.bytes
-                    .cmp(&a.bytes)
-                    .then(b.closed.cmp(&a.closed))
-                    .then(a.backup.cmp(&b.backup))
-            });
-            let best = |h: &Holder| (h.bytes, h.closed) == (holders[0].bytes, holders[0].closed);
-            let ties = holders.iter().take_while(|h| best(h)).count();
-            holders[..ties].rotate_left((segment % ties as u64) as usize);
-            SegmentPlan {
-                segment,
-                holders,
-                next: 0,
-            }
-        })
-        .collect();
-    Plan { log, segments }
 }
 
 /// The bytes of one segment from its holder `plan.next` or, failing that,
@@ -659,73 +593,4 @@ pub async fn read_replica(
 fn within(whole: &Bytes, part: &[u8]) -> bool {
     let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
     p >= w && p + part.len() <= w + whole.len()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(log: u64, segment: u64, bytes: u64, closed: bool) -> ReplicaInfo {
-        ReplicaInfo {
-            log,
-            table: 1,
-            start_hash: 0,
-            segment,
-            bytes,
-            closed,
-        }
-    }
-
-    #[test]
-    fn plan_takes_the_newest_log_and_orders_holders() {
-        let other_tablet = ReplicaInfo {
-            start_hash: 5,
-            log: 99,
-            ..info(0, 1, 10, true)
-        };
-        let listed = vec![
-            vec![info(3, 1, 100, false), info(2, 7, 50, true), other_tablet],
-            vec![info(3, 1, 100, true), info(3, 2, 40, false)],
-            vec![info(3, 1, 120, false)],
-        ];
-        let plan = plan_segments(&listed, 1, 0);
-        assert_eq!(
-            plan.log, 3,
-            "the highest log of the tablet, not of another tablet"
-        );
-        let order: Vec<(u64, Vec<usize>)> = plan
-            .segments
-            .iter()
-            .map(|p| (p.segment, p.holders.iter().map(|h| h.backup).collect()))
-            .collect();
-        // Most bytes first, then closed before open.
-        assert_eq!(order, vec![(1, vec![2, 1, 0]), (2, vec![1])]);
-        assert_eq!(plan_segments(&listed, 2, 0).segments.len(), 0);
-    }
-
-    #[test]
-    fn equally_good_holders_take_turns_by_segment() {
-        // Three backups hold every closed segment whole; a fourth holds a
-        // shorter open copy of each, which always comes last.
-        let listed: Vec<Vec<ReplicaInfo>> = (0..4)
-            .map(|b| {
-                (0..6)
-                    .map(|s| match b {
-                        3 => info(1, s, 50, false),
-                        _ => info(1, s, 100, true),
-                    })
-                    .collect()
-            })
-            .collect();
-        let plan = plan_segments(&listed, 1, 0);
-        let firsts: Vec<usize> = plan.segments.iter().map(|p| p.holders[0].backup).collect();
-        assert_eq!(firsts, vec![0, 1, 2, 0, 1, 2], "each backup serves a share");
-        for p in &plan.segments {
-            assert_eq!(p.holders.len(), 4);
-            assert_eq!(
-                p.holders[3].backup, 3,
-                "the shorter copy stays the last resort"
-            );
-        }
-    }
 }

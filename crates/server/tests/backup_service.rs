@@ -58,7 +58,9 @@ async fn call(conn: &RpcConn, request: &Request<'_>) -> (Status, Response<'stati
         Response::Pong => Response::Pong,
         Response::Done => Response::Done,
         Response::Error { message } => Response::Error { message },
-        Response::BackupReplicas { replicas } => Response::BackupReplicas { replicas },
+        Response::BackupReplicas { replicas, digests } => {
+            Response::BackupReplicas { replicas, digests }
+        }
         Response::BackupBytes { bytes, end } => {
             // Leak the few test bytes so the response outlives the reply.
             let bytes: &'static [u8] = Box::leak(bytes.to_vec().into_boxed_slice());
@@ -175,7 +177,7 @@ async fn replicas_are_written_read_kept_across_a_restart_and_verified() {
         fence: false,
     };
     match call_when_open(&conn, &list).await {
-        (Status::Ok, Response::BackupReplicas { replicas }, _) => {
+        (Status::Ok, Response::BackupReplicas { replicas, .. }, _) => {
             assert_eq!(replicas.len(), 2, "{replicas:?}");
             let r = &replicas[0];
             assert_eq!((r.log, r.table, r.segment), (3, 9, 1));

@@ -2,7 +2,8 @@
 //! that answer `BackupList` / `BackupRead` from in-memory replicas made of a
 //! real engine's segments. Covers the choice of the newest log, the fence,
 //! fallback from a corrupt replica and from a failing holder to another,
-//! refusing while a backup does not answer, and the other refusals.
+//! refusing while a backup does not answer or while a segment the log's
+//! digest lists is missing, and the other refusals.
 
 mod common;
 
@@ -13,7 +14,8 @@ use bytes::BytesMut;
 use insitu_client::rpc::RpcConn;
 use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules};
 use insitu_protocol::{
-    ReplicaInfo, Request, Response, Status, blob, decode_request, encode_error, encode_response,
+    LogDigest, ReplicaInfo, Request, Response, Status, blob, decode_request, encode_error,
+    encode_response,
 };
 
 const TABLE: u64 = 77;
@@ -34,16 +36,32 @@ type Lists = Arc<Mutex<Vec<(u64, bool)>>>;
 /// A fake backup holding `replicas` of `MASTER`; returns its address and
 /// the list calls it received.
 async fn fake_backup(replicas: Vec<Replica>) -> (String, Lists) {
+    fake_backup_with_digests(replicas, Vec::new()).await
+}
+
+/// `fake_backup` that also lists `digests` of `MASTER`'s logs.
+async fn fake_backup_with_digests(
+    replicas: Vec<Replica>,
+    digests: Vec<LogDigest>,
+) -> (String, Lists) {
     let lists: Lists = Arc::default();
     let seen = lists.clone();
-    let addr =
-        insitu_testkit::peer::serve(move |id, body, out| answer(&replicas, &seen, id, body, out))
-            .await
-            .unwrap();
+    let addr = insitu_testkit::peer::serve(move |id, body, out| {
+        answer(&replicas, &digests, &seen, id, body, out)
+    })
+    .await
+    .unwrap();
     (addr, lists)
 }
 
-fn answer(replicas: &[Replica], seen: &Lists, id: u64, body: &[u8], out: &mut BytesMut) {
+fn answer(
+    replicas: &[Replica],
+    digests: &[LogDigest],
+    seen: &Lists,
+    id: u64,
+    body: &[u8],
+    out: &mut BytesMut,
+) {
     match decode_request(body) {
         Ok(Request::BackupList { master, fence, .. }) => {
             seen.lock().unwrap().push((master, fence));
@@ -52,13 +70,16 @@ fn answer(replicas: &[Replica], seen: &Lists, id: u64, body: &[u8], out: &mut By
                 .filter(|_| master == MASTER)
                 .map(|r| r.info.clone())
                 .collect();
-            encode_response(
-                out,
-                id,
-                Status::Ok,
-                &Response::BackupReplicas { replicas: list },
-            )
-            .unwrap();
+            let digests = digests
+                .iter()
+                .filter(|_| master == MASTER)
+                .cloned()
+                .collect();
+            let reply = Response::BackupReplicas {
+                replicas: list,
+                digests,
+            };
+            encode_response(out, id, Status::Ok, &reply).unwrap();
         }
         Ok(Request::BackupRead {
             master,
@@ -376,6 +397,50 @@ async fn refuses_when_a_segment_has_no_good_holder() {
             bytes: 0
         }
     ));
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn refuses_while_a_segment_the_newest_digest_lists_is_missing() {
+    let (segments, expected) = source();
+    let log = segments[0].0;
+    let ids: Vec<u64> = segments.iter().map(|s| s.1).collect();
+    let lost = *ids.last().unwrap() + 1; // its replicas sat on removed backups
+    let digest = |seq: u64, segments: Vec<u64>| LogDigest { log, seq, segments };
+    let held: Vec<Replica> = segments
+        .iter()
+        .map(|(l, s, bytes, sealed)| replica(*l, *s, bytes, *sealed))
+        .collect();
+    // The newest digest (7) lists the lost segment; an older one (3) and a
+    // digest of another log do not, and must not be trusted instead.
+    let with_lost = [ids.clone(), vec![lost]].concat();
+    let (a, _) = fake_backup_with_digests(
+        held.clone(),
+        vec![
+            digest(3, ids.clone()),
+            LogDigest {
+                log: log + 1,
+                seq: 9,
+                segments: vec![1],
+            },
+        ],
+    )
+    .await;
+    let (b, _) = fake_backup_with_digests(Vec::new(), vec![digest(7, with_lost)]).await;
+    let (_dir, _coordinator, server, conn) = shard().await;
+    let reply = conn.call(&recover(&[a.clone(), b], 3)).await.unwrap();
+    assert_eq!(reply.status, Status::DataLost, "{}", reply.error_message());
+    let message = reply.error_message();
+    assert!(
+        message.contains(&format!("[{lost}]")) && message.contains("digest 7"),
+        "{message}"
+    );
+    let (first_key, _) = expected.iter().next().unwrap();
+    assert_eq!(read(&conn, first_key).await.0, Status::UnknownTablet);
+    // Once the digest's segments are all found, the recovery goes on.
+    let (c, _) = fake_backup_with_digests(Vec::new(), vec![digest(8, ids)]).await;
+    let reply = conn.call(&recover(&[a, c], 4)).await.unwrap();
+    assert_eq!(reply.status, Status::Ok, "{}", reply.error_message());
     server.shutdown();
 }
 

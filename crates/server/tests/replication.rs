@@ -226,6 +226,11 @@ async fn workload(s: &Setup, history: &Arc<Mutex<History>>, ops: u64, tasks: u32
 /// A recovery from `backups` after the first `upto` events gives, for every
 /// key acknowledged before, its acknowledged state or a later one.
 fn check_recovery(world: &World, history: &History, upto: usize, backups: &[usize]) {
+    let (seq, missing) = digest_gaps(&world.events, upto);
+    assert!(
+        missing.is_empty(),
+        "after {upto} events the newest digest ({seq:?}) lists segments no backup holds: {missing:?}"
+    );
     let held = replicas(&world.events, upto);
     let got = recover(&held, backups);
     let mut last_ack: HashMap<&Vec<u8>, usize> = HashMap::new();
@@ -269,6 +274,12 @@ async fn replicas_replay_to_every_acknowledged_object_even_at_each_free() {
         check_recovery(&world, &history, upto, &[0, 1, 2]);
     }
     check_recovery(&world, &history, world.events.len(), &[0, 1, 2]);
+    let digests = world
+        .events
+        .iter()
+        .filter(|(_, op)| matches!(op, Applied::Digest { .. }))
+        .count();
+    assert!(digests > 0, "the log's segments were listed in digests");
     // Every replica held at the end is a full copy on R = 2 backups.
     let held = replicas(&world.events, world.events.len());
     let mut copies: BTreeMap<(u64, u64), Vec<usize>> = BTreeMap::new();

@@ -117,6 +117,28 @@ pub enum BackupOp<'a> {
     Free { log: u64, segment: u64 },
     /// The master dropped the whole log (tablet dropped or moved away).
     FreeLog { log: u64 },
+    /// The log's digest number `seq`: the ids of the segments the log holds
+    /// whose replicas a recovery must find (ascending). Kept with the
+    /// replica of `segment` (the carrier, which the backup already holds);
+    /// a recovery trusts the digest with the highest `seq` it finds.
+    Digest {
+        log: u64,
+        segment: u64,
+        seq: u64,
+        #[serde(deserialize_with = "crate::limits::digest_segments")]
+        segments: Vec<u64>,
+    },
+}
+
+/// The newest digest a backup holds of one log (answer to `BackupList`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LogDigest {
+    pub log: u64,
+    /// Grows with every digest the master makes of the log.
+    pub seq: u64,
+    /// Segment ids, ascending.
+    #[serde(deserialize_with = "crate::limits::digest_segments")]
+    pub segments: Vec<u64>,
 }
 
 /// A replica a backup holds (answer to `BackupList`).

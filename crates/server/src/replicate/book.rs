@@ -33,6 +33,9 @@ pub struct Replica {
     pub held: u64,
     /// The backup acknowledged `close: true` (the sealed segment is complete).
     pub closed: bool,
+    /// Number of the newest digest of the segment's log this backup
+    /// acknowledged keeping with this replica (0: none).
+    pub digest: u64,
 }
 
 /// What the replicator knows of one segment of this shard's logs.
@@ -48,6 +51,26 @@ pub struct Seg {
     pub seen: u64,
     /// The engine's `max_tombstone_segment` at the last walk (see `PendingFree`).
     pub max_tomb: u64,
+    /// A round that fully succeeded carried its bytes (R backups held data
+    /// of it): from then on the log's digests list it.
+    pub durable: bool,
+}
+
+/// The digests of one log (see "Log digests" in ARCHITECTURE.md).
+#[derive(Debug, Default)]
+pub struct LogDigests {
+    /// Number of the newest digest made (0: none yet).
+    pub seq: u64,
+    /// The segments it lists, ascending: the log's durable segments when it
+    /// was made.
+    pub listed: Rc<[u64]>,
+    /// Its carrier: the highest listed segment.
+    pub carrier: u64,
+    /// Every backup of the carrier (R of them) acknowledged digest `seq`. A
+    /// segment gone from the log is freed on its backups only then, and
+    /// only if `listed` does not name it: a recovery trusts the newest
+    /// digest it finds and refuses if a segment it lists is missing.
+    pub acked: bool,
 }
 
 /// A `Free` owed to one backup.
@@ -84,6 +107,12 @@ pub enum OwnedOp {
         log: u64,
         segment: u64,
     },
+    Digest {
+        log: u64,
+        segment: u64,
+        seq: u64,
+        segments: Rc<[u64]>,
+    },
 }
 
 impl OwnedOp {
@@ -111,6 +140,17 @@ impl OwnedOp {
                 log: *log,
                 segment: *segment,
             },
+            OwnedOp::Digest {
+                log,
+                segment,
+                seq,
+                segments,
+            } => BackupOp::Digest {
+                log: *log,
+                segment: *segment,
+                seq: *seq,
+                segments: segments.to_vec(),
+            },
         }
     }
 }
@@ -126,6 +166,8 @@ pub struct BackupBatch {
     pub expect: Vec<(u64, u64, u64, bool)>,
     /// Frees carried, put back in the queue if the backup fails.
     pub frees: Vec<PendingFree>,
+    /// Digests carried: (log, carrier segment, seq) to record on `Done`.
+    pub digests: Vec<(u64, u64, u64)>,
 }
 
 /// One round's plan.
@@ -166,6 +208,8 @@ pub struct Book {
     pub suspect_until: HashMap<Rc<str>, (Instant, Duration)>,
     /// (log, segment) -> what its backups hold.
     pub segs: HashMap<(u64, u64), Seg>,
+    /// log -> its digests; a log leaves when none of its segments is left.
+    pub logs: HashMap<u64, LogDigests>,
     /// Frees not yet acknowledged by their backup.
     pub frees: Vec<PendingFree>,
     /// Number of the last walk (rounds are numbered by their walk).
@@ -196,6 +240,7 @@ impl Book {
             dead: HashSet::new(),
             suspect_until: HashMap::new(),
             segs: HashMap::new(),
+            logs: HashMap::new(),
             frees: Vec::new(),
             walks: 0,
             last_ok: 0,
@@ -265,6 +310,7 @@ impl Book {
             addr,
             held: 0,
             closed: false,
+            digest: 0,
         }));
         debug_assert!(seg.replicas.len() <= self.r);
         need == 0
@@ -300,6 +346,43 @@ impl Book {
                 r.closed |= close;
             }
         }
+        for &(log, segment, seq) in &batch.digests {
+            let Some(seg) = self.segs.get_mut(&(log, segment)) else {
+                continue;
+            };
+            if let Some(r) = seg.replicas.iter_mut().find(|r| r.addr == batch.addr) {
+                r.digest = r.digest.max(seq);
+            }
+            self.check_digest_acked(log);
+        }
+    }
+
+    /// A round fully succeeded: its walk's mark may be published, and every
+    /// segment it saw with data is held by R backups, so digests list it.
+    pub fn round_complete(&mut self, walk: u64) {
+        self.last_ok = walk;
+        self.dirty = false;
+        for seg in self.segs.values_mut() {
+            if seg.seen == walk
+                && !seg.replicas.is_empty()
+                && seg.replicas.iter().all(|r| r.held > 0)
+            {
+                seg.durable = true;
+            }
+        }
+    }
+
+    /// Whether every backup of the log's digest carrier (R of them) holds
+    /// its newest digest; recorded in `LogDigests::acked`.
+    pub(super) fn check_digest_acked(&mut self, log: u64) {
+        let target = self.target_replicas();
+        let Some(d) = self.logs.get_mut(&log) else {
+            return;
+        };
+        d.acked = d.seq > 0
+            && self.segs.get(&(log, d.carrier)).is_some_and(|seg| {
+                seg.replicas.len() >= target && seg.replicas.iter().all(|r| r.digest >= d.seq)
+            });
     }
 
     /// A backup failed (error, timeout, NoSpace): every segment its batch
@@ -443,7 +526,26 @@ impl Book {
         let covered_pending = owed
             .get(&f.log)
             .is_some_and(|s| s.range(..=f.max_tomb).any(|&seg| seg != f.segment));
-        f.after <= self.last_ok && !self.suspect(&f.addr, now) && !covered_pending
+        f.after <= self.last_ok
+            && !self.suspect(&f.addr, now)
+            && !covered_pending
+            && self.digest_allows_free(f.log, f.segment)
+    }
+
+    /// A segment gone from the log is freed only once a digest that does not
+    /// list it is held by every backup of its carrier: a recovery trusts the
+    /// newest digest it finds and refuses when a listed segment is missing,
+    /// so freeing a listed segment first could block the log's recovery.
+    /// A segment still in the log (a failed backup's stale copy) and a log
+    /// with no digest (none of it was durable yet, or the whole log is gone)
+    /// are not held back.
+    fn digest_allows_free(&self, log: u64, segment: u64) -> bool {
+        if self.segs.contains_key(&(log, segment)) {
+            return true;
+        }
+        self.logs
+            .get(&log)
+            .is_none_or(|d| d.acked && d.listed.binary_search(&segment).is_err())
     }
 
     /// Whether `addr` is a backup in use: this server's own or a live one.

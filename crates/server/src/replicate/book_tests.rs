@@ -54,8 +54,7 @@ fn ack_all(b: &mut Book, plan: &Plan) -> HashMap<String, Vec<OwnedOp>> {
         got.insert(batch.addr.to_string(), ops);
     }
     if plan.complete {
-        b.last_ok = plan.walk;
-        b.dirty = false;
+        b.round_complete(plan.walk);
     }
     got
 }
@@ -135,7 +134,10 @@ fn fewer_backups_than_r_are_used_and_topped_up_as_servers_join() {
     assert!(!to_new.is_empty());
     for op in to_new {
         let OwnedOp::Append { offset, .. } = op else {
-            panic!("only appends expected: {op:?}");
+            // The log's carrier gets its digest after its bytes.
+            assert!(matches!(op, OwnedOp::Digest { .. }), "{op:?}");
+            assert!(matches!(to_new.last(), Some(OwnedOp::Digest { .. })));
+            continue;
         };
         assert_eq!(*offset, 0, "a new replica starts at the segment's start");
     }
@@ -159,9 +161,23 @@ fn a_round_sends_only_new_bytes_and_nothing_when_idle() {
         .iter()
         .map(|op| match op {
             OwnedOp::Append { bytes, .. } => bytes.len() as u64,
-            OwnedOp::Free { .. } => 0,
+            OwnedOp::Free { .. } | OwnedOp::Digest { .. } => 0,
         })
         .sum();
+    // The segment is now held by R backups: the next round sends only the
+    // log's first digest, which lists it.
+    let got = round_all(&mut b, &e, now);
+    for ops in got.values() {
+        let [
+            OwnedOp::Digest {
+                seq: 1, segments, ..
+            },
+        ] = &ops[..]
+        else {
+            panic!("only a digest expected: {ops:?}");
+        };
+        assert_eq!(segments.len(), 1);
+    }
     // Nothing changed: nothing to send.
     let plan = b.plan(&e, usize::MAX, now);
     assert!(plan.batches.is_empty() && plan.complete);
@@ -240,7 +256,7 @@ fn a_failed_backup_loses_its_segments_to_another_and_is_owed_a_free() {
         .flatten()
         .filter_map(|op| match op {
             OwnedOp::Append { offset, .. } => Some(*offset),
-            OwnedOp::Free { .. } => None,
+            OwnedOp::Free { .. } | OwnedOp::Digest { .. } => None,
         })
         .collect();
     assert!(resent.contains(&0), "resent from offset 0: {resent:?}");
@@ -373,4 +389,79 @@ fn a_free_waits_for_the_frees_of_segments_its_tombstones_cover() {
     ack_all(&mut b, &second);
     let third = b.plan(&e, usize::MAX, now);
     assert_eq!(sent(&third), [5]);
+}
+
+/// The frees a plan carries.
+fn frees_of(plan: &Plan) -> usize {
+    plan.batches.iter().map(|b| b.frees.len()).sum()
+}
+
+#[test]
+fn a_freed_segment_waits_for_a_held_digest_that_no_longer_lists_it() {
+    let mut e = engine();
+    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let now = Instant::now();
+    let mut b = book(2, 2, "");
+    write_n(&mut e, 4000, 300);
+    round_all(&mut b, &e, now); // every segment held by 2 backups
+    round_all(&mut b, &e, now); // the first digest lists them all
+    let log = b.segs.keys().next().expect("segments").0;
+    let first = b.logs[&log].listed.clone();
+    assert!(first.len() > 2 && b.logs[&log].acked, "{first:?}");
+    e.clean();
+    // The round that carries the survivors also carries a digest without
+    // the freed segments; here its digest is lost (only the appends are
+    // acknowledged).
+    let plan = b.plan(&e, usize::MAX, now);
+    assert!(plan.complete);
+    let freed: Vec<u64> = b.frees.iter().map(|f| f.segment).collect();
+    assert!(!freed.is_empty(), "cleaning freed segments");
+    let newer = b.logs[&log].listed.clone();
+    assert!(
+        freed
+            .iter()
+            .all(|s| first.contains(s) && !newer.contains(s))
+    );
+    for batch in &plan.batches {
+        let no_digest = BackupBatch {
+            addr: batch.addr.clone(),
+            frames: Vec::new(),
+            expect: batch.expect.clone(),
+            frees: Vec::new(),
+            digests: Vec::new(),
+        };
+        b.acknowledged(&no_digest);
+    }
+    b.round_complete(plan.walk);
+    // The survivors are held, but a recovery could still find only the
+    // digest listing the freed segments: no free goes, the digest does.
+    let plan = b.plan(&e, usize::MAX, now);
+    assert_eq!(frees_of(&plan), 0, "a free before its digest is held");
+    assert!(
+        plan.batches.iter().any(|x| !x.digests.is_empty()),
+        "the digest is sent again"
+    );
+    ack_all(&mut b, &plan);
+    let plan = b.plan(&e, usize::MAX, now);
+    assert_eq!(frees_of(&plan), freed.len());
+}
+
+#[test]
+fn a_dropped_log_is_freed_without_a_digest_and_forgotten() {
+    let mut e = engine();
+    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let now = Instant::now();
+    let mut b = book(1, 1, "");
+    write_n(&mut e, 1000, 300);
+    round_all(&mut b, &e, now);
+    round_all(&mut b, &e, now);
+    assert_eq!(b.logs.len(), 1);
+    assert!(e.drop_tablet(1, 0));
+    let plan = b.plan(&e, usize::MAX, now);
+    assert!(b.logs.is_empty(), "a log with no segment left is forgotten");
+    ack_all(&mut b, &plan);
+    let plan = b.plan(&e, usize::MAX, now);
+    assert!(frees_of(&plan) > 0);
+    ack_all(&mut b, &plan);
+    assert!(b.frees.is_empty());
 }

@@ -407,8 +407,7 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
         }
         return Outcome::Partial; // the byte cap left some for the next round
     }
-    book.last_ok = plan.walk;
-    book.dirty = false;
+    book.round_complete(plan.walk);
     // A walk's mark is published only once every free it (or an earlier
     // walk) found owed is acknowledged too. Why: a segment can be sealed and
     // cleaned between two walks, and the cleaner then drops a tombstone that

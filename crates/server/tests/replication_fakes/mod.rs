@@ -48,6 +48,13 @@ pub enum Applied {
         log: u64,
         segment: u64,
     },
+    /// A log digest kept with the replica of `segment`.
+    Digest {
+        log: u64,
+        segment: u64,
+        seq: u64,
+        segments: Vec<u64>,
+    },
 }
 
 /// Everything the test observes, under one lock so events and client acks
@@ -147,6 +154,17 @@ pub fn apply(world: &Shared, index: usize, body: &[u8]) {
             }
             BackupOp::Free { log, segment } => Applied::Free { log, segment },
             BackupOp::FreeLog { .. } => panic!("no tablet is dropped here"),
+            BackupOp::Digest {
+                log,
+                segment,
+                seq,
+                segments,
+            } => Applied::Digest {
+                log,
+                segment,
+                seq,
+                segments,
+            },
         };
         w.events.push((index, applied));
     }
@@ -175,9 +193,46 @@ pub fn replicas(
             Applied::Free { log, segment } => {
                 mine.remove(&(*log, *segment));
             }
+            Applied::Digest { .. } => {}
         }
     }
     held
+}
+
+/// The newest digest the backups hold after the first `upto` events (a
+/// digest goes with its carrier's free), and the segments it lists that no
+/// backup holds: what a recovery would refuse for.
+pub fn digest_gaps(events: &[(usize, Applied)], upto: usize) -> (Option<u64>, Vec<u64>) {
+    let held = replicas(events, upto);
+    // (backup, log, carrier) -> (seq, segments)
+    let mut digests: BTreeMap<(usize, u64, u64), (u64, Vec<u64>)> = BTreeMap::new();
+    for (b, op) in &events[..upto] {
+        match op {
+            Applied::Digest {
+                log,
+                segment,
+                seq,
+                segments,
+            } => {
+                let e = digests.entry((*b, *log, *segment)).or_default();
+                if *seq > e.0 {
+                    *e = (*seq, segments.clone());
+                }
+            }
+            Applied::Free { log, segment } => {
+                digests.remove(&(*b, *log, *segment));
+            }
+            Applied::Append { .. } => {}
+        }
+    }
+    let Some((seq, listed)) = digests.into_values().max_by_key(|d| d.0) else {
+        return (None, Vec::new());
+    };
+    let missing = listed
+        .into_iter()
+        .filter(|s| !held.values().any(|m| m.keys().any(|k| k.1 == *s)))
+        .collect();
+    (Some(seq), missing)
 }
 
 /// What a recovery from `backups` would give: per segment the longest copy,

@@ -51,6 +51,7 @@ impl Book {
         };
         engine.for_each_segment(|v| self.plan_segment(v, walk, now, max_round_bytes, &mut acc));
         let complete = acc.complete;
+        self.plan_digests(walk, &mut batches, &mut ops_of);
         // Segments the walk did not see were freed: their frees go out once
         // this round (carrying the appends made before them) succeeded.
         let gone: Vec<(u64, u64)> = self
@@ -102,6 +103,7 @@ impl Book {
             replicas: Vec::new(),
             seen: walk,
             max_tomb: 0,
+            durable: false,
         });
         seg.seen = walk;
         seg.max_tomb = v.max_tombstone_segment;
@@ -138,6 +140,66 @@ impl Book {
     }
 }
 
+impl Book {
+    /// Per log still present after the walk: a new digest when its durable
+    /// segments changed, sent to each backup of its carrier that lacks it
+    /// (after the carrier's appends in the same batch, so a replica being
+    /// re-created holds its bytes first). A log without a segment left is
+    /// forgotten. Why only durable segments are listed: a segment whose
+    /// bytes no round completed may vanish with a crash of this server
+    /// before any backup holds it, and listing it would make the recovery
+    /// refuse for a loss of nothing acknowledged.
+    fn plan_digests(
+        &mut self,
+        walk: u64,
+        batches: &mut HashMap<Rc<str>, BackupBatch>,
+        ops_of: &mut HashMap<Rc<str>, Vec<OwnedOp>>,
+    ) {
+        let mut durable: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (&(log, segment), seg) in self.segs.iter().filter(|(_, s)| s.seen == walk) {
+            let ids = durable.entry(log).or_default();
+            if seg.durable {
+                ids.push(segment);
+            }
+        }
+        self.logs.retain(|log, _| durable.contains_key(log));
+        for (log, mut ids) in durable {
+            if ids.is_empty() {
+                continue; // nothing durable yet: the last digest stands
+            }
+            ids.sort_unstable();
+            let d = self.logs.entry(log).or_default();
+            if *d.listed != *ids {
+                d.seq += 1;
+                d.carrier = *ids.last().expect("not empty");
+                d.listed = ids.into();
+                d.acked = false;
+            }
+            let (seq, carrier, listed) = (d.seq, d.carrier, d.listed.clone());
+            let seg = &self.segs[&(log, carrier)];
+            for r in seg.replicas.iter().filter(|r| r.digest < seq) {
+                let appended = batches
+                    .get(&r.addr)
+                    .is_some_and(|b| b.expect.iter().any(|e| (e.0, e.1) == (log, carrier)));
+                if r.held == 0 && !appended {
+                    continue; // its replica is not there yet
+                }
+                ops_of
+                    .entry(r.addr.clone())
+                    .or_default()
+                    .push(OwnedOp::Digest {
+                        log,
+                        segment: carrier,
+                        seq,
+                        segments: listed.clone(),
+                    });
+                batch_of(batches, &r.addr).digests.push((log, carrier, seq));
+            }
+            self.check_digest_acked(log);
+        }
+    }
+}
+
 /// What `plan` gathers while walking the segments.
 struct Acc<'a> {
     /// Segment bytes copied so far this round (bounded by `max_round_bytes`).
@@ -158,6 +220,7 @@ fn batch_of<'a>(
         frames: Vec::new(),
         expect: Vec::new(),
         frees: Vec::new(),
+        digests: Vec::new(),
     })
 }
 
