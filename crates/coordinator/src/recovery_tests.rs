@@ -1,7 +1,8 @@
 //! `recover_server` against fake shards: round-robin with fallback to
 //! another shard, the committed owner and its activation, `Retry` while
 //! tablets are lost, persistence of `lost_from` across a restart, and
-//! idempotence.
+//! idempotence. Also the re-home of orphaned tablets at an enlistment
+//! (`membership.rs`), which takes them empty and marked lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,13 +23,17 @@ struct Fake {
     refuse_recover: Arc<AtomicBool>,
     /// The version floor of every `MarkLost` it got, in order.
     floors: Arc<Mutex<Vec<u64>>>,
+    /// Refuse `TakeTablet` (a shard that cannot take the tablet).
+    refuse_take: Arc<AtomicBool>,
 }
 
 async fn fake_shard() -> Fake {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let refuse_recover = Arc::new(AtomicBool::new(false));
     let floors: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let refuse_take = Arc::new(AtomicBool::new(false));
     let (log2, refuse, floors2) = (log.clone(), refuse_recover.clone(), floors.clone());
+    let refuse_take2 = refuse_take.clone();
     let addr = insitu_testkit::peer::serve(move |id, body, out| {
         let log = &log2;
         match decode_request(body).unwrap() {
@@ -82,6 +87,21 @@ async fn fake_shard() -> Fake {
                     .push(format!("Drop t{table} s{start_hash}"));
                 encode_response(out, id, Status::Ok, &Response::Done).unwrap();
             }
+            Request::TakeTablet {
+                table,
+                start_hash,
+                state,
+                ..
+            } => {
+                log.lock()
+                    .unwrap()
+                    .push(format!("Take t{table} s{start_hash} {state:?}"));
+                if refuse_take2.load(Ordering::SeqCst) {
+                    encode_error(out, id, Status::OutOfMemory, "injected");
+                } else {
+                    encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+                }
+            }
             _ => encode_error(out, id, Status::BadRequest, "unexpected"),
         }
     })
@@ -92,6 +112,7 @@ async fn fake_shard() -> Fake {
         log,
         refuse_recover,
         floors,
+        refuse_take,
     }
 }
 
@@ -375,4 +396,111 @@ async fn with_no_replicas_recovered_tablets_stay_marked_lost_until_acknowledged(
 fn recover_server_is_send(coord: &'static Coordinator) {
     fn send<T: Send>(_: T) {}
     send(recover_server(coord, 1));
+}
+
+#[tokio::test]
+async fn an_enlistment_rehomes_orphaned_tablets_empty_and_marked_lost() {
+    let dir = Dir::new("recovery");
+    let a = fake_shard().await;
+    let coord = open(&dir);
+    {
+        // Two orphaned tablets with no `lost_from` row: what a move leaves
+        // when its destination refused activation after its source was
+        // retired (`reconcile.rs`), the only way to get here.
+        let guard = coord.meta_lock.lock().await;
+        let mut ops = vec![
+            Op::PutTable {
+                id: TABLE,
+                name: "t".into(),
+                schema: None,
+            },
+            Op::Counter(NEXT_TABLE_ID, 2),
+            Op::Counter(MAP_VERSION, 3),
+        ];
+        for i in 0..2usize {
+            ops.push(Op::PutTablet {
+                table: TABLE,
+                index: i as u32,
+                tablet: Tablet {
+                    start_hash: STARTS[2 * i],
+                    end_hash: if i == 0 { STARTS[2] - 1 } else { u64::MAX },
+                    server_id: ORPHANED,
+                    shard: 0,
+                    map_version: 3,
+                },
+            });
+        }
+        coord.commit(&guard, ops).await.unwrap();
+    }
+    assert_eq!(coord.model().orphaned_tablets().len(), 2);
+    let reject = usable_map(&coord.model(), TABLE, &coord.recovery_notes())
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        reject.message.contains("no live server yet"),
+        "{}",
+        reject.message
+    );
+
+    // A shard that refuses the take: both stay orphaned, nothing is marked.
+    a.refuse_take.store(true, Ordering::SeqCst);
+    let enlist =
+        |identity: &str| coord.enlist(vec![a.addr.clone()], identity.into(), false, String::new());
+    assert!(enlist("one").await.is_ok());
+    assert_eq!(coord.model().orphaned_tablets().len(), 2);
+    assert!(coord.model().data_lost.is_empty());
+    take(&a.log);
+
+    // The next enlistment (the same shard, restarted) takes them: for each,
+    // any stale copy dropped first, taken Active, then marked lost with a
+    // version floor, before the map names the owner.
+    a.refuse_take.store(false, Ordering::SeqCst);
+    let Ok(Response::Enlisted { server_id, .. }) = enlist("one").await else {
+        panic!("enlist refused");
+    };
+    let log = take(&a.log);
+    for start in [STARTS[0], STARTS[2]] {
+        let steps: Vec<usize> = [
+            format!("Drop t1 s{start}"),
+            format!("Take t1 s{start} Active"),
+            format!(
+                "Mark t1 s{start} f{}",
+                insitu_protocol::LOST_FROM_EARLIER_RUN
+            ),
+        ]
+        .iter()
+        .map(|l| {
+            log.iter()
+                .position(|x| x == l)
+                .unwrap_or_else(|| panic!("{l} missing: {log:?}"))
+        })
+        .collect();
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "{log:?}");
+    }
+    let floors = a.floors.lock().unwrap().clone();
+    assert!(
+        floors.len() == 2 && floors[0] == floors[1] && floors[0] > 0,
+        "{floors:?}"
+    );
+    let model = coord.model();
+    assert!(model.orphaned_tablets().is_empty());
+    for i in 0..2 {
+        let t = &model.tables[&TABLE].tablets[i];
+        assert_eq!(t.server_id, server_id, "tablet {i}");
+        assert!(t.map_version > 3);
+        assert_eq!(
+            model.data_lost.get(&(TABLE, i as u32)),
+            Some(&insitu_protocol::LOST_FROM_EARLIER_RUN),
+            "tablet {i} marked lost"
+        );
+    }
+    assert_eq!(model.lost_version_floor, floors[0]);
+    assert!(
+        usable_map(&model, TABLE, &coord.recovery_notes())
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(model.validate(), Ok(()));
+    drop(model);
+    coord.close().await;
 }
