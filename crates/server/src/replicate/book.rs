@@ -386,8 +386,9 @@ impl Book {
     }
 
     /// A backup failed (error, timeout, NoSpace): every segment its batch
-    /// touched gets another backup and is resent from offset 0; its frees
-    /// are owed again; it is avoided for a while (longer after each failure).
+    /// touched (appends or a digest) gets another backup and is resent from
+    /// offset 0; its frees are owed again; it is avoided for a while (longer
+    /// after each failure).
     pub fn failed(&mut self, batch: &BackupBatch, now: Instant) {
         if !self.is_live_addr(&batch.addr) {
             // Its server was declared dead meanwhile: `forget_addr` already
@@ -407,6 +408,13 @@ impl Book {
             });
         }
         for &(log, segment, _, _) in &batch.expect {
+            self.drop_replica((log, segment), &batch.addr, true);
+        }
+        // A carrier whose digest the backup refused moves too, even when the
+        // batch carried none of its bytes: a backup that keeps refusing the
+        // digest (its disk full) would otherwise hold the log's frees, and
+        // with them the durable mark, for ever.
+        for &(log, segment, _) in &batch.digests {
             self.drop_replica((log, segment), &batch.addr, true);
         }
     }

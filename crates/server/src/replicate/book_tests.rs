@@ -465,3 +465,39 @@ fn a_dropped_log_is_freed_without_a_digest_and_forgotten() {
     ack_all(&mut b, &plan);
     assert!(b.frees.is_empty());
 }
+
+#[test]
+fn a_backup_refusing_only_a_digest_loses_the_carrier_to_another() {
+    let mut e = engine();
+    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let now = Instant::now();
+    let mut b = book(1, 2, "");
+    write_n(&mut e, 1000, 300);
+    round_all(&mut b, &e, now);
+    // The next round carries only the first digest, to the carrier's backup,
+    // which refuses it (say its disk is full).
+    let plan = b.plan(&e, usize::MAX, now);
+    let [batch] = &plan.batches[..] else {
+        panic!("one backup gets the digest: {:?}", plan.batches);
+    };
+    assert!(batch.expect.is_empty() && batch.digests.len() == 1);
+    let (log, carrier, _) = batch.digests[0];
+    let bad = batch.addr.clone();
+    b.failed(batch, now);
+    // The carrier goes to the other backup, from offset 0, with the digest;
+    // the refusing one is owed a free of it.
+    let plan = b.plan(&e, usize::MAX, now);
+    let [batch] = &plan.batches[..] else {
+        panic!("one backup gets the carrier: {:?}", plan.batches);
+    };
+    assert_ne!(batch.addr, bad);
+    assert!(batch.expect.iter().any(|x| (x.0, x.1) == (log, carrier)));
+    assert_eq!(batch.digests.len(), 1);
+    assert!(
+        b.frees
+            .iter()
+            .any(|f| f.addr == bad && f.segment == carrier)
+    );
+    ack_all(&mut b, &plan);
+    assert!(b.logs[&log].acked);
+}
