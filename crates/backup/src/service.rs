@@ -280,6 +280,11 @@ impl<I: Io> BackupService<I> {
                 ),
             ));
         }
+        let replica = |log, segment| ReplicaId {
+            master,
+            log,
+            segment,
+        };
         for (i, op) in ops.iter().enumerate() {
             let result = match *op {
                 BackupOp::Append {
@@ -291,11 +296,7 @@ impl<I: Io> BackupService<I> {
                     bytes,
                     close,
                 } => {
-                    let id = ReplicaId {
-                        master,
-                        log,
-                        segment,
-                    };
+                    let id = replica(log, segment);
                     touched.push(id);
                     let tablet = Tablet { table, start_hash };
                     // A large append is written at once, straight from the
@@ -310,11 +311,7 @@ impl<I: Io> BackupService<I> {
                     }
                 }
                 BackupOp::Free { log, segment } => {
-                    self.store.free(ReplicaId {
-                        master,
-                        log,
-                        segment,
-                    });
+                    self.store.free(replica(log, segment));
                     Ok(())
                 }
                 BackupOp::FreeLog { log } => {
@@ -327,11 +324,7 @@ impl<I: Io> BackupService<I> {
                     seq,
                     ref segments,
                 } => {
-                    let id = ReplicaId {
-                        master,
-                        log,
-                        segment,
-                    };
+                    let id = replica(log, segment);
                     touched.push(id);
                     let digest = Digest {
                         seq,

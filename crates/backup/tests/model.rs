@@ -582,6 +582,12 @@ fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
         store.digest(b, digest(3, &[4, 0])),
         Err(BackupError::Malformed(_))
     ));
+    let too_many: Vec<u64> =
+        (0..=insitu_backup::replica_file::MAX_DIGEST_SEGMENTS as u64).collect();
+    assert!(matches!(
+        store.digest(b, digest(3, &too_many)),
+        Err(BackupError::TooLarge { .. })
+    ));
     assert_eq!(store.digests(1), vec![(0, digest(2, &[0, 4]))]);
     store.flush().unwrap();
     drop(store);

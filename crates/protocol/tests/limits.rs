@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use insitu_protocol::plan::{Op, PredOp, ScanPlan};
 use insitu_protocol::{
-    BackupOp, MAX_BACKUP_OPS, MAX_BODY_BYTES, MAX_MULTI_ITEMS, Request, blob, decode_request,
+    BackupOp, MAX_BACKUP_OPS, MAX_BODY_BYTES, MAX_DIGEST_SEGMENTS, MAX_MULTI_ITEMS, Request, blob,
+    decode_request,
 };
 
 struct Counting;
@@ -197,6 +198,27 @@ fn a_replication_frame_of_millions_of_tiny_ops_is_refused_before_it_is_built() {
     );
     // Unbounded, ~1.4M ops of ~64 bytes each would be ~90 MB.
     assert!(grew < 8 << 20, "decoding grew the heap by {grew} bytes");
+}
+
+#[test]
+fn a_digest_over_its_segment_limit_is_refused_and_one_at_it_decodes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let write = |n: usize| Request::BackupWrite {
+        cluster: 1,
+        master: 1,
+        ops: vec![BackupOp::Digest {
+            log: 1,
+            segment: 1,
+            seq: 1,
+            segments: (0..n as u64).collect(),
+        }],
+    };
+    let at = write(MAX_DIGEST_SEGMENTS);
+    let bytes = postcard::to_stdvec(&at).unwrap();
+    assert_eq!(decode_request(&bytes).unwrap(), at);
+    let bytes = postcard::to_stdvec(&write(MAX_DIGEST_SEGMENTS + 1)).unwrap();
+    let e = decode_request(&bytes).unwrap_err().to_string();
+    assert!(e.contains("digest segments"), "{e}");
 }
 
 #[test]
