@@ -370,8 +370,9 @@ impl<I: Io> BackupService<I> {
             .store
             .digests(master)
             .into_iter()
-            .map(|(log, d)| LogDigest {
-                log,
+            .map(|(id, d)| LogDigest {
+                log: id.log,
+                segment: id.segment,
                 seq: d.seq,
                 segments: d.segments,
             })

@@ -117,25 +117,28 @@ struct Dig {
 fn check_digests(store: &BackupStore<SimIo>, digests: &mut Vec<Dig>) {
     let held: Vec<ReplicaId> = store.list(None).iter().map(|r| r.id).collect();
     digests.retain(|g| held.contains(&g.carrier));
-    let mut listed: BTreeMap<(u64, u64), insitu_backup::Digest> = BTreeMap::new();
+    let mut listed: BTreeMap<(u64, u64), (ReplicaId, insitu_backup::Digest)> = BTreeMap::new();
     for master in [1, 2] {
-        for (log, d) in store.digests(master) {
+        for (id, d) in store.digests(master) {
+            assert_eq!(id.master, master);
             assert!(
-                listed.insert((master, log), d).is_none(),
+                listed.insert((master, id.log), (id, d)).is_none(),
                 "two digests of one log"
             );
         }
     }
-    for (&(master, log), d) in &listed {
+    for (id, d) in listed.values() {
         let g = digests
             .iter()
             .find(|g| g.seq == d.seq)
             .unwrap_or_else(|| panic!("digest {} never sent", d.seq));
-        assert_eq!((g.carrier.master, g.carrier.log), (master, log));
+        assert_eq!(g.carrier, *id, "listed with its carrier");
         assert_eq!(d.segments, vec![g.carrier.segment]);
     }
     for g in digests.iter().filter(|g| g.durable) {
-        let d = listed.get(&(g.carrier.master, g.carrier.log));
+        let d = listed
+            .get(&(g.carrier.master, g.carrier.log))
+            .map(|(_, d)| d);
         assert!(
             d.is_some_and(|d| d.seq >= g.seq),
             "durable digest {} of {:?} lost: {d:?}",
@@ -147,12 +150,12 @@ fn check_digests(store: &BackupStore<SimIo>, digests: &mut Vec<Dig>) {
     digests.retain(|g| {
         listed
             .get(&(g.carrier.master, g.carrier.log))
-            .is_some_and(|d| g.seq <= d.seq)
+            .is_some_and(|(_, d)| g.seq <= d.seq)
     });
     for g in digests.iter_mut() {
         g.durable = listed
             .get(&(g.carrier.master, g.carrier.log))
-            .is_some_and(|d| d.seq == g.seq);
+            .is_some_and(|(_, d)| d.seq == g.seq);
     }
 }
 
@@ -588,12 +591,12 @@ fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
         store.digest(b, digest(3, &too_many)),
         Err(BackupError::TooLarge { .. })
     ));
-    assert_eq!(store.digests(1), vec![(0, digest(2, &[0, 4]))]);
+    assert_eq!(store.digests(1), vec![(b, digest(2, &[0, 4]))]);
     store.flush().unwrap();
     drop(store);
     let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert_eq!(store.digests(1), vec![(0, digest(2, &[0, 4]))]);
+    assert_eq!(store.digests(1), vec![(b, digest(2, &[0, 4]))]);
     // Digest records add no segment bytes.
     assert_eq!(store.read(a).unwrap(), (b"head".to_vec(), true));
     assert_eq!(store.read(b).unwrap(), (b"next".to_vec(), false));

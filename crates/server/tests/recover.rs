@@ -34,9 +34,25 @@ struct Replica {
 type Lists = Arc<Mutex<Vec<(u64, bool)>>>;
 
 /// A fake backup holding `replicas` of `MASTER`; returns its address and
-/// the list calls it received.
+/// the list calls it received. Like a real master's backup it keeps, per
+/// log, a digest listing nothing on its highest open replica (if it holds
+/// one): enough for a recovery to trust its closed replicas.
 async fn fake_backup(replicas: Vec<Replica>) -> (String, Lists) {
-    fake_backup_with_digests(replicas, Vec::new()).await
+    let mut carriers: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in replicas.iter().filter(|r| !r.info.closed) {
+        let c = carriers.entry(r.info.log).or_insert(r.info.segment);
+        *c = (*c).max(r.info.segment);
+    }
+    let digests = carriers
+        .into_iter()
+        .map(|(log, segment)| LogDigest {
+            log,
+            segment,
+            seq: 1,
+            segments: Vec::new(),
+        })
+        .collect();
+    fake_backup_with_digests(replicas, digests).await
 }
 
 /// `fake_backup` that also lists `digests` of `MASTER`'s logs.
@@ -354,13 +370,13 @@ async fn refuses_when_a_segment_has_no_good_holder() {
     let only_failing = segments[2].1;
     let mut corrupt = Vec::new();
     let mut failing = Vec::new();
-    for (l, s, bytes, _) in &segments {
-        let mut r = replica(*l, *s, bytes, true);
+    for (l, s, bytes, sealed) in &segments {
+        let mut r = replica(*l, *s, bytes, *sealed);
         if *s == only_corrupt {
             r.bytes[40] ^= 0x10;
         }
         corrupt.push(r.clone());
-        r = replica(*l, *s, bytes, true);
+        r = replica(*l, *s, bytes, *sealed);
         r.fail_reads = *s == only_failing;
         failing.push(r);
     }
@@ -406,7 +422,15 @@ async fn refuses_while_a_segment_the_newest_digest_lists_is_missing() {
     let log = segments[0].0;
     let ids: Vec<u64> = segments.iter().map(|s| s.1).collect();
     let lost = *ids.last().unwrap() + 1; // its replicas sat on removed backups
-    let digest = |seq: u64, segments: Vec<u64>| LogDigest { log, seq, segments };
+    // Digests are kept with the open head: each backup listing one holds it.
+    let (_, head, head_bytes, _) = segments.iter().find(|s| !s.3).expect("an open head");
+    let head_replica = replica(log, *head, head_bytes, false);
+    let digest = |seq: u64, segments: Vec<u64>| LogDigest {
+        log,
+        segment: *head,
+        seq,
+        segments,
+    };
     let held: Vec<Replica> = segments
         .iter()
         .map(|(l, s, bytes, sealed)| replica(*l, *s, bytes, *sealed))
@@ -420,13 +444,15 @@ async fn refuses_while_a_segment_the_newest_digest_lists_is_missing() {
             digest(3, ids.clone()),
             LogDigest {
                 log: log + 1,
+                segment: 1,
                 seq: 9,
                 segments: vec![1],
             },
         ],
     )
     .await;
-    let (b, _) = fake_backup_with_digests(Vec::new(), vec![digest(7, with_lost)]).await;
+    let (b, _) =
+        fake_backup_with_digests(vec![head_replica.clone()], vec![digest(7, with_lost)]).await;
     let (_dir, _coordinator, server, conn) = shard().await;
     let reply = conn.call(&recover(&[a.clone(), b], 3)).await.unwrap();
     assert_eq!(reply.status, Status::DataLost, "{}", reply.error_message());
@@ -438,7 +464,7 @@ async fn refuses_while_a_segment_the_newest_digest_lists_is_missing() {
     let (first_key, _) = expected.iter().next().unwrap();
     assert_eq!(read(&conn, first_key).await.0, Status::UnknownTablet);
     // Once the digest's segments are all found, the recovery goes on.
-    let (c, _) = fake_backup_with_digests(Vec::new(), vec![digest(8, ids)]).await;
+    let (c, _) = fake_backup_with_digests(vec![head_replica], vec![digest(8, ids)]).await;
     let reply = conn.call(&recover(&[a, c], 4)).await.unwrap();
     assert_eq!(reply.status, Status::Ok, "{}", reply.error_message());
     server.shutdown();
@@ -447,7 +473,8 @@ async fn refuses_while_a_segment_the_newest_digest_lists_is_missing() {
 #[tokio::test]
 async fn refuses_segments_that_do_not_fit_in_memory_before_reading_them() {
     // Listed as 64 MiB; never read, since the charge is refused first.
-    let mut big = replica(3, 1, b"never read", true);
+    // Open: the head, which keeps the log's digest.
+    let mut big = replica(3, 1, b"never read", false);
     big.info.bytes = 64 << 20;
     big.fail_reads = true;
     let (addr, lists) = fake_backup(vec![big]).await;

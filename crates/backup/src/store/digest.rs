@@ -61,8 +61,9 @@ impl<I: Io> BackupStore<I> {
         Ok(())
     }
 
-    /// Per log of `master`, the newest digest held, in log order.
-    pub fn digests(&self, master: u64) -> Vec<(u64, Digest)> {
+    /// Per log of `master`, the newest digest held with the replica that
+    /// keeps it (its carrier), in log order.
+    pub fn digests(&self, master: u64) -> Vec<(ReplicaId, Digest)> {
         self.replicas
             .range(
                 ReplicaId {
@@ -75,7 +76,7 @@ impl<I: Io> BackupStore<I> {
                     segment: u64::MAX,
                 },
             )
-            .filter_map(|(id, r)| r.digest.clone().map(|d| (id.log, d)))
+            .filter_map(|(id, r)| r.digest.clone().map(|d| (*id, d)))
             .collect()
     }
 

@@ -134,6 +134,10 @@ pub enum BackupOp<'a> {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct LogDigest {
     pub log: u64,
+    /// Its carrier: the segment whose replica here keeps it. A recovery
+    /// refuses a digest whose carrier's replicas are all closed (the master
+    /// closes a carrier only after a newer digest elsewhere was held).
+    pub segment: u64,
     /// Grows with every digest the master makes of the log.
     pub seq: u64,
     /// Segment ids, ascending.

@@ -108,13 +108,40 @@ pub(super) fn missing_segments(plan: &Plan, digest: &LogDigest) -> Vec<u64> {
         .collect()
 }
 
-/// Refuse (`DataLost`) if the newest digest of the chosen log lists a
-/// segment no backup holds: replaying without it would silently lose every
-/// object only it held (its every replica sat on backups that are gone, say
-/// servers an operator removed). The coordinator retries, so the recovery
-/// goes on once a disk holding it is back. A log with replicas but no digest
-/// (none of it was held by R backups yet, or its carrier's copies are all
-/// gone) cannot be checked: logged.
+/// Whether the master closed every replica of `digest`'s carrier that the
+/// backups holding `digest` list: it closes a carrier only after a newer
+/// digest on another carrier was held by all of that one's backups, so
+/// this digest is not the newest.
+pub(super) fn carrier_closed(plan: &Plan, digests: &[Vec<LogDigest>], digest: &LogDigest) -> bool {
+    let keepers: Vec<usize> = digests
+        .iter()
+        .enumerate()
+        .filter(|(_, ds)| ds.iter().any(|d| d == digest))
+        .map(|(b, _)| b)
+        .collect();
+    let holders = plan
+        .segments
+        .binary_search_by_key(&digest.segment, |p| p.segment)
+        .map(|i| &plan.segments[i].holders[..])
+        .unwrap_or_default();
+    !holders
+        .iter()
+        .any(|h| keepers.contains(&h.backup) && !h.closed)
+}
+
+/// Refuse (`DataLost`) when the backups cannot show that no segment of the
+/// chosen log is missing; replaying without one would silently lose every
+/// object only it held (its every replica sat on backups that are gone,
+/// say servers an operator removed, or the dead master's own). Refused:
+/// - the newest digest found lists a segment no backup holds;
+/// - its carrier's replicas are all closed: a newer digest was made, and
+///   the backups that kept it are gone;
+/// - no digest at all, but a closed replica: the master closes replicas
+///   only once a digest was held, so the backups that kept it are gone.
+///
+/// The coordinator retries, so the recovery goes on once a disk holding
+/// them is back. A log with replicas, none closed, and no digest (its first
+/// round did not finish) is recovered unchecked, with a warning.
 pub(super) fn check_digest(
     plan: &Plan,
     digests: &[Vec<LogDigest>],
@@ -123,29 +150,60 @@ pub(super) fn check_digest(
     if plan.segments.is_empty() {
         return Ok(());
     }
+    let tablet = format!(
+        "tablet {}/{:#x} of dead server {}",
+        req.table, req.start_hash, req.master
+    );
+    let retried = "not recovering the tablet without them (the recovery is retried: bring back \
+                   a server whose disk held them)";
     let Some(digest) = newest_digest(digests, plan.log) else {
+        let any_closed = plan
+            .segments
+            .iter()
+            .any(|s| s.holders.iter().any(|h| h.closed));
+        if any_closed {
+            return Err((
+                Status::DataLost,
+                format!(
+                    "{tablet}: no backup holds a digest of log {}, yet some of its segments \
+                     are closed, so digests were made and the backups that kept them are gone: \
+                     segments may be missing; {retried}",
+                    plan.log
+                ),
+            ));
+        }
         tracing::warn!(
             table = req.table,
             start_hash = req.start_hash,
             master = req.master,
             log = plan.log,
-            "no backup holds a digest of this log: recovering what the backups hold without checking that no segment is missing"
+            "no backup holds a digest of this log and none of its replicas is closed: recovering what the backups hold without checking that no segment is missing"
         );
         return Ok(());
     };
     let missing = missing_segments(plan, digest);
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        return Err((
+            Status::DataLost,
+            format!(
+                "{tablet}: segment(s) {missing:?} of log {} are listed in the log's digest {} \
+                 but no backup holds them; {retried}",
+                plan.log, digest.seq
+            ),
+        ));
     }
-    Err((
-        Status::DataLost,
-        format!(
-            "tablet {}/{:#x} of dead server {}: segment(s) {missing:?} of log {} are listed in the \
-             log's digest {} but no backup holds them; not recovering the tablet without them \
-             (the recovery is retried: bring back a server whose disk held them)",
-            req.table, req.start_hash, req.master, plan.log, digest.seq
-        ),
-    ))
+    if carrier_closed(plan, digests, digest) {
+        return Err((
+            Status::DataLost,
+            format!(
+                "{tablet}: the newest digest of log {} found (digest {}) was superseded (its \
+                 carrier, segment {}, is closed) and no backup holds a newer one: segments \
+                 may be missing; {retried}",
+                plan.log, digest.seq, digest.segment
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -190,13 +248,60 @@ mod tests {
         assert_eq!(plan_segments(&listed, 2, 0).segments.len(), 0);
     }
 
-    #[test]
-    fn the_newest_digest_names_the_segments_no_backup_holds() {
-        let digest = |log: u64, seq: u64, segments: &[u64]| LogDigest {
+    /// A digest carried by its highest listed segment.
+    fn digest(log: u64, seq: u64, segments: &[u64]) -> LogDigest {
+        LogDigest {
             log,
+            segment: segments.last().copied().unwrap_or(0),
             seq,
             segments: segments.to_vec(),
-        };
+        }
+    }
+
+    fn req() -> RecoverTablet {
+        RecoverTablet {
+            table: 1,
+            start_hash: 0,
+            end_hash: u64::MAX,
+            map_version: 1,
+            master: 9,
+            backups: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_digest_on_a_closed_carrier_or_none_beside_closed_replicas_is_refused() {
+        let listed = vec![
+            vec![info(3, 1, 100, true), info(3, 4, 10, false)],
+            vec![info(3, 1, 100, true), info(3, 4, 10, true)],
+        ];
+        let plan = plan_segments(&listed, 1, 0);
+        // Kept with an open replica of its carrier (backup 0): the newest.
+        let open = vec![vec![digest(3, 5, &[1, 4])], Vec::new()];
+        assert!(!carrier_closed(&plan, &open, &open[0][0]));
+        assert!(check_digest(&plan, &open, &req()).is_ok());
+        // Only backup 1 keeps it, and its replica of the carrier is closed:
+        // a newer digest exists somewhere.
+        let closed = vec![Vec::new(), vec![digest(3, 5, &[1, 4])]];
+        assert!(carrier_closed(&plan, &closed, &closed[1][0]));
+        let (status, why) = check_digest(&plan, &closed, &req()).expect_err("superseded");
+        assert_eq!(status, Status::DataLost);
+        assert!(
+            why.contains("superseded") && why.contains("segment 4"),
+            "{why}"
+        );
+        // A carrier no keeper lists counts as closed.
+        let elsewhere = vec![vec![digest(3, 6, &[1, 7])], Vec::new()];
+        assert!(carrier_closed(&plan, &elsewhere, &elsewhere[0][0]));
+        // No digest: refused beside a closed replica, unchecked without one.
+        let (_, why) = check_digest(&plan, &[Vec::new(), Vec::new()], &req()).expect_err("closed");
+        assert!(why.contains("no backup holds a digest"), "{why}");
+        let first_round = plan_segments(&[vec![info(3, 1, 100, false)]], 1, 0);
+        assert!(check_digest(&first_round, &[Vec::new()], &req()).is_ok());
+    }
+
+    #[test]
+    fn the_newest_digest_names_the_segments_no_backup_holds() {
         let listed = vec![
             vec![info(3, 1, 100, true), info(3, 4, 10, false)],
             vec![info(3, 1, 100, true)],

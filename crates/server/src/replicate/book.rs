@@ -12,6 +12,7 @@ use bytes::Bytes;
 use insitu_protocol::{BackupOp, blob};
 use tokio::time::{Duration, Instant};
 
+mod digests;
 mod plan;
 
 pub use plan::request;
@@ -54,6 +55,19 @@ pub struct Seg {
     /// A round that fully succeeded carried its bytes (R backups held data
     /// of it): from then on the log's digests list it.
     pub durable: bool,
+    /// The engine sealed it (at the last walk): its replicas may be closed.
+    pub sealed: bool,
+    /// Its length at the last walk.
+    pub len: u64,
+}
+
+impl Seg {
+    /// Whether it may carry its log's digest: open (never closed, so a
+    /// digest never lands in a closed replica) and with bytes (so its
+    /// replicas exist on their backups).
+    pub fn may_carry(&self) -> bool {
+        !self.sealed && self.len > 0
+    }
 }
 
 /// The digests of one log (see "Log digests" in ARCHITECTURE.md).
@@ -64,7 +78,8 @@ pub struct LogDigests {
     /// The segments it lists, ascending: the log's durable segments when it
     /// was made.
     pub listed: Rc<[u64]>,
-    /// Its carrier: the highest listed segment.
+    /// Its carrier: an open segment of the log (the same one while it stays
+    /// open), whose backups keep the digest.
     pub carrier: u64,
     /// Every backup of the carrier (R of them) acknowledged digest `seq`. A
     /// segment gone from the log is freed on its backups only then, and
@@ -268,6 +283,24 @@ impl Book {
         let Some(seg) = self.segs.get(&key) else {
             return false;
         };
+        // A replica on this server's own backup is a last resort: a
+        // recovery does not wait for a dead master's own disk, so it moves
+        // to another backup as soon as one is free for the segment (it was
+        // placed before the others were known, or while they failed).
+        if let Some(own) = self.own_backup.clone()
+            && seg.replicas.iter().any(|r| r.addr == own)
+            && self.live.iter().filter(|b| b.addr != own).count() >= target
+            && self.live.iter().any(|b| {
+                b.addr != own
+                    && !self.suspect(&b.addr, now)
+                    && !seg.replicas.iter().any(|r| r.addr == b.addr)
+            })
+        {
+            self.drop_replica(key, &own, true);
+        }
+        let Some(seg) = self.segs.get(&key) else {
+            return false;
+        };
         let mut need = target.saturating_sub(seg.replicas.len());
         if need == 0 {
             return true;
@@ -357,9 +390,12 @@ impl Book {
         }
     }
 
-    /// A round fully succeeded: its walk's mark may be published, and every
-    /// segment it saw with data is held by R backups, so digests list it.
-    pub fn round_complete(&mut self, walk: u64) {
+    /// A round fully succeeded: every segment it saw with data is held by
+    /// R backups, so digests list it from now on. Returns whether the
+    /// digests are settled (`digests_settled`): only then may the walk's
+    /// mark be published; if not, another round is due even if the engine
+    /// stays idle.
+    pub fn round_complete(&mut self, walk: u64) -> bool {
         self.last_ok = walk;
         self.dirty = false;
         for seg in self.segs.values_mut() {
@@ -370,19 +406,9 @@ impl Book {
                 seg.durable = true;
             }
         }
-    }
-
-    /// Whether every backup of the log's digest carrier (R of them) holds
-    /// its newest digest; recorded in `LogDigests::acked`.
-    pub(super) fn check_digest_acked(&mut self, log: u64) {
-        let target = self.target_replicas();
-        let Some(d) = self.logs.get_mut(&log) else {
-            return;
-        };
-        d.acked = d.seq > 0
-            && self.segs.get(&(log, d.carrier)).is_some_and(|seg| {
-                seg.replicas.len() >= target && seg.replicas.iter().all(|r| r.digest >= d.seq)
-            });
+        let settled = self.digests_settled();
+        self.dirty |= !settled;
+        settled
     }
 
     /// A backup failed (error, timeout, NoSpace): every segment its batch
@@ -501,9 +527,18 @@ impl Book {
             self.forget_addr(&addr);
         }
         // Segments placed while backups were fewer than R are topped up by
-        // the next round, even if the engine is idle.
+        // the next round, even if the engine is idle; replicas on the own
+        // backup move to another (see `fill`).
         let target = self.target_replicas();
-        if self.segs.values().any(|s| s.replicas.len() < target) {
+        let own = self.own_backup.clone();
+        let others = self.live.iter().filter(|b| Some(&b.addr) != own.as_ref());
+        let movable = others.count() >= target;
+        let on_own = |s: &Seg| s.replicas.iter().any(|r| Some(&r.addr) == own.as_ref());
+        if self
+            .segs
+            .values()
+            .any(|s| s.replicas.len() < target || (movable && on_own(s)))
+        {
             self.dirty = true;
         }
     }
@@ -538,22 +573,6 @@ impl Book {
             && !self.suspect(&f.addr, now)
             && !covered_pending
             && self.digest_allows_free(f.log, f.segment)
-    }
-
-    /// A segment gone from the log is freed only once a digest that does not
-    /// list it is held by every backup of its carrier: a recovery trusts the
-    /// newest digest it finds and refuses when a listed segment is missing,
-    /// so freeing a listed segment first could block the log's recovery.
-    /// A segment still in the log (a failed backup's stale copy) and a log
-    /// with no digest (none of it was durable yet, or the whole log is gone)
-    /// are not held back.
-    fn digest_allows_free(&self, log: u64, segment: u64) -> bool {
-        if self.segs.contains_key(&(log, segment)) {
-            return true;
-        }
-        self.logs
-            .get(&log)
-            .is_none_or(|d| d.acked && d.listed.binary_search(&segment).is_err())
     }
 
     /// Whether `addr` is a backup in use: this server's own or a live one.

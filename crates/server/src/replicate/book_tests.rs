@@ -9,6 +9,9 @@ use tokio::time::Instant;
 
 use super::*;
 
+#[path = "book_digest_tests.rs"]
+mod digests;
+
 fn engine() -> Engine {
     Engine::new(EngineConfig {
         segment_bytes: 128 * 1024,
@@ -36,6 +39,14 @@ fn book(r: usize, others: u64, own: &str) -> Book {
     b
 }
 
+/// An engine with one tablet (table 1) and `n` writes to `distinct` keys.
+fn written(n: u32, distinct: u32) -> Engine {
+    let mut e = engine();
+    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    write_n(&mut e, n, distinct);
+    e
+}
+
 fn write_n(e: &mut Engine, n: u32, distinct: u32) {
     for i in 0..n {
         let key = (i % distinct).to_le_bytes();
@@ -57,6 +68,13 @@ fn ack_all(b: &mut Book, plan: &Plan) -> HashMap<String, Vec<OwnedOp>> {
         b.round_complete(plan.walk);
     }
     got
+}
+
+/// The backups of a segment, sorted.
+fn addrs(s: &Seg) -> Vec<&str> {
+    let mut addrs: Vec<&str> = s.replicas.iter().map(|r| &*r.addr).collect();
+    addrs.sort();
+    addrs
 }
 
 /// Plan a round and acknowledge all of it.
@@ -89,9 +107,7 @@ fn backups_are_distinct_others_and_own_only_as_a_last_resort() {
     let mut b = book(2, 1, "b1");
     b.plan(&e, usize::MAX, now);
     for s in b.segs.values() {
-        let mut addrs: Vec<&str> = s.replicas.iter().map(|r| &*r.addr).collect();
-        addrs.sort();
-        assert_eq!(addrs, ["b1", "b2"]);
+        assert_eq!(addrs(s), ["b1", "b2"]);
     }
     // A single server keeps its replicas on its own disk.
     let mut b = book(1, 0, "b1");
@@ -104,9 +120,7 @@ fn backups_are_distinct_others_and_own_only_as_a_last_resort() {
 
 #[test]
 fn fewer_backups_than_r_are_used_and_topped_up_as_servers_join() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
-    write_n(&mut e, 1000, 1000);
+    let e = written(1000, 1000);
     let now = Instant::now();
     // Before the first server list nothing is chosen: an empty list means
     // "not known yet", and the own backup would crowd out the others.
@@ -142,9 +156,7 @@ fn fewer_backups_than_r_are_used_and_topped_up_as_servers_join() {
         assert_eq!(*offset, 0, "a new replica starts at the segment's start");
     }
     for s in b.segs.values() {
-        let mut addrs: Vec<&str> = s.replicas.iter().map(|r| &*r.addr).collect();
-        addrs.sort();
-        assert_eq!(addrs, ["b1", "b2"]);
+        assert_eq!(addrs(s), ["b1", "b2"]);
     }
 }
 
@@ -164,13 +176,13 @@ fn a_round_sends_only_new_bytes_and_nothing_when_idle() {
             OwnedOp::Free { .. } | OwnedOp::Digest { .. } => 0,
         })
         .sum();
-    // The segment is now held by R backups: the next round sends only the
-    // log's first digest, which lists it.
+    // The segment is now held by R backups: the next round sends only a
+    // digest that lists it (the first, sent with its bytes, listed none).
     let got = round_all(&mut b, &e, now);
     for ops in got.values() {
         let [
             OwnedOp::Digest {
-                seq: 1, segments, ..
+                seq: 2, segments, ..
             },
         ] = &ops[..]
         else {
@@ -392,112 +404,53 @@ fn a_free_waits_for_the_frees_of_segments_its_tombstones_cover() {
 }
 
 /// The frees a plan carries.
-fn frees_of(plan: &Plan) -> usize {
-    plan.batches.iter().map(|b| b.frees.len()).sum()
-}
-
 #[test]
-fn a_freed_segment_waits_for_a_held_digest_that_no_longer_lists_it() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
+fn replicas_on_the_own_backup_move_to_others_once_they_are_known() {
+    let e = written(2000, 2000);
     let now = Instant::now();
-    let mut b = book(2, 2, "");
-    write_n(&mut e, 4000, 300);
-    round_all(&mut b, &e, now); // every segment held by 2 backups
-    round_all(&mut b, &e, now); // the first digest lists them all
-    let log = b.segs.keys().next().expect("segments").0;
-    let first = b.logs[&log].listed.clone();
-    assert!(first.len() > 2 && b.logs[&log].acked, "{first:?}");
-    e.clean();
-    // The round that carries the survivors also carries a digest without
-    // the freed segments; here its digest is lost (only the appends are
-    // acknowledged).
-    let plan = b.plan(&e, usize::MAX, now);
-    assert!(plan.complete);
-    let freed: Vec<u64> = b.frees.iter().map(|f| f.segment).collect();
-    assert!(!freed.is_empty(), "cleaning freed segments");
-    let newer = b.logs[&log].listed.clone();
+    // Alone at first (R = 1): every segment is kept by the own backup.
+    let mut b = Book::new(1, "b1", insitu_testkit::rng(7));
+    b.set_live(1, &servers(1));
+    round_all(&mut b, &e, now);
+    assert!(b.segs.values().all(|s| &*s.replicas[0].addr == "b1"));
+    // Others join: a recovery would not wait for this server's own disk,
+    // so the next round moves every segment to one of them, from offset
+    // 0, and the own backup is owed frees of them.
+    b.set_live(1, &servers(3));
+    assert!(b.has_work(now), "the move is work even for an idle engine");
+    let got = round_all(&mut b, &e, now);
     assert!(
-        freed
-            .iter()
-            .all(|s| first.contains(s) && !newer.contains(s))
+        !got.contains_key("b1")
+            || got["b1"]
+                .iter()
+                .all(|op| matches!(op, OwnedOp::Free { .. }))
     );
-    for batch in &plan.batches {
-        let no_digest = BackupBatch {
-            addr: batch.addr.clone(),
-            frames: Vec::new(),
-            expect: batch.expect.clone(),
-            frees: Vec::new(),
-            digests: Vec::new(),
-        };
-        b.acknowledged(&no_digest);
+    for s in b.segs.values() {
+        assert_eq!(s.replicas.len(), 1);
+        assert_ne!(&*s.replicas[0].addr, "b1");
     }
-    b.round_complete(plan.walk);
-    // The survivors are held, but a recovery could still find only the
-    // digest listing the freed segments: no free goes, the digest does.
-    let plan = b.plan(&e, usize::MAX, now);
-    assert_eq!(frees_of(&plan), 0, "a free before its digest is held");
-    assert!(
-        plan.batches.iter().any(|x| !x.digests.is_empty()),
-        "the digest is sent again"
+    assert_eq!(
+        b.frees.iter().filter(|f| &*f.addr == "b1").count() + frees_sent(&got, "b1"),
+        b.segs.len()
     );
-    ack_all(&mut b, &plan);
-    let plan = b.plan(&e, usize::MAX, now);
-    assert_eq!(frees_of(&plan), freed.len());
+    // With R = 2 and one other server the own backup is still needed: kept.
+    let mut b = Book::new(2, "b1", insitu_testkit::rng(7));
+    b.set_live(1, &servers(2));
+    round_all(&mut b, &e, now);
+    let replaced = b.replaced;
+    round_all(&mut b, &e, now);
+    assert_eq!(b.replaced, replaced, "no replica moved");
+    for s in b.segs.values() {
+        assert_eq!(addrs(s), ["b1", "b2"]);
+    }
 }
 
-#[test]
-fn a_dropped_log_is_freed_without_a_digest_and_forgotten() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
-    let now = Instant::now();
-    let mut b = book(1, 1, "");
-    write_n(&mut e, 1000, 300);
-    round_all(&mut b, &e, now);
-    round_all(&mut b, &e, now);
-    assert_eq!(b.logs.len(), 1);
-    assert!(e.drop_tablet(1, 0));
-    let plan = b.plan(&e, usize::MAX, now);
-    assert!(b.logs.is_empty(), "a log with no segment left is forgotten");
-    ack_all(&mut b, &plan);
-    let plan = b.plan(&e, usize::MAX, now);
-    assert!(frees_of(&plan) > 0);
-    ack_all(&mut b, &plan);
-    assert!(b.frees.is_empty());
-}
-
-#[test]
-fn a_backup_refusing_only_a_digest_loses_the_carrier_to_another() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
-    let now = Instant::now();
-    let mut b = book(1, 2, "");
-    write_n(&mut e, 1000, 300);
-    round_all(&mut b, &e, now);
-    // The next round carries only the first digest, to the carrier's backup,
-    // which refuses it (say its disk is full).
-    let plan = b.plan(&e, usize::MAX, now);
-    let [batch] = &plan.batches[..] else {
-        panic!("one backup gets the digest: {:?}", plan.batches);
-    };
-    assert!(batch.expect.is_empty() && batch.digests.len() == 1);
-    let (log, carrier, _) = batch.digests[0];
-    let bad = batch.addr.clone();
-    b.failed(batch, now);
-    // The carrier goes to the other backup, from offset 0, with the digest;
-    // the refusing one is owed a free of it.
-    let plan = b.plan(&e, usize::MAX, now);
-    let [batch] = &plan.batches[..] else {
-        panic!("one backup gets the carrier: {:?}", plan.batches);
-    };
-    assert_ne!(batch.addr, bad);
-    assert!(batch.expect.iter().any(|x| (x.0, x.1) == (log, carrier)));
-    assert_eq!(batch.digests.len(), 1);
-    assert!(
-        b.frees
-            .iter()
-            .any(|f| f.addr == bad && f.segment == carrier)
-    );
-    ack_all(&mut b, &plan);
-    assert!(b.logs[&log].acked);
+fn frees_sent(got: &HashMap<String, Vec<OwnedOp>>, addr: &str) -> usize {
+    got.get(addr)
+        .map(|ops| {
+            ops.iter()
+                .filter(|op| matches!(op, OwnedOp::Free { .. }))
+                .count()
+        })
+        .unwrap_or(0)
 }

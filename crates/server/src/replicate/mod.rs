@@ -407,7 +407,9 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
         }
         return Outcome::Partial; // the byte cap left some for the next round
     }
-    book.round_complete(plan.walk);
+    // Until the digests are settled (see `Book::digests_settled`), the
+    // walk waits in `completed` like one with frees owed.
+    let settled = book.round_complete(plan.walk);
     // A walk's mark is published only once every free it (or an earlier
     // walk) found owed is acknowledged too. Why: a segment can be sealed and
     // cleaned between two walks, and the cleaner then drops a tombstone that
@@ -431,7 +433,7 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
     walks.push_back((plan.walk, plan.mark));
     let mut publish = None;
     while let Some(&(walk, mark)) = walks.front() {
-        if pending_after.is_some_and(|after| after <= walk) {
+        if !settled || pending_after.is_some_and(|after| after <= walk) {
             break;
         }
         publish = Some(mark);

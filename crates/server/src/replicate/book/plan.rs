@@ -97,6 +97,15 @@ impl Book {
         acc: &mut Acc<'_>,
     ) {
         let key = (v.log, v.segment);
+        // A sealed segment's replicas are closed only once the log has a
+        // held digest on another carrier: a closed replica then proves a
+        // newer digest than any it holds was made, which is how a recovery
+        // tells that the newest digest is missing (see "Log digests").
+        let may_close = v.sealed
+            && self
+                .logs
+                .get(&v.log)
+                .is_some_and(|d| d.acked && d.carrier != v.segment);
         let seg = self.segs.entry(key).or_insert_with(|| Seg {
             table: v.table,
             start_hash: v.start_hash,
@@ -104,14 +113,18 @@ impl Book {
             seen: walk,
             max_tomb: 0,
             durable: false,
+            sealed: v.sealed,
+            len: 0,
         });
         seg.seen = walk;
         seg.max_tomb = v.max_tombstone_segment;
+        seg.sealed = v.sealed;
+        seg.len = v.bytes.len() as u64;
         if !self.fill(key, now) {
             acc.complete = false;
         }
-        let (len, sealed) = (v.bytes.len() as u64, v.sealed);
-        let lacking = |r: &Replica| r.held < len || (sealed && !r.closed);
+        let (len, close) = (v.bytes.len() as u64, may_close);
+        let lacking = |r: &Replica| r.held < len || (close && !r.closed);
         let seg = &self.segs[&key];
         let Some(from) = seg
             .replicas
@@ -132,50 +145,67 @@ impl Book {
         let tablet = (v.log, seg.table, seg.start_hash, v.segment);
         for r in seg.replicas.iter().filter(|r| lacking(r)) {
             let ops = acc.ops_of.entry(r.addr.clone()).or_default();
-            push_appends(ops, tablet, &copy, from, r.held, sealed);
+            push_appends(ops, tablet, &copy, from, r.held, close);
             batch_of(acc.batches, &r.addr)
                 .expect
-                .push((v.log, v.segment, len, sealed));
+                .push((v.log, v.segment, len, close));
         }
     }
 }
 
 impl Book {
     /// Per log still present after the walk: a new digest when its durable
-    /// segments changed, sent to each backup of its carrier that lacks it
-    /// (after the carrier's appends in the same batch, so a replica being
-    /// re-created holds its bytes first). A log without a segment left is
-    /// forgotten. Why only durable segments are listed: a segment whose
-    /// bytes no round completed may vanish with a crash of this server
-    /// before any backup holds it, and listing it would make the recovery
-    /// refuse for a loss of nothing acknowledged.
+    /// segments or its carrier changed (or it has none yet), sent to each
+    /// backup of its carrier that lacks it (after the carrier's appends in
+    /// the same batch, so a replica being re-created holds its bytes
+    /// first). A log without a segment left is forgotten.
+    ///
+    /// Why only durable segments are listed: a segment whose bytes no round
+    /// completed may vanish with a crash of this server before any backup
+    /// holds it, and listing it would make the recovery refuse for a loss of
+    /// nothing acknowledged. Why the carrier is an open segment (the current
+    /// one while it stays open, else the highest open one with bytes): a
+    /// digest then never lands in a closed replica, and a sealed segment is
+    /// closed only after a digest on another carrier is held, so a recovery
+    /// that finds its newest digest in a closed replica knows a newer one
+    /// was made. A log with no open segment with bytes gets no new digest.
     fn plan_digests(
         &mut self,
         walk: u64,
         batches: &mut HashMap<Rc<str>, BackupBatch>,
         ops_of: &mut HashMap<Rc<str>, Vec<OwnedOp>>,
     ) {
-        let mut durable: HashMap<u64, Vec<u64>> = HashMap::new();
+        // Per log seen: its durable segments and the segments that may carry.
+        let mut seen: HashMap<u64, (Vec<u64>, Vec<u64>)> = HashMap::new();
         for (&(log, segment), seg) in self.segs.iter().filter(|(_, s)| s.seen == walk) {
-            let ids = durable.entry(log).or_default();
+            let (durable, open) = seen.entry(log).or_default();
             if seg.durable {
-                ids.push(segment);
+                durable.push(segment);
+            }
+            if seg.may_carry() {
+                open.push(segment);
             }
         }
-        self.logs.retain(|log, _| durable.contains_key(log));
-        for (log, mut ids) in durable {
-            if ids.is_empty() {
-                continue; // nothing durable yet: the last digest stands
-            }
+        self.logs.retain(|log, _| seen.contains_key(log));
+        for (log, (mut ids, open)) in seen {
             ids.sort_unstable();
+            let current = self.logs.get(&log);
+            let carrier = match current {
+                Some(d) if open.contains(&d.carrier) => d.carrier,
+                _ => match open.iter().max() {
+                    Some(&c) => c,
+                    None => continue, // nothing can carry: the last digest stands
+                },
+            };
+            let stale = current.is_none_or(|d| *d.listed != *ids || d.carrier != carrier);
             let d = self.logs.entry(log).or_default();
-            if *d.listed != *ids {
+            if stale {
                 d.seq += 1;
-                d.carrier = *ids.last().expect("not empty");
+                d.carrier = carrier;
                 d.listed = ids.into();
                 d.acked = false;
             }
-            let (seq, carrier, listed) = (d.seq, d.carrier, d.listed.clone());
+            let (seq, listed) = (d.seq, d.listed.clone());
             let seg = &self.segs[&(log, carrier)];
             for r in seg.replicas.iter().filter(|r| r.digest < seq) {
                 let appended = batches
@@ -225,15 +255,15 @@ fn batch_of<'a>(
 }
 
 /// Appends of `copy` (the segment's bytes from `from`) beyond what the
-/// replica holds (`held`), in chunks; the last one closes a sealed segment
-/// (an empty append when only the close is missing).
+/// replica holds (`held`), in chunks; with `close`, the last one closes the
+/// sealed segment (an empty append when only the close is missing).
 fn push_appends(
     ops: &mut Vec<OwnedOp>,
     (log, table, start_hash, segment): (u64, u64, u64, u64),
     copy: &Bytes,
     from: u64,
     held: u64,
-    sealed: bool,
+    close: bool,
 ) {
     let end = from + copy.len() as u64;
     let mut offset = held.clamp(from, end);
@@ -248,7 +278,7 @@ fn push_appends(
             segment,
             offset,
             bytes: copy.slice(start..start + take),
-            close: sealed && last,
+            close: close && last,
         });
         offset += take as u64;
         if last {
