@@ -10,11 +10,9 @@ fn frees_of(plan: &Plan) -> usize {
 
 #[test]
 fn a_freed_segment_waits_for_a_held_digest_that_no_longer_lists_it() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let mut e = written(4000, 300);
     let now = Instant::now();
     let mut b = book(2, 2, "");
-    write_n(&mut e, 4000, 300);
     round_all(&mut b, &e, now); // every segment held by 2 backups
     round_all(&mut b, &e, now); // the first digest lists them all
     let log = b.segs.keys().next().expect("segments").0;
@@ -60,11 +58,9 @@ fn a_freed_segment_waits_for_a_held_digest_that_no_longer_lists_it() {
 
 #[test]
 fn a_dropped_log_is_freed_without_a_digest_and_forgotten() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let mut e = written(1000, 300);
     let now = Instant::now();
     let mut b = book(1, 1, "");
-    write_n(&mut e, 1000, 300);
     round_all(&mut b, &e, now);
     round_all(&mut b, &e, now);
     assert_eq!(b.logs.len(), 1);
@@ -80,21 +76,15 @@ fn a_dropped_log_is_freed_without_a_digest_and_forgotten() {
 
 #[test]
 fn a_backup_refusing_only_a_digest_loses_the_carrier_to_another() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let e = written(1000, 300);
     let now = Instant::now();
     let mut b = book(1, 2, "");
-    write_n(&mut e, 1000, 300);
     round_all(&mut b, &e, now);
     // The next round carries a digest listing the durable segments, to the
     // carrier's backup, which refuses it (say its disk is full); beside it
     // go only closes of the sealed segments.
     let plan = b.plan(&e, usize::MAX, now);
-    let with_digest: Vec<&BackupBatch> = plan
-        .batches
-        .iter()
-        .filter(|x| !x.digests.is_empty())
-        .collect();
+    let with_digest = digest_batches(&plan);
     let [batch] = &with_digest[..] else {
         panic!("one backup gets the digest: {:?}", plan.batches);
     };
@@ -105,11 +95,7 @@ fn a_backup_refusing_only_a_digest_loses_the_carrier_to_another() {
     // The carrier goes to the other backup, from offset 0, with the digest;
     // the refusing one is owed a free of it.
     let plan = b.plan(&e, usize::MAX, now);
-    let with_digest: Vec<&BackupBatch> = plan
-        .batches
-        .iter()
-        .filter(|x| !x.digests.is_empty())
-        .collect();
+    let with_digest = digest_batches(&plan);
     let [batch] = &with_digest[..] else {
         panic!("one backup gets the carrier: {:?}", plan.batches);
     };
@@ -123,6 +109,14 @@ fn a_backup_refusing_only_a_digest_loses_the_carrier_to_another() {
     );
     ack_all(&mut b, &plan);
     assert!(b.logs[&log].acked);
+}
+
+/// The batches of a plan that carry a digest.
+fn digest_batches(plan: &Plan) -> Vec<&BackupBatch> {
+    plan.batches
+        .iter()
+        .filter(|x| !x.digests.is_empty())
+        .collect()
 }
 
 /// Every op of a plan as (backup, op).

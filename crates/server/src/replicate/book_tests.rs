@@ -208,11 +208,9 @@ fn a_round_sends_only_new_bytes_and_nothing_when_idle() {
 
 #[test]
 fn frees_wait_for_the_round_that_carried_the_survivors() {
-    let mut e = engine();
-    e.create_tablet(1, HashRange::FULL).expect("tablet");
+    let mut e = written(4000, 300);
     let now = Instant::now();
     let mut b = book(1, 1, "");
-    write_n(&mut e, 4000, 300);
     round_all(&mut b, &e, now);
     e.clean();
     let survivors = b.plan(&e, usize::MAX, now);
