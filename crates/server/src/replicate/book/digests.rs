@@ -59,8 +59,8 @@ impl Book {
     /// newest digest it finds and refuses when a listed segment is missing,
     /// so freeing a listed segment first could block the log's recovery.
     /// A segment still in the log (a failed backup's stale copy) and a log
-    /// with no digest (none of it was durable yet, or the whole log is gone)
-    /// are not held back.
+    /// with no digest (no open segment with bytes could carry one yet, or
+    /// the whole log is gone) are not held back.
     pub(super) fn digest_allows_free(&self, log: u64, segment: u64) -> bool {
         if self.segs.contains_key(&(log, segment)) {
             return true;
