@@ -224,6 +224,7 @@ pub fn is_cluster_internal(request: &Request<'_>) -> bool {
         | ShardStats { .. }
         | RemoveServer { .. }
         | AckLoss { .. }
+        | AcceptLoss { .. }
         | CreateTable { .. }
         | DropTable { .. }
         | CreateIndex { .. }

@@ -54,6 +54,20 @@ pub enum TableCmd {
         /// The table.
         name: String,
     },
+    /// Give up replicas no backup holds, so waiting tablets recover from what is held.
+    ///
+    /// A tablet's recovery is refused while its log's digest shows that
+    /// segments are missing (their only replicas sat on disks that are gone,
+    /// say servers given up with `insitu server remove`); reads of it say
+    /// so. Start a server again on such a disk if you can: nothing is lost
+    /// then. If the disks are gone for good, this command recovers every
+    /// tablet of the table still waiting from what the backups hold, and
+    /// marks it lost: reads of missing keys fail with "data lost" until
+    /// `insitu table ack-loss TABLE`.
+    AcceptLoss {
+        /// The table.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -168,6 +182,19 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                     t.tablets.len(),
                     servers
                 )?;
+            }
+        }
+        Command::Table(TableCmd::AcceptLoss { name }) => {
+            let client = connect(cluster).await?;
+            match client.accept_loss(&name).await {
+                Ok(0) => crate::outln!("table {name} has no tablet waiting for recovery")?,
+                Ok(n) => crate::outln!(
+                    "gave up what no backup holds of {n} tablets of table {name}: they are recovered from what the backups hold and marked lost (reads of missing keys fail with \"data lost\"; `insitu table ack-loss {name}` acknowledges that once they serve)"
+                )?,
+                Err(e) if e.status() == Some(insitu_client::Status::UnknownTable) => {
+                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Command::Table(TableCmd::AckLoss { name }) => {

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Cluster;
-use insitu_client::{BlockingClient, ClientConfig};
+use insitu_client::{BlockingClient, ClientConfig, Status};
 
 /// 24 MB in one tablet: a dozen 2 MiB segments, each on one backup (R = 1),
 /// at random one of the two other servers. Some are not on the surviving
@@ -23,8 +23,19 @@ fn value(i: usize) -> Vec<u8> {
     v
 }
 
-#[test]
-fn a_segment_only_on_a_removed_backup_blocks_recovery_until_its_disk_returns() {
+/// The cluster after the kill: the master of table t's only tablet and one
+/// backup killed, that backup removed by the operator, the recovery refused
+/// (the reason, as `insitu get` shows it; None if every segment happened
+/// to be on the surviving server). Returns the indexes of the two servers.
+struct Killed {
+    cluster: Cluster,
+    table: u64,
+    owner_index: usize,
+    given_up_index: usize,
+    why: Option<String>,
+}
+
+fn kill_master_and_remove_a_backup() -> Killed {
     let mut cluster = Cluster::start_with(3, 1, &["--replicas", "1"]);
     let (code, out, err) = cluster.cli(&["table", "create", "t", "--tablets", "1"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -74,31 +85,95 @@ fn a_segment_only_on_a_removed_backup_blocks_recovery_until_its_disk_returns() {
     };
     if let Some(why) = &why {
         assert!(
-            why.contains("no backup holds them") && why.contains("being recovered"),
+            why.contains("no backup holds them")
+                && why.contains("being recovered")
+                && why.contains("accept-loss"),
             "{why}"
         );
         let out = cluster.status_until("the tablet still waits", |o| {
             o.contains("1 tablets waiting for recovery")
         });
         assert!(out.contains("table \"t\""), "{out}");
-        // The two disks come back (each as a new server on its --dir):
-        // their backups hold the missing replicas again.
-        for i in [given_up_index, owner_index] {
-            let back = cluster.start_server(i, 1);
-            cluster.servers[i] = back;
-        }
     }
+    Killed {
+        cluster,
+        table: info.id,
+        owner_index,
+        given_up_index,
+        why,
+    }
+}
+
+fn patient_client(cluster: &Cluster) -> BlockingClient {
     let config = ClientConfig {
         op_timeout: Duration::from_secs(60),
         ..ClientConfig::default()
     };
-    let client = BlockingClient::connect_with(&cluster.addr(), config).unwrap();
+    BlockingClient::connect_with(&cluster.addr(), config).unwrap()
+}
+
+#[test]
+fn a_segment_only_on_a_removed_backup_blocks_recovery_until_its_disk_returns() {
+    let mut k = kill_master_and_remove_a_backup();
+    if k.why.is_some() {
+        // The two disks come back (each as a new server on its --dir):
+        // their backups hold the missing replicas again.
+        for i in [k.given_up_index, k.owner_index] {
+            let back = k.cluster.start_server(i, 1);
+            k.cluster.servers[i] = back;
+        }
+    }
+    let client = patient_client(&k.cluster);
     for i in 0..KEYS {
-        let got = client.read(info.id, format!("k{i}")).unwrap();
+        let got = client.read(k.table, format!("k{i}")).unwrap();
         assert_eq!(
             got.map(|(v, _)| v.to_vec()),
             Some(value(i)),
             "key k{i} after the recovery"
         );
     }
+}
+
+/// The disks never come back: `insitu table accept-loss` recovers the
+/// tablet from what the surviving backup holds, marked lost, so a key of a
+/// missing segment reads "data lost", never "not found", until
+/// `insitu table ack-loss`; every other key reads its value.
+#[test]
+fn accept_loss_recovers_what_is_held_and_marks_the_rest_lost() {
+    let k = kill_master_and_remove_a_backup();
+    if k.why.is_none() {
+        return; // nothing was missing (about 1 chance in 4096)
+    }
+    let (code, out, err) = k.cluster.cli(&["table", "accept-loss", "t"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("gave up what no backup holds of 1 tablets"),
+        "{out}"
+    );
+    let client = patient_client(&k.cluster);
+    let (mut held, mut lost) = (Vec::new(), Vec::new());
+    for i in 0..KEYS {
+        match client.read(k.table, format!("k{i}")) {
+            Ok(got) => {
+                assert_eq!(got.map(|(v, _)| v.to_vec()), Some(value(i)), "key k{i}");
+                held.push(i);
+            }
+            Err(e) if e.status() == Some(Status::DataLost) => lost.push(i),
+            Err(e) => panic!("key k{i}: {e}"),
+        }
+    }
+    assert!(
+        !lost.is_empty() && !held.is_empty(),
+        "{} held, {} lost",
+        held.len(),
+        lost.len()
+    );
+    let (code, out, err) = k.cluster.cli(&["table", "ack-loss", "t"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let gone = format!("k{}", lost[0]);
+    assert_eq!(
+        client.read(k.table, gone).unwrap(),
+        None,
+        "acknowledged: not found"
+    );
 }

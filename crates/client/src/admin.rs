@@ -219,7 +219,25 @@ impl Client {
         let request = Request::AckLoss {
             table: table_name.to_string(),
         };
-        let reply = self.coord_call(&request, true, self.deadline()).await?;
+        self.loss_call(table_name, &request).await
+    }
+
+    /// Give up what no backup holds of table `table_name`'s tablets waiting
+    /// for recovery (`insitu table accept-loss`): their disks are gone for
+    /// good and the log's digest keeps refusing their recovery. They are
+    /// recovered from what the backups hold and marked lost (reads of
+    /// missing keys fail with `Status::DataLost`) until `ack_loss`.
+    /// Returns how many tablets were given up now (0: none was waiting).
+    pub async fn accept_loss(&self, table_name: &str) -> Result<u32, ClientError> {
+        let request = Request::AcceptLoss {
+            table: table_name.to_string(),
+        };
+        self.loss_call(table_name, &request).await
+    }
+
+    /// `AckLoss` or `AcceptLoss`: both answer `LossAcknowledged`.
+    async fn loss_call(&self, table_name: &str, request: &Request<'_>) -> Result<u32, ClientError> {
+        let reply = self.coord_call(request, true, self.deadline()).await?;
         check_ok(&reply)?;
         if let Some(id) = self.inner.routes.id_of(table_name) {
             self.inner.routes.evict_id(id);

@@ -232,6 +232,11 @@ impl BlockingClient {
         self.run(self.client.ack_loss(name))
     }
 
+    /// See `Client::accept_loss`.
+    pub fn accept_loss(&self, name: &str) -> Result<u32, ClientError> {
+        self.run(self.client.accept_loss(name))
+    }
+
     pub fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
         self.run(self.client.list_tables())
     }

@@ -174,6 +174,48 @@ impl Coordinator {
     }
 }
 
+impl Coordinator {
+    /// `AcceptLoss`: an operator gives up what no backup holds of table
+    /// `name`'s tablets waiting for recovery (their disks are gone for
+    /// good, so the log's digest keeps refusing). Each is recorded in
+    /// `data_lost` with the master it is lost from: its next recovery is
+    /// sent `accept_missing` (what the backups hold is replayed) and, like
+    /// a tablet of an R = 0 server, it is marked lost with a version floor
+    /// before it serves, until `AckLoss`. Idempotent; answers how many
+    /// tablets were given up now.
+    pub(crate) async fn accept_loss(&self, name: String) -> Reply {
+        let guard = self.meta_lock.lock().await;
+        let ops: Vec<Op> = {
+            let model = self.model();
+            let Some(&id) = model.by_name.get(&name) else {
+                return Err(Reject::new(
+                    Status::UnknownTable,
+                    format!("no table named {name:?}"),
+                ));
+            };
+            model
+                .lost_from
+                .range((id, 0)..=(id, u32::MAX))
+                .filter(|(key, _)| !model.data_lost.contains_key(key))
+                .map(|(&(table, index), &master)| Op::PutDataLost {
+                    table,
+                    index,
+                    master,
+                })
+                .collect()
+        };
+        let tablets = ops.len();
+        if tablets > 0 {
+            self.commit(&guard, ops).await?;
+            warn!(table = %name, tablets,
+                "an operator gave up what no backup holds of a table's tablets waiting for recovery; they are recovered from what is held and marked lost");
+        }
+        Ok(Response::LossAcknowledged {
+            tablets: u32::try_from(tablets).unwrap_or(u32::MAX),
+        })
+    }
+}
+
 /// Refuse a move of a tablet marked lost (a move carries neither the mark
 /// nor the floor): tablet `index` of table `id` named `name`.
 pub(crate) fn refuse_lost_move(

@@ -334,6 +334,9 @@ async fn recover_tablet(
         map_version: reserved,
         master: dead,
         backups: backups.to_vec(),
+        // An operator gave up what no backup holds (`accept_loss`): the
+        // tablet is recorded in `data_lost`, so it is marked lost below.
+        accept_missing: coord.model().data_lost.contains_key(&(table, index)),
     };
     let recovered = match call_recover(coord, addr, &request).await {
         Ok(r) => r,

@@ -182,6 +182,31 @@ fn tablet(coord: &Coordinator, index: usize) -> Tablet {
     coord.model().tables[&TABLE].tablets[index].clone()
 }
 
+/// Table `TABLE` ("t") with two tablets, orphaned under map version 3.
+fn table_with_two_orphaned_tablets() -> Vec<Op> {
+    let table = [
+        Op::PutTable {
+            id: TABLE,
+            name: "t".into(),
+            schema: None,
+        },
+        Op::Counter(NEXT_TABLE_ID, 2),
+        Op::Counter(MAP_VERSION, 3),
+    ];
+    let tablets = (0..2usize).map(|i| Op::PutTablet {
+        table: TABLE,
+        index: i as u32,
+        tablet: Tablet {
+            start_hash: STARTS[2 * i],
+            end_hash: if i == 0 { STARTS[2] - 1 } else { u64::MAX },
+            server_id: ORPHANED,
+            shard: 0,
+            map_version: 3,
+        },
+    });
+    table.into_iter().chain(tablets).collect()
+}
+
 fn take(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
     std::mem::take(&mut *log.lock().unwrap())
 }
@@ -408,28 +433,7 @@ async fn an_enlistment_rehomes_orphaned_tablets_empty_and_marked_lost() {
         // when its destination refused activation after its source was
         // retired (`reconcile.rs`), the only way to get here.
         let guard = coord.meta_lock.lock().await;
-        let mut ops = vec![
-            Op::PutTable {
-                id: TABLE,
-                name: "t".into(),
-                schema: None,
-            },
-            Op::Counter(NEXT_TABLE_ID, 2),
-            Op::Counter(MAP_VERSION, 3),
-        ];
-        for i in 0..2usize {
-            ops.push(Op::PutTablet {
-                table: TABLE,
-                index: i as u32,
-                tablet: Tablet {
-                    start_hash: STARTS[2 * i],
-                    end_hash: if i == 0 { STARTS[2] - 1 } else { u64::MAX },
-                    server_id: ORPHANED,
-                    shard: 0,
-                    map_version: 3,
-                },
-            });
-        }
+        let ops = table_with_two_orphaned_tablets();
         coord.commit(&guard, ops).await.unwrap();
     }
     assert_eq!(coord.model().orphaned_tablets().len(), 2);
@@ -502,5 +506,43 @@ async fn an_enlistment_rehomes_orphaned_tablets_empty_and_marked_lost() {
     );
     assert_eq!(model.validate(), Ok(()));
     drop(model);
+    coord.close().await;
+}
+
+#[tokio::test]
+async fn accept_loss_records_waiting_tablets_as_lost_from_their_master() {
+    let dir = Dir::new("recovery");
+    let coord = open(&dir);
+    {
+        // Two orphaned tablets; only tablet 1 waits for recovery from
+        // server 7's replicas (`lost_from`).
+        let guard = coord.meta_lock.lock().await;
+        let mut ops = table_with_two_orphaned_tablets();
+        ops.push(Op::PutLostFrom {
+            table: TABLE,
+            index: 1,
+            master: 7,
+        });
+        coord.commit(&guard, ops).await.unwrap();
+    }
+    let reply = coord.accept_loss("t".into()).await.unwrap();
+    assert_eq!(reply, Response::LossAcknowledged { tablets: 1 });
+    // Recorded durably: its next recovery accepts what is missing and the
+    // tablet is marked lost from server 7 before it serves.
+    coord.close().await;
+    drop(coord);
+    let coord = open(&dir);
+    let lost: Vec<((u64, u32), u64)> = coord
+        .model()
+        .data_lost
+        .iter()
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    assert_eq!(lost, vec![((TABLE, 1), 7)]);
+    // Idempotent, and an unknown table is named.
+    let reply = coord.accept_loss("t".into()).await.unwrap();
+    assert_eq!(reply, Response::LossAcknowledged { tablets: 0 });
+    let e = coord.accept_loss("nope".into()).await.unwrap_err();
+    assert_eq!(e.status, Status::UnknownTable);
     coord.close().await;
 }

@@ -173,6 +173,7 @@ impl Coordinator {
             }
             Request::RemoveServer { server_id } => self.remove_server(server_id).await,
             Request::AckLoss { table } => self.ack_loss(table).await,
+            Request::AcceptLoss { table } => self.accept_loss(table).await,
             Request::CreateTable {
                 name,
                 tablets,

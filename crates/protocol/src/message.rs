@@ -163,6 +163,9 @@ pub enum Request<'a> {
         /// Backup service addresses of every live server.
         #[serde(deserialize_with = "crate::limits::shard_addrs")]
         backups: Vec<String>,
+        /// An operator accepted the loss (`AcceptLoss`): recover what the
+        /// backups hold even if the log's digest shows segments missing.
+        accept_missing: bool,
     },
     /// A server was declared dead: re-replicate every segment that had a
     /// replica on it, and stop sending to it.
@@ -419,6 +422,15 @@ pub enum Request<'a> {
     AckLoss {
         table: String,
     },
+    /// Operator -> coordinator (`insitu table accept-loss NAME`): the
+    /// tablets of table `table` waiting for recovery are recovered from what
+    /// the backups hold, even where the log's digest shows segments no
+    /// backup holds (their disks are gone for good); they are marked lost
+    /// like `MarkLost` until `AckLoss`. Answered `LossAcknowledged` with
+    /// the number of tablets given up.
+    AcceptLoss {
+        table: String,
+    },
 }
 
 /// Most timestamps one `Request::Timestamps` may ask for: enough for a
@@ -492,6 +504,7 @@ impl Request<'_> {
             SnapshotRead { .. } => "SnapshotRead",
             MarkLost { .. } => "MarkLost",
             AckLoss { .. } => "AckLoss",
+            AcceptLoss { .. } => "AcceptLoss",
         }
     }
 }

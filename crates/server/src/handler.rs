@@ -447,6 +447,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
         | Request::Timestamps { .. }
         | Request::RemoveServer { .. }
         | Request::AckLoss { .. }
+        | Request::AcceptLoss { .. }
         | Request::MoveTablet { .. } => encode_error(
             out,
             id,
@@ -469,6 +470,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             map_version,
             master,
             backups,
+            accept_missing,
         } => {
             let req = crate::recover::RecoverTablet {
                 table,
@@ -477,6 +479,7 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 map_version,
                 master,
                 backups,
+                accept_missing,
             };
             match crate::recover::recover_tablet(state, req).await {
                 Ok(r) => reply(

@@ -84,6 +84,8 @@ pub struct RecoverTablet {
     pub master: u64,
     /// Backup service addresses of every live server.
     pub backups: Vec<String>,
+    /// An operator accepted the loss: a digest refusal is logged instead.
+    pub accept_missing: bool,
 }
 
 /// The cluster id sent with every backup request. Backups label replicas
@@ -159,7 +161,17 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
         ));
     }
     let log = plans.log;
-    check_digest(&plans, &digests, &req)?;
+    if let Err((status, why)) = check_digest(&plans, &digests, &req) {
+        if !req.accept_missing {
+            return Err((status, why));
+        }
+        tracing::warn!(
+            table = req.table,
+            start_hash = req.start_hash,
+            master = req.master,
+            "an operator accepted the loss: recovering what the backups hold although {why}"
+        );
+    }
     // The best holder of each segment has the most bytes: an upper bound of
     // what is held at once, charged before any byte is fetched.
     let total_bytes: u64 = plans

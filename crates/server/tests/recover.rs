@@ -219,6 +219,7 @@ fn recover(backups: &[String], map_version: u64) -> Request<'static> {
         map_version,
         master: MASTER,
         backups: backups.to_vec(),
+        accept_missing: false,
     }
 }
 

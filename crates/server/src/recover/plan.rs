@@ -155,7 +155,8 @@ pub(super) fn check_digest(
         req.table, req.start_hash, req.master
     );
     let retried = "not recovering the tablet without them (the recovery is retried: bring back \
-                   a server whose disk held them)";
+                   a server whose disk held them, or give them up with `insitu table \
+                   accept-loss` on the table)";
     let Some(digest) = newest_digest(digests, plan.log) else {
         let any_closed = plan
             .segments
@@ -266,6 +267,7 @@ mod tests {
             map_version: 1,
             master: 9,
             backups: Vec::new(),
+            accept_missing: false,
         }
     }
 
