@@ -184,6 +184,9 @@ impl Coordinator {
     /// before it serves, until `AckLoss`. Idempotent; answers how many
     /// tablets were given up now.
     pub(crate) async fn accept_loss(&self, name: String) -> Reply {
+        // Recoveries hold it: none is in flight with the flag read before
+        // the rows, so none activates a tablet this marks lost needlessly.
+        let _moves = self.move_lock.lock().await;
         let guard = self.meta_lock.lock().await;
         let ops: Vec<Op> = {
             let model = self.model();
