@@ -1,6 +1,6 @@
 //! Replication from a shard to backups, against fake backups and a fake
 //! coordinator run inside the test: a write is answered only once R backups
-//! hold it, the bytes they got replay to every acknowledged object (after
+//! hold it and a digest held by R backups lists its segment, the bytes they got replay to every acknowledged object (after
 //! overwrites, removes and cleaning, also at the moment of every free), a
 //! failing or silent backup is replaced, `ServerDown` re-replicates,
 //! `Fenced` stops the server, and R = 0 sends nothing.
@@ -114,12 +114,6 @@ async fn remove(conn: &RpcConn, k: u32) {
         .await
         .unwrap();
     assert!(reply.status.is_ok(), "{:?}", reply.error_message());
-}
-
-fn value(op: u64) -> Vec<u8> {
-    let mut v = op.to_le_bytes().to_vec();
-    v.resize(200, op as u8);
-    v
 }
 
 /// Up to 500 polls, 10 ms apart, until `f` holds.
@@ -274,6 +268,37 @@ async fn replicas_replay_to_every_acknowledged_object_even_at_each_free() {
         check_recovery(&world, &history, upto, &[0, 1, 2]);
     }
     check_recovery(&world, &history, world.events.len(), &[0, 1, 2]);
+    // Every acknowledged write sits in a segment that a digest held by all
+    // R backups of its carrier listed before the ack was answered: a
+    // recovery that finds only older digests then refuses instead of
+    // missing the write (the publish gate, `Book::digests_settled`).
+    let listed = listed_from(&world.events, 2);
+    let homes = value_homes(&world.events);
+    let (mut checked, mut unlisted) = (0, Vec::new());
+    for (seen, key, index) in &history.acks {
+        let Some(v) = &history.states[key][*index] else {
+            continue;
+        };
+        let op = u64::from_le_bytes(v[..8].try_into().unwrap());
+        let at = homes
+            .get(&op)
+            .unwrap_or_else(|| panic!("acknowledged write {op:#x} is in no segment"));
+        if !at
+            .iter()
+            .any(|s| listed.get(s).is_some_and(|&from| from <= *seen))
+        {
+            unlisted.push((op, *seen, at.clone()));
+        }
+        checked += 1;
+    }
+    assert!(
+        unlisted.is_empty(),
+        "{} of {checked} writes were acknowledged before a digest held by R backups \
+         listed their segments; the first (op, events seen at the ack, segments): {:x?}",
+        unlisted.len(),
+        &unlisted[..unlisted.len().min(5)]
+    );
+    assert!(checked > 1000, "{checked} acknowledged writes checked");
     let digests = world
         .events
         .iter()

@@ -235,6 +235,83 @@ pub fn digest_gaps(events: &[(usize, Applied)], upto: usize) -> (Option<u64>, Ve
     (Some(seq), missing)
 }
 
+/// The value the tests write for op number `op`: its 8 bytes, then its low
+/// byte repeated to 200 bytes, so `value_homes` can find it in a segment.
+pub fn value(op: u64) -> Vec<u8> {
+    let mut v = op.to_le_bytes().to_vec();
+    v.resize(VALUE_BYTES, op as u8);
+    v
+}
+
+const VALUE_BYTES: usize = 200;
+
+/// For each (log, segment), the event count from which some digest listing
+/// it was held by `r` backups (all of its carrier's backups).
+pub fn listed_from(events: &[(usize, Applied)], r: usize) -> HashMap<(u64, u64), usize> {
+    // (log, seq) -> the backups that hold it
+    let mut holders: HashMap<(u64, u64), std::collections::HashSet<usize>> = HashMap::new();
+    let mut out = HashMap::new();
+    for (i, (b, op)) in events.iter().enumerate() {
+        let Applied::Digest {
+            log, seq, segments, ..
+        } = op
+        else {
+            continue;
+        };
+        let held = holders.entry((*log, *seq)).or_default();
+        held.insert(*b);
+        if held.len() == r {
+            for s in segments {
+                out.entry((*log, *s)).or_insert(i + 1);
+            }
+        }
+    }
+    out
+}
+
+/// Op number -> every (log, segment) whose bytes (all ever appended, frees
+/// ignored) hold that op's `value`.
+pub fn value_homes(events: &[(usize, Applied)]) -> HashMap<u64, Vec<(u64, u64)>> {
+    let mut longest: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
+    for copy in replicas_ignoring_frees(events).into_values() {
+        for (k, bytes) in copy {
+            let e = longest.entry(k).or_default();
+            if bytes.len() > e.len() {
+                *e = bytes;
+            }
+        }
+    }
+    let mut homes: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    for (k, b) in &longest {
+        let mut i = 0;
+        while i + VALUE_BYTES <= b.len() {
+            let fill = b[i];
+            if b[i + 8] == fill && b[i + VALUE_BYTES - 1] == fill {
+                let op = u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+                // No skip past a match: a value of mostly zero bytes also
+                // matches a few bytes before itself, as another op's value.
+                if b[i..i + VALUE_BYTES] == value(op)[..] {
+                    homes.entry(op).or_default().push(*k);
+                }
+            }
+            i += 1;
+        }
+    }
+    homes
+}
+
+/// Each backup's replicas as if nothing were freed: every byte appended.
+fn replicas_ignoring_frees(
+    events: &[(usize, Applied)],
+) -> HashMap<usize, BTreeMap<(u64, u64), Vec<u8>>> {
+    let appends: Vec<(usize, Applied)> = events
+        .iter()
+        .filter(|(_, op)| matches!(op, Applied::Append { .. }))
+        .cloned()
+        .collect();
+    replicas(&appends, appends.len())
+}
+
 /// What a recovery from `backups` would give: per segment the longest copy,
 /// replayed. key -> value.
 pub fn recover(
