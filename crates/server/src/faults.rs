@@ -18,6 +18,10 @@
 //! - `prepare-no-promise`: the prepare gives up the log room it promised
 //!   its decision, as a part taken back from its record by a recovery on a
 //!   shard without room has none (`txn_room::room_for_commit`).
+//! - `move-oracle-fails`, keyed by a *table* id instead: a tablet of that
+//!   table moving out finds the timestamp oracle unreachable when it needs
+//!   a bound on its commits (`migrate.rs`, `commit_ts_bound`), so it
+//!   carries none and its destination learns a floor itself.
 
 use std::sync::OnceLock;
 

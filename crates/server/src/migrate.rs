@@ -230,7 +230,12 @@ async fn commit_ts_bound(state: &ShardState, table: u64) -> Option<u64> {
         Ok(bound) => return Some(bound),
         Err(marks) => marks,
     };
-    match crate::txn_peers::oracle_timestamp(state).await {
+    let fetched = if crate::faults::fault_at("move-oracle-fails", table) {
+        Err("the timestamp oracle is unreachable (fault injected)".to_string())
+    } else {
+        crate::txn_peers::oracle_timestamp(state).await
+    };
+    match fetched {
         Ok(ts) => {
             state
                 .versions
