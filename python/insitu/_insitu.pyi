@@ -78,6 +78,12 @@ class Client:
         """Acknowledge that table ``name`` lost objects with a server that held
         them in memory only (R = 0): reads of its missing keys stop raising
         ``DataLost``. Returns how many tablets had been marked lost."""
+    def accept_loss(self, name: str) -> int:
+        """Give up what no backup holds of table ``name``'s tablets that wait
+        for a recovery the servers refuse (their replicas were on disks that
+        are gone for good). They recover from what the backups hold; reads of
+        missing keys raise ``DataLost`` until ``ack_loss``. Returns how many
+        tablets were given up now (0: none was waiting)."""
     def table(self, name: str) -> Table:
         """Open an existing table (``UnknownTable`` if there is none)."""
     def train_logreg(

@@ -76,6 +76,9 @@ class AsyncClient:
     async def ack_loss(self, name: str) -> int:
         return await asyncio.to_thread(self.sync.ack_loss, name)
 
+    async def accept_loss(self, name: str) -> int:
+        return await asyncio.to_thread(self.sync.accept_loss, name)
+
     async def table(self, name: str) -> AsyncTable:
         return AsyncTable(await asyncio.to_thread(self.sync.table, name))
 

@@ -235,6 +235,17 @@ impl Client {
             .map_err(|e| to_py(py, e))
     }
 
+    /// Give up what no backup holds of table `name`'s tablets that wait for
+    /// a recovery the servers refuse (their replicas were on disks that are
+    /// gone for good; `insitu table accept-loss`). They are recovered from
+    /// what the backups hold and marked lost: reads of missing keys raise
+    /// `DataLost` until `ack_loss`. Returns how many tablets were given up
+    /// now (0: none was waiting).
+    fn accept_loss(&self, py: Python<'_>, name: &str) -> PyResult<u32> {
+        py.detach(|| self.inner.accept_loss(name))
+            .map_err(|e| to_py(py, e))
+    }
+
     /// Open an existing table (raises `UnknownTable` if there is none).
     fn table(&self, py: Python<'_>, name: &str) -> PyResult<Table> {
         let info = py

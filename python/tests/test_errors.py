@@ -29,6 +29,8 @@ def test_unknown_table(client):
     assert "no_such_table" in str(e.value) or "UnknownTable" in str(e.value)
     with pytest.raises(insitu.UnknownTable):
         client.drop_table("no_such_table")
+    with pytest.raises(insitu.UnknownTable):
+        client.accept_loss("no_such_table")
 
 
 def test_dropped_table(client):
@@ -145,6 +147,8 @@ def test_lost_objects_raise_data_lost_until_acknowledged():
         assert t.get(b"k") == b"again"
         # Acknowledged from Python; the operator's command then finds nothing left.
         assert c.connect(timeout=20.0).ack_loss("cache") == 2
+        # No tablet waits for a refused recovery: nothing to give up.
+        assert c.connect(timeout=20.0).accept_loss("cache") == 0
         assert t.get(b"never") is None
         out = c.cli("table", "ack-loss", "cache")
         assert out.returncode == 0, out.stderr
