@@ -8,32 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use insitu_client::{AtSnapshot, Client, ClientConfig, ClientError, Selection, Status};
-
-fn text(found: Result<Option<bytes::Bytes>, ClientError>) -> Result<Option<String>, Status> {
-    found
-        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
-        .map_err(|e| e.status().unwrap_or(Status::Internal))
-}
-
-async fn read_at(client: &Client, ts: u64, t: u64, key: &str) -> Result<Option<String>, Status> {
-    let snap = client.snapshot_at(ts).await.unwrap();
-    text(snap.read(t, key).await)
-}
-
-async fn commit(client: &Client, t: u64, key: &str, value: &str) {
-    let (key, value) = (key.to_string(), value.to_string());
-    client
-        .transaction(|mut tx| {
-            let (key, value) = (key.clone(), value.clone());
-            async move {
-                tx.write(t, key, value);
-                Ok((tx, ()))
-            }
-        })
-        .await
-        .unwrap();
-}
+use common::snap::{commit, read_at};
+use insitu_client::{AtSnapshot, Client, ClientConfig, Selection, Status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_tablet_reads_the_snapshots_its_commits_allow() {

@@ -15,35 +15,11 @@ mod common;
 
 use std::time::Duration;
 
-use insitu_client::{Client, ClientConfig, ClientError, Status};
+use common::snap::{commit, read_at, text};
+use insitu_client::{Client, ClientConfig, Status};
 
 /// The table the fault is armed for: the first table of a fresh cluster.
 const TABLE: u64 = 1;
-
-fn text(found: Result<Option<bytes::Bytes>, ClientError>) -> Result<Option<String>, Status> {
-    found
-        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
-        .map_err(|e| e.status().unwrap_or(Status::Internal))
-}
-
-async fn read_at(client: &Client, ts: u64, t: u64, key: &str) -> Result<Option<String>, Status> {
-    let snap = client.snapshot_at(ts).await.unwrap();
-    text(snap.read(t, key).await)
-}
-
-async fn commit(client: &Client, t: u64, key: &str, value: &str) {
-    let (key, value) = (key.to_string(), value.to_string());
-    client
-        .transaction(|mut tx| {
-            let (key, value) = (key.clone(), value.clone());
-            async move {
-                tx.write(t, key, value);
-                Ok((tx, ()))
-            }
-        })
-        .await
-        .unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tablet_moved_without_a_bound_refuses_the_snapshots_before_it() {

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod resp;
+pub mod snap;
 pub mod txn;
 pub mod typed;
 

@@ -1,0 +1,37 @@
+//! Client-side steps of the snapshot tests: a one-key transaction, a read at
+//! a snapshot timestamp, and replies as text so assertions read plainly.
+
+use insitu_client::{Client, ClientError, Status};
+
+/// A read's outcome as text (values are UTF-8 in these tests), or its status.
+pub fn text(found: Result<Option<bytes::Bytes>, ClientError>) -> Result<Option<String>, Status> {
+    found
+        .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        .map_err(|e| e.status().unwrap_or(Status::Internal))
+}
+
+/// `key` of table `t` as of snapshot timestamp `ts`.
+pub async fn read_at(
+    client: &Client,
+    ts: u64,
+    t: u64,
+    key: &str,
+) -> Result<Option<String>, Status> {
+    let snap = client.snapshot_at(ts).await.unwrap();
+    text(snap.read(t, key).await)
+}
+
+/// Write `key` = `value` in table `t` in a transaction of its own.
+pub async fn commit(client: &Client, t: u64, key: &str, value: &str) {
+    let (key, value) = (key.to_string(), value.to_string());
+    client
+        .transaction(|mut tx| {
+            let (key, value) = (key.clone(), value.clone());
+            async move {
+                tx.write(t, key, value);
+                Ok((tx, ()))
+            }
+        })
+        .await
+        .unwrap();
+}
