@@ -81,13 +81,7 @@ impl Snapshot {
         let items = py
             .detach(|| self.inner.multi_read(id, &slices))
             .map_err(|e| to_py(py, e))?;
-        let found = crate::table::all_ok(py, items)?;
-        PyList::new(
-            py,
-            found
-                .into_iter()
-                .map(|f| f.map(|(v, _)| PyBytes::new(py, &v))),
-        )
+        crate::table::values_list(py, items)
     }
 
     /// How many objects of `table` match `where` (all when None) as of the

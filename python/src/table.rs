@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use insitu_client::{BlockingClient, BlockingTableCursor, ClientError};
+use insitu_client::{BlockingClient, BlockingTableCursor, ClientError, Found, PerItem};
 use insitu_protocol::plan::UpdateAction;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -40,6 +40,21 @@ pub(crate) fn all_ok<T>(py: Python<'_>, items: Vec<Result<T, ClientError>>) -> P
         .into_iter()
         .map(|r| r.map_err(|e| to_py(py, e)))
         .collect()
+}
+
+/// A multi-read's values as a list (None where absent), or its first failed
+/// item raised: shared so `Table.get_many` and `Snapshot.get_many` agree.
+pub(crate) fn values_list<'py>(
+    py: Python<'py>,
+    items: PerItem<Found>,
+) -> PyResult<Bound<'py, PyList>> {
+    let found = all_ok(py, items)?;
+    PyList::new(
+        py,
+        found
+            .into_iter()
+            .map(|f| f.map(|(v, _)| PyBytes::new(py, &v))),
+    )
 }
 
 #[pymethods]
@@ -150,13 +165,7 @@ impl Table {
         let found = py
             .detach(|| self.client.multi_read(self.id, &slices))
             .map_err(|e| to_py(py, e))?;
-        let found = all_ok(py, found)?;
-        PyList::new(
-            py,
-            found
-                .into_iter()
-                .map(|f| f.map(|(v, _)| PyBytes::new(py, &v))),
-        )
+        values_list(py, found)
     }
 
     /// Store many objects: a mapping, or an iterable of (key, value) pairs.

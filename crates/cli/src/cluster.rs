@@ -230,6 +230,19 @@ async fn start_metrics(
     Ok(url)
 }
 
+/// The gate (with the TLS it dials peers with) and the TLS it serves, from
+/// a standalone role's --auth and --tls flags: shared so `coordinator` and
+/// `server` check credentials and dial each other the same way.
+fn role_security(
+    auth: &RoleAuthArgs,
+    tls: &RoleTlsArgs,
+    cluster: &ClusterArg,
+) -> anyhow::Result<(insitu_auth::Gate, Option<insitu_tls::ServerTls>)> {
+    let gate = crate::auth::role_gate(auth, cluster)?;
+    let (serve, dial) = crate::tls::role_tls(tls, cluster)?;
+    Ok((gate.with_dial_tls(dial), serve))
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -392,9 +405,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 }
 
 pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let gate = crate::auth::role_gate(&args.auth, cluster)?;
-    let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
-    let gate = gate.with_dial_tls(dial);
+    let (gate, tls) = role_security(&args.auth, &args.tls, cluster)?;
     runtime()?.block_on(async move {
         // Caught from here on, before any ready line is printed.
         let stop = StopSignals::new()?;
@@ -431,9 +442,7 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
 }
 
 pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let gate = crate::auth::role_gate(&args.auth, cluster)?;
-    let (tls, dial) = crate::tls::role_tls(&args.tls, cluster)?;
-    let gate = gate.with_dial_tls(dial);
+    let (gate, tls) = role_security(&args.auth, &args.tls, cluster)?;
     runtime()?.block_on(async move {
         // Caught from here on, before any ready line is printed.
         let stop = StopSignals::new()?;

@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 use insitu_client::{Client, Selection};
 use insitu_compute::AggExt;
 use insitu_protocol::Number;
-use insitu_protocol::plan::{Field, KeyRange, PointLayout, UpdateAction};
+use insitu_protocol::plan::{AggPartial, Field, KeyRange, PointLayout, UpdateAction};
 
 use crate::ClusterArg;
 
@@ -326,15 +326,7 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             a.table
         )
     })?;
-    let func = a.func.to_ascii_lowercase();
-    if !["sum", "min", "max", "avg", "count"].contains(&func.as_str()) {
-        bail!(
-            "unknown aggregate {:?}: use sum, min, max, avg or count",
-            a.func
-        );
-    }
-    let mut sel = selection(&a.filter)?;
-    sel.at_snapshot = a.snapshot.mode();
+    let (func, sel) = untyped_agg_setup(&a)?;
     runtime()?.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         // An untyped table's values are opaque bytes: say what the field
@@ -353,13 +345,8 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         );
         let r = client.aggregate(id, field, &sel).await?;
         let float = field.is_float();
-        let out = match func.as_str() {
-            "sum" => r.sum(float).to_string(), // exact: i128 for integer fields
-            "count" => r.count.to_string(),
-            "avg" => r.avg(float).map_or("null".into(), |v| v.to_string()),
-            "min" => r.min.map_or("null".into(), show),
-            _ => r.max.map_or("null".into(), show),
-        };
+        // The sum is exact: i128 for integer fields.
+        let out = agg_line(&func, r, r.sum(float).to_string(), r.avg(float));
         crate::outln!("{out}")?;
         Ok(())
     })
@@ -368,6 +355,24 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
 /// `agg` of the JSON numbers at a path of an untyped table's values.
 fn agg_json(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let path = insitu_compute::parse_path(&a.field).map_err(anyhow::Error::msg)?;
+    let (func, sel) = untyped_agg_setup(&a)?;
+    runtime()?.block_on(async {
+        let (client, id) = open(cluster, &a.table).await?;
+        eprintln!(
+            "(untyped table: {path} reads the JSON number at that path; values without it are skipped)"
+        );
+        let r = client.aggregate_json(id, path, &sel).await?;
+        // The sum is exact while every number is an integer.
+        let out = agg_line(&func, r, r.mixed_sum().to_string(), r.mixed_avg());
+        crate::outln!("{out}")?;
+        Ok(())
+    })
+}
+
+/// The aggregate `a` names (lower-cased) and its selection, as of the
+/// snapshot asked for: the checks shared by `agg` of a byte field and of a
+/// JSON path, so both refuse the same input with the same message.
+fn untyped_agg_setup(a: &AggArgs) -> anyhow::Result<(String, Selection)> {
     let func = a.func.to_ascii_lowercase();
     if !["sum", "min", "max", "avg", "count"].contains(&func.as_str()) {
         bail!(
@@ -377,22 +382,19 @@ fn agg_json(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     }
     let mut sel = selection(&a.filter)?;
     sel.at_snapshot = a.snapshot.mode();
-    runtime()?.block_on(async {
-        let (client, id) = open(cluster, &a.table).await?;
-        eprintln!(
-            "(untyped table: {path} reads the JSON number at that path; values without it are skipped)"
-        );
-        let r = client.aggregate_json(id, path, &sel).await?;
-        let out = match func.as_str() {
-            "sum" => r.mixed_sum().to_string(), // exact while every number is an integer
-            "count" => r.count.to_string(),
-            "avg" => r.mixed_avg().map_or("null".into(), |v| v.to_string()),
-            "min" => r.min.map_or("null".into(), show),
-            _ => r.max.map_or("null".into(), show),
-        };
-        crate::outln!("{out}")?;
-        Ok(())
-    })
+    Ok((func, sel))
+}
+
+/// What untyped `agg` prints for `func` of `r`; the sum and the average
+/// are the caller's, as byte fields and JSON numbers add up differently.
+fn agg_line(func: &str, r: AggPartial, sum: String, avg: Option<f64>) -> String {
+    match func {
+        "sum" => sum,
+        "count" => r.count.to_string(),
+        "avg" => avg.map_or("null".into(), |v| v.to_string()),
+        "min" => r.min.map_or("null".into(), show),
+        _ => r.max.map_or("null".into(), show),
+    }
 }
 
 pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {

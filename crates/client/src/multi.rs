@@ -178,6 +178,14 @@ fn parse_items(
     Ok(items)
 }
 
+/// Settle every item at `positions` with `e`: when a whole request, a map
+/// refresh or the time budget fails, each item it covered shares that error.
+fn fail_all(out: &mut [Option<Result<Item, ClientError>>], positions: &[usize], e: &ClientError) {
+    for &i in positions {
+        out[i] = Some(Err(e.clone()));
+    }
+}
+
 impl Client {
     /// Read many keys of `table` at once: one entry per key, in order. A
     /// missing key is `Ok(None)` and never fails the batch; other per-key
@@ -370,9 +378,7 @@ impl Client {
                         continue;
                     }
                     Err(e) => {
-                        for &i in &positions {
-                            out[i] = Some(Err(e.clone()));
-                        }
+                        fail_all(&mut out, &positions, &e);
                         continue;
                     }
                 };
@@ -390,18 +396,14 @@ impl Client {
                             self.inner.routes.evict_id(table);
                         }
                         let e = ClientError::Status(status, reply.error_message());
-                        for &i in &positions {
-                            out[i] = Some(Err(e.clone()));
-                        }
+                        fail_all(&mut out, &positions, &e);
                         continue;
                     }
                 }
                 let items = match parse_items(batch.kind, &reply, positions.len(), &ep.addr) {
                     Ok(items) => items,
                     Err(e) => {
-                        for &i in &positions {
-                            out[i] = Some(Err(e.clone()));
-                        }
+                        fail_all(&mut out, &positions, &e);
                         continue;
                     }
                 };
@@ -450,9 +452,7 @@ impl Client {
                     Ok(r) => route = r,
                     Err(e) if Self::refresh_error_is_transient(&e) => last_err = Some(e),
                     Err(e) => {
-                        for &i in &pending {
-                            out[i] = Some(Err(e.clone()));
-                        }
+                        fail_all(&mut out, &pending, &e);
                         break;
                     }
                 }
@@ -462,9 +462,7 @@ impl Client {
                     .take()
                     .unwrap_or(ClientError::Status(Status::Truncated, String::new()));
                 let e = gave_up(start, rounds, last);
-                for &i in &pending {
-                    out[i] = Some(Err(e.clone()));
-                }
+                fail_all(&mut out, &pending, &e);
                 break;
             }
         }
