@@ -329,16 +329,7 @@ impl Model {
         for table in self.tables.values() {
             for (i, t) in table.tablets.iter().enumerate() {
                 if !t.is_orphaned() && servers.contains(&t.server_id) {
-                    ops.push(Op::PutTablet {
-                        table: table.id,
-                        index: i as u32,
-                        tablet: Tablet {
-                            server_id: ORPHANED,
-                            shard: 0,
-                            map_version: version,
-                            ..t.clone()
-                        },
-                    });
+                    ops.push(orphan_op(table.id, i as u32, t, version));
                 }
             }
         }
@@ -357,16 +348,7 @@ impl Model {
         for table in self.tables.values() {
             for (i, t) in table.tablets.iter().enumerate() {
                 if t.server_id == dead && !t.is_orphaned() {
-                    ops.push(Op::PutTablet {
-                        table: table.id,
-                        index: i as u32,
-                        tablet: Tablet {
-                            server_id: ORPHANED,
-                            shard: 0,
-                            map_version: version,
-                            ..t.clone()
-                        },
-                    });
+                    ops.push(orphan_op(table.id, i as u32, t, version));
                     ops.push(Op::PutLostFrom {
                         table: table.id,
                         index: i as u32,
@@ -475,6 +457,21 @@ impl Model {
             return Err(format!("dead server {id} is not on record"));
         }
         Ok(())
+    }
+}
+
+/// The change that orphans tablet `index` of `table` (`t`) under map version
+/// `version`: retiring a server and losing one orphan tablets the same way.
+fn orphan_op(table: u64, index: u32, t: &Tablet, version: u64) -> Op {
+    Op::PutTablet {
+        table,
+        index,
+        tablet: Tablet {
+            server_id: ORPHANED,
+            shard: 0,
+            map_version: version,
+            ..t.clone()
+        },
     }
 }
 

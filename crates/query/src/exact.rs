@@ -101,7 +101,7 @@ fn bin_i64(op: BinOp, a: i64, b: i64, l: i64, r: i64) -> Option<i64> {
 
 /// `(a * l) op (b * r)` in i128: the arithmetic of `Arg::Program`, shared
 /// by the row and batch (`exact_batch.rs`) evaluators; an error past i128.
-pub(crate) fn bin_i128(op: BinOp, a: i128, b: i128, l: i128, r: i128) -> Result<i128, QueryError> {
+fn bin_i128(op: BinOp, a: i128, b: i128, l: i128, r: i128) -> Result<i128, QueryError> {
     let a = a.checked_mul(l).ok_or_else(overflow)?;
     let b = b.checked_mul(r).ok_or_else(overflow)?;
     match op {
@@ -110,6 +110,46 @@ pub(crate) fn bin_i128(op: BinOp, a: i128, b: i128, l: i128, r: i128) -> Result<
         BinOp::Mul => a.checked_mul(b),
     }
     .ok_or_else(overflow)
+}
+
+/// One step as the i128 pass sees it, its column (if any) already read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op128 {
+    Push(i128),
+    Neg,
+    /// (op, l, r): `(a * l) op (b * r)`, as `XStep::Bin`.
+    Bin(BinOp, i128, i128),
+}
+
+/// The i128 pass over `steps`, each turned into an `Op128` by `decode`, from a
+/// stack holding `init` when given: shared by the row evaluator and the
+/// batch's fallback (`exact_batch.rs`) so both decide overflow alike.
+#[inline]
+pub(crate) fn run_i128_steps<S: Copy>(
+    steps: &[S],
+    init: Option<i128>,
+    mut decode: impl FnMut(S) -> Op128,
+) -> Result<i128, QueryError> {
+    let mut stack = [0i128; DEPTH];
+    let mut sp = 0usize;
+    if let Some(v) = init {
+        stack[0] = v;
+        sp = 1;
+    }
+    for &s in steps {
+        match decode(s) {
+            Op128::Push(v) => {
+                stack[sp] = v;
+                sp += 1;
+            }
+            Op128::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
+            Op128::Bin(op, l, r) => {
+                sp -= 1;
+                stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
+            }
+        }
+    }
+    Ok(stack[0])
 }
 
 /// The i64 steps of `steps` (every literal and factor fits i64).
@@ -323,26 +363,12 @@ impl ExactProgram {
 
     /// The program in i128, as `Arg::Program` computes it.
     fn run_i128(&self, row: &RowRef<'_>) -> Result<i128, QueryError> {
-        let mut stack = [0i128; DEPTH];
-        let mut sp = 0usize;
-        for s in &self.steps {
-            match *s {
-                XStep::Col { offset, read } => {
-                    stack[sp] = read_at(row, offset, read);
-                    sp += 1;
-                }
-                XStep::Lit(v) => {
-                    stack[sp] = v;
-                    sp += 1;
-                }
-                XStep::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
-                XStep::Bin { op, l, r } => {
-                    sp -= 1;
-                    stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
-                }
-            }
-        }
-        Ok(stack[0])
+        run_i128_steps(&self.steps, None, |s| match s {
+            XStep::Col { offset, read } => Op128::Push(read_at(row, offset, read)),
+            XStep::Lit(v) => Op128::Push(v),
+            XStep::Neg => Op128::Neg,
+            XStep::Bin { op, l, r } => Op128::Bin(op, l, r),
+        })
     }
 }
 

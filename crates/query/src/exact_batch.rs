@@ -11,8 +11,8 @@
 
 use crate::QueryError;
 use crate::agg_fast::input;
-use crate::arith::{BinOp, overflow};
-use crate::exact::{DEPTH, ExactProgram, XStep, bin_i128};
+use crate::arith::BinOp;
+use crate::exact::{DEPTH, ExactProgram, Op128, XStep, run_i128_steps};
 use crate::filter::ExactRead;
 
 /// A step reading batch columns instead of row bytes.
@@ -162,30 +162,12 @@ impl BatchProgram {
         init: Option<i128>,
         i: usize,
     ) -> Result<i128, QueryError> {
-        let mut stack = [0i128; DEPTH];
-        let mut sp = 0usize;
-        if let Some(v) = init {
-            stack[0] = v;
-            sp = 1;
-        }
-        for s in &self.steps {
-            match *s {
-                BStep::Col(k) => {
-                    stack[sp] = i128::from(cols[k][i]);
-                    sp += 1;
-                }
-                BStep::Lit(v) => {
-                    stack[sp] = v;
-                    sp += 1;
-                }
-                BStep::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
-                BStep::Bin { op, l, r } => {
-                    sp -= 1;
-                    stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
-                }
-            }
-        }
-        Ok(stack[0])
+        run_i128_steps(&self.steps, init, |s| match s {
+            BStep::Col(k) => Op128::Push(i128::from(cols[k][i])),
+            BStep::Lit(v) => Op128::Push(v),
+            BStep::Neg => Op128::Neg,
+            BStep::Bin { op, l, r } => Op128::Bin(op, l, r),
+        })
     }
 }
 

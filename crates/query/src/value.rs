@@ -160,21 +160,12 @@ pub fn sort_cmp(a: &Scalar, b: &Scalar, descending: bool, nulls_first: bool) -> 
     }
 }
 
-/// A value as text for messages.
+/// A value as text for messages: the row format's text, but a date as the
+/// literal a query would spell it.
 pub fn describe(v: &Scalar) -> String {
     match v {
-        Scalar::Null => "NULL".into(),
-        Scalar::Bool(b) => b.to_string(),
-        Scalar::Int(i) => i.to_string(),
-        Scalar::Float(f) => f.to_string(),
-        // decimal_text handles the scales a column may have (<= 18); a
-        // hostile literal's larger scale is shown without it panicking.
-        Scalar::Decimal { value, scale } if *scale <= 18 => {
-            insitu_rows::text::decimal_text(*value, *scale)
-        }
-        Scalar::Decimal { value, scale } => format!("{value}e-{scale}"),
         Scalar::Date(d) => format!("DATE '{}'", insitu_rows::date::format_date(*d)),
-        Scalar::Str(s) => format!("{s:?}"),
+        _ => insitu_rows::encode::describe(v),
     }
 }
 

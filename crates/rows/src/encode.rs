@@ -18,12 +18,16 @@ pub fn pow10(n: u8) -> i64 {
     10i64.pow(u32::from(n))
 }
 
-fn describe(v: &Scalar) -> String {
+/// A value as text for messages (a date bare, as a column holds it): also
+/// the query crate's, which only frames dates as SQL literals.
+pub fn describe(v: &Scalar) -> String {
     match v {
         Scalar::Null => "NULL".into(),
         Scalar::Bool(b) => b.to_string(),
         Scalar::Int(i) => i.to_string(),
         Scalar::Float(f) => f.to_string(),
+        // decimal_text handles the scales a column may have (<= 18); a
+        // hostile literal's larger scale is shown without it panicking.
         Scalar::Decimal { value, scale } if *scale <= 18 => {
             crate::text::decimal_text(*value, *scale)
         }

@@ -38,6 +38,16 @@ impl Model {
     /// `lost_from`): the ones to re-create empty. (table id, index, tablet),
     /// by table id then index.
     pub fn orphaned_tablets(&self) -> Vec<(u64, u32, Tablet)> {
+        self.tablets_where(|table, index, t| {
+            t.is_orphaned() && !self.lost_from.contains_key(&(table, index))
+        })
+    }
+
+    /// Every tablet that `keep(table id, index, tablet)` accepts: (table id,
+    /// index, tablet), by table id then index. The one walk behind the
+    /// listings of tablets by owner or state.
+    fn tablets_where(&self, keep: impl Fn(u64, u32, &Tablet) -> bool) -> Vec<(u64, u32, Tablet)> {
+        let keep = &keep;
         self.tables
             .values()
             .flat_map(|table| {
@@ -45,10 +55,9 @@ impl Model {
                     .tablets
                     .iter()
                     .enumerate()
-                    .filter(|(i, t)| {
-                        t.is_orphaned() && !self.lost_from.contains_key(&(table.id, *i as u32))
-                    })
-                    .map(|(i, t)| (table.id, i as u32, t.clone()))
+                    .map(|(i, t)| (table.id, i as u32, t))
+                    .filter(move |&(id, i, t)| keep(id, i, t))
+                    .map(|(id, i, t)| (id, i, t.clone()))
             })
             .collect()
     }
@@ -85,17 +94,7 @@ impl Model {
     #[cfg(test)]
     /// Every tablet owned by `server_id`: (table id, index, tablet), by table id then index.
     pub fn tablets_of(&self, server_id: u64) -> Vec<(u64, u32, Tablet)> {
-        self.tables
-            .values()
-            .flat_map(|table| {
-                table
-                    .tablets
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| t.server_id == server_id)
-                    .map(|(i, t)| (table.id, i as u32, t.clone()))
-            })
-            .collect()
+        self.tablets_where(|_, _, t| t.server_id == server_id)
     }
 
     /// The map of table `id`. An orphaned tablet is listed with server id
