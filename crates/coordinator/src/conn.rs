@@ -15,6 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
+// The same connection limits as a storage server's shards.
+pub use insitu_protocol::conn_limits::ConnLimits;
+use insitu_protocol::conn_limits::MAX_FRAME_BYTES;
 use insitu_protocol::frame::{MAX_BODY_BYTES, request_id_of};
 use insitu_protocol::{
     FrameCodec, FrameKind, HEADER_BYTES, ProtocolError, Response, Status, decode_request,
@@ -38,38 +41,10 @@ const DRAIN_BYTES: usize = 1 << 20;
 /// Input buffer every connection has; frames up to this need no budget.
 /// Metadata requests are small, so 8 KiB covers nearly all of them.
 const BASE_BUFFER_BYTES: usize = 8 * 1024;
-/// One max-size frame, header included.
-const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES;
-
-/// Connection limits of the coordinator.
-#[derive(Clone, Debug)]
-pub struct ConnLimits {
-    /// Connections served at once; at the limit the longest-idle one is
-    /// closed to admit a new one (so idle sockets never lock out clients or
-    /// enlisting servers), and only when none is idle is the new one refused.
-    pub max_connections: usize,
-    /// Bytes of partly received big frames held at once (>= one max frame).
-    /// 16 MiB: metadata frames are small; this still lets a few big ones
-    /// (a large Enlist, say) arrive together.
-    pub frame_budget_bytes: usize,
-    /// A connection without a byte for this long is closed (300 s: clients
-    /// reconnect on demand; abandoned sockets free their slot within minutes).
-    pub idle_timeout: Duration,
-    /// A frame must complete within this of its first byte, and a reply be
-    /// taken within it (10 s: a 4 MiB frame needs only ~3.4 Mbit/s).
-    pub stall_timeout: Duration,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        ConnLimits {
-            max_connections: 4096,
-            frame_budget_bytes: 16 << 20,
-            idle_timeout: Duration::from_secs(300),
-            stall_timeout: Duration::from_secs(10),
-        }
-    }
-}
+/// The frame budget when `ConnLimits::frame_budget_bytes` is 0 (its
+/// default). 16 MiB: metadata frames are small; this still lets a few big
+/// ones (a large Enlist, say) arrive together.
+const DEFAULT_FRAME_BUDGET_BYTES: usize = 16 << 20;
 
 /// What every connection of the coordinator shares.
 pub struct Shared {
@@ -85,7 +60,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(limits: ConnLimits, gate: Gate) -> anyhow::Result<Shared> {
+    pub fn new(mut limits: ConnLimits, gate: Gate) -> anyhow::Result<Shared> {
+        if limits.frame_budget_bytes == 0 {
+            limits.frame_budget_bytes = DEFAULT_FRAME_BUDGET_BYTES;
+        }
         anyhow::ensure!(
             limits.max_connections > 0,
             "the connection limit must be at least 1"

@@ -4,6 +4,7 @@
 //! `frame`). Requests and responses are the enums in `message`. Everyone
 //! else calls `encode_*` / `decode_*` and never touches bytes directly.
 
+pub mod conn_limits;
 pub mod frame;
 pub mod json_path;
 pub mod limits;

@@ -190,74 +190,65 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
         if i == line.len() {
             return Some(args);
         }
-        let mut arg = Vec::new();
-        match line[i] {
-            b'"' => {
+        let arg = match line[i] {
+            quote @ (b'"' | b'\'') => {
                 i += 1;
+                let mut arg = Vec::new();
                 loop {
                     let &c = line.get(i)?;
-                    if c == b'"' {
+                    if c == quote {
                         i += 1;
                         break;
                     }
-                    if c == b'\\' && i + 1 < line.len() {
-                        let e = line[i + 1];
-                        let hex = |b: u8| (b as char).to_digit(16);
-                        if e == b'x'
-                            && i + 3 < line.len()
-                            && let (Some(h), Some(l)) = (hex(line[i + 2]), hex(line[i + 3]))
-                        {
-                            arg.push((h * 16 + l) as u8);
-                            i += 4;
-                            continue;
-                        }
-                        arg.push(match e {
-                            b'n' => b'\n',
-                            b'r' => b'\r',
-                            b't' => b'\t',
-                            b'b' => 0x08,
-                            b'a' => 0x07,
-                            other => other,
-                        });
-                        i += 2;
-                    } else {
-                        arg.push(c);
-                        i += 1;
-                    }
+                    let (byte, took) = quoted_byte(line, i, quote);
+                    arg.push(byte);
+                    i += took;
                 }
                 if i < line.len() && !blank(line[i]) {
                     return None;
                 }
-            }
-            b'\'' => {
-                i += 1;
-                loop {
-                    let &c = line.get(i)?;
-                    if c == b'\'' {
-                        i += 1;
-                        break;
-                    }
-                    if c == b'\\' && line.get(i + 1) == Some(&b'\'') {
-                        arg.push(b'\'');
-                        i += 2;
-                    } else {
-                        arg.push(c);
-                        i += 1;
-                    }
-                }
-                if i < line.len() && !blank(line[i]) {
-                    return None;
-                }
+                arg
             }
             _ => {
+                let from = i;
                 while i < line.len() && !blank(line[i]) {
-                    arg.push(line[i]);
                     i += 1;
                 }
+                line[from..i].to_vec()
             }
-        }
+        };
         args.push(arg);
     }
+}
+
+/// The byte at `line[i]` inside an argument quoted with `quote`, and how
+/// many bytes of the line it took: the one place the two quotes differ.
+/// Double quotes read `\n \r \t \b \a \xHH` and pass any other escaped
+/// byte through; single quotes read only `\'`.
+fn quoted_byte(line: &[u8], i: usize, quote: u8) -> (u8, usize) {
+    let c = line[i];
+    let Some(&e) = line.get(i + 1).filter(|_| c == b'\\') else {
+        return (c, 1);
+    };
+    if quote == b'\'' {
+        return if e == b'\'' { (e, 2) } else { (c, 1) };
+    }
+    let hex = |b: u8| (b as char).to_digit(16);
+    if e == b'x'
+        && i + 3 < line.len()
+        && let (Some(h), Some(l)) = (hex(line[i + 2]), hex(line[i + 3]))
+    {
+        return ((h * 16 + l) as u8, 4);
+    }
+    let byte = match e {
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        b'b' => 0x08,
+        b'a' => 0x07,
+        other => other,
+    };
+    (byte, 2)
 }
 
 #[cfg(test)]

@@ -47,6 +47,20 @@ pub enum Cond {
     Version(u64),
 }
 
+impl Cond {
+    /// Whether the condition holds for the key's current value (None:
+    /// absent): one definition for `MemStore` and for every store that
+    /// checks a condition itself instead of leaving it to its backend.
+    pub fn holds(self, current: Option<&Versioned>) -> bool {
+        match self {
+            Cond::Always => true,
+            Cond::Absent => current.is_none(),
+            Cond::Present => current.is_some(),
+            Cond::Version(v) => current.is_some_and(|c| c.version == v),
+        }
+    }
+}
+
 /// A value rewrite (`Store::modify_at_once`): the new value from the
 /// current one (None: absent), or the error reply that leaves the key as it is.
 pub type Rewrite<'a> = dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str> + 'a;
@@ -231,15 +245,6 @@ impl MemStore {
     ) -> Option<&'a Versioned> {
         data.get(k).filter(|v| v.live_at(now_ms))
     }
-
-    fn holds(current: Option<&Versioned>, cond: Cond) -> bool {
-        match cond {
-            Cond::Always => true,
-            Cond::Absent => current.is_none(),
-            Cond::Present => current.is_some(),
-            Cond::Version(v) => current.is_some_and(|c| c.version == v),
-        }
-    }
 }
 
 impl Store for MemStore {
@@ -264,7 +269,7 @@ impl Store for MemStore {
         }
         let k = (db, Bytes::copy_from_slice(key));
         let mut data = self.data.borrow_mut();
-        if !Self::holds(Self::live(&data, &k, self.now_ms()), cond) {
+        if !cond.holds(Self::live(&data, &k, self.now_ms())) {
             return Ok(false);
         }
         let version = self.next_version();
@@ -283,7 +288,7 @@ impl Store for MemStore {
         let k = (db, Bytes::copy_from_slice(key));
         let mut data = self.data.borrow_mut();
         let current = Self::live(&data, &k, self.now_ms());
-        if current.is_none() || !Self::holds(current, cond) {
+        if current.is_none() || !cond.holds(current) {
             return Ok(false);
         }
         data.remove(&k);

@@ -402,10 +402,7 @@ fn answer_group(svc: &mut Service, jobs: &[Vec<(u64, BytesMut)>]) -> Vec<BytesMu
                     requests.push(r);
                     Ok(requests.len() - 1)
                 }
-                Err(e) => Err(Outcome::Refused {
-                    status: Status::BadRequest,
-                    message: format!("malformed request: {e}"),
-                }),
+                Err(e) => Err(malformed_request(e)),
             };
             job_slots.push((*id, slot));
         }
@@ -425,6 +422,15 @@ fn answer_group(svc: &mut Service, jobs: &[Vec<(u64, BytesMut)>]) -> Vec<BytesMu
             out
         })
         .collect()
+}
+
+/// The refusal of a request body that does not decode: one wording for the
+/// connections and the committer (which also takes `LocalBackup`'s frames).
+fn malformed_request(e: impl std::fmt::Display) -> Outcome {
+    Outcome::Refused {
+        status: Status::BadRequest,
+        message: format!("malformed request: {e}"),
+    }
 }
 
 /// One connection: answer `Ping` and refusals here, hand backup requests to
@@ -449,12 +455,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be re-synchronised: say why, then close.
-                    encode_error(
-                        &mut wbuf,
-                        0,
-                        Status::BadRequest,
-                        format!("malformed frame: {e}"),
-                    );
+                    crate::conn::malformed_frame(&mut wbuf, &e);
                     crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
@@ -496,10 +497,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                             continue;
                         }
                     },
-                    Err(e) => Some(Outcome::Refused {
-                        status: Status::BadRequest,
-                        message: format!("malformed request: {e}"),
-                    }),
+                    Err(e) => Some(malformed_request(e)),
                 }
             };
             match local {
@@ -549,15 +547,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
             match shared.budget.acquire(need, deadline).await {
                 Some(permit) => charge = Some(permit),
                 None => {
-                    encode_error(
-                        &mut wbuf,
-                        0,
-                        Status::Retry,
-                        format!(
-                            "backup busy: no room to buffer a {need}-byte frame within {} ms; closing",
-                            limits.stall_timeout.as_millis()
-                        ),
-                    );
+                    crate::conn::no_room(&mut wbuf, "backup", need, limits.stall_timeout);
                     crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(Some(Closed::NoRoom));
                 }
@@ -589,15 +579,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
         match read {
             None if idle => return Ok(Some(Closed::Idle)),
             None => {
-                encode_error(
-                    &mut wbuf,
-                    0,
-                    Status::BadRequest,
-                    format!(
-                        "frame not completed within {} ms; closing",
-                        limits.stall_timeout.as_millis()
-                    ),
-                );
+                crate::conn::stalled_frame(&mut wbuf, limits.stall_timeout);
                 let _ = crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await;
                 return Ok(Some(Closed::Stalled));
             }

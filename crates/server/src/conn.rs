@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
-use insitu_protocol::{FrameKind, Status, encode_error};
+use insitu_protocol::{FrameKind, ProtocolError, Status, encode_error};
 use insitu_tls::Stream;
 use tokio::io::AsyncWriteExt;
 
@@ -49,12 +49,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be re-synchronised: say why, then close.
-                    encode_error(
-                        &mut wbuf,
-                        0,
-                        Status::BadRequest,
-                        format!("malformed frame: {e}"),
-                    );
+                    malformed_frame(&mut wbuf, &e);
                     replies_durable(state, &mut exposes).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
@@ -113,25 +108,41 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             Wait::Idle => return Ok(Some(Closed::Idle)),
             Wait::Evicted => return Ok(Some(Closed::Evicted)),
             Wait::NoRoom => {
-                let message = format!(
-                    "server busy: no room to buffer a {need}-byte frame within {} ms; closing",
-                    limits.stall_timeout.as_millis()
-                );
-                encode_error(&mut wbuf, 0, Status::Retry, message);
+                no_room(&mut wbuf, "server", need, limits.stall_timeout);
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 return Ok(Some(Closed::NoRoom));
             }
             Wait::Stalled => {
-                let message = format!(
-                    "frame not completed within {} ms; closing",
-                    limits.stall_timeout.as_millis()
-                );
-                encode_error(&mut wbuf, 0, Status::BadRequest, message);
+                stalled_frame(&mut wbuf, limits.stall_timeout);
                 let _ = write(&mut stream, &wbuf, limits.stall_timeout).await;
                 return Ok(Some(Closed::Stalled));
             }
         }
     }
+}
+
+/// The reply to bytes that are not a frame header, before the connection
+/// closes: one wording for the shard port and the backup port.
+pub(crate) fn malformed_frame(out: &mut BytesMut, e: &ProtocolError) {
+    encode_error(out, 0, Status::BadRequest, format!("malformed frame: {e}"));
+}
+
+/// The reply when no room in the frame budget came for a `need`-byte frame
+/// by its stall deadline, before the connection closes: one wording for both
+/// frame ports, `who` naming which one is busy ("server", "backup").
+pub(crate) fn no_room(out: &mut BytesMut, who: &str, need: usize, stall_timeout: Duration) {
+    let ms = stall_timeout.as_millis();
+    let message =
+        format!("{who} busy: no room to buffer a {need}-byte frame within {ms} ms; closing");
+    encode_error(out, 0, Status::Retry, message);
+}
+
+/// The reply to a frame not completed within `stall_timeout` of its first
+/// byte, before the connection closes: one wording for both frame ports.
+pub(crate) fn stalled_frame(out: &mut BytesMut, stall_timeout: Duration) {
+    let ms = stall_timeout.as_millis();
+    let message = format!("frame not completed within {ms} ms; closing");
+    encode_error(out, 0, Status::BadRequest, message);
 }
 
 /// Before replies leave: wait until every change the engine has made so far

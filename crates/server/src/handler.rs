@@ -39,7 +39,9 @@ pub fn engine_status(e: &EngineError) -> Status {
     }
 }
 
-fn rules(r: &RejectRules) -> insitu_engine::RejectRules {
+/// The engine's form of a request's reject rules (the Redis port's
+/// conditions become these too, `resp/store.rs`).
+pub(crate) fn rules(r: &RejectRules) -> insitu_engine::RejectRules {
     insitu_engine::RejectRules {
         exists: r.exists,
         doesnt_exist: r.doesnt_exist,
@@ -105,6 +107,16 @@ fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, Engine
     match result {
         Ok(response) => reply(out, id, &response),
         Err(e) => reply_engine_error(out, id, &e),
+    }
+}
+
+/// Reply with `result`'s response, or with the status and message it was
+/// refused with: the tail every request whose handler refuses with a
+/// `(Status, String)` shares, so all refusals are encoded alike.
+fn reply_or_refuse(out: &mut BytesMut, id: u64, result: Result<Response<'_>, (Status, String)>) {
+    match result {
+        Ok(response) => reply(out, id, &response),
+        Err((status, message)) => encode_error(out, id, status, message),
     }
 }
 
@@ -343,12 +355,11 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             start_hash,
             dest_addr,
             migration,
-        } => match crate::migrate::migrate_out(state, table, start_hash, &dest_addr, migration)
-            .await
-        {
-            Ok(()) => reply(out, id, &Response::Done),
-            Err((status, message)) => encode_error(out, id, status, message),
-        },
+        } => {
+            let result =
+                crate::migrate::migrate_out(state, table, start_hash, &dest_addr, migration).await;
+            reply_or_refuse(out, id, result.map(|()| Response::Done))
+        }
         Request::MigrateBatch {
             table,
             start_hash,
@@ -358,16 +369,14 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             objects,
             records,
         } => {
-            match crate::migrate::install_batch(
+            let result = crate::migrate::install_batch(
                 state,
                 (table, start_hash, migration),
                 (next_version, commit_ts_bound),
                 &objects,
                 &records,
-            ) {
-                Ok(()) => reply(out, id, &Response::Done),
-                Err((status, message)) => encode_error(out, id, status, message),
-            }
+            );
+            reply_or_refuse(out, id, result.map(|()| Response::Done))
         }
         Request::Scan {
             table,
@@ -481,28 +490,23 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 backups,
                 accept_missing,
             };
-            match crate::recover::recover_tablet(state, req).await {
-                Ok(r) => reply(
-                    out,
-                    id,
-                    &Response::Recovered {
-                        objects: r.objects,
-                        segments: r.segments,
-                        bytes: r.bytes,
-                    },
-                ),
-                Err((status, message)) => encode_error(out, id, status, message),
-            }
+            let result = crate::recover::recover_tablet(state, req).await;
+            let result = result.map(|r| Response::Recovered {
+                objects: r.objects,
+                segments: r.segments,
+                bytes: r.bytes,
+            });
+            reply_or_refuse(out, id, result)
         }
         Request::MarkLost {
             table,
             start_hash,
             lost_from,
             version_floor,
-        } => match crate::lost::mark(state, table, start_hash, lost_from, version_floor) {
-            Ok(()) => reply(out, id, &Response::Done),
-            Err((status, message)) => encode_error(out, id, status, message),
-        },
+        } => {
+            let result = crate::lost::mark(state, table, start_hash, lost_from, version_floor);
+            reply_or_refuse(out, id, result.map(|()| Response::Done))
+        }
         Request::ServerDown { server_id } => {
             tracing::info!(
                 shard = state.index,

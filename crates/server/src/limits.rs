@@ -1,47 +1,12 @@
 //! Connection limits of a shard: how many connections, how long one may stay
-//! idle or leave a frame unfinished, and how many bytes of partly received
-//! big frames the shard buffers in total.
-
-use std::time::Duration;
+//! idle or leave a frame unfinished (the protocol's `ConnLimits`, as the
+//! coordinator has them too), and the bytes of partly received big frames
+//! the shard buffers in total (`FrameBudget`).
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES};
-
-/// One max-size frame, header included.
-pub const MAX_FRAME_BYTES: usize = HEADER_BYTES + MAX_BODY_BYTES;
-
-#[derive(Clone, Debug)]
-pub struct ConnLimits {
-    /// Connections one shard serves at once. At the limit the longest-idle
-    /// connection is closed to admit a new one (so idle sockets can never lock
-    /// out clients or the cluster's own calls); only when none is idle is the
-    /// new one refused.
-    pub max_connections: usize,
-    /// Bytes of partly received frames bigger than a connection's base buffer
-    /// one shard holds at once. 0 = the default (see `ServerConfig`).
-    pub frame_budget_bytes: usize,
-    /// A connection without a byte for this long is closed. 300 s: far longer
-    /// than any client's pause between requests (clients reconnect anyway),
-    /// short enough that abandoned sockets free their slot within minutes.
-    pub idle_timeout: Duration,
-    /// A frame must complete within this of its first byte, and a reply must be
-    /// taken by the peer within it. 10 s: a 4 MiB frame then needs only
-    /// ~3.4 Mbit/s, while a stalled peer holds its buffer for seconds, not forever.
-    pub stall_timeout: Duration,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        ConnLimits {
-            max_connections: 4096,
-            frame_budget_bytes: 0,
-            idle_timeout: Duration::from_secs(300),
-            stall_timeout: Duration::from_secs(10),
-        }
-    }
-}
+pub use insitu_protocol::conn_limits::{ConnLimits, MAX_FRAME_BYTES};
 
 /// Why a connection was closed by the shard, for the log.
 #[derive(Debug)]

@@ -134,6 +134,10 @@ async fn copy_out(
         )
     })?
     .map_err(|e| (Status::Internal, e.to_string()))?;
+    let (head, floor) = (
+        (table, start_hash, migration),
+        (next_version, commit_ts_bound),
+    );
     let mut sent = 0usize;
     let mut batches = 0usize;
     // Always send at least one batch so the destination learns next_version.
@@ -143,7 +147,7 @@ async fn copy_out(
             .borrow()
             .extract_chunk(&mut cursor, BATCH_BYTES)
             .map_err(engine_error)?;
-        let batch: Vec<Object<'_>> = chunk
+        let objects = chunk
             .objects
             .iter()
             .map(|(k, v, ver, expires_at_ms)| Object {
@@ -153,16 +157,7 @@ async fn copy_out(
                 expires_at_ms: *expires_at_ms,
             })
             .collect();
-        let request = Request::MigrateBatch {
-            table,
-            start_hash,
-            migration,
-            next_version,
-            commit_ts_bound,
-            objects: batch,
-            records: Vec::new(),
-        };
-        send_batch(&conn, &request, dest_addr).await?;
+        send_batch(&conn, &batch(head, floor, objects, Vec::new()), dest_addr).await?;
         sent += chunk.objects.len();
         batches += 1;
         if cursor.is_done() {
@@ -186,24 +181,21 @@ async fn copy_out(
             bytes += records[end].payload.len() + records[end].anchor.len() + 32;
             end += 1;
         }
-        let request = Request::MigrateBatch {
-            table,
-            start_hash,
-            migration,
-            next_version,
-            commit_ts_bound,
-            objects: Vec::new(),
-            records: records[at..end]
-                .iter()
-                .map(|r| SideRecord {
-                    class: r.id.class,
-                    id: r.id.id,
-                    anchor: blob(&r.anchor),
-                    payload: blob(&r.payload),
-                })
-                .collect(),
-        };
-        send_batch(&conn, &request, dest_addr).await?;
+        let side_records = records[at..end]
+            .iter()
+            .map(|r| SideRecord {
+                class: r.id.class,
+                id: r.id.id,
+                anchor: blob(&r.anchor),
+                payload: blob(&r.payload),
+            })
+            .collect();
+        send_batch(
+            &conn,
+            &batch(head, floor, Vec::new(), side_records),
+            dest_addr,
+        )
+        .await?;
         batches += 1;
         at = end;
     }
@@ -252,6 +244,26 @@ async fn commit_ts_bound(state: &ShardState, table: u64) -> Option<u64> {
             );
             None
         }
+    }
+}
+
+/// One `MigrateBatch` of objects or of side records, with what every batch
+/// of a move carries: the tablet and move, its next version and commit bound
+/// (grouped as `install_batch` takes them).
+fn batch<'a>(
+    (table, start_hash, migration): (u64, u64, u64),
+    (next_version, commit_ts_bound): (u64, Option<u64>),
+    objects: Vec<Object<'a>>,
+    records: Vec<SideRecord<'a>>,
+) -> Request<'a> {
+    Request::MigrateBatch {
+        table,
+        start_hash,
+        migration,
+        next_version,
+        commit_ts_bound,
+        objects,
+        records,
     }
 }
 

@@ -39,14 +39,7 @@ fn wire_rules(cond: Cond) -> RejectRules {
 }
 
 fn engine_rules(cond: Cond) -> EngineRules {
-    let r = wire_rules(cond);
-    EngineRules {
-        exists: r.exists,
-        doesnt_exist: r.doesnt_exist,
-        version_le_given: r.version_le_given,
-        version_ne_given: r.version_ne_given,
-        given_version: r.given_version,
-    }
+    crate::handler::rules(&wire_rules(cond))
 }
 
 /// A refusal by a condition (nothing changed) rather than a failure.
@@ -103,6 +96,12 @@ enum Local<T> {
 impl ShardStore<'_> {
     pub(super) async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
         self.resp.table(db, create).await.map_err(err)
+    }
+
+    /// The table of `db`, created if it does not exist yet: what every write
+    /// works on (and every read in a transaction, `tx.rs`).
+    pub(super) async fn created_table(&self, db: u32) -> Result<u64, StoreError> {
+        self.table(db, true).await?.ok_or_else(|| err("no table"))
     }
 
     /// A client call's error. An unknown table means `db`'s table was
@@ -206,7 +205,7 @@ impl Store for ShardStore<'_> {
         // A read creates the database's table too: an id that stays unknown
         // is not cached, so reads of a table nobody wrote yet would each ask
         // the coordinator (redis-benchmark's GETs before any SET did).
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.created_table(db).await?;
         if let Local::Done(v) = self.local_read(table, key)? {
             return Ok(v);
         }
@@ -231,7 +230,7 @@ impl Store for ShardStore<'_> {
         cond: Cond,
         expires_at_ms: u64,
     ) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.created_table(db).await?;
         if let Local::Done(done) = self.local_put(table, key, value, cond, expires_at_ms)? {
             return Ok(done);
         }
@@ -263,7 +262,7 @@ impl Store for ShardStore<'_> {
 
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
         // Created if missing, as by `get`.
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.created_table(db).await?;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let mut remote = Vec::new();
         for (i, key) in keys.iter().enumerate() {
@@ -288,7 +287,7 @@ impl Store for ShardStore<'_> {
     }
 
     async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.created_table(db).await?;
         if self.all_local(table, pairs.iter().map(|(k, _)| &k[..])) {
             // All here: one synchronous step, so no reader sees half of it.
             let mut engine = self.state.engine.borrow_mut();
@@ -330,7 +329,7 @@ impl Store for ShardStore<'_> {
     }
 
     async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.created_table(db).await?;
         if self.all_local(table, pairs.iter().map(|(k, _)| &k[..])) {
             let mut engine = self.state.engine.borrow_mut();
             if pairs.iter().any(|(k, _)| engine.read(table, k).is_ok()) {

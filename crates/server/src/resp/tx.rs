@@ -21,11 +21,7 @@ use insitu_resp::{
     Commit, Cond, ExpiringKeys, ScanPage, Store, StoreError, Transactional, Versioned,
 };
 
-use super::store::ShardStore;
-
-fn err(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
-}
+use super::store::{ShardStore, err};
 
 pub struct ShardTx<'a> {
     /// For table lookups and the commands that run outside the transaction.
@@ -84,9 +80,8 @@ impl ShardTx<'_> {
 
     /// The table of `db`: always created if missing inside a transaction
     /// (see the module comment).
-    async fn table(&self, db: u32, create: bool) -> Result<Option<u64>, StoreError> {
-        debug_assert!(create, "reads inside a transaction must be recorded");
-        self.outside.resp.table(db, create).await.map_err(err)
+    async fn table(&self, db: u32) -> Result<u64, StoreError> {
+        self.outside.created_table(db).await
     }
 
     async fn read(&self, table: u64, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
@@ -130,7 +125,7 @@ impl ShardTx<'_> {
 
 impl Store for ShardTx<'_> {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         self.read(table, key).await
     }
 
@@ -142,17 +137,11 @@ impl Store for ShardTx<'_> {
         cond: Cond,
         expires_at_ms: u64,
     ) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         if cond != Cond::Always {
             // The read is checked again at the commit: the condition holds then.
             let current = self.read(table, key).await?;
-            let holds = match cond {
-                Cond::Always => true,
-                Cond::Absent => current.is_none(),
-                Cond::Present => current.is_some(),
-                Cond::Version(v) => current.is_some_and(|c| c.version == v),
-            };
-            if !holds {
+            if !cond.holds(current.as_ref()) {
                 return Ok(false);
             }
         }
@@ -165,14 +154,10 @@ impl Store for ShardTx<'_> {
     }
 
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         let current = self.read(table, key).await?;
-        let holds = match (cond, &current) {
-            (_, None) => false,
-            (Cond::Version(v), Some(c)) => c.version == v,
-            (Cond::Absent, Some(_)) => false,
-            _ => true,
-        };
+        // As in the model (`MemStore`): an absent key is never removed.
+        let holds = current.is_some() && cond.holds(current.as_ref());
         if holds {
             self.with(async |tx| {
                 tx.remove(table, key);
@@ -184,12 +169,12 @@ impl Store for ShardTx<'_> {
     }
 
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         self.with(async |tx| tx.read_many(table, keys).await).await
     }
 
     async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         self.with(async |tx| {
             for (k, v) in pairs {
                 tx.write(table, k, v);
@@ -200,7 +185,7 @@ impl Store for ShardTx<'_> {
     }
 
     async fn mset_absent(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| &k[..]).collect();
         self.with(async |tx| {
             if tx
@@ -220,7 +205,7 @@ impl Store for ShardTx<'_> {
     }
 
     async fn rename(&self, db: u32, from: &[u8], to: &[u8]) -> Result<bool, StoreError> {
-        let table = self.table(db, true).await?.ok_or_else(|| err("no table"))?;
+        let table = self.table(db).await?;
         // With its deadline (RENAME keeps a TTL).
         let Some(v) = self.read(table, from).await? else {
             return Ok(false);
