@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::pushdown::{load, value, with_table};
-use common::rt;
+use common::pushdown::{load, update_request, value, with_table};
+use common::{fails_saying, rt};
 
 use std::time::Duration;
 
@@ -214,13 +214,7 @@ fn operations_work_on_a_multi_server_cluster_and_from_the_cli() {
         ((n - 1) as f64 / 2.0).to_string()
     );
     // Clear errors.
-    let fails = |args: &[&str], want: &[&str]| {
-        let (code, _, err) = cluster.cli(args);
-        assert_ne!(code, 0, "{args:?} should fail");
-        for w in want {
-            assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
-        }
-    };
+    let fails = |args: &[&str], want: &[&str]| fails_saying(&cluster, args, want);
     fails(
         &["agg", "nums", "sum", "i64"],
         &["bad field", "TYPE@OFFSET"],
@@ -352,13 +346,7 @@ fn out_of_range_numbers_are_refused_and_sums_are_exact() {
     let original = v.clone();
     rt.block_on(load(&client, t, 3, move |_| v.clone()));
 
-    let fails = |args: &[&str], want: &[&str]| {
-        let (code, out, err) = cluster.cli(args);
-        assert_ne!(code, 0, "{args:?} should fail: {out}");
-        for w in want {
-            assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
-        }
-    };
+    let fails = |args: &[&str], want: &[&str]| fails_saying(&cluster, args, want);
     fails(
         &["update", "edge", "u8@12", "--set", "300"],
         &["300", "out of range", "u8@12"],
@@ -388,19 +376,14 @@ fn out_of_range_numbers_are_refused_and_sums_are_exact() {
     // client's check, is refused.
     let info = rt.block_on(client.open_table("edge")).unwrap();
     let tab = &info.tablets[0];
-    let request = insitu_protocol::Request::Scan {
-        table: t,
-        start_hash: tab.start_hash,
-        end_hash: tab.end_hash,
-        map_version: tab.map_version,
-        plan: ScanPlan::new(Op::Update {
-            field: Field::U8(12),
-            action: UpdateAction::Set(Number::I64(300)),
-        }),
-        op_id: 0,
-        budget_ms: 0,
-        snapshot_ts: 0,
-    };
+    let request = update_request(
+        t,
+        tab,
+        Field::U8(12),
+        UpdateAction::Set(Number::I64(300)),
+        0,
+        0,
+    );
     let (status, body) = raw_call(&tab.addr, &request);
     assert_eq!(status, Status::BadRequest);
     assert!(body.contains("out of range"), "{body}");
@@ -464,18 +447,9 @@ fn a_resent_update_is_applied_once() {
     rt.block_on(load(&client, t, 10, value));
     let info = rt.block_on(client.open_table("once")).unwrap();
     let tab = &info.tablets[0];
-    let add = |op_id| insitu_protocol::Request::Scan {
-        table: t,
-        start_hash: tab.start_hash,
-        end_hash: tab.end_hash,
-        map_version: tab.map_version,
-        plan: ScanPlan::new(Op::Update {
-            field: Field::I64(0),
-            action: UpdateAction::Add(Number::I64(100)),
-        }),
-        op_id,
-        budget_ms: 10_000,
-        snapshot_ts: 0,
+    let add = |op_id| {
+        let action = UpdateAction::Add(Number::I64(100));
+        update_request(t, tab, Field::I64(0), action, op_id, 10_000)
     };
     let first = raw_call(&tab.addr, &add(0xfeed));
     let resent = raw_call(&tab.addr, &add(0xfeed));

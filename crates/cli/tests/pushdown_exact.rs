@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::pushdown::{load, value, with_table};
-use insitu_client::{Client, Selection};
+use common::pushdown::{load, thread_client, value, with_table};
+use insitu_client::Selection;
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, Source, int_key};
 
 #[test]
@@ -32,11 +32,7 @@ fn counts_and_sums_are_exact_while_tablets_move() {
         let (stop, moves, addr) = (stop.clone(), moves.clone(), cluster.addr());
         let servers = servers.clone();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let c = rt.block_on(Client::connect(&addr)).unwrap();
+            let (rt, c) = thread_client(&addr);
             let mut k = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let tablet = (k % 4) as u32;
@@ -109,11 +105,7 @@ fn scans_stay_exact_while_the_scanned_objects_are_overwritten() {
     let writer = {
         let (stop, addr) = (stop.clone(), cluster.addr());
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let c = rt.block_on(Client::connect(&addr)).unwrap();
+            let (rt, c) = thread_client(&addr);
             let mut rng = common::rng(0x1234_5678);
             let mut writes = 0u64;
             while !stop.load(Ordering::Relaxed) {

@@ -6,45 +6,40 @@ mod common;
 
 use std::collections::HashSet;
 
+use common::typed::{rows_plan, typed_table};
 use common::{Cluster, fails, ok, rt, users_table};
-use insitu_client::{Client, QueryAnswer};
-use insitu_protocol::query::{QueryOutput, QueryPlan, Scalar};
+use insitu_client::QueryAnswer;
+use insitu_protocol::query::Scalar;
 
 #[test]
 fn typed_table_from_the_cli() {
     let mut cluster = Cluster::start(2, 2);
     users_table(&cluster);
-    assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "3");
+    assert_eq!(cluster.answer(&["count", "users"]), "3");
     // Typed queries have no snapshot: asked for one, the CLI says so.
     let (code, _, err) = cluster.cli(&["count", "users", "--at-snapshot"]);
     assert!(code != 0 && err.contains("untyped tables only"), "{err}");
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "age > 30"])).trim(),
+        cluster.answer(&["count", "users", "--where", "age > 30"]),
         "2"
     );
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "age is null"])).trim(),
+        cluster.answer(&["count", "users", "--where", "age is null"]),
         "1"
     );
     // NULL is not > 30 and not <= 30: SQL's three-valued logic.
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "not age > 30"])).trim(),
+        cluster.answer(&["count", "users", "--where", "not age > 30"]),
         "0"
     );
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "name like 'a%' or name ~ '^c'"])).trim(),
+        cluster.answer(&["count", "users", "--where", "name like 'a%' or name ~ '^c'"]),
         "2"
     );
+    assert_eq!(cluster.answer(&["agg", "users", "sum", "score"]), "12.75");
+    assert_eq!(cluster.answer(&["agg", "users", "max", "name"]), "carol");
     assert_eq!(
-        ok(cluster.cli(&["agg", "users", "sum", "score"])).trim(),
-        "12.75"
-    );
-    assert_eq!(
-        ok(cluster.cli(&["agg", "users", "max", "name"])).trim(),
-        "carol"
-    );
-    assert_eq!(
-        ok(cluster.cli(&["agg", "users", "sum", "score", "--where", "score > 0"])).trim(),
+        cluster.answer(&["agg", "users", "sum", "score", "--where", "score > 0"]),
         "13.75"
     );
 
@@ -94,16 +89,16 @@ fn typed_table_from_the_cli() {
     std::fs::write(&csv, text).unwrap();
     let out = ok(cluster.cli(&["load", "users", csv.to_str().unwrap()]));
     assert!(out.contains("loaded 100 rows"), "{out}");
-    assert_eq!(ok(cluster.cli(&["count", "users"])).trim(), "103");
+    assert_eq!(cluster.answer(&["count", "users"]), "103");
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "age = 20"])).trim(),
+        cluster.answer(&["count", "users", "--where", "age = 20"]),
         "50"
     );
 
     // The schema is durable metadata: a restarted coordinator still knows it.
     cluster.restart_coordinator();
     assert_eq!(
-        ok(cluster.cli(&["count", "users", "--where", "id between 10 and 19"])).trim(),
+        cluster.answer(&["count", "users", "--where", "id between 10 and 19"]),
         "10"
     );
 }
@@ -128,12 +123,7 @@ fn untyped_aggregates_say_what_the_field_reads() {
 fn large_answers_come_in_pages_with_every_row_once() {
     let cluster = Cluster::start(2, 1);
     let rt = rt();
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let schema = insitu_rows::text::parse_schema("id int64, pad utf8", "id").unwrap();
-    let t = rt
-        .block_on(client.create_table_with("wide", 2, Some(schema)))
-        .unwrap()
-        .id;
+    let (client, t) = typed_table(&cluster, &rt, "wide", 2, "id int64, pad utf8", "id");
     // 12 000 rows of ~500 bytes: ~6 MB, several 1 MiB pages per tablet.
     let n = 12_000i64;
     rt.block_on(async {
@@ -145,14 +135,7 @@ fn large_answers_come_in_pages_with_every_row_once() {
                 r.unwrap();
             }
         }
-        let plan = QueryPlan {
-            filter: Vec::new(),
-            output: QueryOutput::Rows {
-                columns: vec![0, 1],
-                order_by: Vec::new(),
-                limit: None,
-            },
-        };
+        let plan = rows_plan(vec![0, 1], None);
         let out = client.query(t, &plan).await.unwrap();
         assert!(out.pages > 4, "{} pages", out.pages);
         let QueryAnswer::Rows(batches) = out.answer else {
@@ -172,14 +155,7 @@ fn large_answers_come_in_pages_with_every_row_once() {
         assert_eq!(seen.len() as i64, n);
 
         // A LIMIT stops early and returns exactly that many rows.
-        let plan = QueryPlan {
-            filter: Vec::new(),
-            output: QueryOutput::Rows {
-                columns: vec![0],
-                order_by: Vec::new(),
-                limit: Some(7),
-            },
-        };
+        let plan = rows_plan(vec![0], Some(7));
         let out = client.query(t, &plan).await.unwrap();
         let QueryAnswer::Rows(batches) = out.answer else {
             panic!("rows expected")
@@ -192,26 +168,14 @@ fn large_answers_come_in_pages_with_every_row_once() {
 fn a_row_written_without_the_schema_fails_the_query_not_the_server() {
     let cluster = Cluster::start(1, 1);
     let rt = rt();
-    let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
-    let schema = insitu_rows::text::parse_schema("id int64, v int64", "id").unwrap();
-    let t = rt
-        .block_on(client.create_table_with("t", 1, Some(schema)))
-        .unwrap()
-        .id;
+    let (client, t) = typed_table(&cluster, &rt, "t", 1, "id int64, v int64", "id");
     rt.block_on(async {
         client
             .put_rows(t, &[vec![Scalar::Int(1), Scalar::Int(5)]])
             .await
             .unwrap();
         client.write(t, b"junk", b"not a row").await.unwrap();
-        let plan = QueryPlan {
-            filter: Vec::new(),
-            output: QueryOutput::Rows {
-                columns: vec![0, 1],
-                order_by: Vec::new(),
-                limit: None,
-            },
-        };
+        let plan = rows_plan(vec![0, 1], None);
         let e = client.query(t, &plan).await.unwrap_err().to_string();
         assert!(e.contains("junk") && e.contains("not a typed row"), "{e}");
         client.remove(t, b"junk").await.unwrap();

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::pushdown::update_request;
 use common::{Cluster, ok, rt};
 use insitu_client::{Client, ClientConfig, RpcConn};
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult, UpdateAction};
@@ -28,19 +29,8 @@ const KEPT_PER_TABLET: u64 = 64;
 
 /// `add 1` to the i64 at offset 0 of every object of `tablet`, as operation `op`.
 fn add_one(table: u64, tablet: &TabletInfo, op: u64) -> Request<'static> {
-    Request::Scan {
-        table,
-        start_hash: tablet.start_hash,
-        end_hash: tablet.end_hash,
-        map_version: tablet.map_version,
-        plan: ScanPlan::new(Op::Update {
-            field: Field::I64(0),
-            action: UpdateAction::Add(Number::I64(1)),
-        }),
-        op_id: op,
-        budget_ms: 0,
-        snapshot_ts: 0,
-    }
+    let action = UpdateAction::Add(Number::I64(1));
+    update_request(table, tablet, Field::I64(0), action, op, 0)
 }
 
 /// Send `add_one` as `op` to the tablet's current owner until it answers

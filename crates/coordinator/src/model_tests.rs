@@ -21,6 +21,40 @@ fn model_with_servers(shards: &[usize]) -> Model {
     m
 }
 
+/// A tablet over [start, end] on shard 0 of `server_id`, at map version 1.
+fn tablet_on(start: u64, end: u64, server_id: u64) -> Tablet {
+    Tablet {
+        start_hash: start,
+        end_hash: end,
+        server_id,
+        shard: 0,
+        map_version: 1,
+    }
+}
+
+/// The ops that create table 1, "t", of the two tablets `first` and `second`.
+fn table_of_two(first: Tablet, second: Tablet) -> Vec<Op> {
+    vec![
+        Op::Counter(MAP_VERSION, 1),
+        Op::Counter(NEXT_TABLE_ID, 2),
+        Op::PutTable {
+            id: 1,
+            name: "t".into(),
+            schema: None,
+        },
+        Op::PutTablet {
+            table: 1,
+            index: 0,
+            tablet: first,
+        },
+        Op::PutTablet {
+            table: 1,
+            index: 1,
+            tablet: second,
+        },
+    ]
+}
+
 #[test]
 fn placement_alternates_servers_first() {
     let m = model_with_servers(&[2, 1, 3]);
@@ -34,32 +68,8 @@ fn placement_alternates_servers_first() {
 #[test]
 fn validate_rejects_gaps_and_unknown_owners() {
     let mut m = model_with_servers(&[1]);
-    let tablet = |start, end| Tablet {
-        start_hash: start,
-        end_hash: end,
-        server_id: 1,
-        shard: 0,
-        map_version: 1,
-    };
-    m.apply(&[
-        Op::Counter(MAP_VERSION, 1),
-        Op::Counter(NEXT_TABLE_ID, 2),
-        Op::PutTable {
-            id: 1,
-            name: "t".into(),
-            schema: None,
-        },
-        Op::PutTablet {
-            table: 1,
-            index: 0,
-            tablet: tablet(0, 99),
-        },
-        Op::PutTablet {
-            table: 1,
-            index: 1,
-            tablet: tablet(100, u64::MAX),
-        },
-    ]);
+    let tablet = |start, end| tablet_on(start, end, 1);
+    m.apply(&table_of_two(tablet(0, 99), tablet(100, u64::MAX)));
     assert_eq!(m.validate(), Ok(()));
     assert_eq!(m.shard_loads(1), vec![2]);
 
@@ -157,32 +167,8 @@ fn validate_rejects_gaps_and_unknown_owners() {
 #[test]
 fn dead_servers_stay_on_record_but_are_never_routed_to() {
     let mut m = model_with_servers(&[1, 2]);
-    let tablet = |start, end, server_id| Tablet {
-        start_hash: start,
-        end_hash: end,
-        server_id,
-        shard: 0,
-        map_version: 1,
-    };
-    m.apply(&[
-        Op::Counter(MAP_VERSION, 1),
-        Op::Counter(NEXT_TABLE_ID, 2),
-        Op::PutTable {
-            id: 1,
-            name: "t".into(),
-            schema: None,
-        },
-        Op::PutTablet {
-            table: 1,
-            index: 0,
-            tablet: tablet(0, 99, 1),
-        },
-        Op::PutTablet {
-            table: 1,
-            index: 1,
-            tablet: tablet(100, u64::MAX, 2),
-        },
-    ]);
+    let tablet = tablet_on;
+    m.apply(&table_of_two(tablet(0, 99, 1), tablet(100, u64::MAX, 2)));
     assert_eq!(m.first_orphan(1), None);
     m.apply(&[Op::MarkDead { id: 2 }, Op::MarkDead { id: 77 }]);
     assert_eq!(m.validate(), Ok(()), "a dead owner is still a known owner");

@@ -7,27 +7,15 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::BytesMut;
 use common::*;
 use insitu_coordinator::{ConnLimits, CoordinatorConfig};
-use insitu_protocol::frame::{FrameKind, Header, put_header};
-use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response, Status};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response};
+use insitu_testkit::raw::{partial_frame, stalled_frames};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 /// A safety net for awaits that must end; not a performance assertion.
 const SAFETY: Duration = Duration::from_secs(20);
-
-fn header(body_len: usize) -> BytesMut {
-    let mut b = BytesMut::new();
-    let h = Header {
-        kind: FrameKind::Request,
-        request_id: 1,
-        status: Status::Ok,
-    };
-    put_header(&mut b, &h, body_len);
-    b
-}
 
 async fn list_servers(handle: &insitu_coordinator::CoordinatorHandle) {
     let conn = connect(handle).await;
@@ -63,14 +51,7 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     };
     let handle = start_coordinator_with(config(&dir, limits)).await;
     let addr = handle.addr().to_string();
-    let mut stalled = Vec::new();
-    for _ in 0..300 {
-        let mut s = TcpStream::connect(&addr).await.unwrap();
-        let mut bytes = header(MAX_BODY_BYTES);
-        bytes.extend_from_slice(&vec![0u8; 100 * 1024]);
-        s.write_all(&bytes).await.unwrap();
-        stalled.push(s);
-    }
+    let stalled = stalled_frames(&addr, 300, 100 * 1024).await;
     let mut full = false;
     for _ in 0..2000 {
         let buffered = handle.buffered_frame_bytes();
@@ -114,10 +95,7 @@ async fn stalled_and_idle_connections_are_closed() {
     };
     let handle = start_coordinator_with(config(&dir, limits)).await;
     let addr = handle.addr().to_string();
-    let mut s = TcpStream::connect(&addr).await.unwrap();
-    let mut bytes = header(100);
-    bytes.extend_from_slice(&[0u8; 10]);
-    s.write_all(&bytes).await.unwrap();
+    let mut s = partial_frame(&addr, 100, 10).await;
     let got = until_closed(&mut s).await;
     assert!(
         String::from_utf8_lossy(&got).contains("not completed within 300 ms"),

@@ -195,15 +195,7 @@ async fn no_servers_and_bad_enlist() {
 
 #[tokio::test]
 async fn metadata_survives_restart() {
-    let dir = TempDir::new("restart");
-    let log = Log::default();
-    let s1 = fake_server(&log, 2).await;
-    let s2 = fake_server(&log, 1).await;
-
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    let id1 = enlist(&c, addrs(&s1)).await;
-    let id2 = enlist(&c, addrs(&s2)).await;
+    let (dir, coord, c, log, _s1, _s2, id1, id2) = two_servers("restart", 2, 1).await;
     let a = create(&c, "a", 5).await;
     create(&c, "b", 3).await;
     create(&c, "gone", 2).await;

@@ -25,6 +25,20 @@ fn fast(dir: &TempDir) -> CoordinatorConfig {
     config
 }
 
+/// `fast`, with recovery waiting for two live servers (so a dead state can be observed).
+fn fast_waiting_for_two(dir: &TempDir) -> CoordinatorConfig {
+    let mut config = fast(dir);
+    config.rehome_after_servers = 2;
+    config
+}
+
+/// `fast_waiting_for_two` with failure detection too slow to matter.
+fn never_detecting(dir: &TempDir) -> CoordinatorConfig {
+    let mut config = fast_waiting_for_two(dir);
+    config.failure_timeout = Duration::from_secs(3600);
+    config
+}
+
 fn state_of(servers: &[ServerInfo], id: u64) -> Option<ServerState> {
     servers.iter().find(|s| s.id == id).map(|s| s.state)
 }
@@ -55,11 +69,8 @@ async fn enlist_full(
 #[tokio::test]
 async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
     let dir = TempDir::new("silent");
-    let mut config = fast(&dir);
     // Recovery waits for two live servers: the dead state can be observed.
-    config.rehome_after_servers = 2;
-    let coord = start_coordinator_with(config).await;
-    let c = connect(&coord).await;
+    let (coord, c) = start_connected(fast_waiting_for_two(&dir)).await;
     let log = Log::default();
     let s1 = fake_server(&log, 1).await;
     let s2 = fake_server(&log, 1).await;
@@ -143,12 +154,8 @@ async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
 #[tokio::test]
 async fn remove_server_declares_it_dead_now() {
     let dir = TempDir::new("remove");
-    let mut config = fast(&dir);
-    config.rehome_after_servers = 2;
     // Detection slow enough not to matter here.
-    config.failure_timeout = Duration::from_secs(3600);
-    let coord = start_coordinator_with(config).await;
-    let c = connect(&coord).await;
+    let (coord, c) = start_connected(never_detecting(&dir)).await;
     let log = Log::default();
     let s1 = fake_server(&log, 1).await;
     let s2 = fake_server(&log, 2).await;
@@ -181,12 +188,7 @@ async fn remove_server_declares_it_dead_now() {
     let (coord, c) = {
         drop(c);
         coord.shutdown().await;
-        let mut config = fast(&dir);
-        config.rehome_after_servers = 2;
-        config.failure_timeout = Duration::from_secs(3600);
-        let coord = start_coordinator_with(config).await;
-        let c = connect(&coord).await;
-        (coord, c)
+        start_connected(never_detecting(&dir)).await
     };
     assert_eq!(
         state_of(&list_servers(&c).await, id2),
@@ -264,10 +266,7 @@ async fn cluster_id_is_stable_and_the_configured_replicas_win() {
 #[tokio::test]
 async fn a_dead_server_that_comes_back_is_a_new_server() {
     let dir = TempDir::new("comeback");
-    let mut config = fast(&dir);
-    config.rehome_after_servers = 2;
-    let coord = start_coordinator_with(config).await;
-    let c = connect(&coord).await;
+    let (coord, c) = start_connected(fast_waiting_for_two(&dir)).await;
     let log = Log::default();
     let s1 = fake_server(&log, 1).await;
     let s2 = fake_server(&log, 1).await;
@@ -310,8 +309,7 @@ async fn servers_on_record_at_start_are_pinged_and_the_silent_ones_recovered() {
     let s1 = fake_server(&log, 1).await;
     let s2 = fake_server(&log, 1).await;
     let (id1, id2) = {
-        let coord = start_coordinator_with(fast(&dir)).await;
-        let c = connect(&coord).await;
+        let (coord, c) = start_connected(fast(&dir)).await;
         let id1 = enlist(&c, addrs(&s1)).await;
         let id2 = enlist(&c, addrs(&s2)).await;
         create(&c, "t", 4).await;
@@ -321,8 +319,7 @@ async fn servers_on_record_at_start_are_pinged_and_the_silent_ones_recovered() {
     };
     // While the coordinator was down, s2's process died.
     s2[0].silent.store(true, Ordering::SeqCst);
-    let coord = start_coordinator_with(fast(&dir)).await;
-    let c = connect(&coord).await;
+    let (coord, c) = start_connected(fast(&dir)).await;
     // Found dead (then forgotten once recovered); s1 answers and stays.
     servers_when(&c, "only s1", |s| server_ids(s) == vec![id1]).await;
     assert!(s1[0].pings.load(Ordering::SeqCst) > 0);
@@ -346,8 +343,7 @@ async fn recovery_waits_for_the_disks_of_other_dead_servers() {
         old.push(fake_server(&log, 1).await);
     }
     let ids: Vec<u64> = {
-        let coord = start_coordinator_with(fast(&dir)).await;
-        let c = connect(&coord).await;
+        let (coord, c) = start_connected(fast(&dir)).await;
         let mut ids = Vec::new();
         for (i, s) in old.iter().enumerate() {
             let disk = format!("disk-{i}");
@@ -362,8 +358,7 @@ async fn recovery_waits_for_the_disks_of_other_dead_servers() {
     for s in &old {
         s[0].silent.store(true, Ordering::SeqCst);
     }
-    let coord = start_coordinator_with(fast(&dir)).await;
-    let c = connect(&coord).await;
+    let (coord, c) = start_connected(fast(&dir)).await;
     servers_when(&c, "the old servers dead", |s| {
         ids.iter()
             .all(|id| state_of(s, *id) == Some(ServerState::Dead))

@@ -250,14 +250,7 @@ async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
 
 #[tokio::test]
 async fn forget_servers_orphans_every_tablet_until_servers_enlist() {
-    let dir = TempDir::new("forget");
-    let log = Log::default();
-    let old1 = fake_server(&log, 2).await;
-    let old2 = fake_server(&log, 1).await;
-    let coord = start_coordinator(&dir).await;
-    let c = connect(&coord).await;
-    enlist(&c, addrs(&old1)).await;
-    let old_id = enlist(&c, addrs(&old2)).await;
+    let (dir, coord, c, log, old1, old2, _, old_id) = two_servers("forget", 2, 1).await;
     let a = create(&c, "a", 5).await;
     let b = create(&c, "b", 2).await;
     let gone = create(&c, "gone", 2).await;

@@ -5,21 +5,15 @@
 use std::collections::BTreeMap;
 
 use super::{Pass, SLICE_SCAN_BYTES, Sliced};
-use crate::{Engine, EngineConfig, EngineError, HashRange, RejectRules};
+use crate::test_engine::engine_with;
+use crate::{Engine, EngineError, HashRange, RejectRules};
 
 const SEG: usize = 16 * 1024;
 const TABLE: u64 = 7;
 const OTHER: u64 = 8;
 
 fn engine(budget_segments: usize) -> Engine {
-    let config = EngineConfig {
-        segment_bytes: SEG,
-        memory_budget_bytes: budget_segments * SEG,
-        max_value_bytes: 1024,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(TABLE, HashRange::FULL).expect("tablet");
-    e
+    engine_with(SEG, budget_segments, 1024, &[TABLE])
 }
 
 fn key(i: u64) -> Vec<u8> {

@@ -3,20 +3,15 @@
 //! and the deadline kept through cleaning, splits, extraction and replay.
 
 use crate::entry::{self, KIND_OBJECT, KIND_TOMBSTONE};
-use crate::{Engine, EngineConfig, EngineError, HashRange, RejectRules};
+use crate::test_engine::engine_with;
+use crate::{Engine, EngineError, HashRange, RejectRules};
 
 const T: u64 = 9;
 /// A fixed "now": the tests pin the clock.
 const NOW: u64 = 1_700_000_000_000;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 4096,
-        memory_budget_bytes: 256 * 4096,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
+    let mut e = engine_with(4096, 256, 512, &[T]);
     e.set_clock_ms(Some(NOW));
     e
 }
@@ -65,20 +60,20 @@ fn replay_refuses_a_deadline_on_a_tombstone_or_a_zero_deadline() {
     let mut buf = Vec::with_capacity(64);
     entry::append_parts(&mut buf, KIND_OBJECT, 7, 5, 1, b"k", &[0; 8], &[]);
     buf[4] = (buf[4] & !0x03) | KIND_TOMBSTONE; // now "a tombstone with a deadline"
-    let crc = recrc(&buf);
-    buf[0..4].copy_from_slice(&crc.to_le_bytes());
-    assert!(matches!(
-        entry::parse(&buf, 0, 7, 64, 512),
-        Err(entry::Bad::Stop(_))
-    ));
+    assert_refused_resealed(&mut buf);
     // A deadline of 0 with the bit set is not a form the writer makes.
     let mut buf = Vec::with_capacity(64);
     entry::append_parts(&mut buf, KIND_OBJECT, 7, 5, 1, b"k", b"v", &[]);
     buf[7..15].copy_from_slice(&0u64.to_le_bytes());
-    let crc = recrc(&buf);
+    assert_refused_resealed(&mut buf);
+}
+
+/// With its CRC made right again, the entry `buf` is still refused by `parse`.
+fn assert_refused_resealed(buf: &mut [u8]) {
+    let crc = recrc(buf);
     buf[0..4].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
-        entry::parse(&buf, 0, 7, 64, 512),
+        entry::parse(buf, 0, 7, 64, 512),
         Err(entry::Bad::Stop(_))
     ));
 }

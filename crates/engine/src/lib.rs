@@ -95,6 +95,8 @@ mod slack;
 mod split;
 mod stats;
 mod tablet;
+#[cfg(test)]
+mod test_engine;
 mod visit;
 
 pub use changes::{Changes, MAX_CHANGES};

@@ -3,7 +3,8 @@
 //! once without the promise too, to show that it is the case that fails.
 
 use super::*;
-use crate::{EngineConfig, HashRange, RecordId, RejectRules, max_entry_bytes};
+use crate::test_engine::engine_with;
+use crate::{RecordId, RejectRules, max_entry_bytes};
 
 /// The promised table, and another one competing for the budget.
 const T: u64 = 4;
@@ -15,15 +16,7 @@ fn engine() -> Engine {
 }
 
 fn engine_of(segments: usize) -> Engine {
-    let config = EngineConfig {
-        segment_bytes: SEGMENT,
-        memory_budget_bytes: segments * SEGMENT,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e.create_tablet(OTHER, HashRange::FULL).expect("tablet");
-    e
+    engine_with(SEGMENT, segments, 512, &[T, OTHER])
 }
 
 fn rid(class: u8, id: u64) -> RecordId {

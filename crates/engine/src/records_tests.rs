@@ -3,19 +3,12 @@
 //! behaviour through the public API is tested in `tests/records.rs`.
 
 use super::*;
-use crate::{EngineConfig, HashRange};
+use crate::test_engine::engine_with;
 
 const T: u64 = 4;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 4096,
-        memory_budget_bytes: 64 * 4096,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_with(4096, 64, 512, &[T])
 }
 
 fn rid(id: u64) -> RecordId {

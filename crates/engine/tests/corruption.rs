@@ -1,22 +1,19 @@
 //! Replay of damaged segments: every damaged entry is reported with its
 //! segment index and offset, and nothing wrong is ever loaded.
 
+mod shared;
+
+use shared::{engine_of, segment_copies};
+
 use std::collections::{BTreeMap, HashSet};
 
-use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules, ReplayReport, key_hash};
+use insitu_engine::{Engine, HashRange, RejectRules, ReplayReport, key_hash};
 use proptest::prelude::*;
 
 const T: u64 = 3;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 4096,
-        memory_budget_bytes: 1 << 22,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_of(4096, 1 << 22, 512, &[T])
 }
 
 fn key(i: usize) -> Vec<u8> {
@@ -99,12 +96,7 @@ fn write_once(n: usize) -> (Vec<Vec<u8>>, Objects) {
             .expect("write");
         model.insert(key(i), (value(i, 0), v));
     }
-    let segments = e
-        .segments(T, 0)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let segments = segment_copies(&e, T, 0);
     (segments, model)
 }
 
@@ -171,7 +163,7 @@ proptest! {
                 }
             }
         }
-        let mut segments: Vec<Vec<u8>> = e.segments(T, 0).expect("segments").iter().map(|s| s.to_vec()).collect();
+        let mut segments = segment_copies(&e, T, 0);
         let mut damaged = HashSet::new();
         for (s, p, mask) in flips {
             let si = s % segments.len();
@@ -299,12 +291,7 @@ fn newest_version_wins_in_any_segment_order() {
             .expect("remove");
     }
     let want = loaded(&e, 0);
-    let mut segments: Vec<Vec<u8>> = e
-        .segments(T, 0)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let mut segments = segment_copies(&e, T, 0);
     segments.reverse();
     let (r, report) = replay(&segments, HashRange::FULL);
     assert!(report.corrupt.is_empty());

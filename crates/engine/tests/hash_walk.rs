@@ -1,22 +1,18 @@
 //! Hash-order walks: chunked extraction for migration, sorted hash lists.
 
+mod shared;
+
+use shared::engine_of;
+
 use std::collections::HashMap;
 
-use insitu_engine::{Engine, EngineConfig, EngineError, HashRange, RejectRules, key_hash};
+use insitu_engine::{Engine, EngineError, HashRange, RejectRules, key_hash};
 
 const T: u64 = 6;
 const OTHER: u64 = 7;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 64 * 1024,
-        memory_budget_bytes: 256 * 64 * 1024,
-        max_value_bytes: 4096,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e.create_tablet(OTHER, HashRange::FULL).expect("tablet");
-    e
+    engine_of(64 * 1024, 256 * 64 * 1024, 4096, &[T, OTHER])
 }
 
 fn put(e: &mut Engine, table: u64, i: u64, len: usize, fill: u8) {

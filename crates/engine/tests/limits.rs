@@ -1,28 +1,18 @@
 //! Limits and edge cases: key and value sizes, the memory budget, tablet
 //! management errors, reject rules and increments.
 
+mod shared;
+
+use shared::{ANY, engine_of};
+
 use insitu_engine::{
     Engine, EngineConfig, EngineError, HashRange, MAX_KEY_BYTES, RejectRules, object_entry_bytes,
 };
 
 const T: u64 = 5;
-const ANY: RejectRules = RejectRules {
-    exists: false,
-    doesnt_exist: false,
-    version_le_given: false,
-    version_ne_given: false,
-    given_version: 0,
-};
 
 fn small(budget_segments: usize) -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 4096,
-        memory_budget_bytes: 4096 * budget_segments,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_of(4096, 4096 * budget_segments, 512, &[T])
 }
 
 #[test]
@@ -239,13 +229,7 @@ fn overwrite_workload_keeps_utilisation_high() {
     // 8 bytes plus a control byte each, and 16 trailing control bytes.
     let index_bytes = 32_768 * 9 + 16;
     let budget = (live as f64 / 0.9) as usize + 4 * segment_bytes + index_bytes;
-    let config = EngineConfig {
-        segment_bytes,
-        memory_budget_bytes: budget,
-        max_value_bytes: 1024,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
+    let mut e = engine_of(segment_bytes, budget, 1024, &[T]);
     for i in 0..objects {
         e.write(T, &i.to_le_bytes(), &[0; 100], &ANY).expect("load");
     }

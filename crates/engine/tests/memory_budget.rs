@@ -1,19 +1,16 @@
 //! The memory budget covers the hash index and transient copies, not only
 //! log segments.
 
-use insitu_engine::{Engine, EngineConfig, EngineError, HashRange, RejectRules};
+mod shared;
+
+use shared::engine_of;
+
+use insitu_engine::{Engine, EngineError, RejectRules};
 
 const T: u64 = 8;
 
 fn engine(segments: usize) -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 64 * 1024,
-        memory_budget_bytes: 64 * 1024 * segments,
-        max_value_bytes: 1024,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_of(64 * 1024, 64 * 1024 * segments, 1024, &[T])
 }
 
 fn used(e: &Engine) -> u64 {

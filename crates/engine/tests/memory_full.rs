@@ -1,6 +1,10 @@
 //! A full budget: removes must always succeed, and the space they free must
 //! become usable for new writes.
 
+mod shared;
+
+use shared::segment_copies;
+
 use insitu_engine::{
     Engine, EngineConfig, EngineError, HashRange, RejectRules, max_entry_bytes, object_entry_bytes,
 };
@@ -197,12 +201,7 @@ fn packed_tablet_on_a_full_budget(max_value: usize) -> (Engine, Vec<Vec<u8>>) {
 /// The removed key stays removed after a replay of the tablet's segments
 /// (a recovery), and every other key comes back with its value.
 fn assert_replay_keeps_removed(e: &Engine, removed: &[Vec<u8>], kept: &[Vec<u8>]) {
-    let segments: Vec<Vec<u8>> = e
-        .segments(PACKED, 0)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let segments = segment_copies(e, PACKED, 0);
     let config = EngineConfig {
         memory_budget_bytes: 64 * SEG,
         ..e.config().clone()

@@ -6,6 +6,8 @@
 //! that writes fail with `OutOfMemory`, which must leave no trace, while a
 //! remove never does (also from a budget full of live objects only).
 
+mod shared;
+
 use insitu_engine::{TableId, key_hash};
 use proptest::prelude::*;
 

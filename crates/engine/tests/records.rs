@@ -3,6 +3,10 @@
 //! segments. (Splits and `reserve_head` are in `records_placement.rs`, the
 //! model test in `records_model.rs`, the entry format in `src/entry_tests.rs`.)
 
+mod shared;
+
+use shared::segment_copies;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -419,12 +423,7 @@ fn replay_restores_records_and_the_counter_above_their_versions() {
     // A corrupt record entry is reported and not loaded.
     e.put_record(T, b"c", rid(0, 3), b"will be damaged")
         .expect("put");
-    let mut segments: Vec<Vec<u8>> = e
-        .segments(T, 0)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let mut segments = segment_copies(&e, T, 0);
     let last = segments.last_mut().expect("a segment");
     let damaged = raw::decode(last).last().expect("the record").clone();
     assert_eq!(

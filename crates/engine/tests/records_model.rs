@@ -5,6 +5,10 @@
 //! of records (by id and anchor, payload) and objects: per tablet exactly
 //! the model's records, and exactly its objects in every object view.
 
+mod shared;
+
+use shared::segment_copies;
+
 use std::collections::BTreeMap;
 
 use insitu_engine::{
@@ -204,12 +208,7 @@ impl Harness {
                 let tablets = e.tablets();
                 let before = &tablets[which % tablets.len()];
                 let start = before.range.start;
-                let segments: Vec<Vec<u8>> = e
-                    .segments(T, start)
-                    .expect("segments")
-                    .iter()
-                    .map(|s| s.to_vec())
-                    .collect();
+                let segments = segment_copies(e, T, start);
                 let records = e.record_count(T, start) as u64;
                 assert!(e.drop_tablet(T, start));
                 assert_eq!(e.record_count(T, start), 0, "dropped with its tablet");

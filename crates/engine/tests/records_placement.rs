@@ -3,6 +3,8 @@
 //! appends sized with `max_entry_bytes` after `reserve_head` lands in one
 //! segment.
 
+mod shared;
+
 use std::collections::BTreeMap;
 
 use insitu_engine::{Engine, EngineError, key_hash, max_entry_bytes};

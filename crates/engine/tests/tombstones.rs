@@ -1,19 +1,16 @@
 //! Tombstones across cleaning and replay: a removed key must never come back.
 
-use insitu_engine::{Engine, EngineConfig, HashRange, RejectRules};
+mod shared;
+
+use shared::{engine_of, segment_copies};
+
+use insitu_engine::{Engine, HashRange, RejectRules};
 
 const T: u64 = 9;
 const SEGMENT_BYTES: usize = 4096;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: SEGMENT_BYTES,
-        memory_budget_bytes: 1 << 22,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_of(SEGMENT_BYTES, 1 << 22, 512, &[T])
 }
 
 fn put(e: &mut Engine, key: &[u8], value: &[u8]) -> u64 {
@@ -34,12 +31,7 @@ fn churn(e: &mut Engine, n: usize, round: u8) {
 
 /// Replay the tablet's current segments into a fresh engine.
 fn replayed(e: &Engine) -> Engine {
-    let segments: Vec<Vec<u8>> = e
-        .segments(T, 0)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let segments = segment_copies(e, T, 0);
     let mut fresh = engine();
     assert!(fresh.drop_tablet(T, 0));
     let report = fresh

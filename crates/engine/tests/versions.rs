@@ -1,18 +1,15 @@
 //! The version counter refuses instead of saturating at `MAX_VERSION`.
 
-use insitu_engine::{Engine, EngineConfig, EngineError, HashRange, MAX_VERSION, RejectRules};
+mod shared;
+
+use shared::{engine_of, segment_copies};
+
+use insitu_engine::{Engine, EngineError, HashRange, MAX_VERSION, RejectRules};
 
 const T: u64 = 3;
 
 fn engine() -> Engine {
-    let config = EngineConfig {
-        segment_bytes: 4096,
-        memory_budget_bytes: 16 * 4096,
-        max_value_bytes: 512,
-    };
-    let mut e = Engine::with_max_key_bytes(config, 64).expect("config");
-    e.create_tablet(T, HashRange::FULL).expect("tablet");
-    e
+    engine_of(4096, 16 * 4096, 512, &[T])
 }
 
 #[test]
@@ -83,12 +80,7 @@ fn replay_refuses_versions_beyond_the_maximum_and_keeps_an_exhausted_counter() {
     e.raise_version(T, 0, MAX_VERSION).expect("raise");
     e.write(T, b"b", b"2", &RejectRules::default())
         .expect("last");
-    let segs: Vec<Vec<u8>> = e
-        .segments(T, 0)
-        .expect("segments")
-        .into_iter()
-        .map(<[u8]>::to_vec)
-        .collect();
+    let segs = segment_copies(&e, T, 0);
     let mut r = engine();
     r.drop_tablet(T, 0);
     let report = r

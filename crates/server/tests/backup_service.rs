@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use insitu_client::RpcConn;
-use insitu_coordinator::CoordinatorConfig;
 use insitu_protocol::frame::{FrameKind, HEADER_BYTES, Header, check_header, put_header};
 use insitu_protocol::{BackupOp, Request, Response, Status, blob};
 use insitu_server::{REPLICA_DIR, ServerConfig, ServerHandle, SyncMode};
@@ -122,12 +121,7 @@ fn replica_files(dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn replicas_are_written_read_kept_across_a_restart_and_verified() {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
+    let (dir, coordinator) = common::start_coordinator().await;
     let caddr = coordinator.addr().to_string();
     let sdir = dir.path().join("s");
     let server = start_server(&caddr, &sdir).await.unwrap();
@@ -286,12 +280,7 @@ async fn a_recovery_reads_small_and_large_replicas_whole() {
 
 #[tokio::test]
 async fn a_replica_store_of_another_cluster_stops_the_server_from_starting() {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
+    let (dir, coordinator) = common::start_coordinator().await;
     let caddr = coordinator.addr().to_string();
     let sdir = dir.path().join("s");
     // Learn this cluster's id, then leave a replica of another cluster.

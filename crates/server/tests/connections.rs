@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use insitu_client::RpcConn;
-use insitu_protocol::frame::{FrameKind, HEADER_BYTES, Header, check_header, put_header};
+use insitu_protocol::frame::{FrameKind, HEADER_BYTES, check_header};
 use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
 use insitu_server::{ConnLimits, MAX_FRAME_BYTES};
+use insitu_testkit::raw::{partial_frame, stalled_frames};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -34,18 +35,6 @@ impl Cluster {
         self.node.server.shutdown();
         self.node.coordinator.shutdown().await;
     }
-}
-
-/// The header of a request frame announcing a `body_len`-byte body.
-fn header(body_len: usize) -> BytesMut {
-    let mut b = BytesMut::new();
-    let h = Header {
-        kind: FrameKind::Request,
-        request_id: 1,
-        status: Status::Ok,
-    };
-    put_header(&mut b, &h, body_len);
-    b
 }
 
 async fn ping(addr: &str) {
@@ -99,14 +88,7 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     })
     .await;
     // 300 connections each announce a max-size frame and send 100 KiB of it.
-    let mut stalled = Vec::new();
-    for _ in 0..300 {
-        let mut s = TcpStream::connect(&c.shard).await.unwrap();
-        let mut bytes = header(MAX_BODY_BYTES);
-        bytes.extend_from_slice(&vec![0u8; 100 * 1024]);
-        s.write_all(&bytes).await.unwrap();
-        stalled.push(s);
-    }
+    let stalled = stalled_frames(&c.shard, 300, 100 * 1024).await;
     // The shard takes what the budget allows (two frames) and no more.
     let mut full = false;
     for _ in 0..2000 {
@@ -152,10 +134,7 @@ async fn stalled_and_idle_connections_are_closed() {
     })
     .await;
     // A frame that never completes: an error reply, then the close.
-    let mut s = TcpStream::connect(&c.shard).await.unwrap();
-    let mut bytes = header(100);
-    bytes.extend_from_slice(&[0u8; 10]);
-    s.write_all(&bytes).await.unwrap();
+    let mut s = partial_frame(&c.shard, 100, 10).await;
     let got = until_closed(&mut s).await;
     assert!(
         String::from_utf8_lossy(&got).contains("not completed within 300 ms"),

@@ -11,23 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::txn::{decide_at, prepare};
-use insitu_client::{AtSnapshot, Client, ClientConfig, RpcConn, Selection, Status};
+use common::txn::{
+    as_i64, client_with_op_timeout, decide_at, open_accounts, prepare, retrying_client,
+};
+use insitu_client::{AtSnapshot, Client, RpcConn, Selection, Status};
 use insitu_protocol::plan::Field;
 
 async fn cluster(shards: usize) -> (Client, common::Node) {
-    let node = common::start(|c| c.shards = shards).await;
-    let config = ClientConfig {
-        // Contended transactions retry until this passes.
-        op_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let (node, client) = retrying_client(shards).await;
     (client, node)
-}
-
-fn as_i64(v: Option<bytes::Bytes>) -> i64 {
-    v.map_or(0, |b| i64::from_le_bytes(b[..8].try_into().unwrap()))
 }
 
 fn at(mode: AtSnapshot) -> Selection {
@@ -56,12 +48,7 @@ async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
     let t = client.create_table("bank", 6).await.unwrap().id;
     const NAMES: u64 = 60;
     const INITIAL: i64 = 100;
-    for a in 0..40 {
-        client
-            .write(t, format!("acct{a}"), INITIAL.to_le_bytes())
-            .await
-            .unwrap();
-    }
+    open_accounts(&client, t, 40, INITIAL).await;
     let total = INITIAL as i128 * 40;
     let stop = Arc::new(AtomicBool::new(false));
     let transfers = Arc::new(AtomicU64::new(0));
@@ -373,11 +360,7 @@ async fn a_snapshot_read_waits_for_the_transaction_locking_its_key() {
 #[tokio::test]
 async fn a_one_phase_commit_without_the_oracle_aborts_and_unlocks() {
     let node = common::start(|_| {}).await;
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(3),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let client = client_with_op_timeout(&node, Duration::from_secs(3)).await;
     let t = client.create_table("nooracle", 1).await.unwrap().id;
     client.write(t, "k", 1i64.to_le_bytes()).await.unwrap();
     // Versions are kept on the shard from now on.

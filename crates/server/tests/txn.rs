@@ -7,13 +7,15 @@
 
 mod common;
 
-use common::txn::{decide, keys_on_two_shards, participants, prepare};
+use common::txn::{
+    as_i64, decide, keys_on_two_shards, open_accounts, participants, prepare, retrying_client,
+};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use insitu_client::{Client, ClientConfig, RpcConn, Status};
+use insitu_client::{Client, RpcConn, Status};
 use insitu_keyhash::key_hash;
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{RejectRules, Request, blob};
@@ -24,18 +26,8 @@ struct Cluster {
 }
 
 async fn cluster(shards: usize) -> Cluster {
-    let node = common::start(|c| c.shards = shards).await;
-    let config = ClientConfig {
-        // Contended transactions retry until this passes.
-        op_timeout: Duration::from_secs(60),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let (node, client) = retrying_client(shards).await;
     Cluster { client, node }
-}
-
-fn as_i64(v: Option<bytes::Bytes>) -> i64 {
-    v.map_or(0, |b| i64::from_le_bytes(b[..8].try_into().unwrap()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -77,12 +69,7 @@ async fn bank_transfers_keep_the_total_and_audits_see_it_whole() {
     let t = c.client.create_table("accounts", 6).await.unwrap().id;
     const ACCOUNTS: u64 = 20;
     const INITIAL: i64 = 100;
-    for a in 0..ACCOUNTS {
-        c.client
-            .write(t, format!("acct{a}"), INITIAL.to_le_bytes())
-            .await
-            .unwrap();
-    }
+    open_accounts(&c.client, t, ACCOUNTS, INITIAL).await;
     let total = INITIAL * ACCOUNTS as i64;
     let transfers = Arc::new(AtomicU64::new(0));
     let movers: Vec<_> = (0..4u64)

@@ -7,9 +7,11 @@
 //! - [`free_port`]: a loopback port that was free a moment ago.
 //! - [`rng`]: a seeded generator, so a failing test reproduces.
 //! - [`peer`]: a fake insitu peer (backup, shard, coordinator) on loopback.
+//! - [`raw`]: raw request frames on plain sockets, e.g. frames never completed.
 
 pub mod peer;
 pub mod proc;
+pub mod raw;
 
 pub use proc::{Proc, on_path};
 

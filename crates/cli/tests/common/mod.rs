@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod pushdown;
+pub mod typed;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -181,6 +182,11 @@ impl Cluster {
         cli(&self.addr(), args)
     }
 
+    /// The trimmed stdout of a CLI command that must succeed against this cluster.
+    pub fn answer(&self, args: &[&str]) -> String {
+        ok(self.cli(args)).trim().to_string()
+    }
+
     /// Run `insitu status` (which must succeed) until `pred` accepts its
     /// output, at most ~30 s; `what` names the awaited state in the panic.
     pub fn status_until(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
@@ -316,6 +322,15 @@ pub fn ok(out: (i32, String, String)) -> String {
 pub fn fails(out: (i32, String, String)) -> String {
     assert_ne!(out.0, 0, "expected a failure; stdout: {}", out.1);
     out.2
+}
+
+/// Run a CLI command that must fail and whose stderr must name each of `want`.
+pub fn fails_saying(cluster: &Cluster, args: &[&str], want: &[&str]) {
+    let (code, out, err) = cluster.cli(args);
+    assert_ne!(code, 0, "{args:?} should fail: {out}");
+    for w in want {
+        assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
+    }
 }
 
 /// A typed table `users` (id, name, age NULL-able, score decimal) over 4

@@ -2,7 +2,8 @@
 //! offsets, bulk loading, and a cluster with a client and one table.
 
 use insitu_client::Client;
-use insitu_protocol::plan::int_key;
+use insitu_protocol::plan::{Field, Op, ScanPlan, UpdateAction, int_key};
+use insitu_protocol::{Request, TabletInfo};
 
 use super::{Cluster, rt};
 
@@ -40,4 +41,36 @@ pub fn with_table(
     let client = rt.block_on(Client::connect(&cluster.addr())).unwrap();
     let t = rt.block_on(client.create_table(name, tablets)).unwrap().id;
     (cluster, rt, client, t)
+}
+
+/// A client of `addr` on its own single-threaded runtime, for a helper thread.
+pub fn thread_client(addr: &str) -> (tokio::runtime::Runtime, Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = rt.block_on(Client::connect(addr)).unwrap();
+    (rt, c)
+}
+
+/// A scan request applying `action` to `field` of every object of `tablet`,
+/// as operation `op_id`, sent straight to the tablet's shard.
+pub fn update_request(
+    table: u64,
+    tablet: &TabletInfo,
+    field: Field,
+    action: UpdateAction,
+    op_id: u64,
+    budget_ms: u32,
+) -> Request<'static> {
+    Request::Scan {
+        table,
+        start_hash: tablet.start_hash,
+        end_hash: tablet.end_hash,
+        map_version: tablet.map_version,
+        plan: ScanPlan::new(Op::Update { field, action }),
+        op_id,
+        budget_ms,
+        snapshot_ts: 0,
+    }
 }

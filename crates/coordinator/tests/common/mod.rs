@@ -596,6 +596,13 @@ pub async fn coordinator_and_log(name: &str) -> (TempDir, CoordinatorHandle, Rpc
     (dir, coord, c, Log::default())
 }
 
+/// A coordinator started with `config`, and a connection to it.
+pub async fn start_connected(config: CoordinatorConfig) -> (CoordinatorHandle, RpcConn) {
+    let coord = start_coordinator_with(config).await;
+    let c = connect(&coord).await;
+    (coord, c)
+}
+
 /// Start a coordinator on `dir` that forgets every stored server (as `insitu up` does).
 pub async fn start_forgetting(dir: &TempDir) -> CoordinatorHandle {
     let mut config = CoordinatorConfig::new(dir.0.clone());

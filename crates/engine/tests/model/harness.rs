@@ -1,6 +1,7 @@
 //! The reference model (a `BTreeMap`) and the harness that applies each
 //! operation to the engine and the model and checks that they agree.
 
+use crate::shared::segment_copies;
 use std::collections::{BTreeMap, HashMap};
 
 use insitu_engine::{
@@ -52,6 +53,16 @@ impl Model {
     /// The live object of `key`: absent once its deadline passed.
     fn live(&self, key: &Key) -> Option<&(Vec<u8>, u64)> {
         self.objects.get(key).filter(|_| !self.expired(key))
+    }
+
+    /// The live object of `key` and the deadline an update of it keeps (0 if none).
+    fn live_and_kept(&self, key: &Key) -> (Option<(Vec<u8>, u64)>, u64) {
+        let current = self.live(key).cloned();
+        let kept = match current {
+            Some(_) => self.deadlines.get(key).copied().unwrap_or(0),
+            None => 0,
+        };
+        (current, kept)
     }
 
     /// The version reject rules see (the live object's).
@@ -208,11 +219,7 @@ impl Harness {
             }
             Op::IncI64 { t, k, delta, rules } => {
                 let key = (TABLES[*t], key_bytes(*k));
-                let current = self.model.live(&key).cloned();
-                let kept = match current {
-                    Some(_) => self.model.deadlines.get(&key).copied().unwrap_or(0),
-                    None => 0,
-                };
+                let (current, kept) = self.model.live_and_kept(&key);
                 let r = rules.make(current.as_ref().map_or(0, |c| c.1));
                 let want =
                     expected_rules(&r, current.as_ref().map(|c| c.1)).and_then(
@@ -238,11 +245,7 @@ impl Harness {
             Op::IncF64 { t, k, delta, rules } => {
                 let key = (TABLES[*t], key_bytes(*k));
                 let delta = f64::from(*delta) / 4.0;
-                let current = self.model.live(&key).cloned();
-                let kept = match current {
-                    Some(_) => self.model.deadlines.get(&key).copied().unwrap_or(0),
-                    None => 0,
-                };
+                let (current, kept) = self.model.live_and_kept(&key);
                 let r = rules.make(current.as_ref().map_or(0, |c| c.1));
                 let want =
                     expected_rules(&r, current.as_ref().map(|c| c.1)).and_then(
@@ -378,13 +381,7 @@ impl Harness {
             Op::DropReplay { which } => {
                 let (table, range) = self.pick_tablet(*which);
                 let before = self.engine.tablet_stats(table, range.start).expect("stats");
-                let segments: Vec<Vec<u8>> = self
-                    .engine
-                    .segments(table, range.start)
-                    .expect("segments")
-                    .iter()
-                    .map(|s| s.to_vec())
-                    .collect();
+                let segments = segment_copies(&self.engine, table, range.start);
                 assert!(self.engine.drop_tablet(table, range.start));
                 assert!(
                     !self.engine.drop_tablet(table, range.start),

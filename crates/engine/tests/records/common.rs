@@ -3,20 +3,15 @@
 
 #![allow(dead_code)] // each test file uses part of it
 
+use crate::shared::segment_copies;
 use std::collections::BTreeMap;
 
-use insitu_engine::{Engine, EngineConfig, HashRange, Record, RecordId, RejectRules, ReplayReport};
+use insitu_engine::{Engine, EngineConfig, HashRange, Record, RecordId, ReplayReport};
 
 pub const T: u64 = 11;
 pub const SEG: usize = 4096;
 pub const MAX_VALUE: usize = 512;
-pub const ANY: RejectRules = RejectRules {
-    exists: false,
-    doesnt_exist: false,
-    version_le_given: false,
-    version_ne_given: false,
-    given_version: 0,
-};
+pub use crate::shared::ANY;
 
 pub fn config(budget_segments: usize) -> EngineConfig {
     EngineConfig {
@@ -55,12 +50,7 @@ pub fn anchor(i: u64) -> Vec<u8> {
 /// Replay the tablet starting at `start` from its own segments into a fresh engine.
 pub fn replayed(e: &Engine, start: u64) -> (Engine, ReplayReport) {
     let range = e.tablet_stats(T, start).expect("tablet").range;
-    let segments: Vec<Vec<u8>> = e
-        .segments(T, start)
-        .expect("segments")
-        .iter()
-        .map(|s| s.to_vec())
-        .collect();
+    let segments = segment_copies(e, T, start);
     let mut fresh = Engine::with_max_key_bytes(e.config().clone(), 64).expect("config");
     let report = fresh
         .replay(T, range, segments.iter().map(|s| &s[..]))

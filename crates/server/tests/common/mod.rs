@@ -42,15 +42,22 @@ impl Node {
     }
 }
 
-/// Start a coordinator and a one-shard server (data under one temporary
-/// directory), the server's configuration changed by `tweak` first.
-pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Node {
+/// A new temporary directory and a coordinator on loopback keeping its
+/// metadata in the directory's `c` folder (a server's data can go in `s`).
+pub async fn start_coordinator() -> (tempfile::TempDir, CoordinatorHandle) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let coordinator =
         insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
             .await
             .unwrap();
+    (dir, coordinator)
+}
+
+/// Start a coordinator and a one-shard server (data under one temporary
+/// directory), the server's configuration changed by `tweak` first.
+pub async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> Node {
+    let (dir, coordinator) = start_coordinator().await;
     let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));
     config.shards = 1;
     tweak(&mut config);

@@ -89,13 +89,7 @@ pub async fn small_budget() -> (super::Node, insitu_client::Client) {
         c.engine.max_value_bytes = 4096;
     })
     .await;
-    let config = insitu_client::ClientConfig {
-        op_timeout: std::time::Duration::from_secs(10),
-        ..insitu_client::ClientConfig::default()
-    };
-    let client = insitu_client::Client::connect_with(&node.addr(), config)
-        .await
-        .unwrap();
+    let client = client_with_op_timeout(&node, std::time::Duration::from_secs(10)).await;
     (node, client)
 }
 
@@ -139,4 +133,42 @@ pub async fn participants(info: &TableInfo) -> ((String, RpcConn), (String, RpcC
     let s1 = RpcConn::connect(&a1).await.unwrap();
     let s2 = RpcConn::connect(&a2).await.unwrap();
     ((k1, s1), (k2, s2))
+}
+
+/// A node of `shards` shards and a client whose contended transactions
+/// retry for up to 60 s.
+pub async fn retrying_client(shards: usize) -> (super::Node, insitu_client::Client) {
+    let node = super::start(|c| c.shards = shards).await;
+    // Contended transactions retry until this passes.
+    let client = client_with_op_timeout(&node, std::time::Duration::from_secs(60)).await;
+    (node, client)
+}
+
+/// A client of `node` whose calls wait up to `op_timeout`.
+pub async fn client_with_op_timeout(
+    node: &super::Node,
+    op_timeout: std::time::Duration,
+) -> insitu_client::Client {
+    let config = insitu_client::ClientConfig {
+        op_timeout,
+        ..insitu_client::ClientConfig::default()
+    };
+    insitu_client::Client::connect_with(&node.addr(), config)
+        .await
+        .unwrap()
+}
+
+/// The little-endian i64 at the start of a value; 0 for no value.
+pub fn as_i64(v: Option<bytes::Bytes>) -> i64 {
+    v.map_or(0, |b| i64::from_le_bytes(b[..8].try_into().unwrap()))
+}
+
+/// Accounts `acct0` .. `acct{n-1}` of `table`, each holding `initial`.
+pub async fn open_accounts(client: &insitu_client::Client, table: u64, n: u64, initial: i64) {
+    for a in 0..n {
+        client
+            .write(table, format!("acct{a}"), initial.to_le_bytes())
+            .await
+            .unwrap();
+    }
 }

@@ -1,0 +1,40 @@
+//! Raw protocol frames on plain sockets, for tests of how a listener treats
+//! peers that misbehave (frames announced but never completed).
+
+use bytes::BytesMut;
+use insitu_protocol::frame::{FrameKind, Header, put_header};
+use insitu_protocol::{MAX_BODY_BYTES, Status};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The header of a request frame (id 1) announcing a `body_len`-byte body.
+pub fn request_header(body_len: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    let h = Header {
+        kind: FrameKind::Request,
+        request_id: 1,
+        status: Status::Ok,
+    };
+    put_header(&mut b, &h, body_len);
+    b
+}
+
+/// A connection to `addr` that announces a request of `announced` body
+/// bytes and sends only the first `sent` of them (zeros).
+pub async fn partial_frame(addr: &str, announced: usize, sent: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut bytes = request_header(announced);
+    bytes.extend_from_slice(&vec![0u8; sent]);
+    s.write_all(&bytes).await.unwrap();
+    s
+}
+
+/// `count` connections to `addr`, each announcing a max-size frame and
+/// sending only its first `sent` bytes (zeros); kept open by the caller.
+pub async fn stalled_frames(addr: &str, count: usize, sent: usize) -> Vec<TcpStream> {
+    let mut stalled = Vec::new();
+    for _ in 0..count {
+        stalled.push(partial_frame(addr, MAX_BODY_BYTES, sent).await);
+    }
+    stalled
+}
