@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::snap::{commit, read_at};
+use common::snap::{commit, keep_versions, read_at};
 use insitu_client::{AtSnapshot, Client, ClientConfig, Selection, Status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,16 +38,7 @@ async fn a_moved_tablet_reads_the_snapshots_its_commits_allow() {
     let (home, away) = (id_of(&info.tablets[0].addr), id_of(&info.tablets[1].addr));
 
     // Both servers keep versions from here on (a snapshot read of each).
-    client
-        .read_only(|snap| {
-            let (k, other) = (k.clone(), other.clone());
-            async move {
-                snap.read(t, &k).await?;
-                snap.read(t, &other).await
-            }
-        })
-        .await
-        .unwrap();
+    keep_versions(&client, t, &[&k, &other]).await;
     commit(&client, t, &k, "v1").await;
     let old = client.timestamp().await.unwrap();
     commit(&client, t, &k, "v2").await;

@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::snap::{commit, read_at, text};
+use common::snap::{commit, keep_versions, read_at, text};
 use insitu_client::{Client, ClientConfig, Status};
 
 /// The table the fault is armed for: the first table of a fresh cluster.
@@ -54,16 +54,7 @@ async fn a_tablet_moved_without_a_bound_refuses_the_snapshots_before_it() {
     // takes no timestamp: the table's bound on its source becomes unknown.
     commit(&client, t, &k, "v1").await;
     // Both shards keep versions from here on.
-    client
-        .read_only(|snap| {
-            let (k, other) = (k.clone(), other.clone());
-            async move {
-                snap.read(t, &k).await?;
-                snap.read(t, &other).await
-            }
-        })
-        .await
-        .unwrap();
+    keep_versions(&client, t, &[&k, &other]).await;
     let after_commit = client.timestamp().await.unwrap();
     assert_eq!(
         read_at(&client, after_commit, t, &k).await,

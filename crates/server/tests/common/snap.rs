@@ -35,3 +35,21 @@ pub async fn commit(client: &Client, t: u64, key: &str, value: &str) {
         .await
         .unwrap();
 }
+
+/// Read `keys` of table `t` in one read-only transaction: a snapshot read on
+/// the shards holding them, from which on they keep replaced versions.
+pub async fn keep_versions(client: &Client, t: u64, keys: &[&str]) {
+    let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    client
+        .read_only(|snap| {
+            let keys = keys.clone();
+            async move {
+                for k in &keys {
+                    snap.read(t, k).await?;
+                }
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+}
