@@ -6,36 +6,16 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::snap::{commit, keep_versions, read_at};
-use insitu_client::{AtSnapshot, Client, ClientConfig, Selection, Status};
+use common::snap::{commit, keep_versions, read_at, server_of, two_servers_one_table};
+use insitu_client::{AtSnapshot, Selection, Status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moved_tablet_reads_the_snapshots_its_commits_allow() {
-    let node = common::start(|_| {}).await;
-    let second = node.second_server("s2").await;
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(30),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
-    let info = client.create_table("moved", 2).await.unwrap();
+    let (node, second, client, info) = two_servers_one_table("moved").await;
     let t = info.id;
-    assert_ne!(
-        info.tablets[0].addr, info.tablets[1].addr,
-        "one tablet on each server"
-    );
     let (k, other) = (common::key_in(&info, 0, "k"), common::key_in(&info, 1, "o"));
-    let servers = client.list_servers().await.unwrap();
-    let id_of = |addr: &str| {
-        servers
-            .iter()
-            .find(|s| s.shard_addrs.iter().any(|a| a == addr))
-            .expect("a server holds it")
-            .id
-    };
-    let (home, away) = (id_of(&info.tablets[0].addr), id_of(&info.tablets[1].addr));
+    let home = server_of(&client, &info.tablets[0].addr).await;
+    let away = server_of(&client, &info.tablets[1].addr).await;
 
     // Both servers keep versions from here on (a snapshot read of each).
     keep_versions(&client, t, &[&k, &other]).await;

@@ -13,10 +13,8 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::snap::{commit, keep_versions, read_at, text};
-use insitu_client::{Client, ClientConfig, Status};
+use common::snap::{commit, keep_versions, read_at, server_of, text, two_servers_one_table};
+use insitu_client::Status;
 
 /// The table the fault is armed for: the first table of a fresh cluster.
 const TABLE: u64 = 1;
@@ -26,27 +24,11 @@ async fn a_tablet_moved_without_a_bound_refuses_the_snapshots_before_it() {
     // SAFETY: set before any server thread starts (the first thing the
     // only test of this binary does).
     unsafe { std::env::set_var("INSITU_FAULT_AT", format!("move-oracle-fails:{TABLE:x}")) };
-    let node = common::start(|_| {}).await;
-    let second = node.second_server("s2").await;
-    let config = ClientConfig {
-        op_timeout: Duration::from_secs(30),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect_with(&node.addr(), config).await.unwrap();
-    let info = client.create_table("moved", 2).await.unwrap();
+    let (node, second, client, info) = two_servers_one_table("moved").await;
     let t = info.id;
     assert_eq!(t, TABLE, "the first table of a fresh cluster");
-    assert_ne!(
-        info.tablets[0].addr, info.tablets[1].addr,
-        "one tablet on each server"
-    );
     let (k, other) = (common::key_in(&info, 0, "k"), common::key_in(&info, 1, "o"));
-    let servers = client.list_servers().await.unwrap();
-    let away = servers
-        .iter()
-        .find(|s| s.shard_addrs.iter().any(|a| *a == info.tablets[1].addr))
-        .expect("a server holds the second tablet")
-        .id;
+    let away = server_of(&client, &info.tablets[1].addr).await;
 
     // Taken before anything is written: k did not exist at this snapshot.
     let before = client.timestamp().await.unwrap();

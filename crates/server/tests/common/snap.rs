@@ -1,7 +1,35 @@
 //! Client-side steps of the snapshot tests: a one-key transaction, a read at
 //! a snapshot timestamp, and replies as text so assertions read plainly.
 
-use insitu_client::{Client, ClientError, Status};
+use std::time::Duration;
+
+use insitu_client::{Client, ClientError, Status, TableInfo};
+use insitu_server::ServerHandle;
+
+/// Two servers (the node's and a second one), a patient client, and table
+/// `name` of two tablets, one on each server: the set-up of the move tests.
+pub async fn two_servers_one_table(name: &str) -> (super::Node, ServerHandle, Client, TableInfo) {
+    let node = super::start(|_| {}).await;
+    let second = node.second_server("s2").await;
+    // Moves and snapshot retries fit well within this.
+    let client = super::txn::client_with_op_timeout(&node, Duration::from_secs(30)).await;
+    let info = client.create_table(name, 2).await.unwrap();
+    assert_ne!(
+        info.tablets[0].addr, info.tablets[1].addr,
+        "one tablet on each server"
+    );
+    (node, second, client, info)
+}
+
+/// The id of the server whose shard listens on `addr`.
+pub async fn server_of(client: &Client, addr: &str) -> u64 {
+    let servers = client.list_servers().await.unwrap();
+    servers
+        .iter()
+        .find(|s| s.shard_addrs.iter().any(|a| a == addr))
+        .expect("a server holds it")
+        .id
+}
 
 /// A read's outcome as text (values are UTF-8 in these tests), or its status.
 pub fn text(found: Result<Option<bytes::Bytes>, ClientError>) -> Result<Option<String>, Status> {
