@@ -191,10 +191,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                 Ok(n) => crate::outln!(
                     "gave up what no backup holds of {n} tablets of table {name}: they are recovered from what the backups hold and marked lost (reads of missing keys fail with \"data lost\"; `insitu table ack-loss {name}` acknowledges that once they serve)"
                 )?,
-                Err(e) if e.status() == Some(insitu_client::Status::UnknownTable) => {
-                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(loss_error(&name, e)),
             }
         }
         Command::Table(TableCmd::AckLoss { name }) => {
@@ -204,10 +201,7 @@ async fn run_async(command: Command, cluster: &ClusterArg) -> anyhow::Result<()>
                 Ok(n) => crate::outln!(
                     "acknowledged: {n} tablets of table {name} lost their objects; missing keys there now read as not found"
                 )?,
-                Err(e) if e.status() == Some(insitu_client::Status::UnknownTable) => {
-                    bail!("unknown table {name:?} (`insitu table list` shows the tables)")
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(loss_error(&name, e)),
             }
         }
         Command::Table(TableCmd::Drop { name }) => {
@@ -600,5 +594,15 @@ mod tests {
         );
         assert!(parse_line(r#"{"key":"a"}"#, true).is_err());
         assert!(parse_line("{not json", true).is_err());
+    }
+}
+
+/// An `accept-loss` or `ack-loss` failure: an unknown table said plainly
+/// (with where to find the names), anything else as the client reported it.
+fn loss_error(name: &str, e: insitu_client::ClientError) -> anyhow::Error {
+    if e.status() == Some(insitu_client::Status::UnknownTable) {
+        anyhow::anyhow!("unknown table {name:?} (`insitu table list` shows the tables)")
+    } else {
+        e.into()
     }
 }
