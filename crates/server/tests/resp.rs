@@ -228,7 +228,7 @@ async fn auth_takes_the_cluster_token() {
     let gate = insitu_auth::Gate::new(client_token, member_token);
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = insitu_coordinator::CoordinatorConfig::new(dir.path().join("c"));
+    let mut config = common::coordinator_config(&dir.path().join("c"));
     config.gate = gate.clone();
     let coordinator = insitu_coordinator::start(config, listener).await.unwrap();
     let mut config = ServerConfig::new(coordinator.addr().to_string(), dir.path().join("s"));

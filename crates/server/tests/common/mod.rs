@@ -42,15 +42,24 @@ impl Node {
     }
 }
 
+/// The settings of these tests' coordinators (metadata in `dir`): the
+/// defaults, with a failure timeout of 5 s. Why: no test here is about
+/// failure detection, and their servers share the test's process on a loaded
+/// CI machine; a backup thread kept off the CPU for the default 500 ms would
+/// be declared dead, failing a move or a read for a death no test meant.
+pub fn coordinator_config(dir: &std::path::Path) -> CoordinatorConfig {
+    let mut config = CoordinatorConfig::new(dir.to_path_buf());
+    config.failure_timeout = std::time::Duration::from_secs(5);
+    config
+}
+
 /// A new temporary directory and a coordinator on loopback keeping its
 /// metadata in the directory's `c` folder (a server's data can go in `s`).
 pub async fn start_coordinator() -> (tempfile::TempDir, CoordinatorHandle) {
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator =
-        insitu_coordinator::start(CoordinatorConfig::new(dir.path().join("c")), listener)
-            .await
-            .unwrap();
+    let config = coordinator_config(&dir.path().join("c"));
+    let coordinator = insitu_coordinator::start(config, listener).await.unwrap();
     (dir, coordinator)
 }
 
