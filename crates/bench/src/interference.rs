@@ -36,6 +36,11 @@ pub struct Args {
     /// How long each phase (idle, and each operation, repeated) lasts.
     #[arg(long, default_value_t = 3.0)]
     pub seconds_per_op: f64,
+    /// Replicas per segment (R; 0: in memory only, where no reply waits
+    /// for a backup). Default: the coordinator's (2, or as many backups as
+    /// there are).
+    #[arg(long)]
+    pub replicas: Option<u32>,
     #[arg(long)]
     pub json: Option<PathBuf>,
 }
@@ -132,7 +137,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let n = args.objects;
     let window = Duration::from_secs_f64(args.seconds_per_op);
     let memory_mb = ((n * 200) >> 20) as usize + 256;
-    let c = LocalCluster::start(2, 1, memory_mb)?;
+    let replicas = args.replicas.unwrap_or_else(LocalCluster::default_replicas);
+    let c = LocalCluster::start_with(2, 1, memory_mb, replicas)?;
     let table = c.create_table("interference", 1)?;
     let load = c.load(table, n, |i, key, v| {
         key.extend_from_slice(&int_key(i));
@@ -200,6 +206,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     out.insert("objects".into(), json!(n));
     out.insert("seconds_per_op".into(), json!(args.seconds_per_op));
     out.insert("target_read_p99_us".into(), json!(TARGET_P99_US));
+    out.insert("replicas".into(), json!(replicas));
     println!(
         "{:>12} {:>10} {:>10} {:>10} {:>8} {:>12}",
         "phase", "reads", "p50 us", "p99 us", "op runs", "op mean ms"
@@ -255,6 +262,7 @@ mod tests {
             run(&Args {
                 objects: 2000,
                 seconds_per_op: 0.1,
+                replicas: None,
                 json: Some(path),
             })
         })

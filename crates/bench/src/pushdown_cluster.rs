@@ -24,12 +24,12 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// `servers` servers of `shards` shards each, `memory_mb` per server.
     pub fn start(servers: usize, shards: usize, memory_mb: usize) -> anyhow::Result<LocalCluster> {
-        Self::start_with(
-            servers,
-            shards,
-            memory_mb,
-            CoordinatorConfig::new(PathBuf::new()).replicas,
-        )
+        Self::start_with(servers, shards, memory_mb, Self::default_replicas())
+    }
+
+    /// The coordinator's default replicas per segment.
+    pub fn default_replicas() -> u32 {
+        CoordinatorConfig::new(PathBuf::new()).replicas
     }
 
     /// `start`, with `replicas` replicas per segment (0: in memory only).
