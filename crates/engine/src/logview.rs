@@ -51,6 +51,22 @@ impl Engine {
         self.budget.clock.wrapping_add(self.budget.changes)
     }
 
+    /// A replication walk at `mark` (`log_changes()` now) saw every segment
+    /// as it is: remember, per segment, the length seen and the first mark
+    /// at which it was seen (`Segment::walked`). Why the first: a walk whose
+    /// mark is published copied every byte present at that walk, and marks
+    /// only grow, so once any mark at or after it is durable so are those
+    /// bytes; a later walk of an unchanged segment proves nothing new.
+    /// O(segments), beside the walk's own pass over them.
+    pub fn note_walk(&self, mark: u64) {
+        debug_assert_eq!(mark, self.log_changes(), "noted under the walk's borrow");
+        for t in self.tablets.iter().flatten() {
+            for &slot in &t.order {
+                t.segs[slot as usize].note_walk(mark);
+            }
+        }
+    }
+
     /// Visit every segment of every tablet, oldest first within a tablet.
     pub fn for_each_segment(&self, mut f: impl FnMut(SegmentView<'_>)) {
         for t in self.tablets.iter().flatten() {
@@ -171,5 +187,65 @@ mod tests {
         assert!(e.drop_tablet(1, range.start));
         assert!(snapshot(&e).is_empty());
         assert_eq!(e.log_of(1, range.start), None);
+    }
+
+    #[test]
+    fn a_read_is_held_by_the_mark_of_a_walk_that_saw_its_entry() {
+        let mut e = engine();
+        e.create_tablet(1, HashRange::FULL).expect("tablet");
+        let rules = RejectRules::default();
+        let held = |e: &Engine, k: u32| e.read_held(1, &k.to_le_bytes()).expect("found").1;
+        let put = |e: &mut Engine, k: u32, len: usize| {
+            e.write(1, &k.to_le_bytes(), &vec![k as u8; len], &rules)
+                .expect("write");
+        };
+        put(&mut e, 1, 100);
+        // Never walked: held only by everything done so far.
+        assert_eq!(held(&e, 1), e.log_changes());
+        let first = e.log_changes();
+        e.note_walk(first);
+        assert_eq!(held(&e, 1), first);
+        // A later entry in the same segment: key 1 keeps the walk that saw
+        // it, key 2 (after every walk) waits for everything.
+        put(&mut e, 2, 100);
+        assert!(e.log_changes() > first);
+        assert_eq!((held(&e, 1), held(&e, 2)), (first, e.log_changes()));
+        let second = e.log_changes();
+        e.note_walk(second);
+        assert_eq!((held(&e, 1), held(&e, 2)), (first, second));
+        // A third walk of a longer segment forgets the first length: key 1
+        // is then held by the second walk's mark (later, never earlier).
+        put(&mut e, 3, 100);
+        let third = e.log_changes();
+        e.note_walk(third);
+        assert_eq!(
+            (held(&e, 1), held(&e, 2), held(&e, 3)),
+            (second, second, third)
+        );
+        // A walk with nothing new changes nothing.
+        e.note_walk(e.log_changes());
+        assert_eq!((held(&e, 2), held(&e, 3)), (second, third));
+        // Fill the segment until another opens; walks of the new head do not
+        // move the marks of the sealed one.
+        let mut k = 4u32;
+        let mut sealed = 0;
+        while sealed == 0 {
+            put(&mut e, k, 1000);
+            k += 1;
+            sealed = 0;
+            e.for_each_segment(|v| sealed += v.sealed as u32);
+        }
+        let filled = e.log_changes();
+        e.note_walk(filled);
+        let last_sealed = k - 2; // k - 1 opened the new head
+        let sealed_mark = held(&e, last_sealed);
+        assert_eq!(sealed_mark, filled);
+        for more in 0..3 {
+            put(&mut e, 10_000 + more, 100);
+            e.note_walk(e.log_changes());
+        }
+        assert_eq!(held(&e, last_sealed), sealed_mark);
+        assert_eq!(held(&e, 10_002), e.log_changes());
+        assert!(e.read_held(1, b"absent").is_err());
     }
 }

@@ -19,6 +19,28 @@ impl Engine {
             .ok_or(EngineError::ObjectDoesntExist)
     }
 
+    /// `read`, and the log mark after whose replication the entry read is
+    /// durable: that of a walk that saw it (`note_walk`), or `log_changes()`
+    /// now if it came after the last walk. A reply that
+    /// shows the object need wait only for that mark, not for every change
+    /// made since (a read of an old object during a long update).
+    #[inline]
+    pub fn read_held(
+        &self,
+        table: TableId,
+        key: &[u8],
+    ) -> Result<(ObjectRef<'_>, u64), EngineError> {
+        self.check_key(key)?;
+        let hash = key_hash(table, key);
+        let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
+        let (object, held_at) = self
+            .tablet(slot)
+            .find_object_held(hash, key)
+            .filter(|(o, _)| !o.is_expired_now(self))
+            .ok_or(EngineError::ObjectDoesntExist)?;
+        Ok((object, held_at.unwrap_or_else(|| self.log_changes())))
+    }
+
     /// Write `value` under `key`; returns the new version.
     pub fn write(
         &mut self,

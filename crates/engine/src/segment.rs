@@ -10,6 +10,7 @@
 //! or its owner makes (index snapshots, sorted hash lists, migration buffers,
 //! key lists), charged through `TransientCharge`.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -47,12 +48,47 @@ pub(crate) struct Segment {
     /// count, their mean deadline without reading them (Redis's `INFO`
     /// `avg_ttl`). u128: 2^32 deadlines near 2^41 ms overflow a u64.
     pub expiry_deadline_sum_ms: u128,
+    /// What the replication walks saw of this segment (`Engine::note_walk`):
+    /// the last two lengths they found, each with the mark (the engine's
+    /// `log_changes()`) of the first walk that found it, older first. Every
+    /// entry that starts below such a length was there at that walk, so it
+    /// is held by the backups once that mark is durable, and a read of it
+    /// need not wait for later changes (`Engine::read_held`). Two, not one:
+    /// the newest walk's round may still be in flight while the one before
+    /// is held, and an entry the older walk saw waits only for that one.
+    /// (0, 0) until walked. A `Cell`: the walk sees the engine shared.
+    pub walked: Cell<[(u32, u64); 2]>,
 }
 
 impl Segment {
     #[inline]
     pub fn room(&self, segment_bytes: usize) -> usize {
         segment_bytes - self.buf.len()
+    }
+
+    /// The mark after whose replication the entry starting at `at` is
+    /// durable, if a walk saw it (None: it came after the last walk, which
+    /// the next walk's mark covers).
+    #[inline]
+    pub fn held_at(&self, at: usize) -> Option<u64> {
+        let [(older_len, older_mark), (len, mark)] = self.walked.get();
+        if at < older_len as usize {
+            Some(older_mark)
+        } else {
+            (at < len as usize).then_some(mark)
+        }
+    }
+
+    /// Note a walk at `mark` (see `walked`): nothing if it found the length
+    /// the last walk found, else this walk's length and mark become the
+    /// newest pair.
+    #[inline]
+    pub fn note_walk(&self, mark: u64) {
+        let [_, newest] = self.walked.get();
+        if newest.0 as usize != self.buf.len() {
+            debug_assert!(self.buf.len() <= u32::MAX as usize);
+            self.walked.set([newest, (self.buf.len() as u32, mark)]);
+        }
     }
 
     /// Append an entry built from parts; the caller checked `room`.

@@ -124,6 +124,13 @@ impl Tablet {
         self.lookup(hash, key).map(|(_, o)| o)
     }
 
+    /// `find_object`, and its segment's `held_at` (see `Engine::read_held`).
+    #[inline]
+    pub fn find_object_held(&self, hash: u64, key: &[u8]) -> Option<(ObjectRef<'_>, Option<u64>)> {
+        self.lookup(hash, key)
+            .map(|(l, o)| (o, self.segs[slot_of(l)].held_at(offset_of(l))))
+    }
+
     /// The log reference and the object of `key`, its entry decoded once
     /// (the key compare and the caller share the decode).
     #[inline]

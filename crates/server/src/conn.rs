@@ -35,8 +35,8 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
     let limits = &state.limits;
     let mut inbox = Inbox::new();
     let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
-    // Whether a reply in `wbuf` may show data (see `handler::handle`).
-    let mut exposes = false;
+    // The log mark the replies in `wbuf` wait for (see `handler::Handled`).
+    let mut need = 0u64;
     // What the connection authenticated as (see `insitu_auth::Gate`).
     let mut session = Session::default();
     loop {
@@ -50,7 +50,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 Err(e) => {
                     // The stream cannot be re-synchronised: say why, then close.
                     malformed_frame(&mut wbuf, &e);
-                    replies_durable(state, &mut exposes).await?;
+                    replies_durable(state, &mut need).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
@@ -74,23 +74,23 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             }
             let handled =
                 handler::handle(state, &mut session, header.request_id, body, &mut wbuf).await;
-            exposes |= handled.exposes;
+            need = need.max(handled.need);
             if handled.close {
                 // Refused at the gate: say why, then close (nothing after
                 // this frame is read).
-                replies_durable(state, &mut exposes).await?;
+                replies_durable(state, &mut need).await?;
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 return Ok(Some(Closed::Unauthenticated));
             }
             // Don't let a long pipeline of big replies pile up unbounded.
             if wbuf.len() >= MAX_BODY_BYTES {
-                replies_durable(state, &mut exposes).await?;
+                replies_durable(state, &mut need).await?;
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 wbuf.clear();
             }
         }
         if !wbuf.is_empty() {
-            replies_durable(state, &mut exposes).await?;
+            replies_durable(state, &mut need).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
             wbuf.clear();
         }
@@ -145,21 +145,19 @@ pub(crate) fn stalled_frame(out: &mut BytesMut, stall_timeout: Duration) {
     encode_error(out, 0, Status::BadRequest, message);
 }
 
-/// Before replies leave: wait until every change the engine has made so far
-/// is held by R backups (group commit: all connections of the shard wait on
-/// the same round). Reads wait too, since a reply may show a write that is
-/// not yet durable. With R = 0 (or nothing new) this is one compare.
-/// `exposes` (reset here): whether the buffered replies may show data.
+/// Before replies leave: wait until the engine's changes up to `need`
+/// (reset here; the largest of the buffered replies' marks, see
+/// `handler::Handled`) are held by R backups (group commit: all connections
+/// of the shard wait on the same rounds). Reads wait too, since a reply may
+/// show a write that is not yet durable. With R = 0, or `need` already
+/// durable (0: the replies show nothing), this is one compare.
 #[inline]
-pub(crate) async fn replies_durable(state: &ShardState, exposes: &mut bool) -> std::io::Result<()> {
-    if !std::mem::take(exposes) {
+pub(crate) async fn replies_durable(state: &ShardState, need: &mut u64) -> std::io::Result<()> {
+    let target = std::mem::take(need);
+    if !state.repl.behind(target) {
         return Ok(());
     }
-    let changes = state.engine.borrow().log_changes();
-    if !state.repl.behind(changes) {
-        return Ok(());
-    }
-    state.repl.wait_durable(changes).await.map_err(|_| {
+    state.repl.wait_durable(target).await.map_err(|_| {
         std::io::Error::other("the server was declared dead by the coordinator; closing")
     })
 }

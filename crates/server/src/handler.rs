@@ -122,12 +122,17 @@ fn reply_or_refuse(out: &mut BytesMut, id: u64, result: Result<Response<'_>, (St
 
 /// What `handle` tells the connection loop about one request frame.
 pub struct Handled {
-    /// Whether its reply may show data (so it must wait until the shard's
-    /// changes are replicated, `conn.rs`): every request but the
-    /// coordinator's tablet administration, which must not wait (a server's
-    /// first `TakeTablet` comes before it knows its cluster and R) and
-    /// exposes nothing (a new tablet is empty until clients write to it).
-    pub exposes: bool,
+    /// The engine's log mark (`Engine::log_changes` values) R backups must
+    /// hold before the reply leaves (`conn.rs`), since the reply may show
+    /// what was logged up to it; 0: the reply shows nothing. Every request
+    /// but the coordinator's tablet administration takes the changes made
+    /// by the time it was answered; that administration must not wait (a
+    /// server's first `TakeTablet` comes before it knows its cluster and R)
+    /// and exposes nothing (a new tablet is empty until clients write to
+    /// it). A found object of a point read takes only its segment's mark
+    /// (`Engine::read_held`): a read of an old object does not queue behind
+    /// the replication of a long update's writes.
+    pub need: u64,
     /// Close the connection after the reply (failed authentication).
     pub close: bool,
 }
@@ -142,7 +147,7 @@ pub async fn handle(
     out: &mut BytesMut,
 ) -> Handled {
     let quiet = Handled {
-        exposes: false,
+        need: 0,
         close: false,
     };
     let request = match decode_request(body) {
@@ -170,10 +175,7 @@ pub async fn handle(
         } => {
             state.metrics.record(request.name(), status, None);
             encode_error(out, id, status, message);
-            return Handled {
-                exposes: false,
-                close,
-            };
+            return Handled { need: 0, close };
         }
     }
     // `TxnInquire` exposes too: its `Prepared` answer must speak of a vote
@@ -200,7 +202,10 @@ pub async fn handle(
     let sampled = state.metrics.sample_next();
     let started = (point || sampled).then(std::time::Instant::now);
     let reply_at = out.len();
-    dispatch(state, id, request, out).await;
+    // Set by the point reads whose every object read is durable by a mark
+    // of its own (see `Handled::need`).
+    let mut held_at = None;
+    dispatch(state, id, request, out, &mut held_at).await;
     let elapsed = started.map(|t| t.elapsed());
     if point && let Some(elapsed) = elapsed {
         state.metrics.point_call(elapsed);
@@ -211,13 +216,22 @@ pub async fn handle(
         _ => Status::Internal,
     };
     state.metrics.record(kind, status, elapsed);
-    Handled {
-        exposes,
-        close: false,
-    }
+    let need = match (exposes, held_at) {
+        (false, _) => 0,
+        (true, Some(mark)) => mark,
+        (true, None) => state.engine.borrow().log_changes(),
+    };
+    Handled { need, close: false }
 }
 
-async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut BytesMut) {
+/// Serve one admitted request into `out`. `held_at`: see `handle`.
+async fn dispatch(
+    state: &ShardState,
+    id: u64,
+    request: Request<'_>,
+    out: &mut BytesMut,
+    held_at: &mut Option<u64>,
+) {
     match request {
         Request::Ping => reply(out, id, &Response::Pong),
         // `handle` answers every `Hello` at the gate; this arm only keeps the
@@ -228,10 +242,13 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
                 return encode_error(out, id, s, s.to_string());
             }
             let engine = state.engine.borrow();
-            let result = engine.read(table, key).map(|obj| Response::Read {
-                version: obj.version,
-                value: blob(obj.value),
-                expires_at_ms: obj.expires_at_ms,
+            let result = engine.read_held(table, key).map(|(obj, mark)| {
+                *held_at = Some(mark);
+                Response::Read {
+                    version: obj.version,
+                    value: blob(obj.value),
+                    expires_at_ms: obj.expires_at_ms,
+                }
             });
             crate::lost::reply_keyed(state, (table, key), out, id, result);
         }
@@ -302,7 +319,9 @@ async fn dispatch(state: &ShardState, id: u64, request: Request<'_>, out: &mut B
             let result = result.map(|(value, version)| Response::Incremented { value, version });
             reply_result(out, id, result);
         }
-        Request::MultiRead { table, keys } => crate::multi::read(state, id, table, &keys, out),
+        Request::MultiRead { table, keys } => {
+            *held_at = crate::multi::read(state, id, table, &keys, out);
+        }
         Request::SnapshotRead {
             table,
             snapshot_ts,

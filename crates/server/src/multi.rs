@@ -84,18 +84,40 @@ fn apply_write(
     }
 }
 
-pub fn read(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mut BytesMut) {
+/// Returns the log mark after which every object it found is durable
+/// (`Engine::read_held`), or None if a key was not found or refused (an
+/// absence may come of a removal not yet replicated: the reply waits for
+/// every change then).
+pub fn read(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    keys: &[Blob<'_>],
+    out: &mut BytesMut,
+) -> Option<u64> {
     if too_many(out, id, keys.len(), "keys") {
-        return;
+        return None;
     }
     let engine = state.engine.borrow();
+    let mut held_at = Some(0u64);
     reply_reads(out, id, keys, |key| {
-        admit(state, table, key, false)?;
-        engine
-            .read(table, key)
-            .map(|o| (o.version, o.value))
-            .map_err(|e| crate::lost::refusal(state, table, key, &e).0)
-    })
+        let found = admit(state, table, key, false).and_then(|()| {
+            engine
+                .read_held(table, key)
+                .map_err(|e| crate::lost::refusal(state, table, key, &e).0)
+        });
+        match found {
+            Ok((o, mark)) => {
+                held_at = held_at.map(|m| m.max(mark));
+                Ok((o.version, o.value))
+            }
+            Err(status) => {
+                held_at = None;
+                Err(status)
+            }
+        }
+    });
+    held_at
 }
 
 /// Answer a read of `keys` with `MultiRead`: `lookup` gives each key's

@@ -3,7 +3,8 @@
 //! hold it and a digest held by R backups lists its segment, the bytes they got replay to every acknowledged object (after
 //! overwrites, removes and cleaning, also at the moment of every free), a
 //! failing or silent backup is replaced, `ServerDown` re-replicates,
-//! `Fenced` stops the server, and R = 0 sends nothing.
+//! `Fenced` stops the server, and R = 0 sends nothing; a read waits only for
+//! the replication of what it shows.
 //!
 //! Orders are asserted, never durations.
 
@@ -167,6 +168,85 @@ async fn a_write_is_answered_only_once_r_backups_hold_it() {
     s.server.shutdown();
 }
 
+/// Read key `k`: its value, or None if absent.
+async fn read(conn: &RpcConn, k: u32) -> Option<Vec<u8>> {
+    let key = k.to_le_bytes();
+    let reply = conn
+        .call(&Request::Read {
+            table: TABLE,
+            key: blob(&key),
+        })
+        .await
+        .unwrap();
+    if reply.status == Status::ObjectDoesntExist {
+        return None;
+    }
+    match reply.decode().unwrap() {
+        Response::Read { value, .. } => Some(value.to_vec()),
+        other => panic!("read: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_read_waits_only_for_the_replication_of_what_it_shows() {
+    let s = setup(2, 2, 2, |_| {}).await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert_eq!(take_tablet(&conn).await.unwrap(), Status::Ok);
+    // Key 1 in the first segment, then enough to seal it (128 KiB segments).
+    write(&conn, 1, &value(1)).await;
+    for k in 100..140 {
+        write(&conn, k, &[k as u8; 4000]).await;
+    }
+    // Backup 0 holds its replies: nothing written from now on is durable.
+    s.backups[0].mode.send_replace(Mode::Hold);
+    let writer = {
+        let conn = conn.clone();
+        tokio::spawn(async move { write(&conn, 2, &value(2)).await })
+    };
+    let world = s.world.clone();
+    let frames_before = world.lock().unwrap().frames.clone();
+    eventually("backup 1 got the write's round", || {
+        world.lock().unwrap().frames[1] > frames_before[1]
+    })
+    .await;
+    // Key 1 sits in a sealed segment the backups held before the hold: its
+    // read is answered while the write waits (before, every reply waited
+    // for every change the shard had made).
+    let reader = RpcConn::connect(&s.shard).await.unwrap();
+    let old = tokio::time::timeout(Duration::from_secs(10), read(&reader, 1)).await;
+    assert_eq!(
+        old.expect("a read of a replicated object is answered while a write waits"),
+        Some(value(1))
+    );
+    assert!(!writer.is_finished(), "answered before R backups held it");
+    // What is not yet held waits: the new object, and an absence (it may
+    // come of a removal not yet replicated).
+    let shows_new = {
+        let c = RpcConn::connect(&s.shard).await.unwrap();
+        tokio::spawn(async move { read(&c, 2).await })
+    };
+    let absent = {
+        let c = RpcConn::connect(&s.shard).await.unwrap();
+        tokio::spawn(async move { read(&c, 3).await })
+    };
+    // A later read of key 1 on another connection is answered at once too.
+    assert_eq!(read(&reader, 1).await, Some(value(1)));
+    tokio::task::yield_now().await;
+    assert!(
+        !shows_new.is_finished(),
+        "showed a write no backup quorum held"
+    );
+    assert!(
+        !absent.is_finished(),
+        "an absence answered before every change was held"
+    );
+    s.backups[0].mode.send_replace(Mode::Done);
+    writer.await.unwrap();
+    assert_eq!(shows_new.await.unwrap(), Some(value(2)));
+    assert_eq!(absent.await.unwrap(), None);
+    s.server.shutdown();
+}
+
 /// Per key, the states after each op (None: removed), and per key the
 /// index of the last acknowledged op with the event count at its ack.
 #[derive(Default)]
@@ -174,12 +254,43 @@ struct History {
     states: HashMap<Vec<u8>, Vec<Option<Vec<u8>>>>,
     /// (events applied when the ack arrived, key, op index)
     acks: Vec<(usize, Vec<u8>, usize)>,
+    /// Events applied when each read that showed a value was answered.
+    reads: Vec<usize>,
 }
 
 /// Random writes and removes from `tasks` connections, each owning a share
 /// of the keys and running its ops one at a time, so each key's history is
-/// in order. Records each ack against the backups' event count.
+/// in order. Records each ack against the backups' event count. Beside them
+/// a reader reads random keys: a value a read showed counts as acknowledged
+/// from its reply on (a reply must never show what a crash could take back).
 async fn workload(s: &Setup, history: &Arc<Mutex<History>>, ops: u64, tasks: u32, seed: u64) {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let conn = RpcConn::connect(&s.shard).await.unwrap();
+        let (world, history, done) = (s.world.clone(), history.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut rng = insitu_testkit::rng(seed ^ 0x5EAD);
+            let mut shown = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let k = rng.u32(0..KEYS);
+                let Some(v) = read(&conn, k).await else {
+                    continue;
+                };
+                let seen = world.lock().unwrap().events.len();
+                let key = k.to_le_bytes().to_vec();
+                let mut h = history.lock().unwrap();
+                // Values are unique per op: the one state this read showed.
+                let index = h.states[&key]
+                    .iter()
+                    .position(|state| state.as_ref() == Some(&v))
+                    .expect("a read shows a value that was written");
+                h.acks.push((seen, key, index));
+                h.reads.push(seen);
+                shown += 1;
+            }
+            shown
+        })
+    };
     let mut handles = Vec::new();
     for t in 0..tasks {
         let conn = RpcConn::connect(&s.shard).await.unwrap();
@@ -215,6 +326,8 @@ async fn workload(s: &Setup, history: &Arc<Mutex<History>>, ops: u64, tasks: u32
     for h in handles {
         h.await.unwrap();
     }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.await.unwrap() > 0, "the reader saw values");
 }
 
 /// A recovery from `backups` after the first `upto` events gives, for every
@@ -268,6 +381,12 @@ async fn replicas_replay_to_every_acknowledged_object_even_at_each_free() {
         check_recovery(&world, &history, upto, &[0, 1, 2]);
     }
     check_recovery(&world, &history, world.events.len(), &[0, 1, 2]);
+    // Right after reads (up to 200 of them, spread over the run), the
+    // backups recover what each read showed.
+    let step = history.reads.len().div_ceil(200).max(1);
+    for &upto in history.reads.iter().step_by(step) {
+        check_recovery(&world, &history, upto, &[0, 1, 2]);
+    }
     // Every acknowledged write sits in a segment that a digest held by all
     // R backups of its carrier listed before the ack was answered: a
     // recovery that finds only older digests then refuses instead of

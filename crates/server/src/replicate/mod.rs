@@ -350,10 +350,11 @@ async fn round(state: &ShardState, identity: &ClusterIdentity) -> Outcome {
         let Some(book) = book.as_mut() else {
             return Outcome::Failed;
         };
-        (
-            book.plan(&engine, config.max_round_bytes, Instant::now()),
-            book.replaced,
-        )
+        let plan = book.plan(&engine, config.max_round_bytes, Instant::now());
+        // Per segment, what this walk saw: a read of an entry it saw waits
+        // for this walk's mark only (`Engine::read_held`).
+        engine.note_walk(plan.mark);
+        (plan, book.replaced)
     };
     let sends = plan
         .batches

@@ -128,8 +128,10 @@ async fn flush(
     stream: &mut Stream,
     wbuf: &mut BytesMut,
 ) -> std::io::Result<()> {
-    // Every reply may show data (a read of a write not yet replicated).
-    replies_durable(state, &mut true).await?;
+    // Every reply may show data (a read of a write not yet replicated):
+    // wait for every change made so far.
+    let mut need = state.engine.borrow().log_changes();
+    replies_durable(state, &mut need).await?;
     write(stream, wbuf, state.limits.stall_timeout).await?;
     wbuf.clear();
     Ok(())
