@@ -130,7 +130,7 @@ pub(crate) struct Candidate {
 
 /// Bytes the cleaner would copy out of `seg`: live objects, plus its
 /// tombstones unless all of them are droppable now.
-fn kept_bytes(t: &Tablet, slot: u32, seg: &Segment) -> u64 {
+pub(crate) fn kept_bytes(t: &Tablet, slot: u32, seg: &Segment) -> u64 {
     let droppable = seg.max_tombstone_segment < t.min_segment_id_except(slot);
     seg.live_bytes + if droppable { 0 } else { seg.tombstone_bytes }
 }
@@ -203,8 +203,15 @@ pub(crate) fn run(tablets: &mut [Option<Tablet>], budget: &mut Budget, goal: Goa
             continue;
         }
         if clean_segment(t, c.slot, budget, &mut stats).is_err() {
-            break; // no room even for a survivor: stop, nothing was lost
+            continue; // no room for a survivor of its own: nothing was lost, and others may fit theirs
         }
+    }
+    // Still no room: the survivors the pass needed may not have been
+    // allocatable at all; free what fits room the tablets already hold.
+    if let Goal::Room(purpose) = goal
+        && !budget.may_allocate(purpose)
+    {
+        crate::pack::free_in_place(tablets, budget, purpose, &mut stats);
     }
     stats.bytes_freed = allocated_before.saturating_sub(budget.allocated_bytes);
     stats

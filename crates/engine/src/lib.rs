@@ -83,6 +83,7 @@ mod hashscan;
 mod index;
 mod logview;
 mod ops;
+mod pack;
 mod promise;
 mod records;
 mod replay;

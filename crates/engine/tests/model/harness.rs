@@ -117,8 +117,6 @@ impl Model {
 #[derive(Debug, Default)]
 pub struct Counts {
     pub ooms: u64,
-    /// Removes refused with OutOfMemory while `removes_may_fail` was set.
-    pub remove_ooms: u64,
     pub splits: u64,
     pub replays: u64,
 }
@@ -129,9 +127,6 @@ pub struct Harness {
     pub counts: Counts,
     /// With a tight budget, writes may fail with OutOfMemory.
     tight: bool,
-    /// A remove may fail with OutOfMemory too (under the tight budget):
-    /// set by a test for removes beyond what the engine guarantees.
-    pub removes_may_fail: bool,
 }
 
 impl Harness {
@@ -163,7 +158,6 @@ impl Harness {
             },
             counts: Counts::default(),
             tight: budget_segments < 64,
-            removes_may_fail: false,
         }
     }
 
@@ -210,10 +204,7 @@ impl Harness {
                             self.model.remove(&key);
                         }
                     }
-                    (Err(g), Ok(())) if self.removes_may_fail && self.allowed_failure(&g) => {
-                        self.counts.remove_ooms += 1
-                    }
-                    // Else never OutOfMemory, even under the tight budget.
+                    // Never OutOfMemory, even under the tight budget.
                     (got, want) => assert_eq!(got.map(|_| ()), want, "remove {key:?}"),
                 }
             }
@@ -469,10 +460,7 @@ impl Harness {
                     match self.engine.expire(key.0, &key.1, o.version) {
                         Ok(true) => self.model.remove(&key),
                         Ok(false) => panic!("a due object named by the sweep was not removed"),
-                        Err(g) => assert!(
-                            self.removes_may_fail && self.allowed_failure(&g),
-                            "expire {key:?}: {g:?}"
-                        ),
+                        Err(g) => panic!("expire {key:?}: {g:?}"),
                     }
                 }
             }
