@@ -5,6 +5,9 @@ use crate::config::check_rules;
 use crate::segment::Purpose;
 use crate::{Engine, EngineError, ObjectRef, RejectRules, TableId, entry, key_hash};
 
+/// Most keys one `Engine::prefetch` call hints.
+pub const PREFETCH_MAX: usize = 64;
+
 impl Engine {
     /// Read the live object `key` of `table`.
     /// `Err(ObjectDoesntExist)` if absent, `Err(UnknownTablet)` if no tablet covers it.
@@ -39,6 +42,33 @@ impl Engine {
             .filter(|(o, _)| !o.is_expired_now(self))
             .ok_or(EngineError::ObjectDoesntExist)?;
         Ok((object, held_at.unwrap_or_else(|| self.log_changes())))
+    }
+
+    /// Start loading into the cache what lookups of `keys` will read in the
+    /// log (the entries their index slots point at); changes nothing and
+    /// returns without waiting. Why: a point lookup over a large keyspace is
+    /// two dependent cache misses, the index slot and the entry whose key it
+    /// compares, and lookups run one after another pay them in series. A
+    /// caller holding several requests (a pipelined batch) hands their keys
+    /// here first. The keys are hashed in one loop and the index probed in
+    /// a second, so the probes' own misses, with nothing else between them,
+    /// overlap too. Keys past `PREFETCH_MAX` are not hinted.
+    pub fn prefetch<'k>(&self, table: TableId, keys: impl IntoIterator<Item = &'k [u8]>) {
+        let mut at = [(0usize, 0u64); PREFETCH_MAX];
+        let mut n = 0;
+        for key in keys.into_iter().take(PREFETCH_MAX) {
+            if key.len() > self.max_key_bytes {
+                continue;
+            }
+            let hash = key_hash(table, key);
+            if let Some(slot) = self.route(table, hash) {
+                at[n] = (slot, hash);
+                n += 1;
+            }
+        }
+        for &(slot, hash) in &at[..n] {
+            self.tablet(slot).prefetch(hash);
+        }
     }
 
     /// Write `value` under `key`; returns the new version.

@@ -153,6 +153,22 @@ impl Tablet {
         found
     }
 
+    /// Prefetch the log entries `lookup(hash, ..)` would compare keys with
+    /// (`Engine::prefetch`): the first cache line of each, where the key
+    /// starts.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        let prefix = self.prefixer.prefix(hash);
+        for e in self.index.iter_hash(probe_hash(prefix)) {
+            if e.prefix() == prefix {
+                let l = e.loc();
+                if let Some(seg) = self.segs.get(slot_of(l)) {
+                    crate::segment::prefetch(&seg.buf, offset_of(l));
+                }
+            }
+        }
+    }
+
     #[inline]
     pub fn object(&self, loc: u64) -> ObjectRef<'_> {
         entry::object_at(&self.segs[slot_of(loc)].buf, offset_of(loc))

@@ -190,6 +190,27 @@ pub fn lookup(name: &[u8]) -> Option<&'static CommandInfo> {
 }
 
 impl CommandInfo {
+    /// The keys among `args` (the name first), by `keys`' positions: what
+    /// `exec::prefetch` hints. Positions past `args` are skipped (the
+    /// arity is checked later, when the command runs).
+    pub fn key_args<'a>(&self, args: &'a [bytes::Bytes]) -> impl Iterator<Item = &'a [u8]> {
+        let (first, last, step) = self.keys;
+        let first = usize::try_from(first).unwrap_or(0);
+        let end = match last {
+            -1 => args.len(),
+            l => usize::try_from(l).map_or(0, |l| l.saturating_add(1).min(args.len())),
+        };
+        let (start, step) = match (first, usize::try_from(step)) {
+            (1.., Ok(step @ 1..)) => (first, step),
+            _ => (end, 1), // no keys
+        };
+        args.get(start..end)
+            .unwrap_or(&[])
+            .iter()
+            .step_by(step)
+            .map(|a| &a[..])
+    }
+
     /// Whether `argc` arguments (name included) fit the arity.
     pub fn arity_ok(&self, argc: usize) -> bool {
         let argc = argc as i64;
@@ -199,5 +220,39 @@ impl CommandInfo {
         } else {
             argc >= -arity
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lookup;
+    use bytes::Bytes;
+
+    fn keys_of(line: &str) -> Vec<String> {
+        let args: Vec<Bytes> = line
+            .split(' ')
+            .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+            .collect();
+        let info = lookup(&args[0]).expect("a known command");
+        info.key_args(&args)
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    }
+
+    /// What `exec::prefetch` hints: the keys by the positions `COMMAND`
+    /// reports, never a value or an option, and nothing past the arguments
+    /// given (a short command is refused later, when it runs).
+    #[test]
+    fn key_args_are_the_keys_and_only_them() {
+        assert_eq!(keys_of("GET k"), ["k"]);
+        assert_eq!(keys_of("SET k v EX 10"), ["k"]);
+        assert_eq!(keys_of("MGET a b c"), ["a", "b", "c"]);
+        assert_eq!(keys_of("MSET a 1 b 2"), ["a", "b"]);
+        assert_eq!(keys_of("DEL a b"), ["a", "b"]);
+        assert_eq!(keys_of("RENAME a b"), ["a", "b"]);
+        assert!(keys_of("PING hello").is_empty());
+        assert!(keys_of("SELECT 1").is_empty());
+        assert!(keys_of("GET").is_empty());
+        assert!(keys_of("MSET").is_empty());
     }
 }

@@ -39,6 +39,29 @@ pub struct Ctx<'a, S> {
 /// command writes nothing, as in Redis. Commands after `MULTI` are queued
 /// (`multi.rs`) and run at `EXEC` in one transaction of `store`. Returns
 /// the command run (None: unknown or empty), for metrics.
+/// Let the store start loading what the commands of a pipelined batch will
+/// look up, before the first of them runs (`Store::prefetch`). Why: each
+/// lookup of a key in a large keyspace waits for memory twice (the index
+/// slot, then the entry it points at); run one after another, a batch of 16
+/// pays 32 waits in series, and with every entry already on its way they
+/// overlap. Nothing is decided here: unknown commands and bad arities are
+/// skipped, and each command is checked as usual when it runs.
+pub fn prefetch<S: Store>(store: &S, session: &Session, batch: &[Vec<Bytes>]) {
+    if batch.len() < 2 {
+        return; // nothing to overlap with
+    }
+    let mut keys: Vec<&[u8]> = Vec::new();
+    if keys.try_reserve(batch.len()).is_err() {
+        return;
+    }
+    for args in batch {
+        if let Some(info) = args.first().and_then(|name| lookup(name)) {
+            keys.extend(info.key_args(args));
+        }
+    }
+    store.prefetch(session.db, &keys);
+}
+
 pub async fn execute<S: Transactional>(
     store: &S,
     settings: &Settings,

@@ -21,7 +21,7 @@ pub mod store;
 mod strings;
 
 pub use codec::{Limits, Parsed, ProtocolError, parse};
-pub use exec::execute;
+pub use exec::{execute, prefetch};
 pub use reply::Proto;
 pub use session::{Session, Settings};
 pub use store::{

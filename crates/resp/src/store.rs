@@ -169,6 +169,11 @@ pub trait Store {
     async fn redirect(&self, _db: u32, _key: &[u8]) -> Result<Option<String>, StoreError> {
         Ok(None)
     }
+    /// Commands about `keys` of `db` will run soon: start loading what they
+    /// will read, if that is cheap (a hint; by default nothing). Called with
+    /// the keys of a pipelined batch before its first command runs
+    /// (`exec::prefetch`).
+    fn prefetch(&self, _db: u32, _keys: &[&[u8]]) {}
 }
 
 /// One node of a slot layout (`Store::layout`).

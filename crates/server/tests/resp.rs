@@ -191,6 +191,12 @@ async fn bad_input_closes_only_its_connection() {
                 b"SET k \"open\r\n",
                 "-ERR Protocol error: unbalanced quotes in request\r\n",
             ),
+            // Commands before the bad one in the same read are answered
+            // first, in order (they are cut from the buffer as a batch).
+            (
+                b"SET a 1\r\nGET a\r\n*1\r\n+OK\r\n",
+                "+OK\r\n$1\r\n1\r\n-ERR Protocol error: expected '$', got '+'\r\n",
+            ),
         ];
         for (bytes, want) in bad {
             let mut s = TcpStream::connect(addr).unwrap();

@@ -201,6 +201,16 @@ impl ShardStore<'_> {
 }
 
 impl Store for ShardStore<'_> {
+    fn prefetch(&self, db: u32, keys: &[&[u8]]) {
+        // Only a table already known: finding one may ask the coordinator.
+        if let Some(table) = self.resp.cached_table(db) {
+            self.state
+                .engine
+                .borrow()
+                .prefetch(table, keys.iter().copied());
+        }
+    }
+
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
         // A read creates the database's table too: an id that stays unknown
         // is not cached, so reads of a table nobody wrote yet would each ask
