@@ -50,17 +50,25 @@ pub fn prefetch<S: Store>(store: &S, session: &Session, batch: &[Vec<Bytes>]) {
     if batch.len() < 2 {
         return; // nothing to overlap with
     }
-    let mut keys: Vec<&[u8]> = Vec::new();
-    if keys.try_reserve(batch.len()).is_err() {
-        return;
-    }
-    for args in batch {
+    // On the stack: this runs for every pipelined read of a connection.
+    let mut keys: [&[u8]; PREFETCH_KEYS] = [&[]; PREFETCH_KEYS];
+    let mut n = 0;
+    'batch: for args in batch {
         if let Some(info) = args.first().and_then(|name| lookup(name)) {
-            keys.extend(info.key_args(args));
+            for key in info.key_args(args) {
+                if n == PREFETCH_KEYS {
+                    break 'batch;
+                }
+                keys[n] = key;
+                n += 1;
+            }
         }
     }
-    store.prefetch(session.db, &keys);
+    store.prefetch(session.db, &keys[..n]);
 }
+
+/// Most keys of one batch hinted (an `MSET` of many keys hints its first).
+const PREFETCH_KEYS: usize = 64;
 
 pub async fn execute<S: Transactional>(
     store: &S,
