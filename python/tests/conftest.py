@@ -199,3 +199,17 @@ def run_bounded(fn, limit_s: float = 60.0):
         raise out["error"]
     return out.get("value")
 
+
+def assert_runner_passes_through(run, table, bad_argument):
+    """What `Client.read_only` and `Client.run_transaction` both promise:
+    `run(body)` returns what `body` returned, and an exception `body`
+    raises (its own, or `bad_argument`'s TypeError) passes through as is."""
+    assert run(lambda handle: handle.get(table, "nothing")) is None
+
+    def bad(handle):
+        raise ValueError("from the body")
+
+    with pytest.raises(ValueError, match="from the body"):
+        run(bad)
+    with pytest.raises(TypeError):
+        run(bad_argument)

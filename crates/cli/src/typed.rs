@@ -117,10 +117,12 @@ pub async fn load(
     batch: usize,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let loaded = if path.extension().and_then(|e| e.to_str()) == Some("parquet") {
-        load_parquet(client, table, schema, path, batch).await?
+        load_parquet(client, table, schema, file, path, batch).await?
     } else {
-        load_csv(client, table, schema, path, batch).await?
+        load_csv(client, table, schema, file, path, batch).await?
     };
     let secs = started.elapsed().as_secs_f64();
     crate::outln!(
@@ -130,15 +132,15 @@ pub async fn load(
     Ok(())
 }
 
+/// `load` of CSV from `file`, opened from `path` (named in errors).
 async fn load_csv(
     client: &Client,
     table: u64,
     schema: &Schema,
+    file: std::fs::File,
     path: &Path,
     batch: usize,
 ) -> anyhow::Result<u64> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let total = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
@@ -177,16 +179,16 @@ async fn load_csv(
     Ok(n)
 }
 
+/// `load` of Parquet from `file`, opened from `path` (named in errors).
 async fn load_parquet(
     client: &Client,
     table: u64,
     schema: &Schema,
+    file: std::fs::File,
     path: &Path,
     batch: usize,
 ) -> anyhow::Result<u64> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .with_context(|| format!("{} is not a Parquet file", path.display()))?;
     let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;

@@ -39,12 +39,6 @@ fn users(cluster: &Cluster) {
     }
 }
 
-fn count(cluster: &Cluster, filter: &str) -> String {
-    ok(cluster.cli(&["count", "users", "--where", filter]))
-        .trim()
-        .to_string()
-}
-
 #[test]
 fn json_paths_aggregate_and_filter_in_the_servers() {
     let cluster = Cluster::start(2, 2);
@@ -71,24 +65,30 @@ fn json_paths_aggregate_and_filter_in_the_servers() {
     assert_eq!(agg("COUNT"), "3");
 
     // Numbers; unknown (no number) is neither > 30 nor not > 30.
-    assert_eq!(count(&cluster, "$.age > 30"), "2");
-    assert_eq!(count(&cluster, "not $.age > 30"), "1");
-    assert_eq!(count(&cluster, "$.age between 27 and 31"), "2");
-    assert_eq!(count(&cluster, "$.age = 31"), "1");
+    assert_eq!(cluster.count_where("users", "$.age > 30"), "2");
+    assert_eq!(cluster.count_where("users", "not $.age > 30"), "1");
+    assert_eq!(cluster.count_where("users", "$.age between 27 and 31"), "2");
+    assert_eq!(cluster.count_where("users", "$.age = 31"), "1");
     // Strings, nested members, array elements, keys with spaces, booleans.
-    assert_eq!(count(&cluster, "$.name = 'bob'"), "1");
-    assert_eq!(count(&cluster, "$.name <> 'bob'"), "5");
-    assert_eq!(count(&cluster, "$.age = '31'"), "1");
-    assert_eq!(count(&cluster, "$.address.city = 'Oslo'"), "1");
-    assert_eq!(count(&cluster, "$.tags[1] = 'dev'"), "1");
-    assert_eq!(count(&cluster, "$[\"first name\"] = 'Carol'"), "1");
-    assert_eq!(count(&cluster, "$.ok = true"), "1");
-    assert_eq!(count(&cluster, "$.ok != true"), "1");
+    assert_eq!(cluster.count_where("users", "$.name = 'bob'"), "1");
+    assert_eq!(cluster.count_where("users", "$.name <> 'bob'"), "5");
+    assert_eq!(cluster.count_where("users", "$.age = '31'"), "1");
+    assert_eq!(cluster.count_where("users", "$.address.city = 'Oslo'"), "1");
+    assert_eq!(cluster.count_where("users", "$.tags[1] = 'dev'"), "1");
+    assert_eq!(
+        cluster.count_where("users", "$[\"first name\"] = 'Carol'"),
+        "1"
+    );
+    assert_eq!(cluster.count_where("users", "$.ok = true"), "1");
+    assert_eq!(cluster.count_where("users", "$.ok != true"), "1");
     // A path no value has: nothing either way.
-    assert_eq!(count(&cluster, "$.missing > 0"), "0");
-    assert_eq!(count(&cluster, "not $.missing > 0"), "0");
+    assert_eq!(cluster.count_where("users", "$.missing > 0"), "0");
+    assert_eq!(cluster.count_where("users", "not $.missing > 0"), "0");
     // Three-valued logic: unknown or true is true.
-    assert_eq!(count(&cluster, "$.age > 30 or $.name = 'erin'"), "3");
+    assert_eq!(
+        cluster.count_where("users", "$.age > 30 or $.name = 'erin'"),
+        "3"
+    );
     // A filter and an aggregate over paths together.
     assert_eq!(
         ok(cluster.cli(&["agg", "users", "sum", "$.age", "--where", "$.name <> 'bob'"])).trim(),
@@ -108,7 +108,7 @@ fn json_paths_aggregate_and_filter_in_the_servers() {
         );
     }
     // Raw fields still read bytes: every value is at least one byte long.
-    assert_eq!(count(&cluster, "u8@0 = 123"), "7"); // every value but "hello"
+    assert_eq!(cluster.count_where("users", "u8@0 = 123"), "7"); // every value but "hello"
 }
 
 #[test]

@@ -19,23 +19,15 @@ fn typed_table_from_the_cli() {
     // Typed queries have no snapshot: asked for one, the CLI says so.
     let (code, _, err) = cluster.cli(&["count", "users", "--at-snapshot"]);
     assert!(code != 0 && err.contains("untyped tables only"), "{err}");
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "age > 30"]),
-        "2"
-    );
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "age is null"]),
-        "1"
-    );
-    // NULL is not > 30 and not <= 30: SQL's three-valued logic.
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "not age > 30"]),
-        "0"
-    );
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "name like 'a%' or name ~ '^c'"]),
-        "2"
-    );
+    for (filter, want) in [
+        ("age > 30", "2"),
+        ("age is null", "1"),
+        // NULL is not > 30 and not <= 30: SQL's three-valued logic.
+        ("not age > 30", "0"),
+        ("name like 'a%' or name ~ '^c'", "2"),
+    ] {
+        assert_eq!(cluster.count_where("users", filter), want, "{filter}");
+    }
     assert_eq!(cluster.answer(&["agg", "users", "sum", "score"]), "12.75");
     assert_eq!(cluster.answer(&["agg", "users", "max", "name"]), "carol");
     assert_eq!(
@@ -90,17 +82,11 @@ fn typed_table_from_the_cli() {
     let out = ok(cluster.cli(&["load", "users", csv.to_str().unwrap()]));
     assert!(out.contains("loaded 100 rows"), "{out}");
     assert_eq!(cluster.answer(&["count", "users"]), "103");
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "age = 20"]),
-        "50"
-    );
+    assert_eq!(cluster.count_where("users", "age = 20"), "50");
 
     // The schema is durable metadata: a restarted coordinator still knows it.
     cluster.restart_coordinator();
-    assert_eq!(
-        cluster.answer(&["count", "users", "--where", "id between 10 and 19"]),
-        "10"
-    );
+    assert_eq!(cluster.count_where("users", "id between 10 and 19"), "10");
 }
 
 #[test]

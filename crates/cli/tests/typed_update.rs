@@ -7,12 +7,6 @@ mod common;
 
 use common::{Cluster, fails, ok, users_table};
 
-fn count(cluster: &Cluster, filter: &str) -> String {
-    ok(cluster.cli(&["count", "users", "--where", filter]))
-        .trim()
-        .to_string()
-}
-
 #[test]
 fn typed_update_from_the_cli() {
     let cluster = Cluster::start(2, 2);
@@ -36,19 +30,25 @@ fn typed_update_from_the_cli() {
         ok(cluster.cli(&["agg", "users", "sum", "age"])).trim(),
         "78"
     );
-    assert_eq!(count(&cluster, "age is null"), "1");
+    assert_eq!(cluster.count_where("users", "age is null"), "1");
 
     // Text and NULL are set like any value; the rest of the row is kept.
     let out = ok(cluster.cli(&[
         "update", "users", "name", "--set", "Zed", "--where", "id = 2",
     ]));
     assert_eq!(out.trim(), "updated 1 rows");
-    assert_eq!(count(&cluster, "name = 'Zed' and score = 3.25"), "1");
+    assert_eq!(
+        cluster.count_where("users", "name = 'Zed' and score = 3.25"),
+        "1"
+    );
     ok(cluster.cli(&[
         "update", "users", "age", "--set", "NULL", "--where", "id = 3",
     ]));
-    assert_eq!(count(&cluster, "age is null"), "2");
-    assert_eq!(count(&cluster, "name = 'carol' and score = 0.25"), "1");
+    assert_eq!(cluster.count_where("users", "age is null"), "2");
+    assert_eq!(
+        cluster.count_where("users", "name = 'carol' and score = 0.25"),
+        "1"
+    );
 
     // Refusals name what is wrong, and change nothing.
     for (args, want) in [
@@ -88,7 +88,7 @@ fn typed_update_from_the_cli() {
         e.contains("out of int32's range") && e.contains("age"),
         "{e}"
     );
-    assert_eq!(count(&cluster, "age = 2147483647"), "1");
+    assert_eq!(cluster.count_where("users", "age = 2147483647"), "1");
 }
 
 #[test]
@@ -96,13 +96,13 @@ fn an_index_stays_exact_across_updates() {
     let cluster = Cluster::start(1, 2);
     users_table(&cluster);
     ok(cluster.cli(&["index", "create", "users", "age"]));
-    assert_eq!(count(&cluster, "age = 31"), "1");
+    assert_eq!(cluster.count_where("users", "age = 31"), "1");
     ok(cluster.cli(&["update", "users", "age", "--add", "10"]));
     // Equality on an indexed column probes the index: it must see the
     // updated values, not the old ones.
-    assert_eq!(count(&cluster, "age = 31"), "0");
-    assert_eq!(count(&cluster, "age = 41"), "1");
-    assert_eq!(count(&cluster, "age in (41, 55)"), "2");
+    assert_eq!(cluster.count_where("users", "age = 31"), "0");
+    assert_eq!(cluster.count_where("users", "age = 41"), "1");
+    assert_eq!(cluster.count_where("users", "age in (41, 55)"), "2");
 }
 
 #[test]
@@ -116,7 +116,7 @@ fn sql_update_runs_on_the_servers() {
         "UPDATE users SET score = score + 1, name = 'x' WHERE age > 30",
     ]));
     assert_eq!(out.trim(), "count\n2", "{out}");
-    assert_eq!(count(&cluster, "name = 'x'"), "2");
+    assert_eq!(cluster.count_where("users", "name = 'x'"), "2");
     assert_eq!(
         ok(cluster.cli(&["agg", "users", "sum", "score"])).trim(),
         "14.75"
@@ -126,5 +126,5 @@ fn sql_update_runs_on_the_servers() {
     assert!(e.contains("an UPDATE changes the newest rows"), "{e}");
     let e = fails(cluster.cli(&["sql", "UPDATE users SET age = score"]));
     assert!(e.contains("SET age = <value>"), "{e}");
-    assert_eq!(count(&cluster, "age = 1"), "0");
+    assert_eq!(cluster.count_where("users", "age = 1"), "0");
 }

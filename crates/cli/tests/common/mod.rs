@@ -187,6 +187,11 @@ impl Cluster {
         ok(self.cli(args)).trim().to_string()
     }
 
+    /// The trimmed answer of `insitu count TABLE --where FILTER` (which must succeed).
+    pub fn count_where(&self, table: &str, filter: &str) -> String {
+        self.answer(&["count", table, "--where", filter])
+    }
+
     /// Run `insitu status` (which must succeed) until `pred` accepts its
     /// output, at most ~30 s; `what` names the awaited state in the panic.
     pub fn status_until(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
