@@ -484,7 +484,18 @@ impl<I: Io> BackupStore<I> {
 
     /// Forget every replica of `master`.
     pub fn free_master(&mut self, master: u64) {
-        let ids: Vec<ReplicaId> = self.list(Some(master)).iter().map(|r| r.id).collect();
+        self.drop_replicas_of(master, None);
+    }
+
+    /// Drop every replica of `master`, or only those of its log `log`: what
+    /// `free_master` and `free_log` share.
+    fn drop_replicas_of(&mut self, master: u64, log: Option<u64>) {
+        let ids: Vec<ReplicaId> = self
+            .replicas
+            .keys()
+            .filter(|id| id.master == master && log.is_none_or(|l| id.log == l))
+            .copied()
+            .collect();
         for id in ids {
             self.drop_replica(id);
         }
@@ -546,15 +557,7 @@ impl<I: Io> BackupStore<I> {
     /// Forget every replica of one log of `master` (the tablet was dropped
     /// or moved away).
     pub fn free_log(&mut self, master: u64, log: u64) {
-        let ids: Vec<ReplicaId> = self
-            .list(Some(master))
-            .iter()
-            .map(|r| r.id)
-            .filter(|id| id.log == log)
-            .collect();
-        for id in ids {
-            self.drop_replica(id);
-        }
+        self.drop_replicas_of(master, Some(log));
     }
 
     pub fn dir(&self) -> &Path {

@@ -4,7 +4,7 @@
 //! predicate ([`Visit`]). The driver (which objects, in what chunks) is the
 //! server's.
 
-use insitu_protocol::plan::{KeyRange, PredOp, ScanPlan};
+use insitu_protocol::plan::{KeyRange, PointLayout, PredOp, ScanPlan};
 
 use crate::gradient::GradAcc;
 use crate::json_doc::{JsonDoc, op_path};
@@ -63,6 +63,19 @@ pub struct GradK {
     pub bytes: usize,
     /// Byte offset of the label.
     pub label: usize,
+}
+
+impl GradK {
+    /// The kernel of a plan's `Op::Gradient`: the server's scan and the
+    /// reference evaluator build it the same way.
+    pub fn new(layout: &PointLayout, weights: &[f32], bias: f32) -> GradK {
+        GradK {
+            acc: GradAcc::new(weights.to_vec(), bias),
+            off: layout.offset as usize,
+            bytes: layout.dims as usize * 4,
+            label: layout.label_offset as usize,
+        }
+    }
 }
 
 impl Kernel for GradK {

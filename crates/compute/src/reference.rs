@@ -5,7 +5,6 @@
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan};
 
 use crate::aggregate::{F64AggK, IntAggK, JsonAggK};
-use crate::gradient::GradAcc;
 use crate::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use crate::update::new_value;
 use crate::validate::{describe_need, validate_plan};
@@ -49,12 +48,7 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
             weights,
             bias,
         } => {
-            let k = GradK {
-                acc: GradAcc::new(weights.clone(), *bias),
-                off: layout.offset as usize,
-                bytes: layout.dims as usize * 4,
-                label: layout.label_offset as usize,
-            };
+            let k = GradK::new(layout, weights, *bias);
             Partial::Gradient(run(plan, need, objects, k)?.acc.finish())
         }
         Op::JsonAggregate { path } => {

@@ -201,12 +201,7 @@ impl Coordinator {
             .enumerate()
             .map(|(i, (table, index, t))| {
                 let (server, shard, addr) = &slots[i % slots.len()];
-                let tablet = Tablet {
-                    server_id: *server,
-                    shard: *shard,
-                    map_version: version,
-                    ..t
-                };
+                let tablet = t.placed(*server, *shard, version);
                 (table, index, tablet, addr.as_str())
             })
             .collect();

@@ -48,6 +48,17 @@ impl Tablet {
     pub fn is_orphaned(&self) -> bool {
         self.server_id == ORPHANED
     }
+
+    /// The same hash range assigned to `shard` of `server_id` under map
+    /// version `map_version`: what a move, a recovery or an orphaning records.
+    pub fn placed(&self, server_id: u64, shard: u32, map_version: u64) -> Tablet {
+        Tablet {
+            server_id,
+            shard,
+            map_version,
+            ..self.clone()
+        }
+    }
 }
 
 /// A tablet move in progress, recorded (in redb) before its first step and
@@ -462,16 +473,11 @@ impl Model {
 
 /// The change that orphans tablet `index` of `table` (`t`) under map version
 /// `version`: retiring a server and losing one orphan tablets the same way.
-fn orphan_op(table: u64, index: u32, t: &Tablet, version: u64) -> Op {
+pub(crate) fn orphan_op(table: u64, index: u32, t: &Tablet, version: u64) -> Op {
     Op::PutTablet {
         table,
         index,
-        tablet: Tablet {
-            server_id: ORPHANED,
-            shard: 0,
-            map_version: version,
-            ..t.clone()
-        },
+        tablet: t.placed(ORPHANED, 0, version),
     }
 }
 

@@ -4,7 +4,7 @@
 use insitu_protocol::{Request, Response, Status, TabletState};
 use tracing::{error, info, warn};
 
-use crate::model::{MAP_VERSION, MoveRecord, Op, Tablet};
+use crate::model::{MAP_VERSION, MoveRecord, Op};
 use crate::reconcile::Finish;
 use crate::service::{Coordinator, Reject, Reply, no_live_server, unknown_table};
 use crate::shards::{CONTROL_TIMEOUT, MIGRATE_TIMEOUT};
@@ -226,12 +226,7 @@ impl Coordinator {
                 )
                 .await);
         }
-        let moved = Tablet {
-            server_id: dest_server,
-            shard: dest_shard,
-            map_version: version,
-            ..old.clone()
-        };
+        let moved = old.placed(dest_server, dest_shard, version);
         record.committed_version = version;
         if let Err(e) = self
             .commit(

@@ -38,7 +38,7 @@ use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Request, Response, ServerState, Status};
 use tracing::{info, warn};
 
-use crate::model::{MAP_VERSION, ORPHANED, Op, Tablet};
+use crate::model::{MAP_VERSION, Op, Tablet, orphan_op};
 use crate::service::{Coordinator, Reject};
 use crate::shards::{CONNECT_TIMEOUT, CONTROL_TIMEOUT, CallError};
 
@@ -376,12 +376,7 @@ async fn recover_tablet(
             Failed::Gone
         });
     };
-    let owned = Tablet {
-        server_id: *server,
-        shard: *shard,
-        map_version: version,
-        ..current
-    };
+    let owned = current.placed(*server, *shard, version);
     let ops = vec![
         Op::PutTablet {
             table,
@@ -542,21 +537,11 @@ async fn activate(
             .await
             .map_err(|e| (false, format!("recording the activation: {}", e.message))),
         Err(CallError::Rejected(status, message)) => {
-            let orphan = Tablet {
-                server_id: ORPHANED,
-                shard: 0,
-                map_version: version,
-                ..owned.clone()
-            };
             coord
                 .commit(
                     &guard,
                     vec![
-                        Op::PutTablet {
-                            table,
-                            index,
-                            tablet: orphan,
-                        },
+                        orphan_op(table, index, owned, version),
                         Op::Counter(MAP_VERSION, version),
                     ],
                 )

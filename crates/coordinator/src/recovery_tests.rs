@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use insitu_protocol::{Request, Response, Status, decode_request, encode_error, encode_response};
 
 use super::*;
-use crate::model::{NEXT_SERVER_ID, NEXT_TABLE_ID};
+use crate::model::{NEXT_SERVER_ID, NEXT_TABLE_ID, ORPHANED};
 use crate::service::usable_map;
 use crate::store::Store;
 

@@ -10,8 +10,7 @@ use std::time::Duration;
 use common::*;
 use insitu_coordinator::{ConnLimits, CoordinatorConfig};
 use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response};
-use insitu_testkit::raw::{partial_frame, stalled_frames};
-use tokio::io::AsyncReadExt;
+use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
 use tokio::net::TcpStream;
 
 /// A safety net for awaits that must end; not a performance assertion.
@@ -21,18 +20,6 @@ async fn list_servers(handle: &insitu_coordinator::CoordinatorHandle) {
     let conn = connect(handle).await;
     let reply = call(&conn, Request::ListServers).await;
     assert!(matches!(reply.decode().unwrap(), Response::Servers(_)));
-}
-
-async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
-    let mut all = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(SAFETY, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return all,
-            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("the connection was not closed"),
-        }
-    }
 }
 
 fn config(dir: &TempDir, limits: ConnLimits) -> CoordinatorConfig {

@@ -114,7 +114,7 @@ async fn create_open_list_drop() {
     let before = list_tables(&c).await;
     assert_eq!(before.len(), 2);
     assert!(matches!(
-        expect_ok(&call(&c, Request::DropTable { name: "t".into() }).await),
+        expect_ok(&try_drop(&c, "t").await),
         Response::Done
     ));
     let mut drops = take_log(&log);
@@ -141,10 +141,7 @@ async fn create_open_list_drop() {
         &call(&c, Request::TableMap { table: t.id }).await,
         Status::UnknownTable,
     );
-    expect_err(
-        &call(&c, Request::DropTable { name: "t".into() }).await,
-        Status::UnknownTable,
-    );
+    expect_err(&try_drop(&c, "t").await, Status::UnknownTable);
     let after = list_tables(&c).await;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].id, long.id);
@@ -199,15 +196,7 @@ async fn metadata_survives_restart() {
     let a = create(&c, "a", 5).await;
     create(&c, "b", 3).await;
     create(&c, "gone", 2).await;
-    expect_ok(
-        &call(
-            &c,
-            Request::DropTable {
-                name: "gone".into(),
-            },
-        )
-        .await,
-    );
+    expect_ok(&try_drop(&c, "gone").await);
     let moved = move_tablet(&c, "a", 0, id2).await;
     assert_eq!(moved.tablets[0].server_id, id2);
     assert!(moved.map_version > a.map_version);

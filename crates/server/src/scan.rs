@@ -26,7 +26,7 @@ use bytes::BytesMut;
 use insitu_compute::aggregate::{F64AggK, IntAggK};
 use insitu_compute::kernel::{CountK, GradK, Kernel, Visit};
 use insitu_compute::validate::describe_need;
-use insitu_compute::{GradAcc, validate_plan};
+use insitu_compute::validate_plan;
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult};
 use insitu_protocol::{Response, Status, encode_error};
 use insitu_query::{Compiled, RowUpdate, compile_filter};
@@ -161,12 +161,7 @@ async fn execute(
             weights,
             bias,
         } => {
-            let k = GradK {
-                acc: GradAcc::new(weights.clone(), *bias),
-                off: layout.offset as usize,
-                bytes: layout.dims as usize * 4,
-                label: layout.label_offset as usize,
-            };
+            let k = GradK::new(layout, weights, *bias);
             let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
             (Partial::Gradient(k.acc.finish()), vis, m)
         }

@@ -12,7 +12,7 @@ use insitu_client::RpcConn;
 use insitu_protocol::frame::{FrameKind, HEADER_BYTES, check_header};
 use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
 use insitu_server::{ConnLimits, MAX_FRAME_BYTES};
-use insitu_testkit::raw::{partial_frame, stalled_frames};
+use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -63,19 +63,6 @@ async fn raw_ping(s: &mut TcpStream) {
     );
     let mut body = vec![0u8; body_len];
     s.read_exact(&mut body).await.unwrap();
-}
-
-/// Read until the peer closes; returns what was read.
-async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
-    let mut all = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(SAFETY, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return all,
-            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("the connection was not closed"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::txn::{
-    as_i64, client_with_op_timeout, decide_at, open_accounts, prepare, retrying_client,
+    as_i64, client_with_op_timeout, decide_at, open_accounts, prepare, retrying_client, transfer,
 };
 use insitu_client::{AtSnapshot, Client, RpcConn, Selection, Status};
 use insitu_protocol::plan::Field;
@@ -62,26 +62,11 @@ async fn sums_at_a_snapshot_are_always_the_total_under_concurrent_transfers() {
                     let from = format!("acct{}", rng.u64(0..NAMES));
                     let to = format!("acct{}", rng.u64(0..NAMES));
                     let all = rng.u64(0..4) == 0;
-                    let (from, to) = (&from, &to);
-                    let moved = client
-                        .transaction(|mut tx| async move {
-                            let a = tx.read(t, from).await?;
-                            if from == to || a.is_none() {
-                                return Ok((tx, false));
-                            }
-                            let a = as_i64(a);
-                            let amount = if all { a } else { a.min(7) };
-                            let b = as_i64(tx.read(t, to).await?);
-                            if all {
-                                tx.remove(t, from);
-                            } else {
-                                tx.write(t, from, (a - amount).to_le_bytes());
-                            }
-                            tx.write(t, to, (b + amount).to_le_bytes());
-                            Ok((tx, true))
-                        })
-                        .await
-                        .unwrap();
+                    // All of it (and the account removed) or up to 7.
+                    let moved = transfer(&client, t, (&from, &to), |a| {
+                        Some((if all { a } else { a.min(7) }, all))
+                    })
+                    .await;
                     if moved {
                         transfers.fetch_add(1, Ordering::Relaxed);
                     }

@@ -9,6 +9,7 @@ mod common;
 
 use common::txn::{
     as_i64, decide, keys_on_two_shards, open_accounts, participants, prepare, retrying_client,
+    transfer,
 };
 
 use std::sync::Arc;
@@ -82,20 +83,11 @@ async fn bank_transfers_keep_the_total_and_audits_see_it_whole() {
                     let from = format!("acct{}", rng.u64(0..ACCOUNTS));
                     let to = format!("acct{}", rng.u64(0..ACCOUNTS));
                     let amount = rng.i64(1..=30);
-                    let (from, to) = (&from, &to);
-                    let moved = client
-                        .transaction(|mut tx| async move {
-                            let a = as_i64(tx.read(t, from).await?);
-                            if from == to || a < amount {
-                                return Ok((tx, false));
-                            }
-                            let b = as_i64(tx.read(t, to).await?);
-                            tx.write(t, from, (a - amount).to_le_bytes());
-                            tx.write(t, to, (b + amount).to_le_bytes());
-                            Ok((tx, true))
-                        })
-                        .await
-                        .unwrap();
+                    // Only what the account holds (an absent one holds nothing).
+                    let moved = transfer(&client, t, (&from, &to), |a| {
+                        (a >= amount).then_some((amount, false))
+                    })
+                    .await;
                     if moved {
                         transfers.fetch_add(1, Ordering::Relaxed);
                     }

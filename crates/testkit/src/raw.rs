@@ -4,7 +4,9 @@
 use bytes::BytesMut;
 use insitu_protocol::frame::{FrameKind, Header, put_header};
 use insitu_protocol::{MAX_BODY_BYTES, Status};
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The header of a request frame (id 1) announcing a `body_len`-byte body.
@@ -37,4 +39,19 @@ pub async fn stalled_frames(addr: &str, count: usize, sent: usize) -> Vec<TcpStr
         stalled.push(partial_frame(addr, MAX_BODY_BYTES, sent).await);
     }
     stalled
+}
+
+/// Everything `s` receives until its peer closes it (or a read fails):
+/// what a listener sent before closing a misbehaving connection. Panics if
+/// the connection is still open after 20 s.
+pub async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("the connection was not closed"),
+        }
+    }
 }

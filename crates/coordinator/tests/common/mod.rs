@@ -417,18 +417,7 @@ pub async fn enlist_as(
 }
 
 pub async fn create(conn: &RpcConn, name: &str, tablets: u32) -> TableInfo {
-    table_of(
-        &call(
-            conn,
-            Request::CreateTable {
-                name: name.into(),
-                tablets,
-                schema: None,
-                by_slot: false,
-            },
-        )
-        .await,
-    )
+    table_of(&try_create(conn, name, tablets).await)
 }
 
 pub async fn open(conn: &RpcConn, name: &str) -> TableInfo {
@@ -495,6 +484,11 @@ pub async fn try_create(conn: &RpcConn, name: impl Into<String>, tablets: u32) -
         by_slot: false,
     };
     call(conn, request).await
+}
+
+/// Send DropTable and return the raw reply (checked by the caller).
+pub async fn try_drop(conn: &RpcConn, name: &str) -> Reply {
+    call(conn, Request::DropTable { name: name.into() }).await
 }
 
 /// Send MoveTablet and return the raw reply.

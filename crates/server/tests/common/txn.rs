@@ -172,3 +172,37 @@ pub async fn open_accounts(client: &insitu_client::Client, table: u64, n: u64, i
             .unwrap();
     }
 }
+
+/// One transfer in a transaction, as the bank tests make them: nothing moves
+/// when `from` is `to` or absent, or when `take` refuses `from`'s balance;
+/// else `take(balance)` gives the amount and whether `from` is then removed
+/// rather than debited, and `to` (absent: 0) is credited. Whether it moved.
+pub async fn transfer(
+    client: &insitu_client::Client,
+    t: u64,
+    (from, to): (&str, &str),
+    take: impl Fn(i64) -> Option<(i64, bool)> + Sync,
+) -> bool {
+    let take = &take;
+    client
+        .transaction(|mut tx| async move {
+            let a = tx.read(t, from).await?;
+            if from == to || a.is_none() {
+                return Ok((tx, false));
+            }
+            let a = as_i64(a);
+            let Some((amount, remove)) = take(a) else {
+                return Ok((tx, false));
+            };
+            let b = as_i64(tx.read(t, to).await?);
+            if remove {
+                tx.remove(t, from);
+            } else {
+                tx.write(t, from, (a - amount).to_le_bytes());
+            }
+            tx.write(t, to, (b + amount).to_le_bytes());
+            Ok((tx, true))
+        })
+        .await
+        .unwrap()
+}
