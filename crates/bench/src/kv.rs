@@ -28,7 +28,7 @@ use crate::kv_procs::{
     allowed_cpus, cpu_ns, pin_self, redis_info_field, rss_bytes, start_insitu, start_redis,
     tracing_note,
 };
-use crate::kv_report::{Row, case_name, find, median_rows, print_table, ratio, round};
+use crate::kv_report::{Row, case_name, median_rows, print_table, ratio, ratios, round};
 use crate::loadgen::{self, CaseResult, CaseSpec, InsituWire, Mix, RedisWire};
 use insitu_testkit::on_path;
 use insitu_tls::ClientTls;
@@ -511,54 +511,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         }
         let rows = median_rows(&raw);
 
-        // ---- ratios ----
-        let get = |store: &str, mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
-            find(&rows, store, mix, conns, depth).map(f)
-        };
-        let ops = |r: &Row| r.ops_per_sec;
-        let objs = |r: &Row| r.objects_per_sec;
-        let p99 = |r: &Row| r.p99_us;
-        let mut ratios = serde_json::Map::new();
-        let mut put = |k: &str, v: Value| {
-            ratios.insert(k.to_string(), v);
-        };
-        put("read_throughput_vs_redis", ratio(get("insitu", Mix::Read, 16, 1, ops), get("redis", Mix::Read, 16, 1, ops)));
-        put("write_throughput_vs_redis", ratio(get("insitu", Mix::Write, 16, 1, ops), get("redis", Mix::Write, 16, 1, ops)));
-        put("read_p99_vs_redis", ratio(get("insitu", Mix::Read, 16, 1, p99), get("redis", Mix::Read, 16, 1, p99)));
-        put("multiread_100_vs_single", ratio(get("insitu", Mix::MultiRead(100), 16, 1, objs), get("insitu", Mix::Read, 16, 1, objs)));
-        put("multiread_100_vs_mget_100", ratio(get("insitu", Mix::MultiRead(100), 16, 1, objs), get("redis", Mix::MultiRead(100), 16, 1, objs)));
-        put("memory_per_object_vs_redis", mem_ratio);
-        put("overhead_per_object_vs_redis", overhead_ratio);
-        // The rest of the grid, for the targets at 64 connections and the picture.
-        put("read_throughput_vs_redis_c64", ratio(get("insitu", Mix::Read, 64, 1, ops), get("redis", Mix::Read, 64, 1, ops)));
-        put("write_throughput_vs_redis_c64", ratio(get("insitu", Mix::Write, 64, 1, ops), get("redis", Mix::Write, 64, 1, ops)));
-        put("read_p99_vs_redis_c64", ratio(get("insitu", Mix::Read, 64, 1, p99), get("redis", Mix::Read, 64, 1, p99)));
-        put("write_p99_vs_redis", ratio(get("insitu", Mix::Write, 16, 1, p99), get("redis", Mix::Write, 16, 1, p99)));
-        put("write_p99_vs_redis_c64", ratio(get("insitu", Mix::Write, 64, 1, p99), get("redis", Mix::Write, 64, 1, p99)));
-        // Pipelined writes: where an inline cleaning pass stalled every queued request.
-        put("write_p99_vs_redis_c16_d16", ratio(get("insitu", Mix::Write, 16, 16, p99), get("redis", Mix::Write, 16, 16, p99)));
-        put("write_p99_vs_redis_c64_d16", ratio(get("insitu", Mix::Write, 64, 16, p99), get("redis", Mix::Write, 64, 16, p99)));
-        put("mix_throughput_vs_redis", ratio(get("insitu", Mix::Mixed { write_pct: 5 }, 16, 1, ops), get("redis", Mix::Mixed { write_pct: 5 }, 16, 1, ops)));
-        // Server CPU per operation (schedstat of every store thread): what each
-        // request costs the store itself, independent of the load generator.
-        let cpu = |r: &Row| r.server_cpu_us_per_op;
-        put("read_server_cpu_per_op_vs_redis", ratio(get("insitu", Mix::Read, 16, 1, cpu), get("redis", Mix::Read, 16, 1, cpu)));
-        put("write_server_cpu_per_op_vs_redis", ratio(get("insitu", Mix::Write, 16, 1, cpu), get("redis", Mix::Write, 16, 1, cpu)));
-        put("read_server_cpu_per_op_vs_redis_c64", ratio(get("insitu", Mix::Read, 64, 1, cpu), get("redis", Mix::Read, 64, 1, cpu)));
-        put("write_server_cpu_per_op_vs_redis_c64", ratio(get("insitu", Mix::Write, 64, 1, cpu), get("redis", Mix::Write, 64, 1, cpu)));
-        put("read_d16_server_cpu_per_op_vs_redis", ratio(get("insitu", Mix::Read, 16, 16, cpu), get("redis", Mix::Read, 16, 16, cpu)));
-        put("write_d16_server_cpu_per_op_vs_redis", ratio(get("insitu", Mix::Write, 16, 16, cpu), get("redis", Mix::Write, 16, 16, cpu)));
-        put("multiread_10_vs_single", ratio(get("insitu", Mix::MultiRead(10), 16, 1, objs), get("insitu", Mix::Read, 16, 1, objs)));
-        put("multiread_10_vs_mget_10", ratio(get("insitu", Mix::MultiRead(10), 16, 1, objs), get("redis", Mix::MultiRead(10), 16, 1, objs)));
-        for conns in [1, 16, 64] {
-            for depth in [1, 16] {
-                for (mix, name) in [(Mix::Read, "read"), (Mix::Write, "write"), (Mix::Mixed { write_pct: 5 }, "mix")] {
-                    let key = format!("grid_{name}_c{conns}_d{depth}");
-                    put(&format!("{key}_throughput_vs_redis"), ratio(get("insitu", mix, conns, depth, ops), get("redis", mix, conns, depth, ops)));
-                    put(&format!("{key}_p99_vs_redis"), ratio(get("insitu", mix, conns, depth, p99), get("redis", mix, conns, depth, p99)));
-                }
-            }
-        }
+        let ratios = ratios(&rows, mem_ratio, overhead_ratio);
 
         print_table(&rows, &memory, &load, store_cpu.is_some(), keys, measure);
         println!("\nratios:");

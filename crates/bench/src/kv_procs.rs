@@ -232,27 +232,20 @@ pub(crate) fn start_redis_with(
 ) -> anyhow::Result<Redis> {
     ensure_redis_installed()?;
     let port = insitu_testkit::free_port()?;
-    let mut args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "yes",
-        "--dir",
-        &dir.display().to_string(),
-        "--logfile",
-        "redis.log",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args = insitu_testkit::redis_server_args(port);
+    args.extend(
+        [
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--dir",
+            &dir.display().to_string(),
+            "--logfile",
+            "redis.log",
+        ]
+        .map(String::from),
+    );
     if let Some(policy) = appendfsync {
         // Later flags win: turn the AOF on with the given fsync policy.
         args.extend(["--appendonly", "yes", "--appendfsync", policy].map(String::from));

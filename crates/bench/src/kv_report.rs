@@ -149,6 +149,100 @@ pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
     }
 }
 
+/// The report's ratios: insitu over Redis at named points and over the whole
+/// grid, insitu's multiRead over single reads, and the two memory ratios.
+pub(crate) fn ratios(
+    rows: &[Row],
+    mem_ratio: Value,
+    overhead_ratio: Value,
+) -> serde_json::Map<String, Value> {
+    let get = |store: &str, mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
+        find(rows, store, mix, conns, depth).map(f)
+    };
+    let ops = |r: &Row| r.ops_per_sec;
+    let objs = |r: &Row| r.objects_per_sec;
+    let p99 = |r: &Row| r.p99_us;
+    // insitu's value over Redis's at one point of the grid.
+    let vs_redis = |mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
+        ratio(
+            get("insitu", mix, conns, depth, f),
+            get("redis", mix, conns, depth, f),
+        )
+    };
+    let mut ratios = serde_json::Map::new();
+    let mut put = |k: &str, v: Value| {
+        ratios.insert(k.to_string(), v);
+    };
+    put(
+        "multiread_100_vs_single",
+        ratio(
+            get("insitu", Mix::MultiRead(100), 16, 1, objs),
+            get("insitu", Mix::Read, 16, 1, objs),
+        ),
+    );
+    put(
+        "multiread_10_vs_single",
+        ratio(
+            get("insitu", Mix::MultiRead(10), 16, 1, objs),
+            get("insitu", Mix::Read, 16, 1, objs),
+        ),
+    );
+    put("memory_per_object_vs_redis", mem_ratio);
+    put("overhead_per_object_vs_redis", overhead_ratio);
+    // Server CPU per operation (schedstat of every store thread): what each
+    // request costs the store itself, independent of the load generator.
+    let cpu = |r: &Row| r.server_cpu_us_per_op;
+    let mixed = Mix::Mixed { write_pct: 5 };
+    // Named ratios of insitu over Redis: (name, mix, connections, depth, figure).
+    #[rustfmt::skip]
+    let named: [(&str, Mix, usize, usize, fn(&Row) -> f64); 19] = [
+        ("read_throughput_vs_redis", Mix::Read, 16, 1, ops),
+        ("write_throughput_vs_redis", Mix::Write, 16, 1, ops),
+        ("read_p99_vs_redis", Mix::Read, 16, 1, p99),
+        ("multiread_100_vs_mget_100", Mix::MultiRead(100), 16, 1, objs),
+        // The rest of the grid, for the targets at 64 connections and the picture.
+        ("read_throughput_vs_redis_c64", Mix::Read, 64, 1, ops),
+        ("write_throughput_vs_redis_c64", Mix::Write, 64, 1, ops),
+        ("read_p99_vs_redis_c64", Mix::Read, 64, 1, p99),
+        ("write_p99_vs_redis", Mix::Write, 16, 1, p99),
+        ("write_p99_vs_redis_c64", Mix::Write, 64, 1, p99),
+        // Pipelined writes: where an inline cleaning pass stalled every queued request.
+        ("write_p99_vs_redis_c16_d16", Mix::Write, 16, 16, p99),
+        ("write_p99_vs_redis_c64_d16", Mix::Write, 64, 16, p99),
+        ("mix_throughput_vs_redis", mixed, 16, 1, ops),
+        ("read_server_cpu_per_op_vs_redis", Mix::Read, 16, 1, cpu),
+        ("write_server_cpu_per_op_vs_redis", Mix::Write, 16, 1, cpu),
+        ("read_server_cpu_per_op_vs_redis_c64", Mix::Read, 64, 1, cpu),
+        ("write_server_cpu_per_op_vs_redis_c64", Mix::Write, 64, 1, cpu),
+        ("read_d16_server_cpu_per_op_vs_redis", Mix::Read, 16, 16, cpu),
+        ("write_d16_server_cpu_per_op_vs_redis", Mix::Write, 16, 16, cpu),
+        ("multiread_10_vs_mget_10", Mix::MultiRead(10), 16, 1, objs),
+    ];
+    for (name, mix, conns, depth, figure) in named {
+        put(name, vs_redis(mix, conns, depth, figure));
+    }
+    for conns in [1, 16, 64] {
+        for depth in [1, 16] {
+            for (mix, name) in [
+                (Mix::Read, "read"),
+                (Mix::Write, "write"),
+                (Mix::Mixed { write_pct: 5 }, "mix"),
+            ] {
+                let key = format!("grid_{name}_c{conns}_d{depth}");
+                put(
+                    &format!("{key}_throughput_vs_redis"),
+                    vs_redis(mix, conns, depth, ops),
+                );
+                put(
+                    &format!("{key}_p99_vs_redis"),
+                    vs_redis(mix, conns, depth, p99),
+                );
+            }
+        }
+    }
+    ratios
+}
+
 pub(crate) fn print_table(
     rows: &[Row],
     memory: &serde_json::Map<String, Value>,

@@ -31,17 +31,21 @@ fn owned(v: JsonValue<'_>) -> V {
     }
 }
 
-/// A reader of `paths` (as filter comparisons, in this order).
-fn reader(paths: &[&str]) -> JsonDoc {
-    let filter: Vec<PredOp> = paths
+/// A filter that compares each of `paths`, in this order.
+fn path_filter(paths: &[&str]) -> Vec<PredOp> {
+    paths
         .iter()
         .map(|p| PredOp::JsonCmp {
             path: parse_path(p).unwrap(),
             op: CmpOp::Eq,
             value: JsonLit::Bool(true),
         })
-        .collect();
-    JsonDoc::for_plan(&filter, None).unwrap()
+        .collect()
+}
+
+/// A reader of `paths` (as filter comparisons, in this order).
+fn reader(paths: &[&str]) -> JsonDoc {
+    JsonDoc::for_plan(&path_filter(paths), None).unwrap()
 }
 
 fn read(paths: &[&str], doc: &[u8]) -> Vec<V> {
@@ -241,14 +245,7 @@ fn a_large_document_is_read_in_one_pass() {
 fn too_many_distinct_paths_are_refused() {
     let paths: Vec<String> = (0..=MAX_JSON_PATHS).map(|i| format!("$.k{i}")).collect();
     let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let filter: Vec<PredOp> = refs
-        .iter()
-        .map(|p| PredOp::JsonCmp {
-            path: parse_path(p).unwrap(),
-            op: CmpOp::Eq,
-            value: JsonLit::Bool(true),
-        })
-        .collect();
+    let filter = path_filter(&refs);
     let e = JsonDoc::for_plan(&filter, None).unwrap_err();
     assert!(e.contains("at most 32 different JSON paths"), "{e}");
     assert!(JsonDoc::for_plan(&filter[1..], None).is_ok());

@@ -4,6 +4,17 @@
 use crate::error::oom;
 use crate::{Engine, EngineError, ObjectRef, TableId, key_hash};
 
+/// `f` called only on the objects not expired at `now`: the filter every
+/// visit puts between a tablet's walk and its caller.
+#[inline]
+fn unexpired(now: u64, mut f: impl FnMut(ObjectRef<'_>)) -> impl FnMut(ObjectRef<'_>) {
+    move |o| {
+        if !o.is_expired(now) {
+            f(o)
+        }
+    }
+}
+
 impl Engine {
     /// Walk the tablet's log segments in order, calling `f` for every live object.
     #[inline]
@@ -11,14 +22,11 @@ impl Engine {
         &self,
         table: TableId,
         start_hash: u64,
-        mut f: impl FnMut(ObjectRef<'_>),
+        f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
         let now = self.now_ms();
-        self.tablet_at(table, start_hash)?.for_each_log(|o| {
-            if !o.is_expired(now) {
-                f(o)
-            }
-        });
+        self.tablet_at(table, start_hash)?
+            .for_each_log(unexpired(now, f));
         Ok(())
     }
 
@@ -27,14 +35,11 @@ impl Engine {
         &self,
         table: TableId,
         start_hash: u64,
-        mut f: impl FnMut(ObjectRef<'_>),
+        f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
         let now = self.now_ms();
-        self.tablet_at(table, start_hash)?.for_each_index(|o| {
-            if !o.is_expired(now) {
-                f(o)
-            }
-        });
+        self.tablet_at(table, start_hash)?
+            .for_each_index(unexpired(now, f));
         Ok(())
     }
 

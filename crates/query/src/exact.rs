@@ -22,13 +22,16 @@ use crate::filter::{ExactRead, read_at, read_i64};
 /// general evaluator): Q1's deepest argument needs 3.
 pub(crate) const DEPTH: usize = 8;
 
+/// Where a row holds a column an exact program reads: its offset and how to
+/// read it (also what tells a batch's input columns apart).
+pub(crate) type RowCol = (usize, ExactRead);
+
+/// A step of an exact program. `C` names a column: where a row holds it, or,
+/// in a batch program (`exact_batch.rs`), the input column of its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum XStep {
+pub(crate) enum XStep<C = RowCol> {
     /// A column's value (its NULL was checked up front).
-    Col {
-        offset: usize,
-        read: ExactRead,
-    },
+    Col(C),
     Lit(i128),
     Neg,
     /// `(a * l) op (b * r)`: `l` and `r` bring both operands to the step's
@@ -38,6 +41,18 @@ pub(crate) enum XStep {
         l: i128,
         r: i128,
     },
+}
+
+impl<C> XStep<C> {
+    /// The same step with its column (if any) named by `f`.
+    pub(crate) fn map_col<D>(self, f: impl FnOnce(C) -> D) -> XStep<D> {
+        match self {
+            XStep::Col(c) => XStep::Col(f(c)),
+            XStep::Lit(v) => XStep::Lit(v),
+            XStep::Neg => XStep::Neg,
+            XStep::Bin { op, l, r } => XStep::Bin { op, l, r },
+        }
+    }
 }
 
 /// An operand the i64 pass reads without the stack.
@@ -112,23 +127,14 @@ fn bin_i128(op: BinOp, a: i128, b: i128, l: i128, r: i128) -> Result<i128, Query
     .ok_or_else(overflow)
 }
 
-/// One step as the i128 pass sees it, its column (if any) already read.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Op128 {
-    Push(i128),
-    Neg,
-    /// (op, l, r): `(a * l) op (b * r)`, as `XStep::Bin`.
-    Bin(BinOp, i128, i128),
-}
-
-/// The i128 pass over `steps`, each turned into an `Op128` by `decode`, from a
+/// The i128 pass over `steps`, each column's value given by `read`, from a
 /// stack holding `init` when given: shared by the row evaluator and the
 /// batch's fallback (`exact_batch.rs`) so both decide overflow alike.
 #[inline]
-pub(crate) fn run_i128_steps<S: Copy>(
-    steps: &[S],
+pub(crate) fn run_i128_steps<C: Copy>(
+    steps: &[XStep<C>],
     init: Option<i128>,
-    mut decode: impl FnMut(S) -> Op128,
+    mut read: impl FnMut(C) -> i128,
 ) -> Result<i128, QueryError> {
     let mut stack = [0i128; DEPTH];
     let mut sp = 0usize;
@@ -137,13 +143,17 @@ pub(crate) fn run_i128_steps<S: Copy>(
         sp = 1;
     }
     for &s in steps {
-        match decode(s) {
-            Op128::Push(v) => {
+        match s {
+            XStep::Col(c) => {
+                stack[sp] = read(c);
+                sp += 1;
+            }
+            XStep::Lit(v) => {
                 stack[sp] = v;
                 sp += 1;
             }
-            Op128::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
-            Op128::Bin(op, l, r) => {
+            XStep::Neg => stack[sp - 1] = stack[sp - 1].checked_neg().ok_or_else(overflow)?,
+            XStep::Bin { op, l, r } => {
                 sp -= 1;
                 stack[sp - 1] = bin_i128(op, stack[sp - 1], stack[sp], l, r)?;
             }
@@ -157,7 +167,7 @@ fn narrow_steps(steps: &[XStep]) -> Vec<NStep> {
     let mut out: Vec<NStep> = Vec::with_capacity(steps.len());
     for s in steps {
         let n = match *s {
-            XStep::Col { offset, read } => NStep::Push(Imm::Col { offset, read }),
+            XStep::Col((offset, read)) => NStep::Push(Imm::Col { offset, read }),
             XStep::Lit(v) => NStep::Push(Imm::Lit(v as i64)),
             XStep::Neg => NStep::Neg,
             XStep::Bin { op, l, r } => {
@@ -208,10 +218,7 @@ impl ExactProgram {
                     if !cols.contains(&c.col) {
                         cols.push(c.col);
                     }
-                    XStep::Col {
-                        offset: c.offset,
-                        read: c.read,
-                    }
+                    XStep::Col((c.offset, c.read))
                 }
                 Step::Lit(Val::Exact(v)) => XStep::Lit(*v),
                 Step::Neg => XStep::Neg,
@@ -235,7 +242,7 @@ impl ExactProgram {
                 _ => return None,
             };
             match x {
-                XStep::Col { .. } | XStep::Lit(_) => depth += 1,
+                XStep::Col(_) | XStep::Lit(_) => depth += 1,
                 XStep::Bin { .. } => depth = depth.checked_sub(1)?,
                 XStep::Neg => {}
             }
@@ -363,11 +370,8 @@ impl ExactProgram {
 
     /// The program in i128, as `Arg::Program` computes it.
     fn run_i128(&self, row: &RowRef<'_>) -> Result<i128, QueryError> {
-        run_i128_steps(&self.steps, None, |s| match s {
-            XStep::Col { offset, read } => Op128::Push(read_at(row, offset, read)),
-            XStep::Lit(v) => Op128::Push(v),
-            XStep::Neg => Op128::Neg,
-            XStep::Bin { op, l, r } => Op128::Bin(op, l, r),
+        run_i128_steps(&self.steps, None, |(offset, read)| {
+            read_at(row, offset, read)
         })
     }
 }

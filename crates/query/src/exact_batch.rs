@@ -12,23 +12,12 @@
 use crate::QueryError;
 use crate::agg_fast::input;
 use crate::arith::BinOp;
-use crate::exact::{DEPTH, ExactProgram, Op128, XStep, run_i128_steps};
+use crate::exact::{DEPTH, ExactProgram, XStep, run_i128_steps};
 use crate::filter::ExactRead;
 
-/// A step reading batch columns instead of row bytes.
-#[derive(Clone, Copy, Debug)]
-enum BStep {
-    /// Input column `k` of the batch.
-    Col(usize),
-    Lit(i128),
-    Neg,
-    /// `(a * l) op (b * r)`, as `XStep::Bin`.
-    Bin {
-        op: BinOp,
-        l: i128,
-        r: i128,
-    },
-}
+/// A step reading batch columns instead of row bytes: `Col(k)` is input
+/// column `k` of the batch.
+type BStep = XStep<usize>;
 
 /// An exact program over a batch's input columns.
 #[derive(Clone, Debug)]
@@ -52,12 +41,7 @@ impl BatchProgram {
         let steps = p
             .steps()
             .iter()
-            .map(|s| match *s {
-                XStep::Col { offset, read } => BStep::Col(input(inputs, (offset, read))),
-                XStep::Lit(v) => BStep::Lit(v),
-                XStep::Neg => BStep::Neg,
-                XStep::Bin { op, l, r } => BStep::Bin { op, l, r },
-            })
+            .map(|s| s.map_col(|col| input(inputs, col)))
             .collect();
         BatchProgram {
             steps,
@@ -162,12 +146,7 @@ impl BatchProgram {
         init: Option<i128>,
         i: usize,
     ) -> Result<i128, QueryError> {
-        run_i128_steps(&self.steps, init, |s| match s {
-            BStep::Col(k) => Op128::Push(i128::from(cols[k][i])),
-            BStep::Lit(v) => Op128::Push(v),
-            BStep::Neg => Op128::Neg,
-            BStep::Bin { op, l, r } => Op128::Bin(op, l, r),
-        })
+        run_i128_steps(&self.steps, init, |k| i128::from(cols[k][i]))
     }
 }
 

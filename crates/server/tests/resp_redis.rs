@@ -181,16 +181,7 @@ fn start_redis() -> Option<(insitu_testkit::Proc, SocketAddr)> {
     }
     let port = insitu_testkit::free_port().unwrap();
     let mut cmd = std::process::Command::new("redis-server");
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]);
+    cmd.args(insitu_testkit::redis_server_args(port));
     let (proc, _) = insitu_testkit::Proc::spawn(cmd, "redis-server", |l| {
         l.contains("Ready to accept connections")
     })

@@ -134,7 +134,9 @@ pub fn finish_batch(
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
 }
 
-fn empty_state() -> AggState {
+/// The partial state of an aggregate over no rows (also what a test's fake
+/// source starts each group's states from).
+pub fn empty_state() -> AggState {
     AggState {
         count: 0,
         sum_int: 0,

@@ -19,33 +19,35 @@ fn schema() -> Schema {
         ty,
         nullable: true,
     };
+    let decimal = |name: &str, scale| {
+        c(
+            name,
+            ColumnType::Decimal {
+                precision: 15,
+                scale,
+            },
+        )
+    };
     let mut s = Schema {
         columns: vec![
             c("i", ColumnType::Int64),
             c("s", ColumnType::Int32),
-            c(
-                "d",
-                ColumnType::Decimal {
-                    precision: 15,
-                    scale: 2,
-                },
-            ),
+            decimal("d", 2),
             c("f", ColumnType::Float64),
             c("t", ColumnType::Utf8),
             c("dt", ColumnType::Date32),
             c("b", ColumnType::Bool),
-            c(
-                "e",
-                ColumnType::Decimal {
-                    precision: 15,
-                    scale: 3,
-                },
-            ),
+            decimal("e", 3),
         ],
         key: vec![0],
     };
     s.columns[0].nullable = false;
     s
+}
+
+/// `col op value`.
+fn cmp(col: u16, op: CmpOp, value: Scalar) -> Pred {
+    Pred::Cmp { col, op, value }
 }
 
 fn ok(e: Expr) -> Vec<Pred> {
@@ -74,20 +76,12 @@ fn cast(e: Expr, t: DataType) -> Expr {
 fn comparisons_both_orders() {
     assert_eq!(
         ok(col("i").gt(lit(5i64))),
-        vec![Pred::Cmp {
-            col: 0,
-            op: CmpOp::Gt,
-            value: Scalar::Int(5)
-        }]
+        vec![cmp(0, CmpOp::Gt, Scalar::Int(5))]
     );
     // 5 > i is i < 5.
     assert_eq!(
         ok(lit(5i64).gt(col("i"))),
-        vec![Pred::Cmp {
-            col: 0,
-            op: CmpOp::Lt,
-            value: Scalar::Int(5)
-        }]
+        vec![cmp(0, CmpOp::Lt, Scalar::Int(5))]
     );
     for (op, want) in [
         (Operator::Eq, CmpOp::Eq),
@@ -98,11 +92,7 @@ fn comparisons_both_orders() {
     ] {
         assert_eq!(
             ok(binary_expr(lit(1i64), op, col("i"))),
-            vec![Pred::Cmp {
-                col: 0,
-                op: want,
-                value: Scalar::Int(1)
-            }]
+            vec![cmp(0, want, Scalar::Int(1))]
         );
     }
 }
@@ -111,44 +101,36 @@ fn comparisons_both_orders() {
 fn literals_take_the_column_type_exactly() {
     assert_eq!(
         ok(col("d").lt(dec(2400, 15, 2))),
-        vec![Pred::Cmp {
-            col: 2,
-            op: CmpOp::Lt,
-            value: Scalar::Decimal {
+        vec![cmp(
+            2,
+            CmpOp::Lt,
+            Scalar::Decimal {
                 value: 2400,
                 scale: 2
             }
-        }]
+        )]
     );
     // 0.5 at scale 1 is 50 at the column's scale 2.
     assert_eq!(
         ok(col("d").eq(dec(5, 2, 1))),
-        vec![Pred::Cmp {
-            col: 2,
-            op: CmpOp::Eq,
-            value: Scalar::Decimal {
+        vec![cmp(
+            2,
+            CmpOp::Eq,
+            Scalar::Decimal {
                 value: 50,
                 scale: 2
             }
-        }]
+        )]
     );
     // 0.005 is not a decimal(15,2) value: refused, not rounded.
     refused(col("d").lt(dec(5, 4, 3)));
     assert_eq!(
         ok(col("dt").gt_eq(lit(ScalarValue::Date32(Some(100))))),
-        vec![Pred::Cmp {
-            col: 5,
-            op: CmpOp::Ge,
-            value: Scalar::Date(100)
-        }]
+        vec![cmp(5, CmpOp::Ge, Scalar::Date(100))]
     );
     assert_eq!(
         ok(col("t").eq(lit("x"))),
-        vec![Pred::Cmp {
-            col: 4,
-            op: CmpOp::Eq,
-            value: Scalar::Str("x".into())
-        }]
+        vec![cmp(4, CmpOp::Eq, Scalar::Str("x".into()))]
     );
     assert_eq!(
         ok(col("t").eq(lit(ScalarValue::Utf8View(Some("x".into()))))),
@@ -156,11 +138,7 @@ fn literals_take_the_column_type_exactly() {
     );
     assert_eq!(
         ok(col("f").gt(lit(1.5f64))),
-        vec![Pred::Cmp {
-            col: 3,
-            op: CmpOp::Gt,
-            value: Scalar::Float(1.5)
-        }]
+        vec![cmp(3, CmpOp::Gt, Scalar::Float(1.5))]
     );
     // NaN orders differently in Arrow and IEEE: kept in DataFusion.
     refused(col("f").gt(lit(f64::NAN)));
@@ -176,24 +154,20 @@ fn casts_unwrapped_only_when_widening_in_one_family() {
     // int32 -> int64 keeps every comparison.
     assert_eq!(
         ok(cast(col("s"), DataType::Int64).lt(lit(5_000_000_000i64))),
-        vec![Pred::Cmp {
-            col: 1,
-            op: CmpOp::Lt,
-            value: Scalar::Int(5_000_000_000)
-        }]
+        vec![cmp(1, CmpOp::Lt, Scalar::Int(5_000_000_000))]
     );
     // decimal(15,2) -> decimal(20,4) keeps every comparison; the literal is
     // brought back to the column's scale.
     assert_eq!(
         ok(cast(col("d"), DataType::Decimal128(20, 4)).gt(dec(12300, 20, 4))),
-        vec![Pred::Cmp {
-            col: 2,
-            op: CmpOp::Gt,
-            value: Scalar::Decimal {
+        vec![cmp(
+            2,
+            CmpOp::Gt,
+            Scalar::Decimal {
                 value: 123,
                 scale: 2
             }
-        }]
+        )]
     );
     // Narrowing and cross-family casts change results: refused.
     refused(cast(col("i"), DataType::Int32).lt(lit(5i32)));
@@ -263,17 +237,9 @@ fn between_in_null_and_logic() {
     assert_eq!(
         ok(col("i").gt(lit(1i64)).and(col("t").is_null().or(!col("b")))),
         vec![
-            Pred::Cmp {
-                col: 0,
-                op: CmpOp::Gt,
-                value: Scalar::Int(1)
-            },
+            cmp(0, CmpOp::Gt, Scalar::Int(1)),
             Pred::IsNull { col: 4 },
-            Pred::Cmp {
-                col: 6,
-                op: CmpOp::Eq,
-                value: Scalar::Bool(true)
-            },
+            cmp(6, CmpOp::Eq, Scalar::Bool(true)),
             Pred::Not,
             Pred::Or,
             Pred::And,

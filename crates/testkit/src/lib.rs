@@ -8,6 +8,7 @@
 //! - [`rng`]: a seeded generator, so a failing test reproduces.
 //! - [`peer`]: a fake insitu peer (backup, shard, coordinator) on loopback.
 //! - [`raw`]: raw request frames on plain sockets, e.g. frames never completed.
+//! - [`redis_server_args`]: the flags of a throwaway `redis-server` on loopback.
 
 pub mod peer;
 pub mod proc;
@@ -29,6 +30,24 @@ pub use fastrand::Rng;
 pub fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The flags of a throwaway `redis-server` on loopback at `port`, in memory
+/// only (no RDB snapshots, no AOF): what every comparison with Redis starts
+/// with; callers append theirs (later flags win).
+pub fn redis_server_args(port: u16) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! random programs of every `Pred` kind.
 
 use insitu_protocol::plan::CmpOp;
-use insitu_protocol::query::{Pred, QueryOutput, QueryPlan, Scalar};
+use insitu_protocol::query::{Pred, Scalar};
 use insitu_protocol::schema::ColumnType;
 use insitu_rows::RowRef;
 use proptest::prelude::*;
 
-use super::{float, rows, schema, text};
+use super::{float, rows, rows_plan, schema, text};
 use crate::reference;
 
 fn op() -> BoxedStrategy<CmpOp> {
@@ -117,17 +117,6 @@ fn program() -> BoxedStrategy<Vec<Pred>> {
         .boxed()
 }
 
-fn plan(filter: Vec<Pred>) -> QueryPlan {
-    QueryPlan {
-        filter,
-        output: QueryOutput::Rows {
-            columns: vec![0],
-            order_by: vec![],
-            limit: None,
-        },
-    }
-}
-
 /// A comparison of an exact column with a literal at the ends of i64
 /// (bounds no value passes, or every value does).
 fn extreme_cmp() -> BoxedStrategy<Pred> {
@@ -202,7 +191,7 @@ proptest! {
         rows in rows(24),
     ) {
         let s = schema();
-        let compiled = crate::compile(&s, &plan(prog.clone())).expect("generated programs are valid");
+        let compiled = crate::compile(&s, &rows_plan(prog.clone())).expect("generated programs are valid");
         for (r, bytes) in rows.iter().zip(super::encode(&rows)) {
             let row = RowRef::new(compiled.layout(), &bytes).expect("encoded row");
             let want = reference::truth(&prog, r) == Some(true);
@@ -218,7 +207,7 @@ proptest! {
         rows in rows(24),
     ) {
         let s = schema();
-        let compiled = crate::compile(&s, &plan(prog.clone())).expect("generated programs are valid");
+        let compiled = crate::compile(&s, &rows_plan(prog.clone())).expect("generated programs are valid");
         for (r, bytes) in rows.iter().zip(super::encode(&rows)) {
             let row = RowRef::new(compiled.layout(), &bytes).expect("encoded row");
             let want = match reference::truth(&prog, r) {
@@ -245,7 +234,7 @@ fn keep_checks_the_offset_table_of_kept_rows_only() {
     let mut bytes = super::encode(&[row]).remove(0);
     bytes[layout.fixed_end..layout.fixed_end + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     let keep = |filter: Vec<Pred>| {
-        crate::compile(&s, &plan(filter))
+        crate::compile(&s, &rows_plan(filter))
             .expect("valid plan")
             .keep(&bytes)
             .map(|r| r.is_some())

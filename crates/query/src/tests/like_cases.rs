@@ -1,10 +1,10 @@
 //! LIKE and ILIKE edge cases, through the compiled filter and the
 //! reference alike.
 
-use insitu_protocol::query::{Pred, QueryOutput, QueryPlan, Scalar};
+use insitu_protocol::query::{Pred, Scalar};
 use insitu_rows::RowRef;
 
-use super::schema;
+use super::{rows_plan, schema};
 use crate::reference;
 
 /// Whether `text LIKE pattern` (ILIKE when `ci`), by the compiled filter;
@@ -16,14 +16,7 @@ fn like(pattern: &str, text: &str, ci: bool) -> bool {
         pattern: pattern.into(),
         case_insensitive: ci,
     };
-    let plan = QueryPlan {
-        filter: vec![pred.clone()],
-        output: QueryOutput::Rows {
-            columns: vec![0],
-            order_by: vec![],
-            limit: None,
-        },
-    };
+    let plan = rows_plan(vec![pred.clone()]);
     let compiled = crate::compile(&s, &plan).expect("valid pattern");
     let mut row = vec![Scalar::Null; 10];
     row[0] = Scalar::Int(1);
@@ -114,14 +107,7 @@ fn like_on_null_is_unknown() {
     let mut row = vec![Scalar::Null; 10];
     row[0] = Scalar::Int(1);
     assert_eq!(reference::truth(std::slice::from_ref(&pred), &row), None);
-    let plan = QueryPlan {
-        filter: vec![pred, Pred::Not],
-        output: QueryOutput::Rows {
-            columns: vec![0],
-            order_by: vec![],
-            limit: None,
-        },
-    };
+    let plan = rows_plan(vec![pred, Pred::Not]);
     let compiled = crate::compile(&schema(), &plan).unwrap();
     let bytes = super::encode(&[row]).remove(0);
     let r = RowRef::new(compiled.layout(), &bytes).unwrap();

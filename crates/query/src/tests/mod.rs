@@ -8,7 +8,7 @@ mod parse_cases;
 mod refusals;
 mod sinks;
 
-use insitu_protocol::query::Scalar;
+use insitu_protocol::query::{Pred, QueryOutput, QueryPlan, Scalar};
 use insitu_protocol::schema::{Column, ColumnType, Schema};
 use insitu_rows::{RowLayout, encode_row};
 use proptest::prelude::*;
@@ -49,6 +49,19 @@ pub fn schema() -> Schema {
             col("b", ColumnType::Bool, true),
         ],
         key: vec![0],
+    }
+}
+
+/// A plan of column 0 of the rows that pass `filter`: the plan a filter is
+/// compiled in when only the filter matters.
+pub fn rows_plan(filter: Vec<Pred>) -> QueryPlan {
+    QueryPlan {
+        filter,
+        output: QueryOutput::Rows {
+            columns: vec![0],
+            order_by: vec![],
+            limit: None,
+        },
     }
 }
 

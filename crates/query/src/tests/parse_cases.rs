@@ -17,180 +17,109 @@ fn refused(text: &str) -> String {
     }
 }
 
+/// `col op value`.
+fn cmp(col: u16, op: CmpOp, value: Scalar) -> Pred {
+    Pred::Cmp { col, op, value }
+}
+
+/// `left op right`, two columns.
+fn cmp_cols(left: u16, op: CmpOp, right: u16) -> Pred {
+    Pred::CmpCols { left, op, right }
+}
+
+/// `col LIKE pattern` (ILIKE when `ci`).
+fn like(col: u16, pattern: &str, ci: bool) -> Pred {
+    Pred::Like {
+        col,
+        pattern: pattern.into(),
+        case_insensitive: ci,
+    }
+}
+
+/// `col ~ pattern` (`~*` when `ci`).
+fn regex(col: u16, pattern: &str, ci: bool) -> Pred {
+    Pred::Regex {
+        col,
+        pattern: pattern.into(),
+        case_insensitive: ci,
+    }
+}
+
+/// Each text parses to exactly its program.
+fn assert_parses(cases: Vec<(&str, Vec<Pred>)>) {
+    for (text, want) in cases {
+        assert_eq!(parse(text), want, "{text:?}");
+    }
+}
+
 #[test]
 fn comparisons_with_literals_and_columns() {
-    assert_eq!(
-        parse("q >= 5"),
-        vec![Pred::Cmp {
-            col: 2,
-            op: CmpOp::Ge,
-            value: Scalar::Int(5)
-        }]
-    );
-    assert_eq!(
-        parse("d < -12.50"),
-        vec![Pred::Cmp {
-            col: 3,
-            op: CmpOp::Lt,
-            value: Scalar::Decimal {
-                value: -1250,
-                scale: 2
-            }
-        }]
-    );
-    assert_eq!(
-        parse("f <> 1e3"),
-        vec![Pred::Cmp {
-            col: 5,
-            op: CmpOp::Ne,
-            value: Scalar::Float(1000.0)
-        }]
-    );
-    assert_eq!(
-        parse("s = 'it''s'"),
-        vec![Pred::Cmp {
-            col: 7,
-            op: CmpOp::Eq,
-            value: Scalar::Str("it's".into())
-        }]
-    );
-    let day = insitu_rows::date::parse_date("1998-09-02").unwrap();
-    let date = Pred::Cmp {
-        col: 6,
-        op: CmpOp::Le,
-        value: Scalar::Date(day),
+    let decimal = Scalar::Decimal {
+        value: -1250,
+        scale: 2,
     };
+    assert_parses(vec![
+        ("q >= 5", vec![cmp(2, CmpOp::Ge, Scalar::Int(5))]),
+        ("d < -12.50", vec![cmp(3, CmpOp::Lt, decimal)]),
+        ("f <> 1e3", vec![cmp(5, CmpOp::Ne, Scalar::Float(1000.0))]),
+        (
+            "s = 'it''s'",
+            vec![cmp(7, CmpOp::Eq, Scalar::Str("it's".into()))],
+        ),
+    ]);
+    let day = insitu_rows::date::parse_date("1998-09-02").unwrap();
+    let date = cmp(6, CmpOp::Le, Scalar::Date(day));
     assert_eq!(parse("dt <= DATE '1998-09-02'"), vec![date.clone()]);
     assert_eq!(
         parse("dt <= '1998-09-02'"),
         vec![date],
         "a quoted date against a date column"
     );
-    assert_eq!(
-        parse("b = TRUE"),
-        vec![Pred::Cmp {
-            col: 9,
-            op: CmpOp::Eq,
-            value: Scalar::Bool(true)
-        }]
-    );
-    assert_eq!(
-        parse("i = q"),
-        vec![Pred::CmpCols {
-            left: 1,
-            op: CmpOp::Eq,
-            right: 2
-        }]
-    );
-    assert_eq!(
-        parse("\"s\" != T"),
-        vec![Pred::CmpCols {
-            left: 7,
-            op: CmpOp::Ne,
-            right: 8
-        }]
-    );
+    assert_parses(vec![
+        ("b = TRUE", vec![cmp(9, CmpOp::Eq, Scalar::Bool(true))]),
+        ("i = q", vec![cmp_cols(1, CmpOp::Eq, 2)]),
+        ("\"s\" != T", vec![cmp_cols(7, CmpOp::Ne, 8)]),
+    ]);
 }
 
 #[test]
 fn between_in_is_null_like_regex_and_their_negations() {
-    assert_eq!(
-        parse("q BETWEEN 1 AND 3"),
-        vec![Pred::Between {
-            col: 2,
-            lo: Scalar::Int(1),
-            hi: Scalar::Int(3)
-        }]
-    );
-    assert_eq!(
-        parse("q NOT BETWEEN 1 AND 3"),
-        vec![
-            Pred::Between {
-                col: 2,
-                lo: Scalar::Int(1),
-                hi: Scalar::Int(3)
-            },
-            Pred::Not
-        ]
-    );
-    assert_eq!(
-        parse("s in ('a', 'b', NULL)"),
-        vec![Pred::In {
-            col: 7,
-            values: vec![
-                Scalar::Str("a".into()),
-                Scalar::Str("b".into()),
-                Scalar::Null
-            ]
-        }]
-    );
-    assert_eq!(
-        parse("i NOT IN (1)"),
-        vec![
-            Pred::In {
-                col: 1,
-                values: vec![Scalar::Int(1)]
-            },
-            Pred::Not
-        ]
-    );
-    assert_eq!(parse("t IS NULL"), vec![Pred::IsNull { col: 8 }]);
-    assert_eq!(
-        parse("t is not null"),
-        vec![Pred::IsNull { col: 8 }, Pred::Not]
-    );
-    assert_eq!(
-        parse("s LIKE 'a%'"),
-        vec![Pred::Like {
-            col: 7,
-            pattern: "a%".into(),
-            case_insensitive: false
-        }]
-    );
-    assert_eq!(
-        parse("s NOT ILIKE '%x'"),
-        vec![
-            Pred::Like {
-                col: 7,
-                pattern: "%x".into(),
-                case_insensitive: true
-            },
-            Pred::Not
-        ]
-    );
-    assert_eq!(
-        parse("s ~ '^a+'"),
-        vec![Pred::Regex {
-            col: 7,
-            pattern: "^a+".into(),
-            case_insensitive: false
-        }]
-    );
-    assert_eq!(
-        parse("s !~* 'b'"),
-        vec![
-            Pred::Regex {
-                col: 7,
-                pattern: "b".into(),
-                case_insensitive: true
-            },
-            Pred::Not
-        ]
-    );
+    let between = Pred::Between {
+        col: 2,
+        lo: Scalar::Int(1),
+        hi: Scalar::Int(3),
+    };
+    let in_s = Pred::In {
+        col: 7,
+        values: vec![
+            Scalar::Str("a".into()),
+            Scalar::Str("b".into()),
+            Scalar::Null,
+        ],
+    };
+    let in_i = Pred::In {
+        col: 1,
+        values: vec![Scalar::Int(1)],
+    };
+    let is_null = Pred::IsNull { col: 8 };
+    assert_parses(vec![
+        ("q BETWEEN 1 AND 3", vec![between.clone()]),
+        ("q NOT BETWEEN 1 AND 3", vec![between, Pred::Not]),
+        ("s in ('a', 'b', NULL)", vec![in_s]),
+        ("i NOT IN (1)", vec![in_i, Pred::Not]),
+        ("t IS NULL", vec![is_null.clone()]),
+        ("t is not null", vec![is_null, Pred::Not]),
+        ("s LIKE 'a%'", vec![like(7, "a%", false)]),
+        ("s NOT ILIKE '%x'", vec![like(7, "%x", true), Pred::Not]),
+        ("s ~ '^a+'", vec![regex(7, "^a+", false)]),
+        ("s !~* 'b'", vec![regex(7, "b", true), Pred::Not]),
+    ]);
 }
 
 #[test]
 fn and_binds_tighter_than_or_and_parentheses_group() {
-    let a = Pred::Cmp {
-        col: 1,
-        op: CmpOp::Eq,
-        value: Scalar::Int(1),
-    };
-    let b = Pred::Cmp {
-        col: 2,
-        op: CmpOp::Eq,
-        value: Scalar::Int(2),
-    };
+    let a = cmp(1, CmpOp::Eq, Scalar::Int(1));
+    let b = cmp(2, CmpOp::Eq, Scalar::Int(2));
     let c = Pred::IsNull { col: 7 };
     assert_eq!(
         parse("i = 1 OR q = 2 AND s IS NULL"),

@@ -6,19 +6,8 @@ use insitu_protocol::query::{
     Scalar, SortKey, ValueOp,
 };
 
-use super::schema;
+use super::{rows_plan, schema};
 use crate::{QueryError, compile};
-
-fn rows_plan(filter: Vec<Pred>) -> QueryPlan {
-    QueryPlan {
-        filter,
-        output: QueryOutput::Rows {
-            columns: vec![0],
-            order_by: vec![],
-            limit: None,
-        },
-    }
-}
 
 /// The refusal message of a plan that must be refused.
 fn refusal(plan: QueryPlan) -> String {

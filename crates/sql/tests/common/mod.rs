@@ -1,6 +1,7 @@
 //! A `TableSource` over rows held in memory, with a small evaluator of
-//! `QueryPlan`s written to be obviously right (not fast): the reference the
-//! SQL front end's pushdown is checked against. It splits the rows into two
+//! `QueryPlan`s written to be obviously right (not fast; filters and row
+//! order by the query crate's reference): the reference the SQL front end's
+//! pushdown is checked against. It splits the rows into two
 //! "tablets" (even and odd row numbers) so per-tablet limits and merged
 //! partials are exercised.
 
@@ -18,11 +19,12 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, RecordBatch};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use insitu_protocol::plan::CmpOp;
 use insitu_protocol::query::{
-    AggFunc, AggState, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, SortKey, ValueOp,
+    AggFunc, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, ValueOp,
 };
 use insitu_protocol::schema::{ColumnType, Schema};
+use insitu_query::reference::{sort_rows, truth};
+use insitu_sql::aggregate_exec::empty_state;
 use insitu_sql::{TableSource, arrow_schema};
 
 /// Rows per batch the fake servers send (small: many batches).
@@ -92,12 +94,12 @@ impl TableSource for MemSource {
         for tablet in Self::tablets(&all_rows) {
             let mut kept: Vec<&Vec<Scalar>> = tablet
                 .into_iter()
-                .filter(|r| eval_filter(&plan.filter, r) == Some(true))
+                .filter(|r| truth(&plan.filter, r) == Some(true))
                 .collect();
             // A top-k: each tablet sorts and keeps its first `limit` rows.
             if !order_by.is_empty() {
                 assert!(limit.is_some(), "a top-k without a limit");
-                kept.sort_by(|a, b| sort_order(order_by, a, b));
+                kept.sort_by(|a, b| sort_rows(order_by, a, b));
             }
             if let Some(l) = limit {
                 kept.truncate(*l as usize);
@@ -107,7 +109,7 @@ impl TableSource for MemSource {
         if !order_by.is_empty() {
             // The client's merge of the tablets' lists, cut to the limit.
             let mut merged: Vec<&Vec<Scalar>> = answers.concat();
-            merged.sort_by(|a, b| sort_order(order_by, a, b));
+            merged.sort_by(|a, b| sort_rows(order_by, a, b));
             merged.truncate(limit.unwrap_or(0) as usize);
             answers = vec![merged];
         }
@@ -128,7 +130,7 @@ impl TableSource for MemSource {
         let mut groups: Vec<GroupPartial> = vec![];
         let all_rows = self.rows.lock().unwrap().clone();
         for r in &all_rows {
-            if eval_filter(&plan.filter, r) != Some(true) {
+            if truth(&plan.filter, r) != Some(true) {
                 continue;
             }
             let key: Vec<Scalar> = group_by.iter().map(|&c| r[c as usize].clone()).collect();
@@ -219,38 +221,6 @@ impl TableSource for MemSource {
     }
 }
 
-fn empty_state() -> AggState {
-    AggState {
-        count: 0,
-        sum_int: 0,
-        sum_float: 0.0,
-        min: Scalar::Null,
-        max: Scalar::Null,
-    }
-}
-
-/// SQL's order of two rows by `keys` (NULLs where each key says).
-fn sort_order(keys: &[SortKey], a: &[Scalar], b: &[Scalar]) -> Ordering {
-    for k in keys {
-        let (x, y) = (&a[k.col as usize], &b[k.col as usize]);
-        let o = match (x, y) {
-            (Scalar::Null, Scalar::Null) => Ordering::Equal,
-            (Scalar::Null, _) if k.nulls_first => Ordering::Less,
-            (Scalar::Null, _) => Ordering::Greater,
-            (_, Scalar::Null) if k.nulls_first => Ordering::Greater,
-            (_, Scalar::Null) => Ordering::Less,
-            _ => {
-                let o = cmp(x, y).expect("non-NULL values of one column compare");
-                if k.descending { o.reverse() } else { o }
-            }
-        };
-        if o != Ordering::Equal {
-            return o;
-        }
-    }
-    Ordering::Equal
-}
-
 /// Compare two non-NULL values of compatible types; None if either is NULL.
 pub fn cmp(a: &Scalar, b: &Scalar) -> Option<Ordering> {
     use Scalar::*;
@@ -275,118 +245,6 @@ fn align(x: i128, s: u8, y: i128, t: u8) -> (i128, i128) {
         x * 10i128.pow((m - s) as u32),
         y * 10i128.pow((m - t) as u32),
     )
-}
-
-fn cmp_truth(o: Option<Ordering>, op: CmpOp) -> Option<bool> {
-    let o = o?;
-    Some(match op {
-        CmpOp::Eq => o == Ordering::Equal,
-        CmpOp::Ne => o != Ordering::Equal,
-        CmpOp::Lt => o == Ordering::Less,
-        CmpOp::Le => o != Ordering::Greater,
-        CmpOp::Gt => o == Ordering::Greater,
-        CmpOp::Ge => o != Ordering::Less,
-    })
-}
-
-/// SQL LIKE as an anchored regex (`\` escapes the next character).
-fn like_regex(pattern: &str, ci: bool) -> regex::Regex {
-    let mut re = String::from(if ci { "(?is)^" } else { "(?s)^" });
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '%' => re.push_str(".*"),
-            '_' => re.push('.'),
-            '\\' => {
-                if let Some(n) = chars.next() {
-                    re.push_str(&regex::escape(&n.to_string()));
-                }
-            }
-            c => re.push_str(&regex::escape(&c.to_string())),
-        }
-    }
-    re.push('$');
-    regex::Regex::new(&re).unwrap()
-}
-
-/// The filter's truth value for one row (Kleene logic; None = unknown).
-pub fn eval_filter(filter: &[Pred], row: &[Scalar]) -> Option<bool> {
-    if filter.is_empty() {
-        return Some(true);
-    }
-    let mut st: Vec<Option<bool>> = vec![];
-    for p in filter {
-        let v = match p {
-            Pred::Cmp { col, op, value } => cmp_truth(cmp(&row[*col as usize], value), *op),
-            Pred::CmpCols { left, op, right } => {
-                cmp_truth(cmp(&row[*left as usize], &row[*right as usize]), *op)
-            }
-            Pred::Between { col, lo, hi } => {
-                let v = &row[*col as usize];
-                let a = cmp_truth(cmp(v, lo), CmpOp::Ge);
-                let b = cmp_truth(cmp(v, hi), CmpOp::Le);
-                and(a, b)
-            }
-            Pred::In { col, values } => {
-                let v = &row[*col as usize];
-                if *v == Scalar::Null {
-                    None
-                } else {
-                    Some(values.iter().any(|x| cmp(v, x) == Some(Ordering::Equal)))
-                }
-            }
-            Pred::IsNull { col } => Some(row[*col as usize] == Scalar::Null),
-            Pred::Like {
-                col,
-                pattern,
-                case_insensitive,
-            } => match &row[*col as usize] {
-                Scalar::Str(s) => Some(like_regex(pattern, *case_insensitive).is_match(s)),
-                _ => None,
-            },
-            Pred::Regex {
-                col,
-                pattern,
-                case_insensitive,
-            } => match &row[*col as usize] {
-                Scalar::Str(s) => {
-                    let p = if *case_insensitive {
-                        format!("(?i){pattern}")
-                    } else {
-                        pattern.clone()
-                    };
-                    Some(regex::Regex::new(&p).unwrap().is_match(s))
-                }
-                _ => None,
-            },
-            Pred::And => {
-                let b = st.pop().unwrap();
-                let a = st.pop().unwrap();
-                and(a, b)
-            }
-            Pred::Or => {
-                let b = st.pop().unwrap();
-                let a = st.pop().unwrap();
-                match (a, b) {
-                    (Some(true), _) | (_, Some(true)) => Some(true),
-                    (Some(false), Some(false)) => Some(false),
-                    _ => None,
-                }
-            }
-            Pred::Not => st.pop().unwrap().map(|x| !x),
-        };
-        st.push(v);
-    }
-    assert_eq!(st.len(), 1, "filter program leaves one value");
-    st[0]
-}
-
-fn and(a: Option<bool>, b: Option<bool>) -> Option<bool> {
-    match (a, b) {
-        (Some(false), _) | (_, Some(false)) => Some(false),
-        (Some(true), Some(true)) => Some(true),
-        _ => None,
-    }
 }
 
 /// An aggregate argument's value for one row: Int, Decimal (exact, at the
