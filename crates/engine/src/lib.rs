@@ -85,6 +85,7 @@ mod logview;
 mod ops;
 mod pack;
 mod promise;
+mod reaper;
 mod records;
 mod replay;
 mod replay_steps;

@@ -276,6 +276,7 @@ impl Drop for TransientCharge {
 
 impl Budget {
     pub fn new(budget_bytes: u64, segment_bytes: usize) -> Budget {
+        crate::reaper::start();
         let segments = budget_bytes / segment_bytes as u64;
         // Tiny budgets cannot afford reserves; they simply get no guarantees.
         let cleaner_reserve_bytes = if segments >= 3 {
@@ -394,6 +395,8 @@ impl Budget {
             && self.spare.try_reserve(1).is_ok()
         {
             self.spare.push(segment.buf);
+        } else {
+            crate::reaper::release(segment.buf);
         }
     }
 
