@@ -13,11 +13,22 @@
 //! goes back to the system microseconds later, when the thread drops it.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 
 /// The reaper's queue, started on first use; `None` if its thread could
 /// not be started (then buffers are dropped where they are released).
 static REAPER: OnceLock<Option<Sender<Vec<u8>>>> = OnceLock::new();
+
+/// Buffers released so far in this process (tests check that a free the
+/// budget does not keep comes here).
+static RELEASED: AtomicU64 = AtomicU64::new(0);
+
+/// Buffers handed to `release` so far in this process.
+#[cfg(test)]
+pub(crate) fn released() -> u64 {
+    RELEASED.load(Ordering::Relaxed)
+}
 
 /// Start the reaper thread if it is not running yet. Called when an
 /// engine's budget is made, so that no write pays for starting a thread
@@ -28,6 +39,7 @@ pub(crate) fn start() {
 
 /// Drop `buf` on the reaper thread (or here, if there is none).
 pub(crate) fn release(buf: Vec<u8>) {
+    RELEASED.fetch_add(1, Ordering::Relaxed);
     match reaper() {
         // A send fails only if the thread ended: drop the buffer here.
         Some(tx) => drop(tx.send(buf)),
