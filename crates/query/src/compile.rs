@@ -111,6 +111,46 @@ impl Compiled {
         Ok(Some(row))
     }
 
+    /// A cheap first look before `keep`, for the log walk's every row:
+    /// true only when `keep(value)` would be `Ok(None)` (the filter
+    /// rejects a row that passes the tag and length checks on one of its
+    /// range checks). False says nothing: the caller runs `keep`, which
+    /// also reports a malformed row. A filter that reads text never
+    /// rejects here, so `keep` still checks each of its rows whole first.
+    /// Why: on a selective scan (TPC-H Q6 keeps 2 % of the rows) the
+    /// rejected rows are the scan; with this small test inlined into the
+    /// walk, they cost no call and no stack frame.
+    #[inline(always)]
+    pub fn rejects(&self, value: &[u8]) -> bool {
+        if self.filter.reads_var {
+            return false;
+        }
+        match RowRef::new_fixed(&self.layout, value) {
+            Ok(row) => self.filter.ranges_reject(&row),
+            Err(_) => false,
+        }
+    }
+
+    /// `keep(value)` for a value `rejects` said false of: the range
+    /// checks, which passed there, are not run again. Why: on a scan that
+    /// keeps most rows (TPC-H Q1, 98 %) every row would pay them twice.
+    #[inline(always)]
+    pub fn keep_unrejected<'a>(
+        &'a self,
+        value: &'a [u8],
+    ) -> Result<Option<RowRef<'a>>, RowError> {
+        debug_assert!(!self.rejects(value), "keep_unrejected of a rejected row");
+        if self.filter.reads_var {
+            return self.keep(value);
+        }
+        let row = RowRef::new_fixed(&self.layout, value)?;
+        if !self.filter.rest_holds(&row) {
+            return Ok(None);
+        }
+        row.check_vars()?;
+        Ok(Some(row))
+    }
+
     /// The filter's three-valued answer (0 false, 1 true, 2 unknown).
     pub fn truth(&self, row: &RowRef<'_>) -> u8 {
         self.filter.truth(row)

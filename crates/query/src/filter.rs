@@ -274,7 +274,7 @@ impl RangeCheck {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn holds(&self, row: &RowRef<'_>) -> bool {
         if row.is_null(self.col) {
             return false;
@@ -361,12 +361,32 @@ impl Filter {
     /// that is not TRUE (Kleene AND is TRUE only when both sides are).
     #[inline]
     pub fn matches(&self, row: &RowRef<'_>) -> bool {
-        !self.empty
-            && self.ranges.iter().all(|r| r.holds(row))
-            && self
-                .conjuncts
-                .iter()
-                .all(|&(start, end)| self.eval(&self.ops[start..end], row) == TRUE)
+        !self.ranges_reject(row) && self.rest_holds(row)
+    }
+
+    /// The second part of `matches`: every conjunct that is not a range
+    /// check is TRUE. Alone, only for a row `ranges_reject` let through.
+    #[inline(always)]
+    pub fn rest_holds(&self, row: &RowRef<'_>) -> bool {
+        self.conjuncts
+            .iter()
+            .all(|&(start, end)| self.eval(&self.ops[start..end], row) == TRUE)
+    }
+
+    /// The first, cheap part of `matches`: the filter is empty, or one of
+    /// its range checks fails. True means `matches` is false; false says
+    /// nothing (the other conjuncts are not looked at). Why apart: a
+    /// selective scan rejects most rows here, and this part is small
+    /// enough to inline into the log walk (`Compiled::rejects`).
+    #[inline(always)]
+    pub fn ranges_reject(&self, row: &RowRef<'_>) -> bool {
+        // A plain loop: `Iter::all` was left out of line (a call per row).
+        for r in &self.ranges {
+            if !r.holds(row) {
+                return true;
+            }
+        }
+        self.empty
     }
 
     /// A well-formed program (or sub-program) over `row`.

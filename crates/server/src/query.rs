@@ -73,6 +73,9 @@ struct QueryVisit<'c> {
     matched: u64,
     /// The first row that did not decode or convert: (key, why).
     bad: Option<(Vec<u8>, String)>,
+    /// `done()`, kept up to date by `offer` (the only place that changes
+    /// what it reads), so the walk's every row tests one flag.
+    stop: bool,
 }
 
 impl<'c> QueryVisit<'c> {
@@ -85,6 +88,7 @@ impl<'c> QueryVisit<'c> {
             visited: 0,
             matched: 0,
             bad: None,
+            stop: false,
         }
     }
 
@@ -132,16 +136,19 @@ impl<'c> QueryVisit<'c> {
             }
         }
     }
-}
 
-impl ObjectSink for QueryVisit<'_> {
-    #[inline]
-    fn object(&mut self, key: &[u8], value: &[u8]) {
-        if self.done() {
-            return;
-        }
-        self.visited += 1;
-        match self.compiled.keep(value) {
+    /// A row the cheap first look did not reject: the whole filter, then
+    /// the sink. Out of line so that `object`, which runs for every row of
+    /// the walk, stays small enough to inline into it.
+    #[inline(never)]
+    fn offer(&mut self, key: &[u8], value: &[u8]) {
+        self.consider(key, value);
+        self.stop = self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached();
+    }
+
+    #[inline(always)]
+    fn consider(&mut self, key: &[u8], value: &[u8]) {
+        match self.compiled.keep_unrejected(value) {
             Err(e) => self.bad = Some((key.to_vec(), e.to_string())),
             Ok(None) => {}
             Ok(Some(row)) => {
@@ -157,6 +164,22 @@ impl ObjectSink for QueryVisit<'_> {
             }
         }
     }
+}
+
+impl ObjectSink for QueryVisit<'_> {
+    /// Every live row of the walk comes here. Why so small: on a selective
+    /// scan nearly every row ends at `rejects` (see there).
+    #[inline(always)]
+    fn object(&mut self, key: &[u8], value: &[u8]) {
+        if self.stop {
+            return;
+        }
+        self.visited += 1;
+        if self.compiled.rejects(value) {
+            return;
+        }
+        self.offer(key, value);
+    }
 
     fn reset(&mut self) {
         self.sink.reset();
@@ -166,10 +189,15 @@ impl ObjectSink for QueryVisit<'_> {
         self.visited = 0;
         self.matched = 0;
         self.bad = None;
+        self.stop = false;
     }
 
     fn done(&self) -> bool {
-        self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached()
+        debug_assert_eq!(
+            self.stop,
+            self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached()
+        );
+        self.stop
     }
 }
 

@@ -198,6 +198,14 @@ proptest! {
             prop_assert_eq!(compiled.filter(&row), want, "row {:?}", r);
             let kept = compiled.keep(&bytes).expect("encoded row");
             prop_assert_eq!(kept.is_some(), want, "keep, row {:?}", r);
+            // The walk's first look may only reject what keep rejects,
+            // and what it lets through, keep_unrejected decides as keep.
+            if compiled.rejects(&bytes) {
+                prop_assert!(!want, "rejects a kept row {:?}", r);
+            } else {
+                let rest = compiled.keep_unrejected(&bytes).expect("encoded row");
+                prop_assert_eq!(rest.is_some(), want, "keep_unrejected, row {:?}", r);
+            }
         }
     }
 
@@ -217,6 +225,10 @@ proptest! {
             };
             prop_assert_eq!(compiled.truth(&row), want, "row {:?}", r);
             prop_assert_eq!(compiled.filter(&row), want == crate::filter::TRUE);
+            prop_assert!(
+                !(compiled.rejects(&bytes) && want == crate::filter::TRUE),
+                "rejects a kept row {:?}", r
+            );
         }
     }
 }
@@ -239,6 +251,11 @@ fn keep_checks_the_offset_table_of_kept_rows_only() {
             .keep(&bytes)
             .map(|r| r.is_some())
     };
+    let rejects = |filter: Vec<Pred>, bytes: &[u8]| {
+        crate::compile(&s, &rows_plan(filter))
+            .expect("valid plan")
+            .rejects(bytes)
+    };
     let id = |v: i64| Pred::Cmp {
         col: 0,
         op: CmpOp::Eq,
@@ -251,5 +268,13 @@ fn keep_checks_the_offset_table_of_kept_rows_only() {
         op: CmpOp::Eq,
         value: Scalar::Str("zz".into()),
     };
-    assert!(keep(vec![text]).is_err());
+    assert!(keep(vec![text.clone()]).is_err());
+    // The walk's first look (`rejects`) ends the rejected row alone; the
+    // kept one, the text filter's and a row that is not a row go on to
+    // `keep`, which reports them.
+    assert!(rejects(vec![id(8)], &bytes));
+    assert!(!rejects(vec![id(7)], &bytes));
+    assert!(!rejects(vec![text], &bytes));
+    assert!(!rejects(vec![id(8)], b"not a row"));
+    assert!(!rejects(vec![id(8)], &bytes[..layout.fixed_end - 1]));
 }
