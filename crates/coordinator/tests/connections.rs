@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use insitu_coordinator::{ConnLimits, CoordinatorConfig};
 use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response};
+use insitu_testkit::poll_until;
 use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
 use tokio::net::TcpStream;
 
@@ -39,32 +40,21 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     let handle = start_coordinator_with(config(&dir, limits)).await;
     let addr = handle.addr().to_string();
     let stalled = stalled_frames(&addr, 300, 100 * 1024).await;
-    let mut full = false;
-    for _ in 0..2000 {
+    let full = poll_until(2000, || {
         let buffered = handle.buffered_frame_bytes();
         assert!(
             buffered <= budget,
             "{buffered} bytes buffered, budget {budget}"
         );
-        if buffered == budget {
-            full = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        buffered == budget
+    })
+    .await;
     assert!(full, "the stalled frames never filled the budget");
     tokio::time::timeout(SAFETY, list_servers(&handle))
         .await
         .expect("a fresh client is served");
     drop(stalled);
-    let mut freed = false;
-    for _ in 0..2000 {
-        if handle.buffered_frame_bytes() == 0 {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let freed = poll_until(2000, || handle.buffered_frame_bytes() == 0).await;
     assert!(
         freed,
         "frame buffers were not released after the peers closed"

@@ -611,11 +611,11 @@ async fn a_table_placed_by_slot_has_the_bit_and_whole_slots() {
     assert_eq!(plain.id, (t8.id & !SLOT_PLACED) + 1);
     // Typed tables are never placed by slot.
     let schema = insitu_protocol::schema::Schema {
-        columns: vec![insitu_protocol::schema::Column {
-            name: "k".into(),
-            ty: insitu_protocol::schema::ColumnType::Int64,
-            nullable: false,
-        }],
+        columns: vec![insitu_protocol::schema::Column::new(
+            "k",
+            insitu_protocol::schema::ColumnType::Int64,
+            false,
+        )],
         key: vec![0],
     };
     let msg = expect_err(

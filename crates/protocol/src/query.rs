@@ -171,6 +171,20 @@ pub struct AggState {
     pub max: Scalar,
 }
 
+impl AggState {
+    /// The state over no rows: what every partial starts from, and what a
+    /// table with no rows answers for a whole-table aggregate.
+    pub fn empty() -> AggState {
+        AggState {
+            count: 0,
+            sum_int: 0,
+            sum_float: 0.0,
+            min: Scalar::Null,
+            max: Scalar::Null,
+        }
+    }
+}
+
 /// One group's partial aggregates.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct GroupPartial {

@@ -70,6 +70,19 @@ pub struct Column {
     pub nullable: bool,
 }
 
+impl Column {
+    /// Column `name` of type `ty`, NULL allowed when `nullable`. Why a
+    /// constructor: schemas written in code (the TPC-H tables, the `--schema`
+    /// parser, tests) name three things per column, nothing to derive.
+    pub fn new(name: impl Into<String>, ty: ColumnType, nullable: bool) -> Column {
+        Column {
+            name: name.into(),
+            ty,
+            nullable,
+        }
+    }
+}
+
 /// A typed table's columns and primary key.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Schema {

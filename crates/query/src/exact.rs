@@ -388,11 +388,7 @@ pub(crate) mod tests {
     /// (k int64, d decimal(15,2)): the rows these tests and
     /// `exact_batch.rs`'s evaluate programs over.
     pub(crate) fn schema() -> Schema {
-        let col = |name: &str, ty| Column {
-            name: name.into(),
-            ty,
-            nullable: true,
-        };
+        let col = |name: &str, ty| Column::new(name, ty, true);
         Schema {
             columns: vec![
                 col("k", ColumnType::Int64),

@@ -236,13 +236,7 @@ pub fn finalize_groups(
         empty = [GroupPartial {
             key: Vec::new(),
             states: (0..aggs.len())
-                .map(|_| AggState {
-                    count: 0,
-                    sum_int: 0,
-                    sum_float: 0.0,
-                    min: Scalar::Null,
-                    max: Scalar::Null,
-                })
+                .map(|_| AggState::empty())
                 .collect(),
         }];
         &empty[..]

@@ -106,11 +106,7 @@ mod tests {
 
     #[test]
     fn fixed_columns_get_consecutive_offsets_after_the_bitmap() {
-        let col = |name: &str, ty| Column {
-            name: name.into(),
-            ty,
-            nullable: false,
-        };
+        let col = |name: &str, ty| Column::new(name, ty, false);
         let schema = Schema {
             columns: vec![
                 col("a", ColumnType::Int64),

@@ -8,11 +8,7 @@ use crate::arrow::{BatchBuilder, batch_row, from_ipc, to_ipc};
 use crate::{RowError, RowLayout, RowRef, encode_key, encode_row};
 
 fn schema() -> Schema {
-    let col = |name: &str, ty, nullable| Column {
-        name: name.into(),
-        ty,
-        nullable,
-    };
+    let col = Column::new;
     Schema {
         columns: vec![
             col("id", ColumnType::Int64, false),

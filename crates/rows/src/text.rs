@@ -182,11 +182,7 @@ pub fn parse_schema(columns: &str, key: &str) -> Result<Schema, String> {
                 ));
             }
         };
-        out.push(Column {
-            name: words[0].to_string(),
-            ty,
-            nullable,
-        });
+        out.push(Column::new(words[0], ty, nullable));
     }
     let key: Vec<&str> = key.split(',').map(str::trim).collect();
     schema_with_key(out, &key)

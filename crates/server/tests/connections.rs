@@ -12,6 +12,7 @@ use insitu_client::RpcConn;
 use insitu_protocol::frame::{FrameKind, HEADER_BYTES, check_header};
 use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
 use insitu_server::{ConnLimits, MAX_FRAME_BYTES};
+use insitu_testkit::poll_until;
 use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -77,34 +78,23 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     // 300 connections each announce a max-size frame and send 100 KiB of it.
     let stalled = stalled_frames(&c.shard, 300, 100 * 1024).await;
     // The shard takes what the budget allows (two frames) and no more.
-    let mut full = false;
-    for _ in 0..2000 {
+    let full = poll_until(2000, || {
         let (buffered, total) = c.node.server.buffered_frame_bytes()[0];
         assert_eq!(total, budget);
         assert!(
             buffered <= budget,
             "{buffered} bytes buffered, budget {budget}"
         );
-        if buffered == budget {
-            full = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        buffered == budget
+    })
+    .await;
     assert!(full, "the stalled frames never filled the budget");
     // A fresh client is still served.
     ping(&c.shard).await;
     assert!(c.node.server.buffered_frame_bytes()[0].0 <= budget);
     // Closing them gives everything back.
     drop(stalled);
-    let mut freed = false;
-    for _ in 0..2000 {
-        if c.node.server.buffered_frame_bytes()[0].0 == 0 {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let freed = poll_until(2000, || c.node.server.buffered_frame_bytes()[0].0 == 0).await;
     assert!(
         freed,
         "frame buffers were not released after the peers closed"

@@ -105,7 +105,7 @@ pub fn finish_batch(
         // No GROUP BY: one row even over no rows (count 0, others NULL).
         groups.push(GroupPartial {
             key: vec![],
-            states: (0..n_aggs).map(|_| empty_state()).collect(),
+            states: (0..n_aggs).map(|_| AggState::empty()).collect(),
         });
     }
     for g in &groups {
@@ -132,18 +132,6 @@ pub fn finish_batch(
         columns.push(array);
     }
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
-}
-
-/// The partial state of an aggregate over no rows (also what a test's fake
-/// source starts each group's states from).
-pub fn empty_state() -> AggState {
-    AggState {
-        count: 0,
-        sum_int: 0,
-        sum_float: 0.0,
-        min: Scalar::Null,
-        max: Scalar::Null,
-    }
 }
 
 /// One output value of one group.

@@ -14,11 +14,7 @@ use insitu_protocol::schema::{Column, ColumnType, Schema};
 use insitu_sql::translate::{filter_to_preds, value_program};
 
 fn schema() -> Schema {
-    let c = |name: &str, ty| Column {
-        name: name.into(),
-        ty,
-        nullable: true,
-    };
+    let c = |name: &str, ty| Column::new(name, ty, true);
     let decimal = |name: &str, scale| {
         c(
             name,

@@ -9,6 +9,7 @@
 //! - [`peer`]: a fake insitu peer (backup, shard, coordinator) on loopback.
 //! - [`raw`]: raw request frames on plain sockets, e.g. frames never completed.
 //! - [`redis_server_args`]: the flags of a throwaway `redis-server` on loopback.
+//! - [`poll_until`]: wait, bounded, for state another task changes.
 
 pub mod peer;
 pub mod proc;
@@ -48,6 +49,20 @@ pub fn redis_server_args(port: u16) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// Calls `check` every 5 ms, at most `polls` times, until it returns true;
+/// whether it did. For a test that waits on what a server changes on its
+/// own time (a buffer filling, a connection closing): bounded, so a
+/// regression fails the test instead of hanging it.
+pub async fn poll_until(polls: u32, mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..polls {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    false
 }
 
 #[cfg(test)]

@@ -145,11 +145,7 @@ pub fn schema(name: &str) -> Option<Schema> {
     let (columns, key) = definition(name)?;
     let columns: Vec<Column> = columns
         .iter()
-        .map(|&(name, t)| Column {
-            name: name.to_string(),
-            ty: t.column_type(),
-            nullable: false,
-        })
+        .map(|&(name, t)| Column::new(name, t.column_type(), false))
         .collect();
     let key = key
         .iter()

@@ -16,11 +16,7 @@ use proptest::prelude::*;
 /// Every column type, most nullable, two text columns for column-to-column
 /// comparisons, two decimals of different scales.
 pub fn schema() -> Schema {
-    let col = |name: &str, ty, nullable| Column {
-        name: name.into(),
-        ty,
-        nullable,
-    };
+    let col = Column::new;
     Schema {
         columns: vec![
             col("id", ColumnType::Int64, false),

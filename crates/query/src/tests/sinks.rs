@@ -165,11 +165,7 @@ fn packed_group_keys_do_not_run_into_each_other() {
 
 fn one_column_schema(ty: ColumnType) -> Schema {
     Schema {
-        columns: vec![Column {
-            name: "x".into(),
-            ty,
-            nullable: true,
-        }],
+        columns: vec![Column::new("x", ty, true)],
         key: vec![],
     }
 }
@@ -181,11 +177,7 @@ fn aggregate(
     values: &[Scalar],
 ) -> Result<Vec<Vec<Scalar>>, QueryError> {
     let mut s = one_column_schema(ty);
-    s.columns.push(Column {
-        name: "k".into(),
-        ty: ColumnType::Int64,
-        nullable: false,
-    });
+    s.columns.push(Column::new("k", ColumnType::Int64, false));
     s.key = vec![1];
     let layout = RowLayout::new(&s);
     let c = compile(&s, plan)?;
@@ -230,11 +222,7 @@ fn decimal_arithmetic_is_exact_and_typed() {
     );
     let s = one_column_schema(dec);
     let mut s2 = s.clone();
-    s2.columns.push(Column {
-        name: "k".into(),
-        ty: ColumnType::Int64,
-        nullable: false,
-    });
+    s2.columns.push(Column::new("k", ColumnType::Int64, false));
     s2.key = vec![1];
     let batch = crate::finalize_groups(&s2, &plan, &[]).unwrap();
     assert_eq!(batch.schema().field(0).name(), "sum(x * (1 - 0.06))");

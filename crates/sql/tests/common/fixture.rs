@@ -16,11 +16,7 @@ use insitu_sql::{TableSource, run_sql};
 use super::MemSource;
 
 pub fn col(name: &str, ty: ColumnType, nullable: bool) -> Column {
-    Column {
-        name: name.into(),
-        ty,
-        nullable,
-    }
+    Column::new(name, ty, nullable)
 }
 
 pub const DEC: ColumnType = ColumnType::Decimal {

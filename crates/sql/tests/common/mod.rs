@@ -20,11 +20,10 @@ use arrow_array::{ArrayRef, RecordBatch};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use insitu_protocol::query::{
-    AggFunc, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, ValueOp,
+    AggFunc, AggState, GroupPartial, Pred, QueryOutput, QueryPlan, Scalar, ValueOp,
 };
 use insitu_protocol::schema::{ColumnType, Schema};
 use insitu_query::reference::{sort_rows, truth};
-use insitu_sql::aggregate_exec::empty_state;
 use insitu_sql::{TableSource, arrow_schema};
 
 /// Rows per batch the fake servers send (small: many batches).
@@ -139,7 +138,7 @@ impl TableSource for MemSource {
                 None => {
                     groups.push(GroupPartial {
                         key,
-                        states: aggs.iter().map(|_| empty_state()).collect(),
+                        states: aggs.iter().map(|_| AggState::empty()).collect(),
                     });
                     groups.len() - 1
                 }
