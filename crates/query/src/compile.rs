@@ -135,10 +135,7 @@ impl Compiled {
     /// checks, which passed there, are not run again. Why: on a scan that
     /// keeps most rows (TPC-H Q1, 98 %) every row would pay them twice.
     #[inline(always)]
-    pub fn keep_unrejected<'a>(
-        &'a self,
-        value: &'a [u8],
-    ) -> Result<Option<RowRef<'a>>, RowError> {
+    pub fn keep_unrejected<'a>(&'a self, value: &'a [u8]) -> Result<Option<RowRef<'a>>, RowError> {
         debug_assert!(!self.rejects(value), "keep_unrejected of a rejected row");
         if self.filter.reads_var {
             return self.keep(value);

@@ -235,9 +235,7 @@ pub fn finalize_groups(
     let groups = if group_by.is_empty() && groups.is_empty() {
         empty = [GroupPartial {
             key: Vec::new(),
-            states: (0..aggs.len())
-                .map(|_| AggState::empty())
-                .collect(),
+            states: (0..aggs.len()).map(|_| AggState::empty()).collect(),
         }];
         &empty[..]
     } else {
