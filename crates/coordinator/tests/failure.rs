@@ -86,12 +86,10 @@ async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
     take_log(&log);
 
     // Both keep answering: nobody is declared dead meanwhile.
-    for _ in 0..1000 {
-        if backup2.pings.load(Ordering::SeqCst) >= 3 && s1[0].pings.load(Ordering::SeqCst) >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    insitu_testkit::poll_until(2000, || {
+        backup2.pings.load(Ordering::SeqCst) >= 3 && s1[0].pings.load(Ordering::SeqCst) >= 3
+    })
+    .await;
     assert!(
         backup2.pings.load(Ordering::SeqCst) >= 3,
         "the backup address is pinged"
@@ -120,12 +118,7 @@ async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
         assert_eq!(x.addr.is_empty(), x.server_id == id2, "{x:?}");
     }
     // The live shard was told.
-    for _ in 0..1000 {
-        if !s1[0].downs.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    insitu_testkit::poll_until(2000, || !s1[0].downs.lock().unwrap().is_empty()).await;
     assert_eq!(*s1[0].downs.lock().unwrap(), vec![id2]);
     // Moves to or from it are refused.
     let from = t.tablets.iter().position(|x| x.server_id == id2).unwrap() as u32;

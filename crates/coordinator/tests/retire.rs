@@ -192,12 +192,7 @@ async fn a_failed_take_leaves_the_tablet_orphaned_until_the_next_enlist() {
     let id2 = enlist(&c, addrs(&s1)).await;
     // Recovery runs after the reply: wait for both tries and the dead server
     // to be forgotten.
-    for _ in 0..1000 {
-        if log.lock().unwrap().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    insitu_testkit::poll_until(2000, || log.lock().unwrap().len() >= 2).await;
     // A recovery that failed keeps the dead server on record (its replicas
     // are still needed) and is retried.
     let servers = servers_when(&c, "id1 dead, id2 up", |s| server_ids(s).contains(&id2)).await;

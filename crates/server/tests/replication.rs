@@ -117,15 +117,12 @@ async fn remove(conn: &RpcConn, k: u32) {
     assert!(reply.status.is_ok(), "{:?}", reply.error_message());
 }
 
-/// Up to 500 polls, 10 ms apart, until `f` holds.
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
+/// Up to 5 s (1,000 polls, 5 ms apart) until `f` holds.
+async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        insitu_testkit::poll_until(1000, f).await,
+        "never happened: {what}"
+    );
 }
 
 #[tokio::test]

@@ -466,13 +466,8 @@ pub fn take_log(log: &Log) -> Vec<(String, Ctl)> {
 
 /// Wait (at most 10 s) until `log` holds an entry that `pred` accepts.
 pub async fn wait_for_log(log: &Log, what: &str, pred: impl Fn(&(String, Ctl)) -> bool) {
-    for _ in 0..1000 {
-        if log.lock().unwrap().iter().any(&pred) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never saw {what}: {:?}", log.lock().unwrap());
+    let seen = insitu_testkit::poll_until(2000, || log.lock().unwrap().iter().any(&pred)).await;
+    assert!(seen, "never saw {what}: {:?}", log.lock().unwrap());
 }
 
 /// Send CreateTable and return the raw reply (for tests that expect a refusal).
