@@ -99,23 +99,17 @@ impl Compiled {
     /// Q6), spent on rows the filter then rejected.
     #[inline]
     pub fn keep<'a>(&'a self, value: &'a [u8]) -> Result<Option<RowRef<'a>>, RowError> {
-        if self.filter.reads_var {
-            let row = RowRef::new(&self.layout, value)?;
-            return Ok(self.filter.matches(&row).then_some(row));
-        }
-        let row = RowRef::new_fixed(&self.layout, value)?;
-        if !self.filter.matches(&row) {
+        if self.rejects(value) {
             return Ok(None);
         }
-        row.check_vars()?;
-        Ok(Some(row))
+        self.keep_unrejected(value)
     }
 
     /// A cheap first look before `keep`, for the log walk's every row:
     /// true only when `keep(value)` would be `Ok(None)` (the filter
     /// rejects a row that passes the tag and length checks on one of its
-    /// range checks). False says nothing: the caller runs `keep`, which
-    /// also reports a malformed row. A filter that reads text never
+    /// range checks). False says nothing: the caller runs `keep_unrejected`,
+    /// which also reports a malformed row. A filter that reads text never
     /// rejects here, so `keep` still checks each of its rows whole first.
     /// Why: on a selective scan (TPC-H Q6 keeps 2 % of the rows) the
     /// rejected rows are the scan; with this small test inlined into the
@@ -138,7 +132,8 @@ impl Compiled {
     pub fn keep_unrejected<'a>(&'a self, value: &'a [u8]) -> Result<Option<RowRef<'a>>, RowError> {
         debug_assert!(!self.rejects(value), "keep_unrejected of a rejected row");
         if self.filter.reads_var {
-            return self.keep(value);
+            let row = RowRef::new(&self.layout, value)?;
+            return Ok(self.filter.matches(&row).then_some(row));
         }
         let row = RowRef::new_fixed(&self.layout, value)?;
         if !self.filter.rest_holds(&row) {

@@ -142,12 +142,6 @@ impl<'c> QueryVisit<'c> {
     /// the walk, stays small enough to inline into it.
     #[inline(never)]
     fn offer(&mut self, key: &[u8], value: &[u8]) {
-        self.consider(key, value);
-        self.stop = self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached();
-    }
-
-    #[inline(always)]
-    fn consider(&mut self, key: &[u8], value: &[u8]) {
         match self.compiled.keep_unrejected(value) {
             Err(e) => self.bad = Some((key.to_vec(), e.to_string())),
             Ok(None) => {}
@@ -163,6 +157,7 @@ impl<'c> QueryVisit<'c> {
                 }
             }
         }
+        self.stop = self.bad.is_some() || self.overflowed() || self.sink.rows_limit_reached();
     }
 }
 
