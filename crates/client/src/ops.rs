@@ -351,14 +351,8 @@ impl Client {
         action: UpdateAction,
         sel: &Selection,
     ) -> Result<u64, ClientError> {
-        match self
-            .execute_plan(table, &sel.plan(Op::Update { field, action }))
-            .await?
-            .partial
-        {
-            Partial::Update { updated } => Ok(updated),
-            other => Err(wrong_kind(other)),
-        }
+        let plan = sel.plan(Op::Update { field, action });
+        updated_count(self.execute_plan(table, &plan).await?.partial)
     }
 
     /// Change the columns `set` names (each `(column, action)`) of every row
@@ -382,10 +376,7 @@ impl Client {
             filter,
             set,
         });
-        match self.execute_plan(table, &plan).await?.partial {
-            Partial::Update { updated } => Ok(updated),
-            other => Err(wrong_kind(other)),
-        }
+        updated_count(self.execute_plan(table, &plan).await?.partial)
     }
 
     /// Remove every object of `table` in the selection (key range and
@@ -393,14 +384,8 @@ impl Client {
     /// too short for the filter refuses that tablet's removal). Returns how
     /// many objects were removed. Never at a snapshot.
     pub async fn remove_where(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
-        match self
-            .execute_plan(table, &sel.plan(Op::Remove))
-            .await?
-            .partial
-        {
-            Partial::Update { updated } => Ok(updated),
-            other => Err(wrong_kind(other)),
-        }
+        let plan = sel.plan(Op::Remove);
+        updated_count(self.execute_plan(table, &plan).await?.partial)
     }
 
     /// Remove every row of the typed table `table` that `filter` passes
@@ -419,10 +404,7 @@ impl Client {
             schema: schema.clone(),
             filter,
         });
-        match self.execute_plan(table, &plan).await?.partial {
-            Partial::Update { updated } => Ok(updated),
-            other => Err(wrong_kind(other)),
-        }
+        updated_count(self.execute_plan(table, &plan).await?.partial)
     }
 
     /// Logistic-regression gradient and log-loss sums over every point of
@@ -584,6 +566,15 @@ impl Client {
             Ok(Err(why)) => Err(LayoutOr::Layout(why)),
             Err(e) => Err(LayoutOr::Error(e)),
         }
+    }
+}
+
+/// How many objects an update or removal plan changed, from its merged
+/// result (every such plan answers with `Partial::Update`).
+fn updated_count(p: Partial) -> Result<u64, ClientError> {
+    match p {
+        Partial::Update { updated } => Ok(updated),
+        other => Err(wrong_kind(other)),
     }
 }
 

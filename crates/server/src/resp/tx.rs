@@ -51,10 +51,7 @@ impl Transactional for ShardStore<'_> {
 
 impl Commit for ShardTx<'_> {
     async fn commit(self) -> Result<bool, StoreError> {
-        let tx = self
-            .tx
-            .take()
-            .ok_or_else(|| err("the transaction was lost"))?;
+        let tx = self.take()?;
         match tx.commit().await {
             Ok(()) => Ok(true),
             Err(e) if is_retryable(&e) => Ok(false),
@@ -64,15 +61,21 @@ impl Commit for ShardTx<'_> {
 }
 
 impl ShardTx<'_> {
+    /// The transaction, taken out of its cell: the caller puts it back (or
+    /// commits it). An error only if it is already out, which cannot happen:
+    /// calls never overlap.
+    fn take(&self) -> Result<Transaction, StoreError> {
+        self.tx
+            .take()
+            .ok_or_else(|| err("the transaction was lost"))
+    }
+
     /// Run `f` on the transaction.
     async fn with<T>(
         &self,
         f: impl AsyncFnOnce(&mut Transaction) -> Result<T, ClientError>,
     ) -> Result<T, StoreError> {
-        let mut tx = self
-            .tx
-            .take()
-            .ok_or_else(|| err("the transaction was lost"))?;
+        let mut tx = self.take()?;
         let result = f(&mut tx).await;
         self.tx.set(Some(tx));
         result.map_err(err)
@@ -96,10 +99,7 @@ impl ShardTx<'_> {
         // transaction wrote (version 0) has the deadline it was given here.
         let expires_at_ms = match version {
             0 => {
-                let tx = self
-                    .tx
-                    .take()
-                    .ok_or_else(|| err("the transaction was lost"))?;
+                let tx = self.take()?;
                 let deadline = tx.written_deadline(table, key);
                 self.tx.set(Some(tx));
                 deadline
