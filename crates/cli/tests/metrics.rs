@@ -116,6 +116,9 @@ fn metrics_move_with_requests_and_the_status_page_names_the_cluster() {
     let samples = scrape_until(&metrics, "100 writes and the cluster's shape", |s| {
         sum(s, "insitu_requests_total", &[("kind", "Write")]) >= 100.0
             && sum(s, "insitu_servers", &[("state", "live")]) == 2.0
+            // Two servers keep one replica each (R = 1): every acknowledged
+            // write waited for a replication round.
+            && sum(s, "insitu_replication_round_duration_seconds", &[]) >= 1.0
             && sum(s, "insitu_objects", &[]) >= 100.0
     });
     let reads_before = sum(&samples, "insitu_requests_total", &[("kind", "Read")]);

@@ -298,8 +298,12 @@ pub async fn run(state: Rc<ShardState>) {
             kicked.await;
             continue;
         }
+        let started = Instant::now();
         match round(&state, &identity).await {
-            Outcome::Durable | Outcome::Partial => pause = config.retry_min,
+            Outcome::Durable | Outcome::Partial => {
+                state.metrics.replication_round(started.elapsed());
+                pause = config.retry_min;
+            }
             Outcome::Waiting => {
                 tokio::select! {
                     _ = tokio::time::sleep(config.retry_min) => {}
