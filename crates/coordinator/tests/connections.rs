@@ -101,14 +101,8 @@ async fn at_the_limit_the_longest_idle_connection_makes_room() {
     }
     list_servers(&handle).await;
     // The oldest was closed to let the new client in.
-    for _ in 0..2000 {
-        if idle[0].is_closed() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     assert!(
-        idle[0].is_closed(),
+        insitu_testkit::poll_until(2000, || idle[0].is_closed()).await,
         "the longest-idle connection is still open"
     );
     assert!(!idle[3].is_closed());
