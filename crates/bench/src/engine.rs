@@ -442,7 +442,9 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
 /// `max_write_stall_us` in the same run.
 fn fixed_work_call_ns_max(picks: &[u32], vb: usize) -> u64 {
     let slots = picks.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
-    let mut buf = vec![0u8; slots * vb];
+    // Filled with a non-zero byte so every page is touched here, not by a
+    // timed call (a zeroed allocation's pages fault on first write).
+    let mut buf = vec![1u8; slots * vb];
     let value = vec![0x5au8; vb];
     let mut max_ns = 0u64;
     for &i in picks {
