@@ -10,6 +10,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::engine_stall::{STALL_BOUND_NS, fixed_work_calls, steal_ms, time_calls};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use insitu_engine::{
@@ -253,57 +254,40 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
     let cleaned_before = engine.cleaner_totals();
     // Every call is timed on its own: the cleaner's work lands on some
     // writes, and what a user sees in the tail is the longest of them.
-    let mut call_ns =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).context("latency histogram")?;
-    // And the cleaner's work per call, which no other process can inflate:
-    // the most entries one call copied.
-    let mut moved_max = 0u64;
-    // And each call's CPU time on this thread, which leaves out the time
-    // the thread was not running: preempted by another process, or its
-    // virtual CPU not scheduled by the host (steal). A call long in wall
-    // time but short here waited for the CPU; the engine did not work
-    // longer. Read outside the wall-clock window so that the wall figures
-    // do not include the two clock reads.
-    let mut call_cpu_ns_max = 0u64;
-    let mut calls_over_500us_cpu = 0u64;
-    // And the longest call split by whether the cleaner moved entries in
-    // it. Why: a stall the engine makes is cleaning work; when the calls
-    // that did none are as long as the ones that did, the tail is the
-    // machine (preemption, the host), not the engine.
-    let (mut cleaning_ns_max, mut plain_ns_max) = (0u64, 0u64);
-    let mut wall_total = Duration::ZERO;
-    for &i in &picks {
-        let moved_before = engine.cleaner_totals().entries_moved;
-        let cpu_before = thread_cpu_ns();
-        let started = Instant::now();
-        engine
-            .write(TABLE, keys.get(i as usize), new_vals.get(i as usize), &any)
-            .map_err(|e| anyhow::anyhow!("overwrite: {e}"))?;
-        let wall = started.elapsed();
-        let cpu_ns = thread_cpu_ns().saturating_sub(cpu_before);
-        wall_total += wall;
-        call_ns.saturating_record(wall.as_nanos().max(1) as u64);
-        call_cpu_ns_max = call_cpu_ns_max.max(cpu_ns);
-        calls_over_500us_cpu += u64::from(cpu_ns > 500_000);
-        let moved = engine.cleaner_totals().entries_moved - moved_before;
-        moved_max = moved_max.max(moved);
-        let slot = if moved > 0 {
-            &mut cleaning_ns_max
-        } else {
-            &mut plain_ns_max
-        };
-        *slot = (*slot).max(wall.as_nanos() as u64);
-    }
-    let noise_ns_max = fixed_work_call_ns_max(&picks, vb);
-    // The calls' own time (their sum), not the loop's with its clock reads.
-    let overwrite_ns = ns_per(wall_total, overwrites);
-    let call_cpu_us_max = call_cpu_ns_max as f64 / 1000.0;
-    let call_us = |q: f64| call_ns.value_at_quantile(q) as f64 / 1000.0;
+    // Split by whether the cleaner moved entries in the call (a stall the
+    // engine makes is cleaning work), and by whether the kernel switched
+    // the thread out or faulted a page meanwhile (`engine_stall.rs`).
+    let steal_before = steal_ms();
+    let times = time_calls(
+        &picks,
+        &mut engine,
+        |engine, i| {
+            engine
+                .write(TABLE, keys.get(i as usize), new_vals.get(i as usize), &any)
+                .map(|_| ())
+                .map_err(|e| anyhow::anyhow!("overwrite: {e}"))
+        },
+        |engine| engine.cleaner_totals().entries_moved,
+    )?;
+    let steal_during_ms = steal_ms()
+        .zip(steal_before)
+        .map(|(after, before)| after - before);
+    let overwrite_ns = ns_per(times.wall_total, overwrites);
+    let noise_steal_before = steal_ms();
+    let noise = fixed_work_calls(&picks, vb, overwrite_ns)?;
+    let noise_steal_ms = steal_ms()
+        .zip(noise_steal_before)
+        .map(|(after, before)| after - before);
+    let call_ns = &times.call_ns;
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let call_us = |q: f64| us(call_ns.value_at_quantile(q));
     let (call_us_p99, call_us_p999, call_us_max) =
-        (call_us(0.99), call_us(0.999), call_ns.max() as f64 / 1000.0);
+        (call_us(0.99), call_us(0.999), us(call_ns.max()));
     // The bound on one engine call (and how many exceeded it: on a
     // shared machine a preempted call counts too).
-    let calls_over_500us = call_ns.count_between(500_001, call_ns.max().max(500_001));
+    let over_bound =
+        |h: &Histogram<u64>| h.count_between(STALL_BOUND_NS + 1, h.max().max(STALL_BOUND_NS + 1));
+    let calls_over_500us = over_bound(call_ns);
     let memory = engine.memory();
     let cleaner = engine.cleaner_totals();
     // Headers are variable-width (the version's bytes), so the expected
@@ -346,12 +330,21 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         "overwrite_call_us_p999": call_us_p999,
         "max_write_stall_us": call_us_max,
         "overwrite_calls_over_500us": calls_over_500us,
-        "max_write_stall_cpu_us": call_cpu_us_max,
-        "overwrite_calls_over_500us_cpu": calls_over_500us_cpu,
-        "overwrite_call_entries_moved_max": moved_max,
-        "max_write_stall_cleaning_us": cleaning_ns_max as f64 / 1000.0,
-        "max_write_stall_plain_us": plain_ns_max as f64 / 1000.0,
-        "noise_max_call_us": noise_ns_max as f64 / 1000.0,
+        "max_write_stall_undisturbed_us": us(times.undisturbed_ns_max),
+        "overwrite_calls_over_500us_undisturbed": times.undisturbed_calls_over_bound,
+        "overwrite_calls_disturbed": times.disturbed_calls,
+        "max_write_stall_cpu_us": us(times.cpu_ns_max),
+        "overwrite_calls_over_500us_cpu": times.calls_over_bound_cpu,
+        "overwrite_call_entries_moved_max": times.work_max,
+        "max_write_stall_cleaning_us": us(times.working_ns_max),
+        "max_write_stall_plain_us": us(times.plain_ns_max),
+        "noise_call_ns_mean": ns_per(noise.wall_total, overwrites),
+        "noise_max_call_us": us(noise.call_ns.max()),
+        "noise_max_call_undisturbed_us": us(noise.undisturbed_ns_max),
+        "noise_calls_over_500us": over_bound(&noise.call_ns),
+        "noise_calls_disturbed": noise.disturbed_calls,
+        "steal_ms_during_overwrites": steal_during_ms,
+        "steal_ms_during_noise": noise_steal_ms,
         "memory_utilization": memory.utilization,
         "live_bytes": memory.live_bytes,
         "segment_bytes_held": memory.segment_bytes,
@@ -399,24 +392,36 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         "longest overwrite call, us", call_us_max, call_us_p99, call_us_p999, calls_over_500us
     );
     println!(
-        "  {:<40} {:>12.1}   ({} calls over 500 us of CPU)",
-        "longest overwrite call in CPU time, us", call_cpu_us_max, calls_over_500us_cpu
+        "  {:<40} {:>12.1}   ({} calls over 500 us; {} of {} calls switched out or faulted)",
+        "longest call the kernel left alone, us",
+        us(times.undisturbed_ns_max),
+        times.undisturbed_calls_over_bound,
+        times.disturbed_calls,
+        overwrites
     );
     println!(
         "  {:<40} {:>12.1}   (cleaning {:.1}, no cleaning {:.1})",
         "longest overwrite call by kind, us",
         call_us_max,
-        cleaning_ns_max as f64 / 1000.0,
-        plain_ns_max as f64 / 1000.0
+        us(times.working_ns_max),
+        us(times.plain_ns_max)
     );
     println!(
-        "  {:<40} {:>12.1}   (the machine's: a fixed 100-byte copy per call)",
+        "  {:<40} {:>12.1}   (left alone {:.1}; calls of fixed work, mean {:.0} ns)",
         "longest fixed-work call, us",
-        noise_ns_max as f64 / 1000.0
+        us(noise.call_ns.max()),
+        us(noise.undisturbed_ns_max),
+        ns_per(noise.wall_total, overwrites)
     );
+    if let (Some(ms), Some(noise_ms)) = (steal_during_ms, noise_steal_ms) {
+        println!(
+            "  {:<40} {:>12.0}   (fixed work: {:.0}; the host ran others on this machine's CPUs)",
+            "steal during the overwrites, ms", ms, noise_ms
+        );
+    }
     println!(
         "  {:<40} {:>12}",
-        "most entries one overwrite copied", moved_max
+        "most entries one overwrite copied", times.work_max
     );
     println!(
         "  {:<40} {:>12.3}   ({} live of {} held, budget {})",
@@ -431,30 +436,6 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
-}
-
-/// The longest of `picks.len()` calls that each copy one value of `vb`
-/// bytes into a slot of a flat buffer (the slot `picks` names), timed like
-/// the overwrites: the same number of calls, the same clock, the same
-/// thread. The work per call is fixed, so its longest call is what this
-/// machine adds on its own (preemption, interrupts, the host not running
-/// the virtual CPU) to a call of that length: the floor under
-/// `max_write_stall_us` in the same run.
-fn fixed_work_call_ns_max(picks: &[u32], vb: usize) -> u64 {
-    let slots = picks.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
-    // Filled with a non-zero byte so every page is touched here, not by a
-    // timed call (a zeroed allocation's pages fault on first write).
-    let mut buf = vec![1u8; slots * vb];
-    let value = vec![0x5au8; vb];
-    let mut max_ns = 0u64;
-    for &i in picks {
-        let at = i as usize * vb;
-        let started = Instant::now();
-        buf[at..at + vb].copy_from_slice(std::hint::black_box(&value));
-        std::hint::black_box(&buf[at]);
-        max_ns = max_ns.max(started.elapsed().as_nanos() as u64);
-    }
-    max_ns
 }
 
 #[cfg(test)]
@@ -480,6 +461,8 @@ mod tests {
             "max_write_stall_us",
             "max_write_stall_cpu_us",
             "max_write_stall_plain_us",
+            "max_write_stall_undisturbed_us",
+            "noise_call_ns_mean",
             "noise_max_call_us",
             "overhead_bytes_per_object",
             "index_bytes_per_object",
@@ -505,21 +488,4 @@ mod tests {
         .expect("bench");
         println!("{}", serde_json::to_string_pretty(&r).expect("json"));
     }
-}
-
-/// CPU time this thread has used, in ns (user and system; 0 if the clock
-/// cannot be read). Why not wall time: see the overwrite loop.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration;
-    // CLOCK_THREAD_CPUTIME_ID is supported on every Linux this runs on, and
-    // a failure leaves `ts` zeroed, which the caller reads as 0.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }

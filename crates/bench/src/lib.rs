@@ -1,8 +1,13 @@
 //! insitu's benchmarks as library functions; the `insitu bench ...` commands run them.
 
+// `serde_json::json!` recurses once per key, and the engine report has more
+// keys than the default limit (128) allows.
+#![recursion_limit = "256"]
+
 pub mod aggregate;
 pub mod count;
 pub mod engine;
+mod engine_stall;
 pub mod gradient;
 pub mod interference;
 pub mod kv;
