@@ -95,13 +95,7 @@ impl Tablet {
 
     /// Mark the record entry at `loc` dead; returns its length.
     pub fn kill_record(&mut self, loc: u64) -> u64 {
-        let seg = &mut self.segs[slot_of(loc)];
-        let at = offset_of(loc);
-        debug_assert_eq!(entry::kind(&seg.buf, at), KIND_RECORD);
-        let len = entry::len_at(&seg.buf, at) as u64;
-        entry::set_dead(&mut seg.buf, at);
-        seg.live_bytes -= len;
-        len
+        self.kill_entry(loc, KIND_RECORD)
     }
 
     /// Append record `id` to the head (the caller made room), superseding
@@ -156,26 +150,42 @@ impl Tablet {
         old: u64,
     ) {
         let h = self.head.expect("remove_record needs a head");
-        // As a tombstone: the newest segment id now (see cleaner.rs).
+        let id_bytes = entry::record_id_bytes(id);
+        self.append_removal(budget, h, (KIND_RECORD_REMOVED, &id_bytes), anchor, version);
+        self.record_bytes -= self.kill_record(old);
+        self.records.remove(&id);
+    }
+
+    /// Append to head `h` (the caller made room) a removal entry of `kind`
+    /// for `key`: its value `id_bytes` (empty for an object's tombstone, the
+    /// record's id for a record removal), then the newest segment id now.
+    /// Object and record removals share this layout and its accounting, so
+    /// the cleaner's tombstone rule treats both alike (see cleaner.rs).
+    pub(crate) fn append_removal(
+        &mut self,
+        budget: &mut Budget,
+        h: u32,
+        (kind, id_bytes): (u8, &[u8]),
+        key: &[u8],
+        version: u64,
+    ) {
+        // The newest segment id now, not the one the entry lands in.
         let newest = self.newest_segment_id();
-        let head = entry::record_id_bytes(id);
-        let recorded = newest.to_le_bytes();
-        let len = entry::entry_bytes(anchor.len(), entry::RECORD_REMOVED_VALUE_BYTES, version);
+        let value_len = id_bytes.len() + entry::TOMBSTONE_VALUE_BYTES;
+        let len = entry::entry_bytes(key.len(), value_len, version);
         budget.clock += len as u64;
         let seg = &mut self.segs[h as usize];
         debug_assert!(seg.room(budget.segment_bytes) >= len);
         seg.append_parts(
-            KIND_RECORD_REMOVED,
+            kind,
             self.table,
             version,
-            anchor,
-            (&head, &recorded),
+            key,
+            (id_bytes, &newest.to_le_bytes()),
             budget.clock,
         );
         seg.tombstone_bytes += len as u64;
         seg.max_tombstone_segment = seg.max_tombstone_segment.max(newest);
-        self.record_bytes -= self.kill_record(old);
-        self.records.remove(&id);
     }
 
     /// Append a record while building a tablet off-line (split, replay):

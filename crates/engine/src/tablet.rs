@@ -359,9 +359,16 @@ impl Tablet {
 
     /// Mark the object entry at `loc` dead; returns its length.
     pub fn kill(&mut self, loc: u64) -> u64 {
+        self.kill_entry(loc, KIND_OBJECT)
+    }
+
+    /// Mark the live entry of `kind` at `loc` dead; returns its length. One
+    /// path for objects and side records (`kill_record`), so both leave
+    /// their segment's accounting alike; only objects carry a deadline.
+    pub(crate) fn kill_entry(&mut self, loc: u64, kind: u8) -> u64 {
         let seg = &mut self.segs[slot_of(loc)];
         let at = offset_of(loc);
-        debug_assert_eq!(entry::kind(&seg.buf, at), KIND_OBJECT);
+        debug_assert_eq!(entry::kind(&seg.buf, at), kind);
         let len = entry::len_at(&seg.buf, at) as u64;
         let deadline = entry::expires_at(&seg.buf, at);
         if deadline != 0 {
@@ -427,22 +434,8 @@ impl Tablet {
     /// Append a tombstone for the object at `old` and unindex it.
     pub fn remove(&mut self, budget: &mut Budget, hash: u64, key: &[u8], version: u64, old: u64) {
         let h = self.head.expect("remove needs a head");
-        // See cleaner.rs: the newest segment id now, not the one it lands in.
-        let newest = self.newest_segment_id();
-        let len = entry::entry_bytes(key.len(), entry::TOMBSTONE_VALUE_BYTES, version);
-        budget.clock += len as u64;
-        let seg = &mut self.segs[h as usize];
-        debug_assert!(seg.room(budget.segment_bytes) >= len);
-        seg.append(
-            KIND_TOMBSTONE,
-            self.table,
-            version,
-            key,
-            &newest.to_le_bytes(),
-            budget.clock,
-        );
-        seg.tombstone_bytes += len as u64;
-        seg.max_tombstone_segment = seg.max_tombstone_segment.max(newest);
+        // Laid out and counted as a record removal is (records.rs).
+        self.append_removal(budget, h, (KIND_TOMBSTONE, &[]), key, version);
         self.live_bytes -= self.kill(old);
         self.object_count -= 1;
         self.key_classes.remove(key.len());
