@@ -215,19 +215,24 @@ fn default_up_replicas(servers: usize) -> u32 {
         .clamp(1, 2)
 }
 
-/// Bind the metrics port and serve it in the background; returns its URL.
+/// Bind the metrics port, if `--metrics-port` gave one, and serve it in the
+/// background; returns its URL. Takes the flag as given so every role
+/// starts (or skips) its metrics alike.
 async fn start_metrics(
     host: &str,
-    port: u16,
+    port: Option<u16>,
     page: Option<insitu_telemetry::http::StatusPage>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Option<String>> {
+    let Some(port) = port else {
+        return Ok(None);
+    };
     insitu_telemetry::recorder();
     let listener = tokio::net::TcpListener::bind((host, port))
         .await
         .with_context(|| format!("--metrics-port: cannot listen on {host}:{port}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(insitu_telemetry::http::serve(listener, page));
-    Ok(url)
+    Ok(Some(url))
 }
 
 /// The gate (with the TLS it dials peers with) and the TLS it serves, from
@@ -332,10 +337,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         config.gate = gate.clone();
         config.tls = tls.as_ref().map(|(serve, _)| serve.clone());
         let coordinator = insitu_coordinator::start(config, listener).await?;
-        let metrics_url = match args.metrics_port {
-            Some(port) => Some(start_metrics("127.0.0.1", port, Some(coordinator.status_page())).await?),
-            None => None,
-        };
+        let metrics_url = start_metrics("127.0.0.1", args.metrics_port, Some(coordinator.status_page())).await?;
         let kept = coordinator.awaiting_recovery_table_names();
         let replicas = coordinator.replicas();
         let addr = coordinator.addr().to_string();
@@ -420,10 +422,8 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
         config.gate = gate;
         config.tls = tls;
         let handle = insitu_coordinator::start(config, listener).await?;
-        let metrics_url = match args.metrics_port {
-            Some(port) => Some(start_metrics(&args.host, port, Some(handle.status_page())).await?),
-            None => None,
-        };
+        let metrics_url =
+            start_metrics(&args.host, args.metrics_port, Some(handle.status_page())).await?;
         say(format_args!(
             "insitu coordinator at {}, metadata in {}, {}",
             handle.addr(),
@@ -464,10 +464,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
             join: false,
         });
         apply_backup_flags(&mut config, &args)?;
-        let metrics_url = match args.metrics_port {
-            Some(port) => Some(start_metrics(&args.host, port, None).await?),
-            None => None,
-        };
+        let metrics_url = start_metrics(&args.host, args.metrics_port, None).await?;
         let handle = insitu_server::start(config).await?;
         let addrs: Vec<String> = handle.shard_addrs.iter().map(|a| a.to_string()).collect();
         say(format_args!(

@@ -113,7 +113,11 @@ fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, Engine
 /// Reply with `result`'s response, or with the status and message it was
 /// refused with: the tail every request whose handler refuses with a
 /// `(Status, String)` shares, so all refusals are encoded alike.
-fn reply_or_refuse(out: &mut BytesMut, id: u64, result: Result<Response<'_>, (Status, String)>) {
+pub(crate) fn reply_or_refuse(
+    out: &mut BytesMut,
+    id: u64,
+    result: Result<Response<'_>, (Status, String)>,
+) {
     match result {
         Ok(response) => reply(out, id, &response),
         Err((status, message)) => encode_error(out, id, status, message),

@@ -34,7 +34,7 @@ use bytes::BytesMut;
 use insitu_protocol::plan::Source;
 use insitu_protocol::query::{IndexProbe, QueryData, QueryPlan, QueryResult, QueryResume};
 use insitu_protocol::schema::Schema;
-use insitu_protocol::{Response, Status, encode_error};
+use insitu_protocol::{Response, Status};
 use insitu_query::{Compiled, Sink, compile};
 
 use crate::held::{MAX_HELD_BYTES, Page};
@@ -462,8 +462,5 @@ pub async fn handle(
         (resume, index.as_ref(), snapshot_ts),
     )
     .await;
-    match result {
-        Ok(result) => crate::handler::reply(out, id, &Response::Query(result)),
-        Err((status, message)) => encode_error(out, id, status, message),
-    }
+    crate::handler::reply_or_refuse(out, id, result.map(Response::Query));
 }

@@ -28,7 +28,7 @@ use insitu_compute::kernel::{CountK, GradK, Kernel, Visit};
 use insitu_compute::validate::describe_need;
 use insitu_compute::validate_plan;
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult};
-use insitu_protocol::{Response, Status, encode_error};
+use insitu_protocol::{Response, Status};
 use insitu_query::{Compiled, RowUpdate, compile_filter};
 
 use crate::hold::Hold;
@@ -337,8 +337,5 @@ pub async fn handle(
             r
         }
     };
-    match result {
-        Ok(result) => crate::handler::reply(out, id, &Response::Scan(result)),
-        Err((status, message)) => encode_error(out, id, status, message),
-    }
+    crate::handler::reply_or_refuse(out, id, result.map(Response::Scan));
 }
