@@ -10,9 +10,7 @@ use std::time::Duration;
 use common::*;
 use insitu_coordinator::{ConnLimits, CoordinatorConfig};
 use insitu_protocol::{HEADER_BYTES, MAX_BODY_BYTES, Request, Response};
-use insitu_testkit::poll_until;
-use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
-use tokio::net::TcpStream;
+use insitu_testkit::raw::{check_frame_budget, check_stalled_and_idle_closed};
 
 /// A safety net for awaits that must end; not a performance assertion.
 const SAFETY: Duration = Duration::from_secs(20);
@@ -39,26 +37,12 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
     };
     let handle = start_coordinator_with(config(&dir, limits)).await;
     let addr = handle.addr().to_string();
-    let stalled = stalled_frames(&addr, 300, 100 * 1024).await;
-    let full = poll_until(2000, || {
-        let buffered = handle.buffered_frame_bytes();
-        assert!(
-            buffered <= budget,
-            "{buffered} bytes buffered, budget {budget}"
-        );
-        buffered == budget
-    })
-    .await;
-    assert!(full, "the stalled frames never filled the budget");
-    tokio::time::timeout(SAFETY, list_servers(&handle))
-        .await
-        .expect("a fresh client is served");
-    drop(stalled);
-    let freed = poll_until(2000, || handle.buffered_frame_bytes() == 0).await;
-    assert!(
-        freed,
-        "frame buffers were not released after the peers closed"
-    );
+    let fresh = async {
+        tokio::time::timeout(SAFETY, list_servers(&handle))
+            .await
+            .expect("a fresh client is served")
+    };
+    check_frame_budget(&addr, budget, || handle.buffered_frame_bytes(), fresh).await;
     handle.shutdown().await;
 }
 
@@ -72,14 +56,7 @@ async fn stalled_and_idle_connections_are_closed() {
     };
     let handle = start_coordinator_with(config(&dir, limits)).await;
     let addr = handle.addr().to_string();
-    let mut s = partial_frame(&addr, 100, 10).await;
-    let got = until_closed(&mut s).await;
-    assert!(
-        String::from_utf8_lossy(&got).contains("not completed within 300 ms"),
-        "{got:?}"
-    );
-    let mut idle = TcpStream::connect(&addr).await.unwrap();
-    assert!(until_closed(&mut idle).await.is_empty());
+    check_stalled_and_idle_closed(&addr, 300).await;
     list_servers(&handle).await;
     handle.shutdown().await;
 }

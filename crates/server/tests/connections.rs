@@ -12,8 +12,7 @@ use insitu_client::RpcConn;
 use insitu_protocol::frame::{FrameKind, HEADER_BYTES, check_header};
 use insitu_protocol::{MAX_BODY_BYTES, Request, Response, Status, encode_request};
 use insitu_server::{ConnLimits, MAX_FRAME_BYTES};
-use insitu_testkit::poll_until;
-use insitu_testkit::raw::{partial_frame, stalled_frames, until_closed};
+use insitu_testkit::raw::{check_frame_budget, check_stalled_and_idle_closed, until_closed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -75,30 +74,12 @@ async fn partly_sent_big_frames_stay_within_the_budget() {
         ..ConnLimits::default()
     })
     .await;
-    // 300 connections each announce a max-size frame and send 100 KiB of it.
-    let stalled = stalled_frames(&c.shard, 300, 100 * 1024).await;
-    // The shard takes what the budget allows (two frames) and no more.
-    let full = poll_until(2000, || {
+    let buffered = || {
         let (buffered, total) = c.node.server.buffered_frame_bytes()[0];
         assert_eq!(total, budget);
-        assert!(
-            buffered <= budget,
-            "{buffered} bytes buffered, budget {budget}"
-        );
-        buffered == budget
-    })
-    .await;
-    assert!(full, "the stalled frames never filled the budget");
-    // A fresh client is still served.
-    ping(&c.shard).await;
-    assert!(c.node.server.buffered_frame_bytes()[0].0 <= budget);
-    // Closing them gives everything back.
-    drop(stalled);
-    let freed = poll_until(2000, || c.node.server.buffered_frame_bytes()[0].0 == 0).await;
-    assert!(
-        freed,
-        "frame buffers were not released after the peers closed"
-    );
+        buffered
+    };
+    check_frame_budget(&c.shard, budget, buffered, ping(&c.shard)).await;
     c.stop().await;
 }
 
@@ -110,16 +91,7 @@ async fn stalled_and_idle_connections_are_closed() {
         ..ConnLimits::default()
     })
     .await;
-    // A frame that never completes: an error reply, then the close.
-    let mut s = partial_frame(&c.shard, 100, 10).await;
-    let got = until_closed(&mut s).await;
-    assert!(
-        String::from_utf8_lossy(&got).contains("not completed within 300 ms"),
-        "{got:?}"
-    );
-    // A connection that never sends a byte is closed too.
-    let mut idle = TcpStream::connect(&c.shard).await.unwrap();
-    assert!(until_closed(&mut idle).await.is_empty());
+    check_stalled_and_idle_closed(&c.shard, 300).await;
     // Meanwhile others are served.
     ping(&c.shard).await;
     // The budget was never touched by the small frames.

@@ -55,3 +55,48 @@ pub async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
         }
     }
 }
+
+/// A listener's frame budget under peers that stall: 300 connections to
+/// `addr` each announce a max-size frame and send 100 KiB of it. What the
+/// listener buffers for them (`buffered`) fills `budget` and never passes
+/// it, a fresh client (`fresh`, which must complete) is still served, and
+/// closing the stalled peers gives every byte back. Shared so the
+/// coordinator and the storage server are held to the same bar.
+pub async fn check_frame_budget(
+    addr: &str,
+    budget: usize,
+    buffered: impl Fn() -> usize,
+    fresh: impl Future<Output = ()>,
+) {
+    let stalled = stalled_frames(addr, 300, 100 * 1024).await;
+    // The listener takes what the budget allows and no more.
+    let full = crate::poll_until(2000, || {
+        let now = buffered();
+        assert!(now <= budget, "{now} bytes buffered, budget {budget}");
+        now == budget
+    })
+    .await;
+    assert!(full, "the stalled frames never filled the budget");
+    fresh.await;
+    assert!(buffered() <= budget);
+    drop(stalled);
+    let freed = crate::poll_until(2000, || buffered() == 0).await;
+    assert!(
+        freed,
+        "frame buffers were not released after the peers closed"
+    );
+}
+
+/// A listener's stall and idle timeouts (both `timeout_ms`): a frame that
+/// never completes gets an error reply naming the timeout, then the close;
+/// a connection that never sends a byte is closed without a word.
+pub async fn check_stalled_and_idle_closed(addr: &str, timeout_ms: u64) {
+    let mut s = partial_frame(addr, 100, 10).await;
+    let got = until_closed(&mut s).await;
+    assert!(
+        String::from_utf8_lossy(&got).contains(&format!("not completed within {timeout_ms} ms")),
+        "{got:?}"
+    );
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    assert!(until_closed(&mut idle).await.is_empty());
+}
