@@ -106,53 +106,6 @@ impl TrainedModel {
     }
 }
 
-impl Client {
-    /// The shared body of `train_logreg` and `train_logreg_model`.
-    #[allow(clippy::too_many_arguments)]
-    fn train(
-        &self,
-        py: Python<'_>,
-        table: &Bound<'_, PyAny>,
-        dims: u32,
-        iterations: u32,
-        rate: f64,
-        offset: u32,
-        label_offset: Option<u32>,
-    ) -> PyResult<insitu_client::TrainedModel> {
-        if !(1..=MAX_DIMS).contains(&dims) {
-            return Err(PyValueError::new_err(format!(
-                "dims must be in 1..={MAX_DIMS}, not {dims}"
-            )));
-        }
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "rate must be a positive number, not {rate}"
-            )));
-        }
-        let vector_end = dims
-            .checked_mul(4)
-            .and_then(|b| b.checked_add(offset))
-            .ok_or_else(|| PyValueError::new_err("offset + 4 * dims overflows"))?;
-        let layout = PointLayout {
-            offset,
-            dims,
-            label_offset: label_offset.unwrap_or(vector_end),
-        };
-        let id = match table.cast::<Table>() {
-            Ok(t) => t.get().id,
-            Err(_) => {
-                let name: String = table.extract().map_err(|_| {
-                    pyo3::exceptions::PyTypeError::new_err("table must be a name (str) or a Table")
-                })?;
-                py.detach(|| self.inner.table_id(&name))
-                    .map_err(|e| to_py(py, e))?
-            }
-        };
-        py.detach(|| self.inner.train_logreg(id, layout, iterations, rate))
-            .map_err(|e| to_py(py, e))
-    }
-}
-
 #[pymethods]
 impl Client {
     /// Seconds every operation may take, retries included (`connect`'s
@@ -268,8 +221,10 @@ impl Client {
         offset: u32,
         label_offset: Option<u32>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let m = self.train(py, table, dims, iterations, rate, offset, label_offset)?;
-        Ok(PyArray1::from_vec(py, m.weights))
+        // The full model's weights, so the argument checks and the training
+        // live in one body (the bias and loss history it also builds are small).
+        let m = self.train_logreg_model(py, table, dims, iterations, rate, offset, label_offset)?;
+        Ok(m.weights.into_bound(py))
     }
 
     /// `train_logreg`, returning the weights, the bias and the loss history.
@@ -285,7 +240,38 @@ impl Client {
         offset: u32,
         label_offset: Option<u32>,
     ) -> PyResult<TrainedModel> {
-        let m = self.train(py, table, dims, iterations, rate, offset, label_offset)?;
+        if !(1..=MAX_DIMS).contains(&dims) {
+            return Err(PyValueError::new_err(format!(
+                "dims must be in 1..={MAX_DIMS}, not {dims}"
+            )));
+        }
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "rate must be a positive number, not {rate}"
+            )));
+        }
+        let vector_end = dims
+            .checked_mul(4)
+            .and_then(|b| b.checked_add(offset))
+            .ok_or_else(|| PyValueError::new_err("offset + 4 * dims overflows"))?;
+        let layout = PointLayout {
+            offset,
+            dims,
+            label_offset: label_offset.unwrap_or(vector_end),
+        };
+        let id = match table.cast::<Table>() {
+            Ok(t) => t.get().id,
+            Err(_) => {
+                let name: String = table.extract().map_err(|_| {
+                    pyo3::exceptions::PyTypeError::new_err("table must be a name (str) or a Table")
+                })?;
+                py.detach(|| self.inner.table_id(&name))
+                    .map_err(|e| to_py(py, e))?
+            }
+        };
+        let m = py
+            .detach(|| self.inner.train_logreg(id, layout, iterations, rate))
+            .map_err(|e| to_py(py, e))?;
         Ok(TrainedModel {
             weights: PyArray1::from_vec(py, m.weights).unbind(),
             bias: m.bias,
