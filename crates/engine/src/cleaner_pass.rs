@@ -38,12 +38,31 @@ use crate::cleaner::{self, Candidate, Goal, INCREMENTAL_MAX_SOURCES};
 use crate::segment::Budget;
 use crate::tablet::Tablet;
 
-/// Bytes of source segments one slice reads (live entries are copied, dead
-/// ones skipped). Uniform overwrites at 0.88 utilisation need ~1.4 KB read
-/// per 162-byte write to keep up (each source frees 1 - u of what is read);
-/// 8 KiB keeps ~6x ahead, so a pass ends long before the head it was started
-/// for is full again, while a slice stays a few tens of microseconds.
+/// Most bytes of source segments one slice reads (live entries are copied,
+/// dead ones skipped): what a slice reads when the cleaner is behind, and
+/// the bound on one slice's time (a few tens of microseconds).
 pub(crate) const SLICE_SCAN_BYTES: usize = 8 * 1024;
+/// Fewest bytes a slice reads, so that a pass behind a run of tiny writes
+/// still ends.
+pub(crate) const SLICE_MIN_SCAN_BYTES: usize = 512;
+/// How far ahead of the writes a slice keeps: it reads enough to free this
+/// many times the bytes written since the last slice.
+///
+/// Why paced and not always `SLICE_SCAN_BYTES`: uniform overwrites at 0.88
+/// utilisation need ~1.4 KB read per 162-byte write (each source frees
+/// 1 - u of what is read), and at 0.5 (a budget mostly free) ~320 B. A
+/// fixed 8 KiB ran 6 to 25 times ahead, so a pass was a burst: for a few
+/// percent of the time every write carried tens of microseconds of copying
+/// and the shard served requests several times slower, which is what a
+/// pipelining client saw as its p99 (`insitu bench kv`, write c16 d16).
+/// Paced, the same copying is spread over the writes a pass lasts, and a
+/// pass still ends with room to spare: at twice the need it frees a
+/// segment's worth while half a segment is written.
+pub(crate) const SLICE_PACE: f64 = 2.0;
+/// A pass whose segments keep more than this fraction is paced as if they
+/// kept this much (a bound on the bytes one write may ask a slice to read
+/// is `SLICE_SCAN_BYTES` anyway).
+const PACE_MAX_KEPT: f64 = 0.95;
 
 /// A pass in progress.
 pub(crate) struct Pass {
@@ -61,6 +80,13 @@ pub(crate) struct Pass {
     net_freed: i64,
     /// What the pass has done so far.
     pub stats: CleanStats,
+    /// The fraction of its sources' bytes the pass expects to copy (their
+    /// kept bytes over their size when it started): it reads 1 / (1 - this)
+    /// bytes per byte it frees.
+    kept_fraction: f64,
+    /// `Budget::clock` (bytes written engine-wide) when the last slice ran:
+    /// what was written since is what the next slice keeps up with.
+    paced_clock: u64,
 }
 
 /// What a slice left.
@@ -80,6 +106,14 @@ impl Pass {
         if sources.is_empty() {
             return None;
         }
+        let kept: u64 = sources
+            .iter()
+            .filter_map(|c| {
+                let t = tablets.get(c.tablet)?.as_ref()?;
+                Some(cleaner::kept_bytes(t, c.slot, t.segs.get(c.slot as usize)?))
+            })
+            .sum();
+        let kept_fraction = kept as f64 / (sources.len() * budget.segment_bytes) as f64;
         Some(Pass {
             sources,
             next: 0,
@@ -87,7 +121,29 @@ impl Pass {
             dropped: 0,
             net_freed: 0,
             stats: CleanStats::default(),
+            kept_fraction,
+            paced_clock: budget.clock,
         })
+    }
+
+    /// Bytes the next slice should read: `SLICE_PACE` times what frees the
+    /// bytes written since the last one, within [`SLICE_MIN_SCAN_BYTES`,
+    /// `SLICE_SCAN_BYTES`]; the most when utilisation has fallen below
+    /// `behind_below` (the writes outran the pace: catch up).
+    pub(crate) fn paced_scan_bytes(
+        &mut self,
+        budget: &Budget,
+        kept_total: u64,
+        behind_below: f64,
+    ) -> usize {
+        let written = budget.clock.saturating_sub(self.paced_clock);
+        self.paced_clock = budget.clock;
+        if (kept_total as f64) < behind_below * budget.allocated_bytes as f64 {
+            return SLICE_SCAN_BYTES;
+        }
+        let per_byte_freed = 1.0 / (1.0 - self.kept_fraction.min(PACE_MAX_KEPT));
+        let want = SLICE_PACE * written as f64 * per_byte_freed;
+        (want.ceil() as usize).clamp(SLICE_MIN_SCAN_BYTES, SLICE_SCAN_BYTES)
     }
 
     /// Bytes the pass has freed so far (survivors it opened deducted).

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Pass, SLICE_SCAN_BYTES, Sliced};
+use super::{Pass, SLICE_MIN_SCAN_BYTES, SLICE_PACE, SLICE_SCAN_BYTES, Sliced};
 use crate::test_engine::engine_with;
 use crate::{Engine, EngineError, HashRange, RejectRules};
 
@@ -87,6 +87,51 @@ fn no_write_carries_more_than_a_slice_and_utilisation_holds() {
     let m = e.memory();
     assert!(m.utilization >= 0.8, "utilisation {m:?}");
     check(&e, &model, keys);
+}
+
+/// A slice reads in proportion to what was written since the last one (so
+/// a pass's copying is spread over its writes, not done in a burst), within
+/// its bounds, and reads the most when utilisation says the cleaner is
+/// behind.
+#[test]
+fn slices_are_paced_by_the_bytes_written() {
+    let mut e = engine(32);
+    let any = RejectRules::default();
+    let mut rng = Rng(3);
+    for n in 0..4_000u64 {
+        let i = if n < 1_000 { n } else { rng.next() % 1_000 };
+        e.write(TABLE, &key(i), &[1; 100], &any).expect("write");
+    }
+    e.clean_pass = None;
+    let mut pass = Pass::start(&e.tablets, &e.budget).expect("segments worth cleaning");
+    let per_byte_freed = 1.0 / (1.0 - pass.kept_fraction);
+    assert!(
+        per_byte_freed > 1.0,
+        "the sources keep something: {}",
+        pass.kept_fraction
+    );
+    let kept = e.kept_bytes_total();
+    // Nothing written since the pass started: the least.
+    assert_eq!(
+        pass.paced_scan_bytes(&e.budget, kept, 0.0),
+        SLICE_MIN_SCAN_BYTES
+    );
+    // One 300-byte write: twice what frees 300 bytes.
+    e.budget.clock += 300;
+    let want = (SLICE_PACE * 300.0 * per_byte_freed).ceil() as usize;
+    let got = pass.paced_scan_bytes(&e.budget, kept, 0.0);
+    assert_eq!(got, want.clamp(SLICE_MIN_SCAN_BYTES, SLICE_SCAN_BYTES));
+    // A large write: at most a full slice.
+    e.budget.clock += 1 << 20;
+    assert_eq!(
+        pass.paced_scan_bytes(&e.budget, kept, 0.0),
+        SLICE_SCAN_BYTES
+    );
+    // Behind (utilisation under the threshold given): a full slice at once.
+    assert_eq!(
+        pass.paced_scan_bytes(&e.budget, kept, 1.0),
+        SLICE_SCAN_BYTES
+    );
 }
 
 /// Uniform overwrites of `keys` keys (after loading them) on an engine of

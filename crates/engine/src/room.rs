@@ -3,7 +3,7 @@
 //! engine-wide memory figures.
 
 use crate::cleaner::{self, Goal};
-use crate::cleaner_pass::{Pass, SLICE_SCAN_BYTES, Sliced};
+use crate::cleaner_pass::{Pass, Sliced};
 use crate::segment::{Budget, Purpose, TransientCharge};
 #[cfg(debug_assertions)]
 use crate::tablet::Tablet;
@@ -16,7 +16,7 @@ impl Engine {
     }
 
     /// Bytes the cleaner must keep: live objects and live side records.
-    fn kept_bytes_total(&self) -> u64 {
+    pub(crate) fn kept_bytes_total(&self) -> u64 {
         self.tablets
             .iter()
             .flatten()
@@ -43,11 +43,17 @@ impl Engine {
 
     #[cold]
     fn clean_slice(&mut self) {
+        // Behind: utilisation fell below the start threshold by more than
+        // the gap a pass closes, so the writes outran the pace.
+        let low = cleaner::incremental_low(self.budget.pressure());
+        let behind_below = low - 2.0 * (cleaner::INCREMENTAL_HIGH - cleaner::INCREMENTAL_LOW);
+        let kept = self.kept_bytes_total();
         let Some(pass) = self.clean_pass.as_mut() else {
             return;
         };
+        let scan = pass.paced_scan_bytes(&self.budget, kept, behind_below);
         let before = pass.stats.clone();
-        let sliced = pass.slice(&mut self.tablets, &mut self.budget, SLICE_SCAN_BYTES);
+        let sliced = pass.slice(&mut self.tablets, &mut self.budget, scan);
         let mut slice = CleanStats {
             segments_cleaned: pass.stats.segments_cleaned - before.segments_cleaned,
             entries_moved: pass.stats.entries_moved - before.entries_moved,
