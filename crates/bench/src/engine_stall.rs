@@ -158,10 +158,14 @@ struct ThreadEvents {
 impl ThreadEvents {
     fn now() -> ThreadEvents {
         // SAFETY: an all-zero `rusage` is a valid value of the plain C
-        // struct; `getrusage` writes into it for the call's duration only,
-        // and on failure leaves it zeroed (equal counts: "undisturbed").
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        let _ = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        // struct, and `getrusage` only writes into the one it is given, for
+        // the call's duration. On failure it stays zeroed, so the counts
+        // compare equal ("undisturbed"): the figure can only miss events.
+        let ru = unsafe {
+            let mut ru: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+            ru
+        };
         ThreadEvents {
             switches_voluntary: ru.ru_nvcsw,
             switches_involuntary: ru.ru_nivcsw,
