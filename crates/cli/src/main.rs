@@ -173,13 +173,17 @@ enum BenchCmd {
     /// The Redis protocol port against redis-server, measured by redis-benchmark
     /// (set, get, incr, mset; -P 1 and 16), one core per store.
     Resp(insitu_bench::resp_bench::Args),
-    /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory utilisation.
+    /// The storage engine alone: put/get against std HashMap, log-scan bandwidth, memory
+    /// utilisation after 3x random overwrites under a tight budget, and the longest overwrite
+    /// call against calls of fixed work of the same mean length (what the machine adds).
     Engine {
         /// Objects to load.
         #[arg(long, default_value_t = 1_000_000)]
         objects: u64,
+        /// Bytes of each key (8 up to the engine's key limit: the first 8 make keys unique).
         #[arg(long, default_value_t = 30)]
         key_bytes: usize,
+        /// Bytes of each value (at least 8: the scan sums the first 8 as an integer).
         #[arg(long, default_value_t = 100)]
         value_bytes: usize,
         /// Write the figures as JSON here.
