@@ -57,7 +57,9 @@ pub(crate) const SLICE_MIN_SCAN_BYTES: usize = 512;
 /// pipelining client saw as its p99 (`insitu bench kv`, write c16 d16).
 /// Paced, the same copying is spread over the writes a pass lasts, and a
 /// pass still ends with room to spare: at twice the need it frees a
-/// segment's worth while half a segment is written.
+/// segment's worth while half a segment is written. Measured: at 1.25 the
+/// cleaner fell behind under a tight budget (utilisation 0.845), at 4 a
+/// write copied twice as many entries for the same tails (BENCHMARKS.md).
 pub(crate) const SLICE_PACE: f64 = 2.0;
 /// A pass whose segments keep more than this fraction is paced as if they
 /// kept this much (a bound on the bytes one write may ask a slice to read
