@@ -128,6 +128,16 @@ pub(crate) struct Candidate {
     score: f64,
 }
 
+/// Bytes the cleaner must keep in all `tablets`: live objects and live
+/// side records (utilisation is this over the segment bytes held).
+pub(crate) fn kept_bytes_total(tablets: &[Option<Tablet>]) -> u64 {
+    tablets
+        .iter()
+        .flatten()
+        .map(|t| t.live_bytes + t.record_bytes)
+        .sum()
+}
+
 /// Bytes the cleaner would copy out of `seg`: live objects, plus its
 /// tombstones unless all of them are droppable now.
 pub(crate) fn kept_bytes(t: &Tablet, slot: u32, seg: &Segment) -> u64 {

@@ -89,6 +89,11 @@ pub(crate) struct Pass {
     /// `Budget::clock` (bytes written engine-wide) when the last slice ran:
     /// what was written since is what the next slice keeps up with.
     paced_clock: u64,
+    /// At the last source boundary, utilisation was under the start
+    /// threshold by more than twice the gap a pass closes: the writes
+    /// outran the pace, so slices read the most until the next boundary.
+    /// Checked there, where the kept bytes are summed anyway, not per slice.
+    behind: bool,
 }
 
 /// What a slice left.
@@ -125,22 +130,17 @@ impl Pass {
             stats: CleanStats::default(),
             kept_fraction,
             paced_clock: budget.clock,
+            behind: false,
         })
     }
 
     /// Bytes the next slice should read: `SLICE_PACE` times what frees the
     /// bytes written since the last one, within [`SLICE_MIN_SCAN_BYTES`,
-    /// `SLICE_SCAN_BYTES`]; the most when utilisation has fallen below
-    /// `behind_below` (the writes outran the pace: catch up).
-    pub(crate) fn paced_scan_bytes(
-        &mut self,
-        budget: &Budget,
-        kept_total: u64,
-        behind_below: f64,
-    ) -> usize {
+    /// `SLICE_SCAN_BYTES`]; the most while `behind`.
+    pub(crate) fn paced_scan_bytes(&mut self, budget: &Budget) -> usize {
         let written = budget.clock.saturating_sub(self.paced_clock);
         self.paced_clock = budget.clock;
-        if (kept_total as f64) < behind_below * budget.allocated_bytes as f64 {
+        if self.behind {
             return SLICE_SCAN_BYTES;
         }
         let per_byte_freed = 1.0 / (1.0 - self.kept_fraction.min(PACE_MAX_KEPT));
@@ -173,14 +173,14 @@ impl Pass {
                 return Sliced::Done;
             };
             if self.at == 0 {
-                // Between sources: stop as soon as utilisation is back up.
-                let live: u64 = tablets
-                    .iter()
-                    .flatten()
-                    .map(|t| t.live_bytes + t.record_bytes)
-                    .sum();
-                let high = cleaner::incremental_high(budget.pressure());
-                if live as f64 >= high * budget.allocated_bytes as f64 {
+                // Between sources: stop as soon as utilisation is back up,
+                // and note whether the writes outran the pace.
+                let kept = cleaner::kept_bytes_total(tablets) as f64;
+                let allocated = budget.allocated_bytes as f64;
+                let pressure = budget.pressure();
+                let gap = cleaner::INCREMENTAL_HIGH - cleaner::INCREMENTAL_LOW;
+                self.behind = kept < (cleaner::incremental_low(pressure) - 2.0 * gap) * allocated;
+                if kept >= cleaner::incremental_high(pressure) * allocated {
                     return Sliced::Done;
                 }
             }

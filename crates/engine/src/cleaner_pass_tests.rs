@@ -110,28 +110,36 @@ fn slices_are_paced_by_the_bytes_written() {
         "the sources keep something: {}",
         pass.kept_fraction
     );
-    let kept = e.kept_bytes_total();
     // Nothing written since the pass started: the least.
-    assert_eq!(
-        pass.paced_scan_bytes(&e.budget, kept, 0.0),
-        SLICE_MIN_SCAN_BYTES
-    );
+    assert_eq!(pass.paced_scan_bytes(&e.budget), SLICE_MIN_SCAN_BYTES);
     // One 300-byte write: twice what frees 300 bytes.
     e.budget.clock += 300;
     let want = (SLICE_PACE * 300.0 * per_byte_freed).ceil() as usize;
-    let got = pass.paced_scan_bytes(&e.budget, kept, 0.0);
+    let got = pass.paced_scan_bytes(&e.budget);
     assert_eq!(got, want.clamp(SLICE_MIN_SCAN_BYTES, SLICE_SCAN_BYTES));
     // A large write: at most a full slice.
     e.budget.clock += 1 << 20;
-    assert_eq!(
-        pass.paced_scan_bytes(&e.budget, kept, 0.0),
-        SLICE_SCAN_BYTES
-    );
-    // Behind (utilisation under the threshold given): a full slice at once.
-    assert_eq!(
-        pass.paced_scan_bytes(&e.budget, kept, 1.0),
-        SLICE_SCAN_BYTES
-    );
+    assert_eq!(pass.paced_scan_bytes(&e.budget), SLICE_SCAN_BYTES);
+
+    // Behind: every key overwritten once more while a scan held the tablet
+    // from cleaning, so utilisation is far under the start threshold. The
+    // first slice (a source boundary) notices; after it even a 1-byte write
+    // gets a full slice.
+    e.hold_cleaner(TABLE, 0, true).expect("hold");
+    for i in 0..1_000u64 {
+        e.write(TABLE, &key(i), &[2; 100], &any).expect("write");
+    }
+    e.hold_cleaner(TABLE, 0, false).expect("release");
+    e.clean_pass = None;
+    let mut pass = Pass::start(&e.tablets, &e.budget).expect("segments worth cleaning");
+    assert!(!pass.behind, "not known before a boundary");
+    let low = crate::cleaner::incremental_low(e.budget.pressure());
+    let m = e.memory();
+    assert!(m.utilization < low - 0.1, "{m:?}, start threshold {low}");
+    assert_eq!(pass.slice(&mut e.tablets, &mut e.budget, 1), Sliced::More);
+    assert!(pass.behind);
+    e.budget.clock += 1;
+    assert_eq!(pass.paced_scan_bytes(&e.budget), SLICE_SCAN_BYTES);
 }
 
 /// Uniform overwrites of `keys` keys (after loading them) on an engine of

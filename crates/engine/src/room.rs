@@ -16,12 +16,8 @@ impl Engine {
     }
 
     /// Bytes the cleaner must keep: live objects and live side records.
-    pub(crate) fn kept_bytes_total(&self) -> u64 {
-        self.tablets
-            .iter()
-            .flatten()
-            .map(|t| t.live_bytes + t.record_bytes)
-            .sum()
+    fn kept_bytes_total(&self) -> u64 {
+        cleaner::kept_bytes_total(&self.tablets)
     }
 
     pub(crate) fn wants_incremental_clean(&self) -> bool {
@@ -43,15 +39,10 @@ impl Engine {
 
     #[cold]
     fn clean_slice(&mut self) {
-        // Behind: utilisation fell below the start threshold by more than
-        // the gap a pass closes, so the writes outran the pace.
-        let low = cleaner::incremental_low(self.budget.pressure());
-        let behind_below = low - 2.0 * (cleaner::INCREMENTAL_HIGH - cleaner::INCREMENTAL_LOW);
-        let kept = self.kept_bytes_total();
         let Some(pass) = self.clean_pass.as_mut() else {
             return;
         };
-        let scan = pass.paced_scan_bytes(&self.budget, kept, behind_below);
+        let scan = pass.paced_scan_bytes(&self.budget);
         let before = pass.stats.clone();
         let sliced = pass.slice(&mut self.tablets, &mut self.budget, scan);
         let mut slice = CleanStats {
