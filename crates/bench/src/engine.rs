@@ -471,21 +471,4 @@ mod tests {
             assert!(v.is_finite() && v > 0.0, "{key} = {v}");
         }
     }
-
-    /// The full-size measurement: `cargo test --release -p insitu-bench --lib
-    /// engine::tests::full_size -- --ignored --nocapture` (INSITU_BENCH_OBJECTS overrides 1M).
-    #[test]
-    #[ignore]
-    fn full_size() {
-        let objects = std::env::var("INSITU_BENCH_OBJECTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1_000_000);
-        let r = run(&EngineBenchArgs {
-            objects,
-            ..EngineBenchArgs::default()
-        })
-        .expect("bench");
-        println!("{}", serde_json::to_string_pretty(&r).expect("json"));
-    }
 }

@@ -1,0 +1,148 @@
+//! A participant's vote record is written last (separate processes, R = 2,
+//! a crash injected at one step): a secondary with parts in two tablets of
+//! its server makes every part's record durable but the vote record, and
+//! its server dies right there (`INSITU_CRASH_AT`, before the vote leaves).
+//! Its tablets are recovered from their replicas, each from its own log:
+//! the recovered part without a vote record must not count as a yes vote,
+//! so the transaction aborts everywhere and every lock goes.
+//!
+//! Why this order matters, and what the test catches: with the vote record
+//! written first, the same crash point (after the first durable wait) keeps
+//! the vote record and loses the other part's record. The primary's
+//! resolution then finds a yes vote and commits: the primary's key and the
+//! vote part's key change, the other part's key does not (half a
+//! transaction; tried, this test then fails on the values).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{Cluster, ok, rt};
+use insitu_client::{Client, ClientConfig, RpcConn, Status};
+use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
+use insitu_protocol::{Request, Response, blob};
+
+/// Failure detection, the recovery of two tablets, then the prepared
+/// parts' 2 s timeout and their resolution: seconds; this bounds it.
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// The transaction the crash is armed for.
+const TXN: u64 = 0x0de1_7a11;
+
+fn put<'a>(table: u64, key: &'a str, value: &'a str) -> TxnItem<'a> {
+    TxnItem {
+        table,
+        key: blob(key.as_bytes()),
+        read_version: None,
+        write: TxnWrite::Put(blob(value.as_bytes())),
+    }
+}
+
+fn anchor(table: u64, key: &str) -> TxnAnchor<'_> {
+    TxnAnchor {
+        table,
+        key: blob(key.as_bytes()),
+    }
+}
+
+#[test]
+fn a_secondary_dead_before_its_vote_record_aborts_everywhere() {
+    let mut cluster = Cluster::start(0, 1);
+    cluster.server_env = vec![(
+        "INSITU_CRASH_AT".into(),
+        format!("prepare-after-part-records:{TXN:x}"),
+    )];
+    for _ in 0..3 {
+        cluster.add_server(1);
+    }
+    ok(cluster.cli(&["table", "create", "votes", "--tablets", "6"]));
+    rt().block_on(async {
+        let config = ClientConfig {
+            op_timeout: SETTLE,
+            ..ClientConfig::default()
+        };
+        let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
+        let info = client.open_table("votes").await.unwrap();
+        let t = info.id;
+        // x on one server (the primary); y1 and y2 in two tablets of
+        // another server (the secondary, two parts: y1's is its vote part).
+        let tablet = |key: &str| common::tablet_of(&info, key);
+        let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+        let addr = |key: &str| info.tablets[tablet(key)].addr.clone();
+        let x = keys[0].clone();
+        let (y1, y2) = keys
+            .iter()
+            .flat_map(|a| keys.iter().map(move |b| (a, b)))
+            .find(|(a, b)| addr(a) != addr(&x) && addr(a) == addr(b) && tablet(a) != tablet(b))
+            .map(|(a, b)| (a.clone(), b.clone()))
+            .expect("two tablets of one server, not the primary's");
+        for key in [&x, &y1, &y2] {
+            client.write(t, key, "old").await.unwrap();
+        }
+        // Every server must know the others before the crash, or it keeps
+        // its replicas on its own disk (a one-server cluster's rule), which
+        // the crash takes with it: the server list is fetched every second.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+        let primary = RpcConn::connect(&addr(&x)).await.unwrap();
+        let r = primary
+            .call(&Request::TxnPrepare {
+                txn: TXN,
+                primary: None,
+                others: vec![anchor(t, &y1)],
+                items: vec![put(t, &x, "new")],
+                writes: true,
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+        assert!(matches!(r.decode().unwrap(), Response::TxnPrepared { .. }));
+        // The secondary dies at the armed point: no vote comes back.
+        let secondary = RpcConn::connect(&addr(&y1)).await.unwrap();
+        let vote = secondary
+            .call(&Request::TxnPrepare {
+                txn: TXN,
+                primary: Some(anchor(t, &x)),
+                others: vec![],
+                items: vec![put(t, &y1, "new"), put(t, &y2, "new")],
+                writes: true,
+            })
+            .await;
+        assert!(
+            !matches!(&vote, Ok(r) if r.status == Status::Ok),
+            "the secondary voted although it was armed to crash first"
+        );
+        // The client is gone too: nobody decides. The primary's part and
+        // the recovered secondary part resolve on their own. A transaction
+        // reading all three keys commits only once no lock is left, and
+        // reads them at one point.
+        let started = Instant::now();
+        let (vx, v1, v2) = client
+            .transaction(|mut tx| {
+                let (x, y1, y2) = (x.clone(), y1.clone(), y2.clone());
+                async move {
+                    let read = |v: Option<bytes::Bytes>| {
+                        v.map(|b| String::from_utf8_lossy(&b).into_owned())
+                    };
+                    let vx = read(tx.read(t, &x).await?);
+                    let v1 = read(tx.read(t, &y1).await?);
+                    let v2 = read(tx.read(t, &y2).await?);
+                    tx.write(t, "audit", "done");
+                    Ok((tx, (vx, v1, v2)))
+                }
+            })
+            .await
+            .unwrap();
+        eprintln!("resolved in {:?}", started.elapsed());
+        let old = Some("old".to_string());
+        assert_eq!(
+            (vx, v1, v2),
+            (old.clone(), old.clone(), old),
+            "the secondary's vote was not whole: the transaction must abort on every key"
+        );
+        // No lock is left on the keys: plain writes go through.
+        for key in [&x, &y1, &y2] {
+            client.write(t, key, "after").await.unwrap();
+        }
+    });
+}
