@@ -19,6 +19,7 @@ use insitu_protocol::{
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
 
 /// A control request as a fake shard saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +76,9 @@ pub struct FakeShard {
     pub downs: Arc<Mutex<Vec<u64>>>,
     /// How many pings this shard answered.
     pub pings: Arc<AtomicU64>,
+    /// Cancelled: the process is gone (killed). The listener closes, so a
+    /// connect is refused, and every open connection closes.
+    pub gone: CancellationToken,
 }
 
 /// A fake storage shard: answers control requests with Done (or an injected
@@ -92,12 +96,17 @@ pub async fn fake_shard(log: Log) -> FakeShard {
     let pings: Arc<AtomicU64> = Arc::default();
     let (addr2, fail2, hang2, close2) = (addr.clone(), fail.clone(), hang.clone(), close.clone());
     let (silent2, downs2, pings2) = (silent.clone(), downs.clone(), pings.clone());
+    let gone = CancellationToken::new();
+    let gone2 = gone.clone();
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        // Returning drops the listener: connects are refused from then on.
+        while let Some(Ok((stream, _))) = gone2.run_until_cancelled(listener.accept()).await {
             let (log, addr, fail) = (log.clone(), addr2.clone(), fail2.clone());
             let (hang, close) = (hang2.clone(), close2.clone());
             let (silent, downs, pings) = (silent2.clone(), downs2.clone(), pings2.clone());
-            tokio::spawn(async move {
+            let gone = gone2.clone();
+            // Cancelling drops the connection's future, closing its socket.
+            tokio::spawn(gone.run_until_cancelled_owned(async move {
                 let (read_half, mut write_half) = stream.into_split();
                 let mut frames = FramedRead::new(read_half, FrameCodec::default());
                 while let Some(Ok(frame)) = frames.next().await {
@@ -240,7 +249,7 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                         break;
                     }
                 }
-            });
+            }));
         }
     });
     FakeShard {
@@ -251,6 +260,7 @@ pub async fn fake_shard(log: Log) -> FakeShard {
         silent,
         downs,
         pings,
+        gone,
     }
 }
 

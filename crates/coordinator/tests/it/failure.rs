@@ -144,6 +144,55 @@ async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
     coord.shutdown().await;
 }
 
+/// A killed process (its port refuses connections) is declared dead at
+/// once, though the failure timeout is an hour; one that was never seen
+/// answering is not (it may be a server of a previous run, restarting).
+#[tokio::test]
+async fn a_server_whose_port_refuses_is_dead_without_the_timeout() {
+    let dir = TempDir::new("refused");
+    let (coord, c) = start_connected(never_detecting(&dir)).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    let s2 = fake_server(&log, 1).await;
+    let backup2 = fake_shard(log.clone()).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let (id2, ..) = enlist_full(&c, addrs(&s2), "s2", &backup2.addr).await;
+    insitu_testkit::poll_until(5000, || backup2.pings.load(Ordering::SeqCst) >= 2).await;
+    assert!(backup2.pings.load(Ordering::SeqCst) >= 2, "s2 answered pings");
+
+    // Killed: the established ping connection closes, a new one is refused.
+    backup2.gone.cancel();
+    let servers = servers_when(&c, "s2 dead", |s| {
+        state_of(s, id2) == Some(ServerState::Dead)
+    })
+    .await;
+    assert_eq!(state_of(&servers, id1), Some(ServerState::Up));
+    drop(c);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_never_seen_answering_gets_the_full_timeout() {
+    let dir = TempDir::new("refused-unseen");
+    let (coord, c) = start_connected(never_detecting(&dir)).await;
+    let log = Log::default();
+    let s1 = fake_server(&log, 1).await;
+    let s2 = fake_server(&log, 1).await;
+    let backup2 = fake_shard(log.clone()).await;
+    // Gone before its first ping: every connect is refused.
+    backup2.gone.cancel();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let id1 = enlist(&c, addrs(&s1)).await;
+    let (id2, ..) = enlist_full(&c, addrs(&s2), "s2", &backup2.addr).await;
+    // 20 ms pings: 300 ms is 15 refused pings, none of them a death.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let servers = list_servers(&c).await;
+    assert_eq!(state_of(&servers, id2), Some(ServerState::Up));
+    assert_eq!(state_of(&servers, id1), Some(ServerState::Up));
+    drop(c);
+    coord.shutdown().await;
+}
+
 #[tokio::test]
 async fn remove_server_declares_it_dead_now() {
     let dir = TempDir::new("remove");
