@@ -25,12 +25,40 @@ pub fn rng(seed: u64) -> fastrand::Rng {
 
 pub use fastrand::Rng;
 
-/// A loopback port that was free a moment ago (bind :0, read it, release it).
-/// Another process may take it before the caller binds it; callers that start
-/// servers retry (see `Proc::spawn_retrying`).
+/// Where `free_port` looks: below Linux's default ephemeral range
+/// (32768-60999), which the kernel hands to outgoing connections and to
+/// binds of port 0.
+const FREE_PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A loopback port that was free a moment ago (bound and released here).
+///
+/// Why not bind port 0: that hands out a port of the ephemeral range, where
+/// any outgoing connection (a client of another test in the same process,
+/// now that tests share binaries) may take it between this call and the
+/// server's bind; measured as an `insitu up` refusing to start with
+/// "Address already in use". Here each call of a process takes the next
+/// port of `FREE_PORTS` after a start that differs per process (its pid),
+/// so two calls of one process never return the same port (until 12,000
+/// calls wrap around), outgoing connections never take one, and a port
+/// another process holds is skipped by the bind. Callers that start
+/// servers may still retry (see `Proc::spawn_retrying`).
 pub fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let width = FREE_PORTS.end - FREE_PORTS.start;
+    // The first call of a process picks its start from the pid.
+    let start = (std::process::id().wrapping_mul(7919)) % width;
+    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    let mut last_error = None;
+    for _ in 0..width {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % width;
+        let port = (FREE_PORTS.start + offset) as u16;
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(_released_on_drop) => return Ok(port),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| std::io::Error::other("no free port in 20000-31999")))
 }
 
 /// The flags of a throwaway `redis-server` on loopback at `port`, in memory
@@ -94,5 +122,16 @@ mod tests {
             std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
         });
         assert!(bound, "five free ports in a row could not be bound");
+    }
+
+    #[test]
+    fn free_ports_of_one_process_differ_and_avoid_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port().expect("a free port")).collect();
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        assert!(
+            ports.iter().all(|&p| FREE_PORTS.contains(&u32::from(p))),
+            "{ports:?}"
+        );
     }
 }
