@@ -126,7 +126,9 @@ mod tests {
 
     #[test]
     fn free_ports_of_one_process_differ_and_avoid_the_ephemeral_range() {
-        let ports: Vec<u16> = (0..200).map(|_| free_port().expect("a free port")).collect();
+        let ports: Vec<u16> = (0..200)
+            .map(|_| free_port().expect("a free port"))
+            .collect();
         let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "{ports:?}");
         assert!(

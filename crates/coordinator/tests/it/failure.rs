@@ -158,7 +158,10 @@ async fn a_server_whose_port_refuses_is_dead_without_the_timeout() {
     let id1 = enlist(&c, addrs(&s1)).await;
     let (id2, ..) = enlist_full(&c, addrs(&s2), "s2", &backup2.addr).await;
     insitu_testkit::poll_until(5000, || backup2.pings.load(Ordering::SeqCst) >= 2).await;
-    assert!(backup2.pings.load(Ordering::SeqCst) >= 2, "s2 answered pings");
+    assert!(
+        backup2.pings.load(Ordering::SeqCst) >= 2,
+        "s2 answered pings"
+    );
 
     // Killed: the established ping connection closes, a new one is refused.
     backup2.gone.cancel();
