@@ -208,23 +208,22 @@ pub(crate) async fn run_detector(
             },
             _ = tick.tick() => {
                 let dead = round(&coordinator, &timing, &conns, &mut watched, &mut pings);
-                let why = format!("no reply to pings for {:?}", timing.failure_timeout);
-                declare(&coordinator, &mut watched, dead, &why).await;
+                if !dead.is_empty() {
+                    let why = format!("no reply to pings for {:?}", timing.failure_timeout);
+                    declare(&coordinator, &mut watched, dead, &why).await;
+                }
             }
         }
     }
 }
 
-/// Declare `dead` dead (nothing when empty) and stop watching them.
+/// Declare `dead` dead and stop watching them.
 async fn declare(
     coordinator: &Coordinator,
     watched: &mut HashMap<u64, Watch>,
     dead: Vec<u64>,
     why: &str,
 ) {
-    if dead.is_empty() {
-        return;
-    }
     match coordinator.declare_dead(&dead, why).await {
         Ok(_) => {
             for id in &dead {

@@ -53,7 +53,9 @@ impl Coordinator {
                 let why = if model.servers.contains_key(&dest_server) {
                     format!("server {dest_server} is dead")
                 } else {
-                    format!("no server with id {dest_server} has enlisted")
+                    format!(
+                        "no server with id {dest_server} is on record: never enlisted, or dead and forgotten once its tablets were recovered (`insitu status` lists the servers)"
+                    )
                 };
                 return Err(Reject::new(Status::UnknownServer, why));
             }

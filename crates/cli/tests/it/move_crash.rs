@@ -158,7 +158,9 @@ enum Told {
     /// Exit 0: moved.
     Moved,
     /// Not moved: aborted (and undone, or being undone), rolled back, or
-    /// refused (the destination already declared dead).
+    /// refused (the destination already declared dead, or dead and already
+    /// forgotten: a killed server is declared dead as soon as its port
+    /// refuses a ping, and one without tablets is forgotten at once).
     NotMoved,
     /// Not moved: the coordinator could not be reached to ask.
     Unreachable,
@@ -179,9 +181,14 @@ fn told(round: usize, out: &Output) -> Told {
         Told::Committed
     } else if stderr.contains("cannot reach") {
         Told::Unreachable
-    } else if ["move aborted", "move rolled back", "is dead"]
-        .iter()
-        .any(|m| stderr.contains(m))
+    } else if [
+        "move aborted",
+        "move rolled back",
+        "is dead",
+        "is on record",
+    ]
+    .iter()
+    .any(|m| stderr.contains(m))
     {
         Told::NotMoved
     } else {

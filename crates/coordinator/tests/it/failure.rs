@@ -144,56 +144,56 @@ async fn a_silent_server_is_declared_dead_and_its_tablets_recovered() {
     coord.shutdown().await;
 }
 
-/// A killed process (its port refuses connections) is declared dead at
-/// once, though the failure timeout is an hour; one that was never seen
-/// answering is not (it may be a server of a previous run, restarting).
-#[tokio::test]
-async fn a_server_whose_port_refuses_is_dead_without_the_timeout() {
-    let dir = TempDir::new("refused");
+/// Two servers, the second pinged at a backup address whose process is
+/// killed (`gone`: its port refuses connections) after it answered pings,
+/// or before its first one. The failure timeout is an hour. Returns both
+/// servers' states: once the second is dead (when killed after answering),
+/// or after 15 refused pings (when killed before).
+async fn refusing_backup(name: &str, killed_after_answering: bool) -> [Option<ServerState>; 2] {
+    let dir = TempDir::new(name);
     let (coord, c) = start_connected(never_detecting(&dir)).await;
     let log = Log::default();
     let s1 = fake_server(&log, 1).await;
     let s2 = fake_server(&log, 1).await;
     let backup2 = fake_shard(log.clone()).await;
+    if !killed_after_answering {
+        backup2.gone.cancel();
+    }
     let id1 = enlist(&c, addrs(&s1)).await;
     let (id2, ..) = enlist_full(&c, addrs(&s2), "s2", &backup2.addr).await;
-    insitu_testkit::poll_until(5000, || backup2.pings.load(Ordering::SeqCst) >= 2).await;
-    assert!(
-        backup2.pings.load(Ordering::SeqCst) >= 2,
-        "s2 answered pings"
-    );
-
-    // Killed: the established ping connection closes, a new one is refused.
-    backup2.gone.cancel();
-    let servers = servers_when(&c, "s2 dead", |s| {
-        state_of(s, id2) == Some(ServerState::Dead)
-    })
-    .await;
-    assert_eq!(state_of(&servers, id1), Some(ServerState::Up));
+    let servers = if killed_after_answering {
+        insitu_testkit::poll_until(5000, || backup2.pings.load(Ordering::SeqCst) >= 2).await;
+        let answered = backup2.pings.load(Ordering::SeqCst);
+        assert!(answered >= 2, "s2 answered {answered} pings");
+        // The established ping connection closes, a new one is refused.
+        backup2.gone.cancel();
+        servers_when(&c, "s2 dead", |s| {
+            state_of(s, id2) == Some(ServerState::Dead)
+        })
+        .await
+    } else {
+        // 20 ms pings: 300 ms is 15 refused pings.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        list_servers(&c).await
+    };
     drop(c);
     coord.shutdown().await;
+    [state_of(&servers, id1), state_of(&servers, id2)]
 }
 
+/// A killed process is declared dead at once, not after the timeout.
+#[tokio::test]
+async fn a_server_whose_port_refuses_is_dead_without_the_timeout() {
+    let states = refusing_backup("refused", true).await;
+    assert_eq!(states, [Some(ServerState::Up), Some(ServerState::Dead)]);
+}
+
+/// One never seen answering is not: it may be a server of a previous run,
+/// restarting.
 #[tokio::test]
 async fn a_server_never_seen_answering_gets_the_full_timeout() {
-    let dir = TempDir::new("refused-unseen");
-    let (coord, c) = start_connected(never_detecting(&dir)).await;
-    let log = Log::default();
-    let s1 = fake_server(&log, 1).await;
-    let s2 = fake_server(&log, 1).await;
-    let backup2 = fake_shard(log.clone()).await;
-    // Gone before its first ping: every connect is refused.
-    backup2.gone.cancel();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let id1 = enlist(&c, addrs(&s1)).await;
-    let (id2, ..) = enlist_full(&c, addrs(&s2), "s2", &backup2.addr).await;
-    // 20 ms pings: 300 ms is 15 refused pings, none of them a death.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let servers = list_servers(&c).await;
-    assert_eq!(state_of(&servers, id2), Some(ServerState::Up));
-    assert_eq!(state_of(&servers, id1), Some(ServerState::Up));
-    drop(c);
-    coord.shutdown().await;
+    let states = refusing_backup("refused-unseen", false).await;
+    assert_eq!(states, [Some(ServerState::Up), Some(ServerState::Up)]);
 }
 
 #[tokio::test]
