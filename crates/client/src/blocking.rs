@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use insitu_protocol::plan::{AggPartial, Field, PointLayout, UpdateAction};
+use insitu_protocol::plan::{AggPartial, Field, JsonPath, PointLayout, UpdateAction};
 use insitu_protocol::{RejectRules, ServerInfo, ShardStats, TableInfo};
 
 use crate::client::{Client, ClientConfig, Found, PerItem};
@@ -13,6 +13,43 @@ use crate::ops::{Selection, TrainedModel};
 use crate::snapshot::Snapshot;
 use crate::txn::Transaction;
 use bytes::Bytes;
+
+/// Blocking methods that mirror the async value in `self.$inner`, one row
+/// each, because dozens of them differ only in names. A row
+/// `fn name(&self, args) -> T;` (or `&mut self`) becomes a `pub fn` returning
+/// `Result<T, ClientError>` that drives `self.$inner.name(args)` on
+/// `self.runtime`; a row `sync fn name(&mut self, args);` calls the plain
+/// method straight through. Each row's own `self` token is reused in the body
+/// (`$s`), as macro hygiene requires.
+macro_rules! blocking {
+    ($inner:ident;) => {};
+    ($inner:ident; $(#[$doc:meta])* sync fn $name:ident
+        (&mut $s:ident $(, $a:ident: $t:ty)*); $($rest:tt)*) => {
+        blocking!(@fn sync [$(#[$doc])*] $name [] [&mut $s] $s [$($a: $t),*] $inner []);
+        blocking!($inner; $($rest)*);
+    };
+    ($inner:ident; $(#[$doc:meta])* fn $name:ident $(<$($g:ident: $bd:path),+>)?
+        (&mut $s:ident $(, $a:ident: $t:ty)*) -> $r:ty; $($rest:tt)*) => {
+        blocking!(@fn run [$(#[$doc])*] $name [$($($g: $bd),+)?] [&mut $s] $s [$($a: $t),*]
+            $inner [-> Result<$r, ClientError>]);
+        blocking!($inner; $($rest)*);
+    };
+    ($inner:ident; $(#[$doc:meta])* fn $name:ident $(<$($g:ident: $bd:path),+>)?
+        (&$s:ident $(, $a:ident: $t:ty)*) -> $r:ty; $($rest:tt)*) => {
+        blocking!(@fn run [$(#[$doc])*] $name [$($($g: $bd),+)?] [&$s] $s [$($a: $t),*]
+            $inner [-> Result<$r, ClientError>]);
+        blocking!($inner; $($rest)*);
+    };
+    (@fn $mode:ident [$($attr:tt)*] $name:ident [$($gen:tt)*] [$($recv:tt)*] $s:ident
+        [$($a:ident: $t:ty),*] $inner:ident [$($ret:tt)*]) => {
+        $($attr)*
+        pub fn $name<$($gen)*>($($recv)* $(, $a: $t)*) $($ret)* {
+            blocking!(@call $mode $s, $s.$inner.$name($($a),*))
+        }
+    };
+    (@call run $s:ident, $call:expr) => { $s.runtime.block_on($call) };
+    (@call sync $s:ident, $call:expr) => { $call };
+}
 
 /// The same operations as `Client`, each blocking the calling thread.
 ///
@@ -40,8 +77,8 @@ pub struct BlockingTableCursor {
 }
 
 impl BlockingTableCursor {
-    pub fn next_batch(&mut self) -> Result<Option<Vec<Object>>, ClientError> {
-        self.runtime.block_on(self.cursor.next_batch())
+    blocking! { cursor;
+        fn next_batch(&mut self) -> Option<Vec<Object>>;
     }
 
     pub fn is_done(&self) -> bool {
@@ -58,39 +95,14 @@ pub struct BlockingTransaction {
 }
 
 impl BlockingTransaction {
-    pub fn read(
-        &mut self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-    ) -> Result<Option<Bytes>, ClientError> {
-        self.runtime.block_on(self.tx.read(table, key))
-    }
-
-    pub fn read_many<K: AsRef<[u8]>>(
-        &mut self,
-        table: u64,
-        keys: &[K],
-    ) -> Result<Vec<Option<Bytes>>, ClientError> {
-        self.runtime.block_on(self.tx.read_many(table, keys))
-    }
-
-    pub fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
-        self.tx.write(table, key, value)
-    }
-
-    /// `Transaction::write_expiring`.
-    pub fn write_expiring(
-        &mut self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        expires_at_ms: u64,
-    ) {
-        self.tx.write_expiring(table, key, value, expires_at_ms)
-    }
-
-    pub fn remove(&mut self, table: u64, key: impl AsRef<[u8]>) {
-        self.tx.remove(table, key)
+    blocking! { tx;
+        fn read(&mut self, table: u64, key: impl AsRef<[u8]>) -> Option<Bytes>;
+        fn read_many<K: AsRef<[u8]>>(&mut self, table: u64, keys: &[K]) -> Vec<Option<Bytes>>;
+        sync fn write(&mut self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>);
+        /// `Transaction::write_expiring`.
+        sync fn write_expiring(&mut self, table: u64, key: impl AsRef<[u8]>,
+            value: impl AsRef<[u8]>, expires_at_ms: u64);
+        sync fn remove(&mut self, table: u64, key: impl AsRef<[u8]>);
     }
 
     pub fn commit(self) -> Result<(), ClientError> {
@@ -113,43 +125,14 @@ impl BlockingSnapshot {
         self.snap.ts()
     }
 
-    pub fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Option<Bytes>, ClientError> {
-        self.runtime.block_on(self.snap.read(table, key))
-    }
-
-    pub fn multi_read<K: AsRef<[u8]>>(
-        &self,
-        table: u64,
-        keys: &[K],
-    ) -> Result<PerItem<Found>, ClientError> {
-        self.runtime.block_on(self.snap.multi_read(table, keys))
-    }
-
-    pub fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
-        self.runtime.block_on(self.snap.count(table, sel))
-    }
-
-    pub fn aggregate(
-        &self,
-        table: u64,
-        field: Field,
-        sel: &Selection,
-    ) -> Result<AggPartial, ClientError> {
-        self.runtime
-            .block_on(self.snap.aggregate(table, field, sel))
-    }
-
-    pub fn aggregate_json(
-        &self,
-        table: u64,
-        path: insitu_protocol::plan::JsonPath,
-        sel: &Selection,
-    ) -> Result<AggPartial, ClientError> {
-        self.runtime
-            .block_on(self.snap.aggregate_json(table, path, sel))
+    blocking! { snap;
+        fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Option<Bytes>;
+        fn multi_read<K: AsRef<[u8]>>(&self, table: u64, keys: &[K]) -> PerItem<Found>;
+        fn count(&self, table: u64, sel: &Selection) -> u64;
+        fn aggregate(&self, table: u64, field: Field, sel: &Selection) -> AggPartial;
+        fn aggregate_json(&self, table: u64, path: JsonPath, sel: &Selection) -> AggPartial;
     }
 }
-
 impl BlockingClient {
     /// A snapshot at a fresh timestamp (`Client::snapshot`). Retrying a
     /// refused one (`SnapshotTooOld`) is the caller's loop here.
@@ -214,158 +197,39 @@ impl BlockingClient {
         &self.client
     }
 
-    /// A fresh timestamp from the coordinator's oracle (`Client::timestamp`).
-    pub fn timestamp(&self) -> Result<u64, ClientError> {
-        self.run(self.client.timestamp())
-    }
-
-    pub fn create_table(&self, name: &str, tablets: u32) -> Result<TableInfo, ClientError> {
-        self.run(self.client.create_table(name, tablets))
-    }
-
-    pub fn drop_table(&self, name: &str) -> Result<(), ClientError> {
-        self.run(self.client.drop_table(name))
-    }
-
-    /// See `Client::ack_loss`.
-    pub fn ack_loss(&self, name: &str) -> Result<u32, ClientError> {
-        self.run(self.client.ack_loss(name))
-    }
-
-    /// See `Client::accept_loss`.
-    pub fn accept_loss(&self, name: &str) -> Result<u32, ClientError> {
-        self.run(self.client.accept_loss(name))
-    }
-
-    pub fn list_tables(&self) -> Result<Vec<TableInfo>, ClientError> {
-        self.run(self.client.list_tables())
-    }
-
-    pub fn open_table(&self, name: &str) -> Result<TableInfo, ClientError> {
-        self.run(self.client.open_table(name))
-    }
-
-    pub fn table_id(&self, name: &str) -> Result<u64, ClientError> {
-        self.run(self.client.table_id(name))
-    }
-
-    pub fn list_servers(&self) -> Result<Vec<ServerInfo>, ClientError> {
-        self.run(self.client.list_servers())
-    }
-
-    pub fn move_tablet(
-        &self,
-        table_name: &str,
-        tablet_index: u32,
-        server_id: u64,
-    ) -> Result<(), ClientError> {
-        self.run(self.client.move_tablet(table_name, tablet_index, server_id))
-    }
-
-    pub fn shard_stats(&self, addr: &str) -> Result<ShardStats, ClientError> {
-        self.run(self.client.shard_stats(addr))
-    }
-
-    pub fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Found, ClientError> {
-        self.run(self.client.read(table, key))
-    }
-
-    pub fn write(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-    ) -> Result<u64, ClientError> {
-        self.run(self.client.write(table, key, value))
-    }
-
-    pub fn write_with(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        rules: RejectRules,
-    ) -> Result<u64, ClientError> {
-        self.run(self.client.write_with(table, key, value, rules))
-    }
-
-    /// `Client::write_expiring`.
-    pub fn write_expiring(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        expires_at_ms: u64,
-        rules: RejectRules,
-    ) -> Result<u64, ClientError> {
-        self.run(
-            self.client
-                .write_expiring(table, key, value, expires_at_ms, rules),
-        )
-    }
-
-    /// `Client::read_expiring`: (value, version, deadline in Unix ms or 0).
-    pub fn read_expiring(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-    ) -> Result<Option<(Bytes, u64, u64)>, ClientError> {
-        self.run(self.client.read_expiring(table, key))
-    }
-
-    pub fn remove(&self, table: u64, key: impl AsRef<[u8]>) -> Result<Option<u64>, ClientError> {
-        self.run(self.client.remove(table, key))
-    }
-
-    pub fn remove_with(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        rules: RejectRules,
-    ) -> Result<Option<u64>, ClientError> {
-        self.run(self.client.remove_with(table, key, rules))
-    }
-
-    pub fn increment_i64(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        delta: i64,
-    ) -> Result<(i64, u64), ClientError> {
-        self.run(self.client.increment_i64(table, key, delta))
-    }
-
-    pub fn increment_f64(
-        &self,
-        table: u64,
-        key: impl AsRef<[u8]>,
-        delta: f64,
-    ) -> Result<(f64, u64), ClientError> {
-        self.run(self.client.increment_f64(table, key, delta))
-    }
-
-    pub fn multi_read<K: AsRef<[u8]>>(
-        &self,
-        table: u64,
-        keys: &[K],
-    ) -> Result<PerItem<Found>, ClientError> {
-        self.run(self.client.multi_read(table, keys))
-    }
-
-    pub fn multi_write<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        &self,
-        table: u64,
-        items: &[(K, V)],
-    ) -> Result<PerItem<u64>, ClientError> {
-        self.run(self.client.multi_write(table, items))
-    }
-
-    pub fn multi_remove<K: AsRef<[u8]>>(
-        &self,
-        table: u64,
-        keys: &[K],
-    ) -> Result<PerItem<Option<u64>>, ClientError> {
-        self.run(self.client.multi_remove(table, keys))
+    blocking! { client;
+        /// A fresh timestamp from the coordinator's oracle (`Client::timestamp`).
+        fn timestamp(&self) -> u64;
+        fn create_table(&self, name: &str, tablets: u32) -> TableInfo;
+        fn drop_table(&self, name: &str) -> ();
+        /// See `Client::ack_loss`.
+        fn ack_loss(&self, name: &str) -> u32;
+        /// See `Client::accept_loss`.
+        fn accept_loss(&self, name: &str) -> u32;
+        fn list_tables(&self) -> Vec<TableInfo>;
+        fn open_table(&self, name: &str) -> TableInfo;
+        fn table_id(&self, name: &str) -> u64;
+        fn list_servers(&self) -> Vec<ServerInfo>;
+        fn move_tablet(&self, table_name: &str, tablet_index: u32, server_id: u64) -> ();
+        fn shard_stats(&self, addr: &str) -> ShardStats;
+        fn read(&self, table: u64, key: impl AsRef<[u8]>) -> Found;
+        fn write(&self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> u64;
+        fn write_with(&self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>,
+            rules: RejectRules) -> u64;
+        /// `Client::write_expiring`.
+        fn write_expiring(&self, table: u64, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>,
+            expires_at_ms: u64, rules: RejectRules) -> u64;
+        /// `Client::read_expiring`: (value, version, deadline in Unix ms or 0).
+        fn read_expiring(&self, table: u64, key: impl AsRef<[u8]>) -> Option<(Bytes, u64, u64)>;
+        fn remove(&self, table: u64, key: impl AsRef<[u8]>) -> Option<u64>;
+        fn remove_with(&self, table: u64, key: impl AsRef<[u8]>, rules: RejectRules)
+            -> Option<u64>;
+        fn increment_i64(&self, table: u64, key: impl AsRef<[u8]>, delta: i64) -> (i64, u64);
+        fn increment_f64(&self, table: u64, key: impl AsRef<[u8]>, delta: f64) -> (f64, u64);
+        fn multi_read<K: AsRef<[u8]>>(&self, table: u64, keys: &[K]) -> PerItem<Found>;
+        fn multi_write<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, table: u64, items: &[(K, V)])
+            -> PerItem<u64>;
+        fn multi_remove<K: AsRef<[u8]>>(&self, table: u64, keys: &[K]) -> PerItem<Option<u64>>;
     }
 
     pub fn enumerate(&self, table: u64) -> BlockingTableCursor {
@@ -383,53 +247,14 @@ impl BlockingClient {
         })
     }
 
-    pub fn scan(&self, table: u64, limit: usize) -> Result<Vec<Object>, ClientError> {
-        self.run(self.client.scan(table, limit))
-    }
-
-    pub fn count(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
-        self.run(self.client.count(table, sel))
-    }
-
-    pub fn aggregate(
-        &self,
-        table: u64,
-        field: Field,
-        sel: &Selection,
-    ) -> Result<AggPartial, ClientError> {
-        self.run(self.client.aggregate(table, field, sel))
-    }
-
-    pub fn aggregate_json(
-        &self,
-        table: u64,
-        path: insitu_protocol::plan::JsonPath,
-        sel: &Selection,
-    ) -> Result<AggPartial, ClientError> {
-        self.run(self.client.aggregate_json(table, path, sel))
-    }
-
-    pub fn update(
-        &self,
-        table: u64,
-        field: Field,
-        action: UpdateAction,
-        sel: &Selection,
-    ) -> Result<u64, ClientError> {
-        self.run(self.client.update(table, field, action, sel))
-    }
-
-    pub fn remove_where(&self, table: u64, sel: &Selection) -> Result<u64, ClientError> {
-        self.run(self.client.remove_where(table, sel))
-    }
-
-    pub fn train_logreg(
-        &self,
-        table: u64,
-        layout: PointLayout,
-        iterations: u32,
-        rate: f64,
-    ) -> Result<TrainedModel, ClientError> {
-        self.run(self.client.train_logreg(table, layout, iterations, rate))
+    blocking! { client;
+        fn scan(&self, table: u64, limit: usize) -> Vec<Object>;
+        fn count(&self, table: u64, sel: &Selection) -> u64;
+        fn aggregate(&self, table: u64, field: Field, sel: &Selection) -> AggPartial;
+        fn aggregate_json(&self, table: u64, path: JsonPath, sel: &Selection) -> AggPartial;
+        fn update(&self, table: u64, field: Field, action: UpdateAction, sel: &Selection) -> u64;
+        fn remove_where(&self, table: u64, sel: &Selection) -> u64;
+        fn train_logreg(&self, table: u64, layout: PointLayout, iterations: u32, rate: f64)
+            -> TrainedModel;
     }
 }
