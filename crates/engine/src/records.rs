@@ -199,10 +199,7 @@ impl Tablet {
         version: u64,
     ) -> Result<(), EngineError> {
         let len = entry::entry_bytes(anchor.len(), RECORD_ID_BYTES + payload.len(), version);
-        let need = self.append_room(len, self.tombstone_slack(), budget.segment_bytes);
-        if self.head_room(budget.segment_bytes) < need {
-            self.open_head(budget, Purpose::Object)?;
-        }
+        self.make_room_offline(budget, len, self.tombstone_slack())?;
         self.reserve_records(budget, 1)?;
         let old = self.records.get(&id).copied();
         self.put_record(budget, id, anchor, payload, version, old);

@@ -90,6 +90,22 @@ impl Tablet {
         (len + slack).min(fresh).max(len)
     }
 
+    /// Open a new head unless the current one has `append_room` for `len`
+    /// bytes with `slack` behind them: the off-line appends' (split, replay)
+    /// room step, which never cleans.
+    pub(crate) fn make_room_offline(
+        &mut self,
+        budget: &mut Budget,
+        len: usize,
+        slack: usize,
+    ) -> Result<(), EngineError> {
+        let need = self.append_room(len, slack, budget.segment_bytes);
+        if self.head_room(budget.segment_bytes) < need {
+            self.open_head(budget, Purpose::Object)?;
+        }
+        Ok(())
+    }
+
     /// Append a new object while building a tablet off-line (split, replay):
     /// opens heads as needed (keeping the slack) but never cleans.
     pub fn push_new(
@@ -102,14 +118,7 @@ impl Tablet {
         expires_at_ms: u64,
     ) -> Result<(), EngineError> {
         let len = entry::entry_bytes_expiring(key.len(), value.len(), version, expires_at_ms);
-        let need = self.append_room(
-            len,
-            self.tombstone_slack_with(key.len()),
-            budget.segment_bytes,
-        );
-        if self.head_room(budget.segment_bytes) < need {
-            self.open_head(budget, Purpose::Object)?;
-        }
+        self.make_room_offline(budget, len, self.tombstone_slack_with(key.len()))?;
         self.reserve_index(budget, 1)?;
         self.put(budget, hash, key, value, version, expires_at_ms, None);
         Ok(())

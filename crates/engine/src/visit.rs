@@ -2,20 +2,30 @@
 //! migration; its raw segments.
 
 use crate::error::oom;
+use crate::tablet::Tablet;
 use crate::{Engine, EngineError, ObjectRef, TableId, key_hash};
 
-/// `f` called only on the objects not expired at `now`: the filter every
-/// visit puts between a tablet's walk and its caller.
-#[inline]
-fn unexpired(now: u64, mut f: impl FnMut(ObjectRef<'_>)) -> impl FnMut(ObjectRef<'_>) {
-    move |o| {
-        if !o.is_expired(now) {
-            f(o)
-        }
-    }
-}
-
 impl Engine {
+    /// The tablet a visit walks, and `f` behind the filter every visit puts
+    /// between a tablet's walk and its caller: only objects not expired at
+    /// the clock read before the walk.
+    #[inline]
+    fn live_visit(
+        &self,
+        table: TableId,
+        start_hash: u64,
+        mut f: impl FnMut(ObjectRef<'_>),
+    ) -> Result<(&Tablet, impl FnMut(ObjectRef<'_>)), EngineError> {
+        let now = self.now_ms();
+        let t = self.tablet_at(table, start_hash)?;
+        let live = move |o: ObjectRef<'_>| {
+            if !o.is_expired(now) {
+                f(o)
+            }
+        };
+        Ok((t, live))
+    }
+
     /// Walk the tablet's log segments in order, calling `f` for every live object.
     #[inline]
     pub fn for_each_log(
@@ -24,9 +34,8 @@ impl Engine {
         start_hash: u64,
         f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        let now = self.now_ms();
-        self.tablet_at(table, start_hash)?
-            .for_each_log(unexpired(now, f));
+        let (t, live) = self.live_visit(table, start_hash, f)?;
+        t.for_each_log(live);
         Ok(())
     }
 
@@ -37,9 +46,8 @@ impl Engine {
         start_hash: u64,
         f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        let now = self.now_ms();
-        self.tablet_at(table, start_hash)?
-            .for_each_index(unexpired(now, f));
+        let (t, live) = self.live_visit(table, start_hash, f)?;
+        t.for_each_index(live);
         Ok(())
     }
 
