@@ -102,22 +102,35 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
         }
         let need = pending.unwrap_or(HEADER_BYTES);
-        match inbox.fill(state, &mut stream, need).await? {
-            Wait::Data => {}
-            Wait::Eof => return Ok(None),
-            Wait::Idle => return Ok(Some(Closed::Idle)),
-            Wait::Evicted => return Ok(Some(Closed::Evicted)),
+        let wait = inbox.fill(state, &mut stream, need).await?;
+        match wait {
             Wait::NoRoom => {
                 no_room(&mut wbuf, "server", need, limits.stall_timeout);
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
-                return Ok(Some(Closed::NoRoom));
             }
             Wait::Stalled => {
                 stalled_frame(&mut wbuf, limits.stall_timeout);
                 let _ = write(&mut stream, &wbuf, limits.stall_timeout).await;
-                return Ok(Some(Closed::Stalled));
             }
+            _ => {}
         }
+        if let Some(end) = ended_by(&wait) {
+            return Ok(end);
+        }
+    }
+}
+
+/// Whether `wait` (from `Inbox::fill`) ends the connection, and how: None,
+/// it goes on; Some(what `serve` returns: None for the peer's EOF). The same
+/// on every port, which only says why in its own protocol first.
+pub(crate) fn ended_by(wait: &Wait) -> Option<Option<Closed>> {
+    match wait {
+        Wait::Data => None,
+        Wait::Eof => Some(None),
+        Wait::Idle => Some(Some(Closed::Idle)),
+        Wait::Evicted => Some(Some(Closed::Evicted)),
+        Wait::NoRoom => Some(Some(Closed::NoRoom)),
+        Wait::Stalled => Some(Some(Closed::Stalled)),
     }
 }
 

@@ -15,7 +15,7 @@ use insitu_resp::reply::Out;
 use insitu_resp::{Parsed, Session, execute, parse, prefetch};
 use insitu_tls::Stream;
 
-use crate::conn::{BASE_BUFFER_BYTES, replies_durable, write};
+use crate::conn::{BASE_BUFFER_BYTES, ended_by, replies_durable, write};
 use crate::inbox::{Inbox, Wait};
 use crate::limits::Closed;
 use crate::shard::ShardState;
@@ -122,25 +122,21 @@ pub async fn serve(
         if wbuf.capacity() > BASE_BUFFER_BYTES {
             wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
         }
-        match inbox.fill(state, &mut stream, need).await? {
-            Wait::Data => {}
-            Wait::Eof => return Ok(None),
-            Wait::Idle => return Ok(Some(Closed::Idle)),
-            Wait::Evicted => return Ok(Some(Closed::Evicted)),
-            Wait::NoRoom => {
-                let mut out = Out {
-                    buf: &mut wbuf,
-                    proto: session.proto,
-                };
-                out.error(&format!(
-                    "ERR server busy: no room to buffer a {need}-byte command within {} ms; closing",
-                    limits.stall_timeout.as_millis()
-                ));
-                write(&mut stream, &wbuf, limits.stall_timeout).await?;
-                return Ok(Some(Closed::NoRoom));
-            }
-            // Redis closes such a connection without a word; so does this.
-            Wait::Stalled => return Ok(Some(Closed::Stalled)),
+        let wait = inbox.fill(state, &mut stream, need).await?;
+        // A stalled command closes without a word, as in Redis.
+        if wait == Wait::NoRoom {
+            let mut out = Out {
+                buf: &mut wbuf,
+                proto: session.proto,
+            };
+            out.error(&format!(
+                "ERR server busy: no room to buffer a {need}-byte command within {} ms; closing",
+                limits.stall_timeout.as_millis()
+            ));
+            write(&mut stream, &wbuf, limits.stall_timeout).await?;
+        }
+        if let Some(end) = ended_by(&wait) {
+            return Ok(end);
         }
     }
 }
