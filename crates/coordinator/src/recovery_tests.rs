@@ -27,6 +27,19 @@ struct Fake {
     refuse_take: Arc<AtomicBool>,
 }
 
+/// A fake's answer: `response`, or `status` while the test sets `refuse`.
+fn unless_refused(
+    refuse: &AtomicBool,
+    status: Status,
+    response: Response<'static>,
+) -> Result<Response<'static>, Status> {
+    if refuse.load(Ordering::SeqCst) {
+        Err(status)
+    } else {
+        Ok(response)
+    }
+}
+
 async fn fake_shard() -> Fake {
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let refuse_recover = Arc::new(AtomicBool::new(false));
@@ -35,37 +48,30 @@ async fn fake_shard() -> Fake {
     let (log2, refuse, floors2) = (log.clone(), refuse_recover.clone(), floors.clone());
     let refuse_take2 = refuse_take.clone();
     let addr = insitu_testkit::peer::serve(move |id, body, out| {
-        let log = &log2;
-        match decode_request(body).unwrap() {
+        // What to log of the request, and the answer: a response, or the
+        // status of an injected refusal.
+        let (line, answer) = match decode_request(body).unwrap() {
             Request::RecoverTablet {
                 table,
                 start_hash,
                 master,
                 ..
             } => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("Recover t{table} s{start_hash} m{master}"));
-                if refuse.load(Ordering::SeqCst) {
-                    encode_error(out, id, Status::Internal, "injected");
-                } else {
-                    let r = Response::Recovered {
-                        objects: 10,
-                        segments: 2,
-                        bytes: 1000,
-                    };
-                    encode_response(out, id, Status::Ok, &r).unwrap();
-                }
+                let recovered = Response::Recovered {
+                    objects: 10,
+                    segments: 2,
+                    bytes: 1000,
+                };
+                let answer = unless_refused(&refuse, Status::Internal, recovered);
+                (format!("Recover t{table} s{start_hash} m{master}"), answer)
             }
             Request::ActivateTablet {
                 table,
                 start_hash,
                 map_version,
             } => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("Activate t{table} s{start_hash} v{map_version}"));
-                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+                let line = format!("Activate t{table} s{start_hash} v{map_version}");
+                (line, Ok(Response::Done))
             }
             Request::MarkLost {
                 table,
@@ -73,36 +79,28 @@ async fn fake_shard() -> Fake {
                 lost_from,
                 version_floor,
             } => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("Mark t{table} s{start_hash} f{lost_from}"));
                 floors2.lock().unwrap().push(version_floor);
-                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
+                let line = format!("Mark t{table} s{start_hash} f{lost_from}");
+                (line, Ok(Response::Done))
             }
             Request::DropTablet {
                 table, start_hash, ..
-            } => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("Drop t{table} s{start_hash}"));
-                encode_response(out, id, Status::Ok, &Response::Done).unwrap();
-            }
+            } => (format!("Drop t{table} s{start_hash}"), Ok(Response::Done)),
             Request::TakeTablet {
                 table,
                 start_hash,
                 state,
                 ..
             } => {
-                log.lock()
-                    .unwrap()
-                    .push(format!("Take t{table} s{start_hash} {state:?}"));
-                if refuse_take2.load(Ordering::SeqCst) {
-                    encode_error(out, id, Status::OutOfMemory, "injected");
-                } else {
-                    encode_response(out, id, Status::Ok, &Response::Done).unwrap();
-                }
+                let answer = unless_refused(&refuse_take2, Status::OutOfMemory, Response::Done);
+                (format!("Take t{table} s{start_hash} {state:?}"), answer)
             }
-            _ => encode_error(out, id, Status::BadRequest, "unexpected"),
+            _ => return encode_error(out, id, Status::BadRequest, "unexpected"),
+        };
+        log2.lock().unwrap().push(line);
+        match answer {
+            Ok(response) => encode_response(out, id, Status::Ok, &response).unwrap(),
+            Err(status) => encode_error(out, id, status, "injected"),
         }
     })
     .await

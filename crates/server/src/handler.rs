@@ -2,7 +2,7 @@
 //! encode the reply into the connection's output buffer.
 
 use bytes::BytesMut;
-use insitu_engine::{EngineError, key_hash};
+use insitu_engine::{Engine, EngineError, key_hash};
 use insitu_protocol::{
     Number, Object, RejectRules, Request, Response, Status, blob, decode_request, encode_error,
     encode_response,
@@ -17,6 +17,12 @@ use crate::shard::ShardState;
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
 /// Most items one multi-operation request may carry.
 pub use insitu_protocol::MAX_MULTI_ITEMS;
+
+/// The refusal of a metadata request sent to a shard: names where it belongs.
+const FOR_COORDINATOR: &str = "this is a storage server; send metadata requests to the coordinator";
+/// The refusal of a backup request sent to a shard port: names where it belongs.
+const FOR_BACKUP: &str =
+    "this is a shard port; send backup requests to the server's backup address";
 
 pub fn engine_status(e: &EngineError) -> Status {
     match e {
@@ -262,42 +268,18 @@ async fn dispatch(
             value,
             rules: r,
             expires_at_ms,
-        } => {
-            if let Err(s) = admit(state, table, key, true) {
-                return encode_error(out, id, s, s.to_string());
-            }
-            let result = state.engine.borrow_mut().write_expiring(
-                table,
-                key,
-                value,
-                expires_at_ms,
-                &rules(&r),
-            );
-            crate::lost::reply_keyed(
-                state,
-                (table, key),
-                out,
-                id,
-                result.map(|version| Response::Written { version }),
-            );
-        }
+        } => write_keyed(state, id, (table, key), out, |engine| {
+            let written = engine.write_expiring(table, key, value, expires_at_ms, &rules(&r));
+            written.map(|version| Response::Written { version })
+        }),
         Request::Remove {
             table,
             key,
             rules: r,
-        } => {
-            if let Err(s) = admit(state, table, key, true) {
-                return encode_error(out, id, s, s.to_string());
-            }
-            let result = state.engine.borrow_mut().remove(table, key, &rules(&r));
-            crate::lost::reply_keyed(
-                state,
-                (table, key),
-                out,
-                id,
-                result.map(|version| Response::Removed { version }),
-            );
-        }
+        } => write_keyed(state, id, (table, key), out, |engine| {
+            let removed = engine.remove(table, key, &rules(&r));
+            removed.map(|version| Response::Removed { version })
+        }),
         Request::Increment {
             table,
             key,
@@ -411,18 +393,9 @@ async fn dispatch(
             budget_ms,
             snapshot_ts,
         } => {
-            crate::scan::handle(
-                state,
-                id,
-                table,
-                start_hash,
-                end_hash,
-                map_version,
-                plan,
-                (op_id, budget_ms, snapshot_ts),
-                out,
-            )
-            .await
+            let tablet = (table, start_hash, end_hash, map_version);
+            let run = (op_id, budget_ms, snapshot_ts);
+            crate::scan::handle(state, id, tablet, plan, run, out).await
         }
         Request::Query {
             table,
@@ -435,19 +408,9 @@ async fn dispatch(
             index,
             snapshot_ts,
         } => {
-            crate::query::handle(
-                state,
-                id,
-                table,
-                start_hash,
-                end_hash,
-                map_version,
-                schema,
-                plan,
-                (resume, index, snapshot_ts),
-                out,
-            )
-            .await
+            let tablet = (table, start_hash, end_hash, map_version);
+            let run = (resume, index, snapshot_ts);
+            crate::query::handle(state, id, tablet, (schema, plan), run, out).await
         }
         Request::TxnPrepare {
             txn,
@@ -480,21 +443,11 @@ async fn dispatch(
         | Request::RemoveServer { .. }
         | Request::AckLoss { .. }
         | Request::AcceptLoss { .. }
-        | Request::MoveTablet { .. } => encode_error(
-            out,
-            id,
-            Status::BadRequest,
-            "this is a storage server; send metadata requests to the coordinator",
-        ),
+        | Request::MoveTablet { .. } => encode_error(out, id, Status::BadRequest, FOR_COORDINATOR),
         Request::BackupWrite { .. }
         | Request::BackupList { .. }
         | Request::BackupRead { .. }
-        | Request::BackupForget { .. } => encode_error(
-            out,
-            id,
-            Status::BadRequest,
-            "this is a shard port; send backup requests to the server's backup address",
-        ),
+        | Request::BackupForget { .. } => encode_error(out, id, Status::BadRequest, FOR_BACKUP),
         Request::RecoverTablet {
             table,
             start_hash,
@@ -540,6 +493,23 @@ async fn dispatch(
             reply(out, id, &Response::Done)
         }
     }
+}
+
+/// Serve a single-key write (`Write`, `Remove`): admit it, run `op` on the
+/// engine, reply with its response (a refusal of a lost key worded as
+/// `lost.rs` words it). One path, so both writes are admitted and refused alike.
+fn write_keyed<'v>(
+    state: &ShardState,
+    id: u64,
+    (table, key): (u64, &[u8]),
+    out: &mut BytesMut,
+    op: impl FnOnce(&mut Engine) -> Result<Response<'v>, EngineError>,
+) {
+    if let Err(s) = admit(state, table, key, true) {
+        return encode_error(out, id, s, s.to_string());
+    }
+    let result = op(&mut state.engine.borrow_mut());
+    crate::lost::reply_keyed(state, (table, key), out, id, result);
 }
 
 fn enumerate(

@@ -441,20 +441,16 @@ async fn execute(
     Ok(reply(finished(visit.sink)?, visited, matched, resume))
 }
 
-#[allow(clippy::too_many_arguments)] // the fields of Request::Query
+/// Serve `Request::Query` over the tablet it names: (table, start hash, end
+/// hash, map version).
 pub async fn handle(
     state: &ShardState,
     id: u64,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
-    map_version: u64,
-    schema: Schema,
-    plan: QueryPlan,
+    tablet: (u64, u64, u64, u64),
+    (schema, plan): (Schema, QueryPlan),
     (resume, index, snapshot_ts): (Option<QueryResume>, Option<IndexProbe>, u64),
     out: &mut BytesMut,
 ) {
-    let tablet = (table, start_hash, end_hash, map_version);
     let result = execute(
         state,
         tablet,

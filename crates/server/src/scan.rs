@@ -289,14 +289,12 @@ async fn apply(
     write_updates(run, &keys, change).await
 }
 
-#[allow(clippy::too_many_arguments)] // the fields of Request::Scan
+/// Serve `Request::Scan` over the tablet it names: (table, start hash, end
+/// hash, map version).
 pub async fn handle(
     state: &ShardState,
     id: u64,
-    table: u64,
-    start_hash: u64,
-    end_hash: u64,
-    map_version: u64,
+    (table, start_hash, end_hash, map_version): (u64, u64, u64, u64),
     plan: ScanPlan,
     (op_id, budget_ms, snapshot_ts): (u64, u32, u64),
     out: &mut BytesMut,
