@@ -200,21 +200,33 @@ pub(crate) async fn run_detector(
                     }
                     // Gone for certain: declared now, not at the next tick.
                     if w.refused {
-                        let why = format!("its address {addr} refuses connections");
-                        declare(&coordinator, &mut watched, vec![id], &why).await;
+                        declare(&coordinator, &mut watched, vec![id], &refused_reason(&addr)).await;
                     }
                 }
                 Err(e) => error!("a ping task failed: {e}"),
             },
             _ = tick.tick() => {
                 let dead = round(&coordinator, &timing, &conns, &mut watched, &mut pings);
-                if !dead.is_empty() {
+                // A refused server here is one whose declaration failed to
+                // commit when its refusal came: retried with its own reason.
+                let (refused, silent): (Vec<u64>, Vec<u64>) =
+                    dead.into_iter().partition(|id| watched.get(id).is_some_and(|w| w.refused));
+                for id in refused {
+                    let why = watched.get(&id).map(|w| refused_reason(&w.addr)).unwrap_or_default();
+                    declare(&coordinator, &mut watched, vec![id], &why).await;
+                }
+                if !silent.is_empty() {
                     let why = format!("no reply to pings for {:?}", timing.failure_timeout);
-                    declare(&coordinator, &mut watched, dead, &why).await;
+                    declare(&coordinator, &mut watched, silent, &why).await;
                 }
             }
         }
     }
+}
+
+/// Why a server that refuses connections is dead (the text its record keeps).
+fn refused_reason(addr: &str) -> String {
+    format!("its address {addr} refuses connections")
 }
 
 /// Declare `dead` dead and stop watching them.
