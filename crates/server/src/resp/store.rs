@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 use insitu_client::{ClientError, Selection, ShardStats, TableInfo};
-use insitu_engine::{EngineError, RejectRules as EngineRules};
+use insitu_engine::{Engine, EngineError, RejectRules as EngineRules};
 use insitu_protocol::{RejectRules, Status};
 use insitu_resp::{ClusterNode, Cond, ExpiringKeys, ScanPage, Store, StoreError, Versioned};
 
@@ -40,6 +40,27 @@ fn wire_rules(cond: Cond) -> RejectRules {
 
 fn engine_rules(cond: Cond) -> EngineRules {
     crate::handler::rules(&wire_rules(cond))
+}
+
+/// Refuse a bad key or value of a multi-key write before any is written: a
+/// refusal half-way would leave the command half applied. (Running out of
+/// memory half-way still can; the error says so.)
+fn refuse_bad_pairs(engine: &Engine, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
+    let max = engine.config().max_value_bytes;
+    if let Some((_, v)) = pairs.iter().find(|(_, v)| v.len() > max) {
+        return Err(err(EngineError::ValueTooLarge { len: v.len(), max }));
+    }
+    if let Some((k, _)) = pairs
+        .iter()
+        .find(|(k, _)| k.is_empty() || k.len() > insitu_engine::MAX_KEY_BYTES)
+    {
+        return Err(err(format!(
+            "key of {} bytes: keys must be 1 to {} bytes",
+            k.len(),
+            insitu_engine::MAX_KEY_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// A refusal by a condition (nothing changed) rather than a failure.
@@ -301,23 +322,7 @@ impl Store for ShardStore<'_> {
         if self.all_local(table, pairs.iter().map(|(k, _)| &k[..])) {
             // All here: one synchronous step, so no reader sees half of it.
             let mut engine = self.state.engine.borrow_mut();
-            // Refuse a bad key or value before writing any: a refusal half-way
-            // would leave the command half applied. (Running out of memory
-            // half-way still can; the error says so.)
-            let max = engine.config().max_value_bytes;
-            if let Some((_, v)) = pairs.iter().find(|(_, v)| v.len() > max) {
-                return Err(err(EngineError::ValueTooLarge { len: v.len(), max }));
-            }
-            if let Some((k, _)) = pairs
-                .iter()
-                .find(|(k, _)| k.is_empty() || k.len() > insitu_engine::MAX_KEY_BYTES)
-            {
-                return Err(err(format!(
-                    "key of {} bytes: keys must be 1 to {} bytes",
-                    k.len(),
-                    insitu_engine::MAX_KEY_BYTES
-                )));
-            }
+            refuse_bad_pairs(&engine, pairs)?;
             for (k, v) in pairs {
                 engine
                     .write(table, k, v, &EngineRules::default())
@@ -345,6 +350,7 @@ impl Store for ShardStore<'_> {
             if pairs.iter().any(|(k, _)| engine.read(table, k).is_ok()) {
                 return Ok(false);
             }
+            refuse_bad_pairs(&engine, pairs)?;
             for (k, v) in pairs {
                 engine
                     .write(table, k, v, &EngineRules::default())

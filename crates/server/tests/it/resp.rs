@@ -227,6 +227,23 @@ async fn bad_input_closes_only_its_connection() {
     .unwrap();
 }
 
+/// `MSETNX` with a key insitu refuses (over 64 KiB) writes none of its keys:
+/// sent to each server, so one of them holds every key (one hash tag) and
+/// takes its local path, the other forwards them as a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msetnx_with_a_bad_key_writes_none() {
+    let c = cluster(|_| {}).await;
+    for addr in [c.resp(), c.resp_of_second()] {
+        let long = format!("{{t}}{}", "x".repeat(insitu_engine::MAX_KEY_BYTES));
+        let lines = [format!("MSETNX {{t}}a 1 {long} 2"), "EXISTS {t}a".into()];
+        let replies = tokio::task::spawn_blocking(move || pipeline(addr, &lines))
+            .await
+            .unwrap();
+        assert!(replies[0].starts_with("-ERR"), "{}", replies[0]);
+        assert_eq!(replies[1], ":0\r\n", "{addr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_takes_the_cluster_token() {
     let client_token = insitu_auth::Token::parse(b"client-secret-0123456789", "test").unwrap();
