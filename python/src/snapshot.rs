@@ -6,9 +6,9 @@ use insitu_client::{BlockingClient, BlockingSnapshot, MAX_SNAPSHOT_RETRIES};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::convert::{AggField, AggregateArgs, as_bytes, collect, key_slices, selection};
+use crate::convert::{AggField, AggregateArgs, selection};
 use crate::errors::{Unavailable, to_py};
-use crate::table::Table;
+use crate::table::{Table, call_with_key, call_with_keys};
 
 /// A read-only view of the whole store at one instant (`Client.snapshot()`,
 /// or the argument of the function `Client.read_only` runs).
@@ -59,11 +59,8 @@ impl Snapshot {
         table: PyRef<'py, Table>,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let k = as_bytes(key, "key")?;
         let id = table.id;
-        let v = py
-            .detach(|| self.inner.read(id, k))
-            .map_err(|e| to_py(py, e))?;
+        let v = call_with_key(py, key, |k| self.inner.read(id, k))?;
         Ok(v.map(|v| PyBytes::new(py, &v)))
     }
 
@@ -75,12 +72,8 @@ impl Snapshot {
         table: PyRef<'py, Table>,
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let objs = collect(keys)?;
-        let slices = key_slices(&objs)?;
         let id = table.id;
-        let items = py
-            .detach(|| self.inner.multi_read(id, &slices))
-            .map_err(|e| to_py(py, e))?;
+        let items = call_with_keys(py, keys, |slices| self.inner.multi_read(id, slices))?;
         crate::table::values_list(py, items)
     }
 

@@ -57,6 +57,28 @@ pub(crate) fn values_list<'py>(
     )
 }
 
+/// `call` on the bytes of `key` (bytes or str) with the GIL released, its
+/// error raised: the start of every single-key call of `Table` and `Snapshot`.
+pub(crate) fn call_with_key<T: Send>(
+    py: Python<'_>,
+    key: &Bound<'_, PyAny>,
+    call: impl Send + FnOnce(&[u8]) -> Result<T, ClientError>,
+) -> PyResult<T> {
+    let k = as_bytes(key, "key")?;
+    py.detach(|| call(k)).map_err(|e| to_py(py, e))
+}
+
+/// `call_with_key` for the keys of `keys` (any iterable), as `get_many`s take them.
+pub(crate) fn call_with_keys<T: Send>(
+    py: Python<'_>,
+    keys: &Bound<'_, PyAny>,
+    call: impl Send + FnOnce(&[&[u8]]) -> Result<T, ClientError>,
+) -> PyResult<T> {
+    let objs = collect(keys)?;
+    let slices = key_slices(&objs)?;
+    py.detach(|| call(&slices)).map_err(|e| to_py(py, e))
+}
+
 #[pymethods]
 impl Table {
     /// The table's name.
@@ -121,10 +143,7 @@ impl Table {
     /// The deadline of `key` as Unix seconds, or None if it has none or does
     /// not exist.
     fn expires_at(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
-        let k = as_bytes(key, "key")?;
-        let found = py
-            .detach(|| self.client.read_expiring(self.id, k))
-            .map_err(|e| to_py(py, e))?;
+        let found = call_with_key(py, key, |k| self.client.read_expiring(self.id, k))?;
         Ok(found
             .map(|(_, _, ms)| ms)
             .filter(|&ms| ms != 0)
@@ -137,19 +156,13 @@ impl Table {
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let k = as_bytes(key, "key")?;
-        let found = py
-            .detach(|| self.client.read(self.id, k))
-            .map_err(|e| to_py(py, e))?;
+        let found = call_with_key(py, key, |k| self.client.read(self.id, k))?;
         Ok(found.map(|(v, _)| PyBytes::new(py, &v)))
     }
 
     /// Remove `key`; returns whether it existed.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let k = as_bytes(key, "key")?;
-        let removed = py
-            .detach(|| self.client.remove(self.id, k))
-            .map_err(|e| to_py(py, e))?;
+        let removed = call_with_key(py, key, |k| self.client.remove(self.id, k))?;
         Ok(removed.is_some())
     }
 
@@ -160,11 +173,7 @@ impl Table {
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let objs = collect(keys)?;
-        let slices = key_slices(&objs)?;
-        let found = py
-            .detach(|| self.client.multi_read(self.id, &slices))
-            .map_err(|e| to_py(py, e))?;
+        let found = call_with_keys(py, keys, |slices| self.client.multi_read(self.id, slices))?;
         values_list(py, found)
     }
 

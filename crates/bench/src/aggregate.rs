@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use insitu_protocol::plan::{Field, Source, int_key};
 use serde_json::json;
 
-use crate::pushdown_cluster::{LocalCluster, parse_list, python, write_json};
+use crate::pushdown_cluster::{LocalCluster, parse_list, python};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -409,7 +409,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             l.reads_during_scans
         );
     }
-    if let Some(path) = &args.json {
+    crate::json_report::write_if_asked(args.json.as_deref(), || {
         let rows_json: Vec<_> = rows
             .iter()
             .map(|r| {
@@ -442,14 +442,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 "during_scan_max_us": l.scan_max_us, "reads": l.reads_during_scans, "scans": l.scans})
             })
             .collect();
-        write_json(
-            path,
-            &json!({"rows": rows_json, "duckdb": duck_json, "skipped": skipped,
-                    "read_latency_during_scan": lat_json,
-                    "client_cap": args.client_cap}),
-        )?;
-    }
-    Ok(())
+        json!({"rows": rows_json, "duckdb": duck_json, "skipped": skipped,
+                "read_latency_during_scan": lat_json,
+                "client_cap": args.client_cap})
+    })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use insitu_client::Selection;
 use insitu_protocol::plan::{Op, Partial, ScanPlan, int_key};
 use serde_json::json;
 
-use crate::pushdown_cluster::{LocalCluster, parse_list, write_json};
+use crate::pushdown_cluster::{LocalCluster, parse_list};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -107,13 +107,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         rows.push(row);
     }
     println!("(the seed: 235 ns per 1 KB object, and a 350 ms floor for 32 M hash buckets)");
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &json!({"rows": rows, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)}),
-        )?;
-    }
-    Ok(())
+    crate::json_report::write_if_asked(
+        args.json.as_deref(),
+        || json!({"rows": rows, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)}),
+    )
 }
 
 #[cfg(test)]

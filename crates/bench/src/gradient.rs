@@ -17,7 +17,7 @@ use insitu_compute::gradient_flat;
 use insitu_protocol::plan::{GradPartial, PointLayout, int_key};
 use serde_json::json;
 
-use crate::pushdown_cluster::{LocalCluster, python, write_json};
+use crate::pushdown_cluster::{LocalCluster, python};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -199,20 +199,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     println!(
         "fraction_of_flat {fraction:.3}   max_rel_error {err:.2e}   (the seed: 1014 ns/point)"
     );
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &json!({
-                "points": n, "dims": dims,
-                "ns_per_point": best,
-                "flat_ns_per_point": flat_best,
-                "fraction_of_flat": fraction,
-                "max_rel_error": err,
-                "numpy_ns_per_point": numpy,
-            }),
-        )?;
-    }
-    Ok(())
+    crate::json_report::write_if_asked(args.json.as_deref(), || {
+        json!({
+            "points": n, "dims": dims,
+            "ns_per_point": best,
+            "flat_ns_per_point": flat_best,
+            "fraction_of_flat": fraction,
+            "max_rel_error": err,
+            "numpy_ns_per_point": numpy,
+        })
+    })
 }
 
 #[cfg(test)]

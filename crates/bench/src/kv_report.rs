@@ -173,8 +173,9 @@ pub(crate) fn ratios(
     let mut put = |k: &str, v: Value| {
         ratios.insert(k.to_string(), v);
     };
-    // insitu's multiRead of n keys over its single reads, in objects per second.
     for n in [100, 10] {
+        // insitu's multiRead of n keys over its single reads, and over
+        // Redis's MGET of n keys, in objects per second.
         put(
             &format!("multiread_{n}_vs_single"),
             ratio(
@@ -182,37 +183,46 @@ pub(crate) fn ratios(
                 get("insitu", Mix::Read, 16, 1, objs),
             ),
         );
+        put(
+            &format!("multiread_{n}_vs_mget_{n}"),
+            vs_redis(Mix::MultiRead(n), 16, 1, objs),
+        );
     }
     put("memory_per_object_vs_redis", mem_ratio);
     put("overhead_per_object_vs_redis", overhead_ratio);
     // Server CPU per operation (schedstat of every store thread): what each
     // request costs the store itself, independent of the load generator.
     let cpu = |r: &Row| r.server_cpu_us_per_op;
-    let mixed = Mix::Mixed { write_pct: 5 };
-    // Named ratios of insitu over Redis: (name, mix, connections, depth, figure).
+    // Reads and writes at 16 and 64 connections, one request in flight:
+    // `{op}_{figure}_vs_redis` and `{op}_{figure}_vs_redis_c64`, that is
+    // `read_throughput_vs_redis`, `write_throughput_vs_redis`,
+    // `read_p99_vs_redis`, `write_p99_vs_redis`,
+    // `read_server_cpu_per_op_vs_redis`, `write_server_cpu_per_op_vs_redis`,
+    // and each of them again with `_c64`.
+    let figures: [(&str, fn(&Row) -> f64); 3] = [
+        ("throughput", ops),
+        ("p99", p99),
+        ("server_cpu_per_op", cpu),
+    ];
+    for (mix, op) in [(Mix::Read, "read"), (Mix::Write, "write")] {
+        for (conns, suffix) in [(16, ""), (64, "_c64")] {
+            for (figure_name, figure) in figures {
+                put(
+                    &format!("{op}_{figure_name}_vs_redis{suffix}"),
+                    vs_redis(mix, conns, 1, figure),
+                );
+            }
+        }
+    }
+    // The other named ratios of insitu over Redis: (name, mix, connections, depth, figure).
     #[rustfmt::skip]
-    let named: [(&str, Mix, usize, usize, fn(&Row) -> f64); 19] = [
-        ("read_throughput_vs_redis", Mix::Read, 16, 1, ops),
-        ("write_throughput_vs_redis", Mix::Write, 16, 1, ops),
-        ("read_p99_vs_redis", Mix::Read, 16, 1, p99),
-        ("multiread_100_vs_mget_100", Mix::MultiRead(100), 16, 1, objs),
-        // The rest of the grid, for the targets at 64 connections and the picture.
-        ("read_throughput_vs_redis_c64", Mix::Read, 64, 1, ops),
-        ("write_throughput_vs_redis_c64", Mix::Write, 64, 1, ops),
-        ("read_p99_vs_redis_c64", Mix::Read, 64, 1, p99),
-        ("write_p99_vs_redis", Mix::Write, 16, 1, p99),
-        ("write_p99_vs_redis_c64", Mix::Write, 64, 1, p99),
+    let named: [(&str, Mix, usize, usize, fn(&Row) -> f64); 5] = [
         // Pipelined writes: where an inline cleaning pass stalled every queued request.
         ("write_p99_vs_redis_c16_d16", Mix::Write, 16, 16, p99),
         ("write_p99_vs_redis_c64_d16", Mix::Write, 64, 16, p99),
-        ("mix_throughput_vs_redis", mixed, 16, 1, ops),
-        ("read_server_cpu_per_op_vs_redis", Mix::Read, 16, 1, cpu),
-        ("write_server_cpu_per_op_vs_redis", Mix::Write, 16, 1, cpu),
-        ("read_server_cpu_per_op_vs_redis_c64", Mix::Read, 64, 1, cpu),
-        ("write_server_cpu_per_op_vs_redis_c64", Mix::Write, 64, 1, cpu),
+        ("mix_throughput_vs_redis", Mix::Mixed { write_pct: 5 }, 16, 1, ops),
         ("read_d16_server_cpu_per_op_vs_redis", Mix::Read, 16, 16, cpu),
         ("write_d16_server_cpu_per_op_vs_redis", Mix::Write, 16, 16, cpu),
-        ("multiread_10_vs_mget_10", Mix::MultiRead(10), 16, 1, objs),
     ];
     for (name, mix, conns, depth, figure) in named {
         put(name, vs_redis(mix, conns, depth, figure));

@@ -10,6 +10,7 @@ pub mod engine;
 mod engine_stall;
 pub mod gradient;
 pub mod interference;
+mod json_report;
 pub mod kv;
 mod kv_durable;
 pub mod kv_plot;

@@ -10,7 +10,15 @@ use crate::ClusterArg;
 use crate::auth::{RoleAuthArgs, no_auth_warning};
 use crate::tls::RoleTlsArgs;
 
+/// `up`'s `--resp-port` help: the shared one, plus how several servers split the ports.
+const UP_RESP_PORT_HELP: &str = "Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli, \
+    redis-benchmark and Redis client libraries work against it, and every key is served \
+    whichever server holds it. With several servers, the first listens on PORT and each other \
+    on a free port of its own (printed), which Redis Cluster clients (redis-cli -c, \
+    redis-benchmark --cluster) learn from any port and use directly";
+
 #[derive(clap::Args)]
+#[command(mut_arg("resp_port", |a| a.help(UP_RESP_PORT_HELP)))]
 pub struct UpArgs {
     /// Storage servers to run.
     #[arg(long, default_value_t = 2)]
@@ -46,19 +54,8 @@ pub struct UpArgs {
     /// (`/`, for a browser) over HTTP on this port of 127.0.0.1.
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
-    /// Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli,
-    /// redis-benchmark and Redis client libraries work against it, and every
-    /// key is served whichever server holds it. With several servers, the
-    /// first listens on PORT and each other on a free port of its own
-    /// (printed), which Redis Cluster clients (redis-cli -c,
-    /// redis-benchmark --cluster) learn from any port and use directly.
-    #[arg(long, value_name = "PORT")]
-    resp_port: Option<u16>,
-    /// The table that holds Redis database 0 (database N is TABLE.dbN),
-    /// created on first use; insitu's own commands (count, agg, ...)
-    /// read the same objects.
-    #[arg(long, value_name = "TABLE", default_value = "redis")]
-    resp_table: String,
+    #[command(flatten)]
+    resp: RespArgs,
 }
 
 #[derive(clap::Args)]
@@ -80,9 +77,7 @@ pub struct CoordinatorArgs {
     #[arg(long, default_value_t = 500, value_name = "MS")]
     failure_timeout_ms: u64,
     #[command(flatten)]
-    auth: RoleAuthArgs,
-    #[command(flatten)]
-    tls: RoleTlsArgs,
+    security: RoleSecurityArgs,
     /// Serve Prometheus metrics (`/metrics`) and the cluster's status page
     /// (`/`) over HTTP on this port of --host.
     #[arg(long, value_name = "PORT")]
@@ -144,13 +139,40 @@ pub struct ServerArgs {
     #[arg(long)]
     backup_port: Option<u16>,
     #[command(flatten)]
-    auth: RoleAuthArgs,
-    #[command(flatten)]
-    tls: RoleTlsArgs,
+    security: RoleSecurityArgs,
     /// Serve this server's Prometheus metrics (`/metrics`) over HTTP on this
     /// port of --host.
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
+    #[command(flatten)]
+    resp: RespArgs,
+}
+
+/// The credentials and TLS of a standalone role (`coordinator`, `server`):
+/// one flag set, so both check credentials and dial each other alike.
+#[derive(clap::Args)]
+struct RoleSecurityArgs {
+    #[command(flatten)]
+    auth: RoleAuthArgs,
+    #[command(flatten)]
+    tls: RoleTlsArgs,
+}
+
+impl RoleSecurityArgs {
+    /// The gate (with the TLS it dials peers with) and the TLS it serves.
+    fn resolve(
+        &self,
+        cluster: &ClusterArg,
+    ) -> anyhow::Result<(insitu_auth::Gate, Option<insitu_tls::ServerTls>)> {
+        let gate = crate::auth::role_gate(&self.auth, cluster)?;
+        let (serve, dial) = crate::tls::role_tls(&self.tls, cluster)?;
+        Ok((gate.with_dial_tls(dial), serve))
+    }
+}
+
+/// The Redis protocol flags of the roles that run servers (`up`, `server`).
+#[derive(clap::Args)]
+struct RespArgs {
     /// Serve the Redis protocol (RESP2/RESP3) on this port: redis-cli,
     /// redis-benchmark and Redis client libraries work against it, and every
     /// key is served whichever server holds it.
@@ -161,6 +183,19 @@ pub struct ServerArgs {
     /// read the same objects.
     #[arg(long, value_name = "TABLE", default_value = "redis")]
     resp_table: String,
+}
+
+impl RespArgs {
+    /// A server's RESP settings, if `--resp-port` was given: listening on
+    /// the port `port_for` makes of it (`up` gives all but its first server
+    /// a free one).
+    fn settings(&self, port_for: impl FnOnce(u16) -> u16) -> Option<insitu_server::RespSettings> {
+        self.resp_port.map(|port| insitu_server::RespSettings {
+            port: port_for(port),
+            table: self.resp_table.clone(),
+            join: false,
+        })
+    }
 }
 
 /// `--sync`: see `ServerArgs::sync`.
@@ -233,19 +268,6 @@ async fn start_metrics(
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(insitu_telemetry::http::serve(listener, page));
     Ok(Some(url))
-}
-
-/// The gate (with the TLS it dials peers with) and the TLS it serves, from
-/// a standalone role's --auth and --tls flags: shared so `coordinator` and
-/// `server` check credentials and dial each other the same way.
-fn role_security(
-    auth: &RoleAuthArgs,
-    tls: &RoleTlsArgs,
-    cluster: &ClusterArg,
-) -> anyhow::Result<(insitu_auth::Gate, Option<insitu_tls::ServerTls>)> {
-    let gate = crate::auth::role_gate(auth, cluster)?;
-    let (serve, dial) = crate::tls::role_tls(tls, cluster)?;
-    Ok((gate.with_dial_tls(dial), serve))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -354,11 +376,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             // client can be sent to the server holding a key; every port
             // still serves every key. The first is the port asked for, the
             // others free ones (PORT + 1 ... might be taken).
-            config.resp = args.resp_port.map(|port| insitu_server::RespSettings {
-                port: if i == 0 { port } else { 0 },
-                table: args.resp_table.clone(),
-                join: false,
-            });
+            config.resp = args.resp.settings(|port| if i == 0 { port } else { 0 });
             servers.push(insitu_server::start(config).await.with_context(|| format!("starting server {i}"))?);
         }
         let shards: usize = servers.iter().map(|s| s.shard_addrs.len()).sum();
@@ -387,7 +405,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         say(format_args!("  try: insitu --cluster {addr}{flags} table create demo --tablets 4   (or export {exports})"));
         if let Some(resp) = servers.first().and_then(|s| s.resp_addr) {
             let tls_files = tls.as_ref().map(|(_, files)| files);
-            say(format_args!("  Redis protocol on {resp} (table {}): {}", args.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files)));
+            say(format_args!("  Redis protocol on {resp} (table {}): {}", args.resp.resp_table, redis_cli_line(resp.port(), token_file.as_deref(), tls_files)));
             let others: Vec<String> = servers.iter().skip(1).filter_map(|s| s.resp_addr).map(|a| a.port().to_string()).collect();
             if !others.is_empty() {
                 say(format_args!("  (every server has its own Redis port, each serving every key: {} too; cluster clients learn them)", others.join(", ")));
@@ -407,7 +425,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
 }
 
 pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let (gate, tls) = role_security(&args.auth, &args.tls, cluster)?;
+    let (gate, tls) = args.security.resolve(cluster)?;
     runtime()?.block_on(async move {
         // Caught from here on, before any ready line is printed.
         let stop = StopSignals::new()?;
@@ -442,7 +460,7 @@ pub fn coordinator(args: CoordinatorArgs, cluster: &ClusterArg) -> anyhow::Resul
 }
 
 pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    let (gate, tls) = role_security(&args.auth, &args.tls, cluster)?;
+    let (gate, tls) = args.security.resolve(cluster)?;
     runtime()?.block_on(async move {
         // Caught from here on, before any ready line is printed.
         let stop = StopSignals::new()?;
@@ -458,11 +476,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         config.advertise = args.advertise.clone();
         config.gate = gate;
         config.tls = tls;
-        config.resp = args.resp_port.map(|port| insitu_server::RespSettings {
-            port,
-            table: args.resp_table.clone(),
-            join: false,
-        });
+        config.resp = args.resp.settings(|port| port);
         apply_backup_flags(&mut config, &args)?;
         let metrics_url = start_metrics(&args.host, args.metrics_port, None).await?;
         let handle = insitu_server::start(config).await?;
@@ -479,7 +493,7 @@ pub fn server(args: ServerArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         if let Some(resp) = handle.resp_addr {
             say(format_args!(
                 "Redis protocol on {resp} (table {})",
-                args.resp_table
+                args.resp.resp_table
             ));
         }
         stop.wait().await;

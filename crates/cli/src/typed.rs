@@ -83,29 +83,6 @@ fn bar(len: u64, unit: &str) -> ProgressBar {
     bar
 }
 
-/// Send one batch of rows; any refused row fails the load, naming it.
-async fn flush(
-    client: &Client,
-    table: u64,
-    rows: &mut Vec<Vec<Scalar>>,
-    first: u64,
-) -> anyhow::Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let results = client
-        .put_rows(table, rows)
-        .await
-        .with_context(|| format!("writing the rows from input row {first}"))?;
-    for (i, r) in results.into_iter().enumerate() {
-        if let Err(e) = r {
-            bail!("input row {}: {e}", first + i as u64);
-        }
-    }
-    rows.clear();
-    Ok(())
-}
-
 /// `insitu load TABLE FILE` on a typed table: CSV with a header line naming
 /// the columns (in any order; a missing nullable column is NULL), or
 /// Parquet (`.parquet`), its columns matched by name.
@@ -119,10 +96,19 @@ pub async fn load(
     let started = Instant::now();
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut load = Load {
+        client,
+        table,
+        schema,
+        path,
+        batch,
+        pending: Vec::with_capacity(batch),
+        first: 1,
+    };
     let loaded = if path.extension().and_then(|e| e.to_str()) == Some("parquet") {
-        load_parquet(client, table, schema, file, path, batch).await?
+        load.parquet(file).await?
     } else {
-        load_csv(client, table, schema, file, path, batch).await?
+        load.csv(file).await?
     };
     let secs = started.elapsed().as_secs_f64();
     crate::outln!(
@@ -132,82 +118,101 @@ pub async fn load(
     Ok(())
 }
 
-/// `load` of CSV from `file`, opened from `path` (named in errors).
-async fn load_csv(
-    client: &Client,
+/// A `load` in progress, whichever the file's format: where its rows go, the
+/// file they come from (named in errors), and the batch not yet sent.
+struct Load<'a> {
+    client: &'a Client,
     table: u64,
-    schema: &Schema,
-    file: std::fs::File,
-    path: &Path,
+    schema: &'a Schema,
+    path: &'a Path,
+    /// Rows per write.
     batch: usize,
-) -> anyhow::Result<u64> {
-    let total = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(file);
-    let names: Vec<String> = reader
-        .headers()
-        .with_context(|| format!("reading the header line of {}", path.display()))?
-        .iter()
-        .map(|s| s.trim().to_string())
-        .collect();
-    let map = ColumnMap::new(schema, &names)?;
-    let progress = bar(total, "bytes");
-    let mut pending = Vec::with_capacity(batch);
-    let mut first = 1u64;
-    let mut n = 0u64;
-    for record in reader.records() {
-        let record = record.with_context(|| format!("{} row {}", path.display(), n + 1))?;
-        n += 1;
-        let fields: Vec<&str> = map
-            .sources()
-            .iter()
-            .map(|at| at.and_then(|i| record.get(i)).unwrap_or(""))
-            .collect();
-        pending.push(
-            row_from_fields(schema, &fields)
-                .with_context(|| format!("{} row {n}", path.display()))?,
-        );
-        if pending.len() >= batch {
-            flush(client, table, &mut pending, first).await?;
-            first = n + 1;
-            progress.set_position(record.position().map(|p| p.byte()).unwrap_or(0));
-        }
-    }
-    flush(client, table, &mut pending, first).await?;
-    progress.finish_and_clear();
-    Ok(n)
+    /// Rows read and not yet written.
+    pending: Vec<Vec<Scalar>>,
+    /// The input row number (1-based) of `pending[0]`, for errors.
+    first: u64,
 }
 
-/// `load` of Parquet from `file`, opened from `path` (named in errors).
-async fn load_parquet(
-    client: &Client,
-    table: u64,
-    schema: &Schema,
-    file: std::fs::File,
-    path: &Path,
-    batch: usize,
-) -> anyhow::Result<u64> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .with_context(|| format!("{} is not a Parquet file", path.display()))?;
-    let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
-    let map = ColumnMap::of_arrow(schema, builder.schema())?;
-    let reader = builder.with_batch_size(batch).build()?;
-    let progress = bar(rows_total, "rows");
-    let mut pending = Vec::with_capacity(batch);
-    let mut n = 0u64;
-    let mut first = 1u64;
-    for b in reader {
-        let b = b.with_context(|| format!("reading {}", path.display()))?;
-        pending.extend(map.batch_rows(&b, n + 1)?);
-        n += b.num_rows() as u64;
-        flush(client, table, &mut pending, first).await?;
-        first = n + 1;
-        progress.set_position(n);
+impl Load<'_> {
+    /// Send the pending rows; any refused row fails the load, naming it. The
+    /// next batch starts after input row `read` (the rows read so far).
+    async fn flush(&mut self, read: u64) -> anyhow::Result<()> {
+        let first = self.first;
+        if !self.pending.is_empty() {
+            let results = self
+                .client
+                .put_rows(self.table, &self.pending)
+                .await
+                .with_context(|| format!("writing the rows from input row {first}"))?;
+            for (i, r) in results.into_iter().enumerate() {
+                if let Err(e) = r {
+                    bail!("input row {}: {e}", first + i as u64);
+                }
+            }
+            self.pending.clear();
+        }
+        self.first = read + 1;
+        Ok(())
     }
-    progress.finish_and_clear();
-    Ok(n)
+
+    /// `load` of CSV from `file`; returns the rows loaded.
+    async fn csv(&mut self, file: std::fs::File) -> anyhow::Result<u64> {
+        let path = self.path.display();
+        let total = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .from_reader(file);
+        let names: Vec<String> = reader
+            .headers()
+            .with_context(|| format!("reading the header line of {path}"))?
+            .iter()
+            .map(|s| s.trim().to_string())
+            .collect();
+        let map = ColumnMap::new(self.schema, &names)?;
+        let progress = bar(total, "bytes");
+        let mut n = 0u64;
+        for record in reader.records() {
+            let record = record.with_context(|| format!("{path} row {}", n + 1))?;
+            n += 1;
+            let fields: Vec<&str> = map
+                .sources()
+                .iter()
+                .map(|at| at.and_then(|i| record.get(i)).unwrap_or(""))
+                .collect();
+            let row =
+                row_from_fields(self.schema, &fields).with_context(|| format!("{path} row {n}"))?;
+            self.pending.push(row);
+            if self.pending.len() >= self.batch {
+                self.flush(n).await?;
+                progress.set_position(record.position().map(|p| p.byte()).unwrap_or(0));
+            }
+        }
+        self.flush(n).await?;
+        progress.finish_and_clear();
+        Ok(n)
+    }
+
+    /// `load` of Parquet from `file`; returns the rows loaded.
+    async fn parquet(&mut self, file: std::fs::File) -> anyhow::Result<u64> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let path = self.path.display();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .with_context(|| format!("{path} is not a Parquet file"))?;
+        let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+        let map = ColumnMap::of_arrow(self.schema, builder.schema())?;
+        let reader = builder.with_batch_size(self.batch).build()?;
+        let progress = bar(rows_total, "rows");
+        let mut n = 0u64;
+        for b in reader {
+            let b = b.with_context(|| format!("reading {path}"))?;
+            self.pending.extend(map.batch_rows(&b, n + 1)?);
+            n += b.num_rows() as u64;
+            self.flush(n).await?;
+            progress.set_position(n);
+        }
+        progress.finish_and_clear();
+        Ok(n)
+    }
 }
 
 /// The aggregate of `agg FUNC COLUMN` on a typed table.
