@@ -300,8 +300,9 @@ fn authentication() {
         c.run("AUTH alice token"),
         "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
     );
-    assert_eq!(c.run("PING"), "+PONG\r\n");
+    assert_eq!(c.run("PING"), "-NOAUTH Authentication required.\r\n");
     assert_eq!(c.run("AUTH default token"), "+OK\r\n");
+    assert_eq!(c.run("PING"), "+PONG\r\n");
     assert_eq!(c.run("GET k"), "$-1\r\n");
     let mut d = Conn::new();
     d.settings.auth = Some(Box::new(|p: &[u8]| p == b"token"));

@@ -131,3 +131,21 @@ impl Line {
         String::from_utf8_lossy(&read_reply(&mut self.0, &mut self.1)).into_owned()
     }
 }
+
+/// A throwaway `redis-server` on loopback with `extra` flags, to compare
+/// replies with; None (and a SKIPPED line) where none is installed.
+pub fn start_redis(extra: &[&str]) -> Option<(insitu_testkit::Proc, SocketAddr)> {
+    if !insitu_testkit::on_path("redis-server") {
+        eprintln!("SKIPPED: the comparison with Redis (redis-server is not installed)");
+        return None;
+    }
+    let port = insitu_testkit::free_port().unwrap();
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(insitu_testkit::redis_server_args(port))
+        .args(extra);
+    let (proc, _) = insitu_testkit::Proc::spawn(cmd, "redis-server", |l| {
+        l.contains("Ready to accept connections")
+    })
+    .unwrap();
+    Some((proc, SocketAddr::from(([127, 0, 0, 1], port))))
+}

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::resp::{Line, cluster, pipeline, read_reply, with_resp};
+use common::resp::{Line, cluster, pipeline, read_reply, start_redis, with_resp};
 use insitu_client::{Client, Selection};
 use insitu_server::ServerConfig;
 
@@ -264,28 +264,37 @@ async fn auth_takes_the_cluster_token() {
         dir,
     };
     let addr = node.server.resp_addr.unwrap();
-    let replies = tokio::task::spawn_blocking(move || {
-        pipeline(
-            addr,
-            &[
-                "GET k",
-                "AUTH wrong",
-                "AUTH default client-secret-0123456789",
-                "SET k v",
-                "GET k",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    const SCRIPT: &[&str] = &[
+        "GET k",
+        "PING",
+        "AUTH wrong",
+        "AUTH default client-secret-0123456789",
+        "PING",
+        "SET k v",
+        "GET k",
+    ];
+    let replies = tokio::task::spawn_blocking(move || pipeline(addr, SCRIPT))
+        .await
+        .unwrap();
     assert_eq!(replies[0], "-NOAUTH Authentication required.\r\n");
+    assert_eq!(replies[1], "-NOAUTH Authentication required.\r\n");
     assert_eq!(
-        replies[1],
+        replies[2],
         "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
     );
-    assert_eq!(replies[2], "+OK\r\n");
     assert_eq!(replies[3], "+OK\r\n");
-    assert_eq!(replies[4], "$1\r\nv\r\n");
+    assert_eq!(replies[4], "+PONG\r\n");
+    assert_eq!(replies[5], "+OK\r\n");
+    assert_eq!(replies[6], "$1\r\nv\r\n");
+    // The same replies as Redis with that password.
+    let Some((_redis, redis_addr)) = start_redis(&["--requirepass", "client-secret-0123456789"])
+    else {
+        return;
+    };
+    let theirs = tokio::task::spawn_blocking(move || pipeline(redis_addr, SCRIPT))
+        .await
+        .unwrap();
+    assert_eq!(replies, theirs);
 }
 
 /// The RESP port applies the shard's connection limits: a command not

@@ -4,9 +4,7 @@
 
 use crate::common;
 
-use std::net::SocketAddr;
-
-use common::resp::{cluster, pipeline};
+use common::resp::{cluster, pipeline, start_redis};
 
 /// Commands whose replies must equal Redis 7's, byte for byte. (Values
 /// chosen so that Redis's long-double `INCRBYFLOAT` and insitu's f64 print
@@ -174,21 +172,6 @@ const SCRIPT: &[&str] = &[
     "DBSIZE",
 ];
 
-fn start_redis() -> Option<(insitu_testkit::Proc, SocketAddr)> {
-    if !insitu_testkit::on_path("redis-server") {
-        eprintln!("SKIPPED: the comparison with Redis (redis-server is not installed)");
-        return None;
-    }
-    let port = insitu_testkit::free_port().unwrap();
-    let mut cmd = std::process::Command::new("redis-server");
-    cmd.args(insitu_testkit::redis_server_args(port));
-    let (proc, _) = insitu_testkit::Proc::spawn(cmd, "redis-server", |l| {
-        l.contains("Ready to accept connections")
-    })
-    .unwrap();
-    Some((proc, SocketAddr::from(([127, 0, 0, 1], port))))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_match_redis_byte_for_byte() {
     let c = cluster(|_| {}).await;
@@ -199,7 +182,7 @@ async fn replies_match_redis_byte_for_byte() {
     // Replies that are insitu's own, checked here; Redis's are compared below.
     assert_eq!(ours[0], "+PONG\r\n");
     assert_eq!(ours[5], "$1\r\nv\r\n");
-    let Some((_redis, redis_addr)) = start_redis() else {
+    let Some((_redis, redis_addr)) = start_redis(&[]) else {
         return;
     };
     let theirs = tokio::task::spawn_blocking(move || pipeline(redis_addr, SCRIPT))
@@ -312,7 +295,7 @@ async fn info_counts_the_keys_with_a_deadline_as_redis_does() {
     assert_eq!(counts, "keys=2,expires=1");
     assert!((90_000..=100_000).contains(&avg_ttl), "avg_ttl={avg_ttl}");
     assert_eq!(keyspace(&ours_second[0]).0, "keys=2,expires=1");
-    let Some((_redis, redis_addr)) = start_redis() else {
+    let Some((_redis, redis_addr)) = start_redis(&[]) else {
         return;
     };
     let theirs = tokio::task::spawn_blocking(move || pipeline(redis_addr, LINES))
