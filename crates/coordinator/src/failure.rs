@@ -31,7 +31,7 @@
 //!   server never answered in this run (one on record from a previous run,
 //!   being restarted) still gets the full timeout.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,15 @@ impl Watch {
         self.refused
             || (self.failed >= MIN_FAILED_PINGS
                 && now.duration_since(self.last_ok) >= failure_timeout)
+    }
+
+    /// Why it is dead (`is_dead` said so): the text its record keeps.
+    fn death_reason(&self, timing: &Timing) -> String {
+        if self.refused {
+            format!("its address {} refuses connections", self.addr)
+        } else {
+            format!("no reply to pings for {:?}", timing.failure_timeout)
+        }
     }
 
     /// Take one ping's outcome.
@@ -200,33 +209,29 @@ pub(crate) async fn run_detector(
                     }
                     // Gone for certain: declared now, not at the next tick.
                     if w.refused {
-                        declare(&coordinator, &mut watched, vec![id], &refused_reason(&addr)).await;
+                        let why = w.death_reason(&timing);
+                        declare(&coordinator, &mut watched, vec![id], &why).await;
                     }
                 }
                 Err(e) => error!("a ping task failed: {e}"),
             },
             _ = tick.tick() => {
                 let dead = round(&coordinator, &timing, &conns, &mut watched, &mut pings);
-                // A refused server here is one whose declaration failed to
-                // commit when its refusal came: retried with its own reason.
-                let (refused, silent): (Vec<u64>, Vec<u64>) =
-                    dead.into_iter().partition(|id| watched.get(id).is_some_and(|w| w.refused));
-                for id in refused {
-                    let why = watched.get(&id).map(|w| refused_reason(&w.addr)).unwrap_or_default();
-                    declare(&coordinator, &mut watched, vec![id], &why).await;
+                // Declared together where the reason is the same (a refused
+                // one here is one whose declaration failed to commit when
+                // its refusal came: it keeps its own reason).
+                let mut by_reason: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+                for id in dead {
+                    if let Some(w) = watched.get(&id) {
+                        by_reason.entry(w.death_reason(&timing)).or_default().push(id);
+                    }
                 }
-                if !silent.is_empty() {
-                    let why = format!("no reply to pings for {:?}", timing.failure_timeout);
-                    declare(&coordinator, &mut watched, silent, &why).await;
+                for (why, ids) in by_reason {
+                    declare(&coordinator, &mut watched, ids, &why).await;
                 }
             }
         }
     }
-}
-
-/// Why a server that refuses connections is dead (the text its record keeps).
-fn refused_reason(addr: &str) -> String {
-    format!("its address {addr} refuses connections")
 }
 
 /// Declare `dead` dead and stop watching them.
@@ -363,5 +368,17 @@ mod tests {
         // ...but a refused connection after an answer is, long before the timeout.
         w.record(&refused(), start);
         assert!(w.is_dead(start, timeout));
+        // And its record says so, also when it is declared at a tick (its
+        // first declaration failed to commit), not that it fell silent.
+        let timing = Timing {
+            ping_interval: Duration::from_millis(100),
+            failure_timeout: Duration::from_millis(500),
+        };
+        assert_eq!(
+            w.death_reason(&timing),
+            "its address 127.0.0.1:1 refuses connections"
+        );
+        w.refused = false;
+        assert_eq!(w.death_reason(&timing), "no reply to pings for 500ms");
     }
 }
