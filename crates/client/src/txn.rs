@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use insitu_keyhash::key_hash;
-use insitu_protocol::txn::{TxnAnchor, TxnId, TxnItem, TxnWrite};
+use insitu_protocol::txn::{
+    MAX_TXN_ITEMS, MAX_TXN_PARTICIPANTS, TxnAnchor, TxnId, TxnItem, TxnWrite,
+};
 use insitu_protocol::{Request, Response, Status, blob};
 
 use crate::client::{Client, decode};
@@ -265,6 +267,26 @@ impl Transaction {
         }
         let deadline = self.client.deadline();
         let shares = self.shares(deadline).await?;
+        // Said here, before anything is sent or locked, rather than by a
+        // participant's decoder as a malformed prepare.
+        if let Some((addr, share)) = shares.iter().find(|(_, s)| s.items.len() > MAX_TXN_ITEMS) {
+            return Err(ClientError::Status(
+                Status::BadRequest,
+                format!(
+                    "the transaction touches {} keys on one shard ({addr}), more than the limit of {MAX_TXN_ITEMS} per shard; nothing was written",
+                    share.items.len()
+                ),
+            ));
+        }
+        if shares.len() > MAX_TXN_PARTICIPANTS {
+            return Err(ClientError::Status(
+                Status::BadRequest,
+                format!(
+                    "the transaction spans {} shards, more than the limit of {MAX_TXN_PARTICIPANTS}; nothing was written",
+                    shares.len()
+                ),
+            ));
+        }
         let addrs: Vec<String> = shares.keys().cloned().collect();
         let primary = addrs[0].clone();
         let txn: TxnId = fastrand::u64(1..);

@@ -22,8 +22,7 @@
 //! within `stall_timeout`, a silent connection closes after `idle_timeout`,
 //! and at the connection limit the longest-idle one is closed.
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::rc::Rc;
@@ -38,10 +37,10 @@ use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncMode};
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
 use insitu_protocol::{FrameKind, Response, Status, decode_request, encode_error, encode_response};
 use insitu_tls::{ServerTls, Stream};
-use tokio::sync::{Notify, mpsc, oneshot, watch};
-use tokio::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch};
 
 pub use crate::backup_local::LocalBackup;
+use crate::inbox::{IdleList, Inbox, Port};
 use crate::limits::{Closed, ConnLimits, FrameBudget, MAX_FRAME_BYTES};
 
 /// Bytes of partly received big frames the backup port holds at once:
@@ -51,8 +50,6 @@ const FRAME_BUDGET_BYTES: usize = 16 * MAX_FRAME_BYTES;
 /// Bytes of accepted records kept in memory (interval mode) before they are
 /// written out (unsynced) early: bounds a burst between two timer flushes.
 const BUFFER_BUDGET_BYTES: usize = 64 << 20;
-/// Per-connection base buffer: replication batches are often small.
-const BASE_BUFFER_BYTES: usize = 64 * 1024;
 /// Most jobs (connections' batches) in one group: bounds one group's work
 /// so that its replies are not held back behind an unbounded drain.
 const MAX_GROUP_JOBS: usize = 1024;
@@ -167,10 +164,20 @@ struct Shared {
     budget: FrameBudget,
     jobs: mpsc::UnboundedSender<Job>,
     connections: Cell<usize>,
-    /// Idle connections by stamp, oldest first; notifying one closes it.
-    idle: RefCell<BTreeMap<u64, Rc<Notify>>>,
-    /// Next idle stamp (grows, so the first entry is the longest idle).
-    next_stamp: Cell<u64>,
+    /// Idle connections; the connection limit evicts the longest idle.
+    idle: IdleList,
+}
+
+impl Port for Shared {
+    fn limits(&self) -> &ConnLimits {
+        &self.limits
+    }
+    fn frame_budget(&self) -> &FrameBudget {
+        &self.budget
+    }
+    fn idle(&self) -> &IdleList {
+        &self.idle
+    }
 }
 
 fn run(
@@ -197,8 +204,7 @@ fn run(
         budget: FrameBudget::new(FRAME_BUDGET_BYTES),
         jobs: jobs_tx,
         connections: Cell::new(0),
-        idle: RefCell::new(BTreeMap::new()),
-        next_stamp: Cell::new(0),
+        idle: IdleList::default(),
     });
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -240,13 +246,9 @@ async fn accept_loop(
             },
         };
         if shared.connections.get() >= shared.limits.max_connections {
-            let oldest = shared.idle.borrow_mut().pop_first();
-            match oldest {
-                Some((_, evict)) => evict.notify_one(),
-                None => {
-                    tracing::warn!(%peer, "backup service: connection limit reached and none is idle; refusing");
-                    continue;
-                }
+            if !shared.idle.evict_oldest() {
+                tracing::warn!(%peer, "backup service: connection limit reached and none is idle; refusing");
+                continue;
             }
         }
         let _ = stream.set_nodelay(true);
@@ -437,20 +439,16 @@ fn malformed_request(e: impl std::fmt::Display) -> Outcome {
 /// the committer and wait for their replies, then read on.
 async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Closed>> {
     let limits = &shared.limits;
-    let mut rbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
+    let mut inbox = Inbox::new();
     let mut wbuf = BytesMut::new();
-    // Budget held for the big frame being received, if any.
-    let mut charge = None;
-    let mut frame_started: Option<Instant> = None;
-    let mut last_active = Instant::now();
-    let evict = Rc::new(Notify::new());
     // What the connection authenticated as (see `insitu_auth::Gate`).
     let mut session = Session::default();
     loop {
         let mut job = Vec::new();
         let mut need = HEADER_BYTES;
+        let mut consumed = false;
         loop {
-            let (header, body_len) = match check_header(&rbuf, MAX_BODY_BYTES) {
+            let (header, body_len) = match check_header(&inbox.buf, MAX_BODY_BYTES) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -460,13 +458,13 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                     return Ok(None);
                 }
             };
-            if rbuf.len() < HEADER_BYTES + body_len {
+            if inbox.buf.len() < HEADER_BYTES + body_len {
                 need = HEADER_BYTES + body_len;
                 break;
             }
-            let mut body = rbuf.split_to(HEADER_BYTES + body_len);
+            let mut body = inbox.buf.split_to(HEADER_BYTES + body_len);
             body.advance(HEADER_BYTES);
-            frame_started = None;
+            consumed = true;
             let local = if header.kind != FrameKind::Request {
                 Some(Outcome::Refused {
                     status: Status::BadRequest,
@@ -526,69 +524,14 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
             crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
             wbuf = BytesMut::new();
         }
-        if !rbuf.is_empty() && frame_started.is_none() {
-            frame_started = Some(Instant::now());
+        if consumed {
+            inbox.consumed();
         }
-        // Room for the next frame: base buffer, or its exact size from the budget.
-        if need <= BASE_BUFFER_BYTES {
-            charge = None;
-            // Too big (a big frame's buffer), too small for the next frame
-            // (the tail of a split buffer), or full: a fresh base buffer.
-            if rbuf.capacity() > BASE_BUFFER_BYTES
-                || rbuf.capacity() < need
-                || rbuf.capacity() == rbuf.len()
-            {
-                rbuf = crate::inbox::rebuffer(&rbuf, BASE_BUFFER_BYTES);
-            }
-        } else if rbuf.capacity() < need {
-            // Give back the last big frame's share before waiting for this one's.
-            drop(charge.take());
-            let deadline = frame_started.unwrap_or_else(Instant::now) + limits.stall_timeout;
-            match shared.budget.acquire(need, deadline).await {
-                Some(permit) => charge = Some(permit),
-                None => {
-                    crate::conn::no_room(&mut wbuf, "backup", need, limits.stall_timeout);
-                    crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
-                    return Ok(Some(Closed::NoRoom));
-                }
-            }
-            rbuf = crate::inbox::rebuffer(&rbuf, need);
-        }
-        debug_assert!(rbuf.capacity() > rbuf.len());
-        debug_assert!(need <= BASE_BUFFER_BYTES || charge.is_some());
-
-        let idle = rbuf.is_empty();
-        let deadline = match frame_started {
-            None => last_active + limits.idle_timeout,
-            Some(t) => t + limits.stall_timeout,
-        };
-        let stamp = idle.then(|| {
-            let s = shared.next_stamp.get();
-            shared.next_stamp.set(s + 1);
-            shared.idle.borrow_mut().insert(s, evict.clone());
-            s
-        });
-        let read = tokio::select! {
-            r = tokio::io::AsyncReadExt::read_buf(&mut stream, &mut rbuf) => Some(r),
-            _ = tokio::time::sleep_until(deadline) => None,
-            _ = evict.notified(), if idle => return Ok(Some(Closed::Evicted)),
-        };
-        if let Some(s) = stamp {
-            shared.idle.borrow_mut().remove(&s);
-        }
-        match read {
-            None if idle => return Ok(Some(Closed::Idle)),
-            None => {
-                crate::conn::stalled_frame(&mut wbuf, limits.stall_timeout);
-                let _ = crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await;
-                return Ok(Some(Closed::Stalled));
-            }
-            Some(Ok(0)) => return Ok(None),
-            Some(Ok(_)) => {
-                last_active = Instant::now();
-                frame_started.get_or_insert(last_active);
-            }
-            Some(Err(e)) => return Err(e),
+        let wait = inbox.fill(shared, &mut stream, need).await?;
+        if let Some(end) =
+            crate::conn::end_of_wait(wait, &mut stream, &mut wbuf, "backup", need, limits).await?
+        {
+            return Ok(end);
         }
     }
 }

@@ -156,3 +156,21 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     let after = door_call(vec![list]).await;
     assert!(after.is_err(), "a stopped service cannot answer");
 }
+
+/// The backup port bounds its connections as a shard does (the same
+/// `Inbox`): a frame not completed within the stall timeout is answered
+/// why, then closed; a connection that sends nothing is closed at the idle
+/// timeout.
+#[tokio::test]
+async fn the_backup_port_closes_stalled_and_idle_connections() {
+    let mut settings = settings(SyncMode::Interval);
+    settings.limits.stall_timeout = Duration::from_millis(300);
+    settings.limits.idle_timeout = Duration::from_millis(300);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (addr, _installer, thread, _door) = start("127.0.0.1", 0, settings, stop_rx).unwrap();
+    insitu_testkit::raw::check_stalled_and_idle_closed(&addr.to_string(), 300).await;
+    let _ = stop_tx.send(true);
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap();
+}

@@ -26,7 +26,7 @@ use insitu_auth::Session;
 
 use crate::handler;
 use crate::inbox::{Inbox, Wait};
-use crate::limits::Closed;
+use crate::limits::{Closed, ConnLimits};
 use crate::shard::ShardState;
 
 pub use crate::inbox::BASE_BUFFER_BYTES;
@@ -103,21 +103,38 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
         }
         let need = pending.unwrap_or(HEADER_BYTES);
         let wait = inbox.fill(state, &mut stream, need).await?;
-        match wait {
-            Wait::NoRoom => {
-                no_room(&mut wbuf, "server", need, limits.stall_timeout);
-                write(&mut stream, &wbuf, limits.stall_timeout).await?;
-            }
-            Wait::Stalled => {
-                stalled_frame(&mut wbuf, limits.stall_timeout);
-                let _ = write(&mut stream, &wbuf, limits.stall_timeout).await;
-            }
-            _ => {}
-        }
-        if let Some(end) = ended_by(&wait) {
+        if let Some(end) = end_of_wait(wait, &mut stream, &mut wbuf, "server", need, limits).await?
+        {
             return Ok(end);
         }
     }
+}
+
+/// After `Inbox::fill` on a port that speaks frames (a shard's, the backup
+/// port): a wait that ends the connection for lack of room or a stalled
+/// frame is first explained to the peer (`who` names the port). Returns
+/// what `ended_by` says.
+pub(crate) async fn end_of_wait(
+    wait: Wait,
+    stream: &mut Stream,
+    wbuf: &mut BytesMut,
+    who: &str,
+    need: usize,
+    limits: &ConnLimits,
+) -> std::io::Result<Option<Option<Closed>>> {
+    match wait {
+        Wait::NoRoom => {
+            no_room(wbuf, who, need, limits.stall_timeout);
+            write(stream, wbuf, limits.stall_timeout).await?;
+        }
+        Wait::Stalled => {
+            stalled_frame(wbuf, limits.stall_timeout);
+            // The peer may be gone; the connection closes either way.
+            let _ = write(stream, wbuf, limits.stall_timeout).await;
+        }
+        _ => {}
+    }
+    Ok(ended_by(&wait))
 }
 
 /// Whether `wait` (from `Inbox::fill`) ends the connection, and how: None,

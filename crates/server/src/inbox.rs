@@ -1,11 +1,14 @@
 //! A connection's input: the buffer its requests arrive in and the wait for
-//! more bytes, with the limits every port of a shard applies (the native
-//! port, `conn.rs`, and the Redis port, `resp/conn.rs`).
+//! more bytes, with the limits every listener applies (a shard's native
+//! port, `conn.rs`, its Redis port, `resp/conn.rs`, and the backup port,
+//! `backup_service.rs`; each is a `Port`).
 //!
 //! - A base buffer of `BASE_BUFFER_BYTES`; a unit (frame or command) larger
-//!   than that first takes its size from the shard's `FrameBudget`, waiting
+//!   than that first takes its size from the port's `FrameBudget`, waiting
 //!   for room until the unit's stall deadline, and the big buffer is given
-//!   back as soon as the unit is consumed.
+//!   back as soon as the unit is consumed. When a unit's known size grows
+//!   (a Redis command learns its length one argument at a time) the charge
+//!   is taken again for the new size: the budget always covers the buffer.
 //! - A unit not completed within `stall_timeout` of its first byte ends the
 //!   connection (`Wait::Stalled`); so does `idle_timeout` without a byte
 //!   (`Wait::Idle`). An idle connection may be evicted at the connection
@@ -13,6 +16,8 @@
 //!
 //! The caller says why in its own protocol before closing.
 
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use bytes::BytesMut;
@@ -21,7 +26,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::shard::ShardState;
+use crate::limits::{ConnLimits, FrameBudget};
 
 /// Base buffer size (input and output): units up to this need no budget.
 /// Small enough that the connection limit bounds base buffers (4,096 x 2 x
@@ -47,6 +52,51 @@ pub enum Wait {
     NoRoom,
 }
 
+/// What a listener lends its connections' inboxes: a shard (both its ports)
+/// or the backup port.
+pub trait Port {
+    fn limits(&self) -> &ConnLimits;
+    /// Bytes of big units being received, shared by the port's connections.
+    fn frame_budget(&self) -> &FrameBudget;
+    /// The port's idle connections, which the connection limit evicts from.
+    fn idle(&self) -> &IdleList;
+}
+
+/// A port's connections waiting idle, oldest first: the one to close when
+/// the connection limit is reached. Notifying one closes it.
+#[derive(Default)]
+pub struct IdleList {
+    /// By stamp; stamps grow, so the first entry is the longest idle.
+    conns: RefCell<BTreeMap<u64, Rc<Notify>>>,
+    next_stamp: Cell<u64>,
+}
+
+impl IdleList {
+    /// Record a connection as idle; returns its stamp for `unregister`.
+    pub fn register(&self, evict: Rc<Notify>) -> u64 {
+        let stamp = self.next_stamp.get();
+        self.next_stamp.set(stamp + 1);
+        self.conns.borrow_mut().insert(stamp, evict);
+        stamp
+    }
+
+    pub fn unregister(&self, stamp: u64) {
+        self.conns.borrow_mut().remove(&stamp);
+    }
+
+    /// Close the longest-idle connection; false if none is idle.
+    pub fn evict_oldest(&self) -> bool {
+        match self.conns.borrow_mut().pop_first() {
+            Some((_, evict)) => {
+                // Stored as a permit if the connection is not polling right now.
+                evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 pub struct Inbox<'s> {
     /// Bytes received and not yet consumed.
     pub buf: BytesMut,
@@ -60,9 +110,16 @@ pub struct Inbox<'s> {
     evict: Rc<Notify>,
     /// The size of the unit being waited for (for `Wait::NoRoom`'s message).
     pub need: usize,
+    /// None: a unit's size is known whole from its start (a frame header),
+    /// so a big buffer is made exactly that size. Some(most bytes a unit may
+    /// take): the size is learned piece by piece (a Redis command, argument
+    /// by argument), so a big buffer at least doubles what it holds each
+    /// time it grows, up to this.
+    growing: Option<usize>,
 }
 
 impl<'s> Inbox<'s> {
+    /// For units whose whole size the first bytes tell (frames).
     pub fn new() -> Inbox<'s> {
         Inbox {
             buf: BytesMut::with_capacity(BASE_BUFFER_BYTES),
@@ -71,7 +128,30 @@ impl<'s> Inbox<'s> {
             last_active: Instant::now(),
             evict: Rc::new(Notify::new()),
             need: 0,
+            growing: None,
         }
+    }
+
+    /// For units whose size is learned as they arrive, of at most
+    /// `max_unit_bytes`. Why grow by doubling: a buffer made exactly each
+    /// new need would be copied whole at every step (every argument of a
+    /// Redis command, and every byte of an argument's header line, since a
+    /// parser asks for one more byte), quadratic in the command's length,
+    /// and would read one step's bytes per syscall.
+    pub fn growing(max_unit_bytes: usize) -> Inbox<'s> {
+        Inbox {
+            growing: Some(max_unit_bytes),
+            ..Inbox::new()
+        }
+    }
+
+    /// The buffer to make for a unit that needs `need` bytes in all.
+    fn size_for(&self, need: usize) -> usize {
+        let size = match self.growing {
+            None => need,
+            Some(most) => need.max((2 * self.buf.len()).min(most)),
+        };
+        size.max(BASE_BUFFER_BYTES)
     }
 
     /// At least one unit was taken from the buffer: the next one's stall
@@ -81,13 +161,13 @@ impl<'s> Inbox<'s> {
     }
 
     /// Make room for a unit of `need` bytes in all and wait for more bytes.
-    pub async fn fill(
+    pub async fn fill<P: Port>(
         &mut self,
-        state: &'s ShardState,
+        port: &'s P,
         stream: &mut Stream,
         need: usize,
     ) -> std::io::Result<Wait> {
-        let limits = &state.limits;
+        let limits = port.limits();
         self.need = need;
         if need <= BASE_BUFFER_BYTES {
             self.charge = None;
@@ -96,15 +176,21 @@ impl<'s> Inbox<'s> {
             }
         }
         if need > self.buf.capacity() {
-            if need > BASE_BUFFER_BYTES && self.charge.is_none() {
+            let size = self.size_for(need);
+            if size > BASE_BUFFER_BYTES {
+                // The charge covers the buffer about to be made: a smaller
+                // one held for this unit's earlier size is given back first
+                // (it counts as room), then the new size is taken whole.
+                self.charge = None;
                 let deadline = self.started.unwrap_or_else(Instant::now) + limits.stall_timeout;
-                match state.frame_budget.acquire(need, deadline).await {
+                match port.frame_budget().acquire(size, deadline).await {
                     Some(permit) => self.charge = Some(permit),
                     None => return Ok(Wait::NoRoom),
                 }
             }
-            // Exactly the unit's size, so reading never over-allocates.
-            self.buf = rebuffer(&self.buf, need.max(BASE_BUFFER_BYTES));
+            // A frame's exact size, so reading never over-allocates (see
+            // `size_for` for units that grow).
+            self.buf = rebuffer(&self.buf, size);
         } else if self.buf.len() == self.buf.capacity() {
             // A split-off tail with no room left: a fresh base buffer.
             self.buf = rebuffer(&self.buf, BASE_BUFFER_BYTES);
@@ -118,7 +204,7 @@ impl<'s> Inbox<'s> {
             None => self.last_active + limits.idle_timeout,
             Some(t) => t + limits.stall_timeout,
         };
-        let idle_stamp = idle.then(|| state.idle_register(self.evict.clone()));
+        let idle_stamp = idle.then(|| port.idle().register(self.evict.clone()));
         let read = tokio::select! {
             r = stream.read_buf(&mut self.buf) => Some(r),
             _ = tokio::time::sleep_until(deadline) => None,
@@ -126,7 +212,7 @@ impl<'s> Inbox<'s> {
             _ = self.evict.notified(), if idle => return Ok(Wait::Evicted),
         };
         if let Some(stamp) = idle_stamp {
-            state.idle_unregister(stamp);
+            port.idle().unregister(stamp);
         }
         match read {
             None if idle => Ok(Wait::Idle),

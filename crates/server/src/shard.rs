@@ -2,14 +2,14 @@
 //! `Engine` and every connection made to its port.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
 use insitu_engine::{Engine, EngineConfig};
 use insitu_protocol::TabletState;
 use insitu_tls::{ServerTls, Stream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::limits::{ConnLimits, FrameBudget};
 use crate::replicate::ServerReplication;
@@ -113,11 +113,9 @@ pub struct ShardState {
     pub limits: ConnLimits,
     /// Bytes of big frames being received, shared by this shard's connections.
     pub frame_budget: Arc<FrameBudget>,
-    /// Connections waiting idle, oldest first (by stamp): the one to close
-    /// when the connection limit is reached. Notifying it closes it.
-    idle_conns: RefCell<BTreeMap<u64, Rc<Notify>>>,
-    /// Next idle stamp; grows, so the first entry is the longest idle.
-    next_idle_stamp: Cell<u64>,
+    /// Connections waiting idle (both ports): the connection limit evicts
+    /// the longest idle.
+    idle: crate::inbox::IdleList,
     /// Tablets being recovered here (`recover.rs`), so a repeated
     /// `RecoverTablet` does not race the one in progress.
     pub recovering: RefCell<HashSet<(u64, u64)>>,
@@ -136,30 +134,19 @@ pub struct ShardState {
     pub resp_port: u16,
 }
 
+impl crate::inbox::Port for ShardState {
+    fn limits(&self) -> &ConnLimits {
+        &self.limits
+    }
+    fn frame_budget(&self) -> &FrameBudget {
+        &self.frame_budget
+    }
+    fn idle(&self) -> &crate::inbox::IdleList {
+        &self.idle
+    }
+}
+
 impl ShardState {
-    /// Record a connection as idle; returns its stamp for `idle_unregister`.
-    pub fn idle_register(&self, evict: Rc<Notify>) -> u64 {
-        let stamp = self.next_idle_stamp.get();
-        self.next_idle_stamp.set(stamp + 1);
-        self.idle_conns.borrow_mut().insert(stamp, evict);
-        stamp
-    }
-
-    pub fn idle_unregister(&self, stamp: u64) {
-        self.idle_conns.borrow_mut().remove(&stamp);
-    }
-
-    /// Close the longest-idle connection; false if none is idle.
-    fn evict_oldest_idle(&self) -> bool {
-        match self.idle_conns.borrow_mut().pop_first() {
-            Some((_, evict)) => {
-                // Stored as a permit if the connection is not polling right now.
-                evict.notify_one();
-                true
-            }
-            None => false,
-        }
-    }
     pub fn recount_unusual(&self) {
         let tablets = self.tablets.borrow();
         let n = tablets.values().filter(|m| !m.serves_writes()).count();
@@ -231,8 +218,7 @@ pub fn run_shard(
         holds_released: tokio::sync::Notify::new(),
         limits,
         frame_budget,
-        idle_conns: RefCell::new(BTreeMap::new()),
-        next_idle_stamp: Cell::new(0),
+        idle: crate::inbox::IdleList::default(),
         recovering: RefCell::new(HashSet::new()),
         repl: crate::replicate::Replicator::new(replication),
         txns: crate::txn::ShardTxns::default(),
@@ -351,7 +337,7 @@ async fn admit_connection(
         }
     };
     if state.connections.get() >= state.limits.max_connections {
-        if state.evict_oldest_idle() {
+        if state.idle.evict_oldest() {
             tracing::info!(shard = index, %peer, "connection limit reached; closing the longest-idle connection");
         } else {
             tracing::warn!(shard = index, %peer, "connection limit reached and no connection is idle; refusing");

@@ -4,7 +4,9 @@
 //! port).
 //!
 //! Bounded like the native port (`crate::inbox`): a base buffer of 64 KiB,
-//! a bigger command first takes its size from the shard's frame budget, a
+//! a bigger command first takes its size from the shard's frame budget (its
+//! buffer doubling as its arguments arrive, `Inbox::growing`: a command's
+//! length is learned one argument at a time), a
 //! command not completed within the stall timeout closes the connection, so
 //! does an idle timeout, and idle connections may be evicted at the
 //! connection limit. A malformed command gets Redis's `Protocol error`
@@ -45,7 +47,7 @@ pub async fn serve(
         .local_addr()
         .ok()
         .map(|a| (a.ip().to_string(), a.port()));
-    let mut inbox = Inbox::new();
+    let mut inbox = Inbox::growing(resp.config.limits.max_command_bytes);
     let mut wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
     let mut batch: Vec<Vec<Bytes>> = Vec::with_capacity(PIPELINE_BATCH);
     loop {

@@ -337,6 +337,108 @@ async fn stalled_and_idle_resp_connections_are_closed() {
     .unwrap();
 }
 
+/// A command's size is learned one argument at a time; the bytes buffered
+/// for it are charged to the shard's frame budget in full as it grows, not
+/// at the size of its first big argument (which let one connection buffer
+/// up to a 16 MiB command against a charge of one argument's size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_command_is_charged_to_the_frame_budget_in_full() {
+    const VALUE: usize = 512 * 1024;
+    let c = cluster(|c| c.limits.stall_timeout = Duration::from_secs(30)).await;
+    let addr = c.resp();
+    let mut cmd = b"*7\r\n$4\r\nMSET\r\n".to_vec();
+    for k in ["k1", "k2", "k3"] {
+        cmd.extend_from_slice(format!("$2\r\n{k}\r\n${VALUE}\r\n").as_bytes());
+        cmd.extend(std::iter::repeat_n(b'v', VALUE));
+        cmd.extend_from_slice(b"\r\n");
+    }
+    // All but the last value's final bytes: the command stays incomplete.
+    let sent = cmd.len() - 1024;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(&cmd[..sent]).unwrap();
+    let buffered = || -> usize {
+        c.node
+            .server
+            .buffered_frame_bytes()
+            .iter()
+            .map(|b| b.0)
+            .sum()
+    };
+    let charged = insitu_testkit::poll_until(2000, || buffered() >= sent).await;
+    assert!(
+        charged,
+        "{} bytes charged for a command of which {sent} bytes are buffered",
+        buffered()
+    );
+    // A growing command's buffer at most doubles what it holds (`Inbox::growing`).
+    assert!(buffered() <= 2 * cmd.len(), "{} charged", buffered());
+    // Completed, it runs, and the charge is given back.
+    s.write_all(&cmd[sent..]).unwrap();
+    let mut got = Vec::new();
+    assert_eq!(read_reply(&mut s, &mut got), b"+OK\r\n");
+    assert!(insitu_testkit::poll_until(2000, || buffered() == 0).await);
+}
+
+/// An MSET of `pairs` keys `{prefix}:{i}` with 20-byte values, as one command.
+fn mset_command(prefix: &str, pairs: usize) -> Vec<u8> {
+    let mut cmd = format!("*{}\r\n$4\r\nMSET\r\n", 2 * pairs + 1).into_bytes();
+    for i in 0..pairs {
+        let (k, v) = (format!("{prefix}:{i}"), format!("value-{i:>14}"));
+        cmd.extend_from_slice(format!("${}\r\n{k}\r\n${}\r\n{v}\r\n", k.len(), v.len()).as_bytes());
+    }
+    cmd
+}
+
+/// Big MSETs over the four shards of two servers: one of 30,000 pairs (a
+/// 1.2 MB command of 60,001 arguments) is served, its buffer grown by
+/// doubling (made exactly each new argument's end, it was copied whole per
+/// argument and per byte of each argument's header: quadratic); one of
+/// 60,000 pairs, over the per-shard limit of a transaction, is refused
+/// with the limit named and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_msets_are_served_or_refused_whole() {
+    let c = cluster(|_| {}).await;
+    let addr = c.resp();
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut got = Vec::new();
+        s.write_all(&mset_command("big", 30_000)).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&read_reply(&mut s, &mut got)),
+            "+OK\r\n"
+        );
+        s.write_all(&mset_command("huge", 60_000)).unwrap();
+        let refused = String::from_utf8_lossy(&read_reply(&mut s, &mut got)).into_owned();
+        assert!(
+            refused.starts_with("-ERR")
+                && refused.contains("more than the limit of 10000 per shard"),
+            "{refused}"
+        );
+        assert_eq!(
+            pipeline(
+                addr,
+                &[
+                    "GET big:0",
+                    "GET big:29999",
+                    "GET huge:0",
+                    "GET huge:59999",
+                    "DBSIZE"
+                ]
+            ),
+            vec![
+                format!("$20\r\nvalue-{:>14}\r\n", 0),
+                format!("$20\r\nvalue-{:>14}\r\n", 29_999),
+                "$-1\r\n".to_string(),
+                "$-1\r\n".to_string(),
+                ":30000\r\n".to_string(),
+            ]
+        );
+    })
+    .await
+    .unwrap();
+}
+
 /// `insitu table drop redis` while Redis clients are connected: the next
 /// command may fail (its table is gone), the one after finds a new table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
