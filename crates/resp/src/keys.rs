@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::exec::{Ctx, errors, parse_i64, refuse};
-use crate::store::{Cond, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Most keys one `SCAN` page returns whatever `COUNT` asks: bounds the reply.
 pub const MAX_SCAN_COUNT: usize = 100_000;
@@ -18,11 +18,8 @@ pub async fn run<S: Store>(
     let (db, store) = (ctx.session.db, ctx.store);
     match name {
         "del" | "unlink" => {
-            let mut removed = 0;
-            for key in a {
-                removed += store.del(db, key, Cond::Always).await? as i64;
-            }
-            ctx.out.int(removed);
+            let removed = store.del_many(db, a).await?;
+            ctx.out.int(removed as i64);
         }
         "exists" => {
             // A key named twice counts twice, as in Redis.

@@ -119,6 +119,17 @@ pub trait Store {
     ) -> Result<bool, StoreError>;
     /// Remove `key` if `cond` holds; false if it did not or the key was absent.
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError>;
+    /// Remove every key of `keys` (`DEL`, `UNLINK`); how many existed (a
+    /// key named twice counts once). Atomic only where the store says so: a
+    /// shard removes its own keys in one step and the others' in one
+    /// round trip per shard, not one per key.
+    async fn del_many(&self, db: u32, keys: &[Bytes]) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for key in keys {
+            removed += usize::from(self.del(db, key, Cond::Always).await?);
+        }
+        Ok(removed)
+    }
     /// Values of `keys`, in order.
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError>;
     /// Write every pair (a later duplicate key wins).

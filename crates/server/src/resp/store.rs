@@ -291,6 +291,33 @@ impl Store for ShardStore<'_> {
         }
     }
 
+    async fn del_many(&self, db: u32, keys: &[Bytes]) -> Result<usize, StoreError> {
+        let Some(table) = self.table(db, false).await? else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        let mut remote: Vec<&[u8]> = Vec::new();
+        for key in keys {
+            match self.local_del(table, key, Cond::Always)? {
+                Local::Done(done) => removed += usize::from(done),
+                Local::Forward => remote.push(key),
+            }
+        }
+        if !remote.is_empty() {
+            // One round trip per owning shard (in order within each, so a
+            // key named twice is found once), not one per key.
+            let client = self.client().await?;
+            let items = client
+                .multi_remove(table, &remote)
+                .await
+                .map_err(self.lost(db))?;
+            for item in items {
+                removed += usize::from(item.map_err(err)?.is_some());
+            }
+        }
+        Ok(removed)
+    }
+
     async fn mget(&self, db: u32, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, StoreError> {
         // Created if missing, as by `get`.
         let table = self.created_table(db).await?;

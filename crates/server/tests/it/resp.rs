@@ -394,7 +394,7 @@ fn mset_command(prefix: &str, pairs: usize) -> Vec<u8> {
 /// doubling (made exactly each new argument's end, it was copied whole per
 /// argument and per byte of each argument's header: quadratic); one of
 /// 60,000 pairs, over the per-shard limit of a transaction, is refused
-/// with the limit named and writes nothing.
+/// with the limit named and writes nothing. Then one DEL removes them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_msets_are_served_or_refused_whole() {
     let c = cluster(|_| {}).await;
@@ -433,6 +433,23 @@ async fn big_msets_are_served_or_refused_whole() {
                 "$-1\r\n".to_string(),
                 ":30000\r\n".to_string(),
             ]
+        );
+        // One DEL of every key, each named twice, and one never written:
+        // removed in one round trip per shard, each counted once.
+        let mut del = format!("*{}\r\n$3\r\nDEL\r\n", 2 * 30_000 + 2).into_bytes();
+        for i in (0..30_000).chain(0..30_000) {
+            let k = format!("big:{i}");
+            del.extend_from_slice(format!("${}\r\n{k}\r\n", k.len()).as_bytes());
+        }
+        del.extend_from_slice(b"$5\r\nnever\r\n");
+        s.write_all(&del).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&read_reply(&mut s, &mut got)),
+            ":30000\r\n"
+        );
+        assert_eq!(
+            pipeline(addr, &["GET big:7", "DBSIZE"]),
+            vec!["$-1\r\n", ":0\r\n"]
         );
     })
     .await
