@@ -292,7 +292,15 @@ pub(crate) fn start_redis_with(
                 });
             }
             _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => bail!("redis-server did not answer PING: {other:?}"),
+            other => {
+                // Its log says why (a port it could not bind, a bad flag).
+                let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                bail!(
+                    "redis-server did not answer PING: {other:?}; the end of its log:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            }
         }
     }
 }

@@ -39,17 +39,28 @@ pub(crate) fn run(load: &ClusterLoad<'_>, dir: &Path) -> anyhow::Result<Value> {
     crate::kv_procs::unpin_self()?;
     let redis_dirs = [dir.join("redis-c1"), dir.join("redis-c2")];
     let mut redis_nodes = Vec::new();
+    // (client port, cluster bus port) of each Redis node.
+    let mut redis_ports = Vec::new();
     for d in &redis_dirs {
         std::fs::create_dir_all(d)?;
-        let flags: Vec<String> = ["--cluster-enabled", "yes", "--cluster-config-file"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([d.join("nodes.conf").display().to_string()])
-            .collect();
-        redis_nodes.push(start_redis_with(None, d, None, None, &flags)?);
+        // The cluster bus port is named, not left at Redis's port + 10,000:
+        // that one may be out of range, another test's server's or an
+        // outgoing connection's (seen: a node that never answered PING).
+        let bus = insitu_testkit::free_port()?;
+        let flags: Vec<String> = [
+            "--cluster-enabled".to_string(),
+            "yes".into(),
+            "--cluster-port".into(),
+            bus.to_string(),
+            "--cluster-config-file".into(),
+            d.join("nodes.conf").display().to_string(),
+        ]
+        .to_vec();
+        let node = start_redis_with(None, d, None, None, &flags)?;
+        redis_ports.push((node.plain.port(), bus));
+        redis_nodes.push(node);
     }
-    let ports: Vec<u16> = redis_nodes.iter().map(|r| r.plain.port()).collect();
-    create_redis_cluster(&ports)?;
+    create_redis_cluster(&redis_ports)?;
 
     let (_coordinator, coord_addr) = start_coordinator(
         None,
@@ -103,7 +114,7 @@ pub(crate) fn run(load: &ClusterLoad<'_>, dir: &Path) -> anyhow::Result<Value> {
         ];
         let (mut theirs_all, mut ours_all) = (Vec::new(), Vec::new());
         for _ in 0..load.rounds.max(1) {
-            theirs_all.push(redis_benchmark(ports[0], &base)?);
+            theirs_all.push(redis_benchmark(redis_ports[0].0, &base)?);
             ours_all.push(redis_benchmark(insitu_ports[0], &base)?);
         }
         runs.push(compare("cluster ", p, &theirs_all, &ours_all, &mut worst)?);
@@ -120,12 +131,14 @@ pub(crate) fn run(load: &ClusterLoad<'_>, dir: &Path) -> anyhow::Result<Value> {
     }))
 }
 
-/// Make `ports` (two nodes) one Redis Cluster: half the slots each
-/// (`CLUSTER ADDSLOTSRANGE`), then `CLUSTER MEET`, and wait until every
-/// node says the cluster is up and knows them all. (`redis-cli --cluster
-/// create` wants three masters at least.)
-fn create_redis_cluster(ports: &[u16]) -> anyhow::Result<()> {
+/// Make `nodes` (client port, cluster bus port) one Redis Cluster: an
+/// equal run of the slots each (`CLUSTER ADDSLOTSRANGE`), then `CLUSTER
+/// MEET` naming the bus port, and wait until every node says the cluster is
+/// up and knows them all. (`redis-cli --cluster create` wants three masters
+/// at least.)
+fn create_redis_cluster(nodes: &[(u16, u16)]) -> anyhow::Result<()> {
     let addr = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    let ports: Vec<u16> = nodes.iter().map(|&(p, _)| p).collect();
     let per = 16384 / ports.len();
     for (i, &p) in ports.iter().enumerate() {
         let first = (i * per).to_string();
@@ -146,16 +159,22 @@ fn create_redis_cluster(ports: &[u16]) -> anyhow::Result<()> {
         )
         .with_context(|| format!("CLUSTER ADDSLOTSRANGE on port {p}"))?;
     }
-    for &p in &ports[1..] {
+    for &(p, bus) in &nodes[1..] {
         redis_call(
             addr(ports[0]),
-            &[b"CLUSTER", b"MEET", b"127.0.0.1", p.to_string().as_bytes()],
+            &[
+                b"CLUSTER",
+                b"MEET",
+                b"127.0.0.1",
+                p.to_string().as_bytes(),
+                bus.to_string().as_bytes(),
+            ],
         )
-        .with_context(|| format!("CLUSTER MEET of port {p}"))?;
+        .with_context(|| format!("CLUSTER MEET of port {p} (bus {bus})"))?;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     let known = format!("cluster_known_nodes:{}", ports.len());
-    for &p in ports {
+    for &p in &ports {
         loop {
             let info = redis_call(addr(p), &[b"CLUSTER", b"INFO"]);
             if matches!(&info, Ok(text) if {
