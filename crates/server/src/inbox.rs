@@ -47,8 +47,8 @@ pub enum Wait {
     Evicted,
     /// A unit was not completed within the stall timeout of its first byte.
     Stalled,
-    /// No room in the shard's frame budget for the unit within its stall
-    /// deadline (the need is in `Inbox::need`).
+    /// No room in the port's frame budget for the unit within its stall
+    /// deadline (the caller knows the size it asked `fill` for).
     NoRoom,
 }
 
@@ -108,8 +108,6 @@ pub struct Inbox<'s> {
     last_active: Instant,
     /// Notified to close this connection while it waits idle.
     evict: Rc<Notify>,
-    /// The size of the unit being waited for (for `Wait::NoRoom`'s message).
-    pub need: usize,
     /// None: a unit's size is known whole from its start (a frame header),
     /// so a big buffer is made exactly that size. Some(most bytes a unit may
     /// take): the size is learned piece by piece (a Redis command, argument
@@ -127,7 +125,6 @@ impl<'s> Inbox<'s> {
             started: None,
             last_active: Instant::now(),
             evict: Rc::new(Notify::new()),
-            need: 0,
             growing: None,
         }
     }
@@ -168,7 +165,6 @@ impl<'s> Inbox<'s> {
         need: usize,
     ) -> std::io::Result<Wait> {
         let limits = port.limits();
-        self.need = need;
         if need <= BASE_BUFFER_BYTES {
             self.charge = None;
             if self.buf.capacity() > BASE_BUFFER_BYTES {
