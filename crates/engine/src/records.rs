@@ -83,14 +83,11 @@ impl Tablet {
             MAP_ITEM_BYTES,
             additional,
         ) as u64;
-        if growth > 0 && !budget.may_grow(growth, Purpose::Object) {
-            return Err(EngineError::OutOfMemory);
-        }
-        self.records.try_reserve(additional).map_err(oom)?;
-        let now = self.records.allocation_size() as u64;
-        budget.index_bytes = budget.index_bytes - self.records_charged_bytes + now;
-        self.records_charged_bytes = now;
-        Ok(())
+        let records = &mut self.records;
+        budget.grow_index_table(growth, &mut self.records_charged_bytes, || {
+            records.try_reserve(additional).map_err(oom)?;
+            Ok(records.allocation_size() as u64)
+        })
     }
 
     /// Mark the record entry at `loc` dead; returns its length.
@@ -98,18 +95,18 @@ impl Tablet {
         self.kill_entry(loc, KIND_RECORD)
     }
 
-    /// Append record `id` to the head (the caller made room), superseding
-    /// `old`, its current entry if any. With `old == None` the caller
+    /// Append `record` to the head (the caller made room), superseding the
+    /// live entry of its id if any (looked up here, after the room was
+    /// made: the cleaner may have moved it). For a new id the caller
     /// reserved map room (`reserve_records`).
-    pub fn put_record(
-        &mut self,
-        budget: &mut Budget,
-        id: RecordId,
-        anchor: &[u8],
-        payload: &[u8],
-        version: u64,
-        old: Option<u64>,
-    ) {
+    pub fn put_record(&mut self, budget: &mut Budget, record: RecordRef<'_>) {
+        let RecordRef {
+            id,
+            anchor,
+            payload,
+            version,
+        } = record;
+        let old = self.records.get(&id).copied();
         let h = self.head.expect("put_record needs a head");
         let head = entry::record_id_bytes(id);
         let len = entry::entry_bytes(anchor.len(), head.len() + payload.len(), version);
@@ -201,8 +198,13 @@ impl Tablet {
         let len = entry::entry_bytes(anchor.len(), RECORD_ID_BYTES + payload.len(), version);
         self.make_room_offline(budget, len, self.tombstone_slack())?;
         self.reserve_records(budget, 1)?;
-        let old = self.records.get(&id).copied();
-        self.put_record(budget, id, anchor, payload, version, old);
+        let record = RecordRef {
+            id,
+            anchor,
+            payload,
+            version,
+        };
+        self.put_record(budget, record);
         Ok(())
     }
 
@@ -314,10 +316,13 @@ impl Engine {
         let need = self.append_room(slot, len, None);
         self.make_room(slot, need, Purpose::Object)?;
         let (t, budget) = self.tablet_and_budget(slot);
-        // Looked up after `make_room`: the cleaner may have moved it.
-        let old = t.records.get(&id).copied();
-        let version = t.take_version();
-        t.put_record(budget, id, anchor, payload, version, old);
+        let record = RecordRef {
+            id,
+            anchor,
+            payload,
+            version: t.take_version(),
+        };
+        t.put_record(budget, record);
         self.clean_slice_if_due();
         Ok(())
     }

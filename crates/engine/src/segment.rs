@@ -337,6 +337,27 @@ impl Budget {
             .is_some_and(|b| b <= self.budget_bytes)
     }
 
+    /// Grow a hash table charged to `index_bytes` (a tablet's index or its
+    /// side-record map): refused with `OutOfMemory` when `growth` (the new
+    /// table beside the old) does not fit beside the reserves; then `reserve`
+    /// grows it and gives its allocation's size, which replaces the
+    /// `charged` part of `index_bytes`. One path, so the two tables are
+    /// charged alike.
+    pub fn grow_index_table(
+        &mut self,
+        growth: u64,
+        charged: &mut u64,
+        reserve: impl FnOnce() -> Result<u64, EngineError>,
+    ) -> Result<(), EngineError> {
+        if growth > 0 && !self.may_grow(growth, Purpose::Object) {
+            return Err(EngineError::OutOfMemory);
+        }
+        let now = reserve()?;
+        self.index_bytes = self.index_bytes - *charged + now;
+        *charged = now;
+        Ok(())
+    }
+
     pub fn may_allocate(&self, purpose: Purpose) -> bool {
         self.may_grow(self.segment_bytes as u64, purpose)
     }

@@ -343,16 +343,13 @@ impl Tablet {
         // entries (a split's movers) hold buckets until a rehash, which
         // `try_reserve` then does in place, allocating nothing.
         let growth = index::growth_bytes(&self.index, additional) as u64;
-        if growth > 0 && !budget.may_grow(growth, Purpose::Object) {
-            return Err(EngineError::OutOfMemory);
-        }
-        self.index
-            .try_reserve(additional, index::rehash)
-            .map_err(|_| EngineError::OutOfMemory)?;
-        let now = self.index.allocation_size() as u64;
-        budget.index_bytes = budget.index_bytes - self.index_charged_bytes + now;
-        self.index_charged_bytes = now;
-        Ok(())
+        let table = &mut self.index;
+        budget.grow_index_table(growth, &mut self.index_charged_bytes, || {
+            table
+                .try_reserve(additional, index::rehash)
+                .map_err(|_| EngineError::OutOfMemory)?;
+            Ok(table.allocation_size() as u64)
+        })
     }
 
     // ---- mutations (room in the head already made) ---------------------------
