@@ -1,6 +1,7 @@
 //! A plain, synchronous evaluation of a whole plan over objects in memory:
 //! the same checks and kernels a shard runs, without chunks or an engine.
-//! The fuzz target and in-memory references use it.
+//! The fuzz target and in-memory references use it. A shard runs the
+//! read-only operations through the same `read_op`, in chunks.
 
 use insitu_protocol::plan::{Field, Op, Partial, ScanPlan};
 
@@ -9,19 +10,66 @@ use crate::kernel::{CountK, GradK, Kernel, KeysK, Visit};
 use crate::update::new_value;
 use crate::validate::{describe_need, validate_plan};
 
-/// What a plan computes over `objects` (key, value), or why it is refused:
-/// an invalid plan, a value too short for it, or an update an object cannot
-/// take. An update is evaluated (every new value computed), not applied.
-pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, String> {
-    let need = validate_plan(plan)?;
-    fn run<K: Kernel>(
-        plan: &ScanPlan,
-        need: usize,
-        objects: &[(&[u8], &[u8])],
-        kernel: K,
-    ) -> Result<K, String> {
+/// How a read-only operation's kernel runs (`read_op`): over objects in
+/// memory at once (`evaluate`), or over a tablet in chunks (a shard).
+pub trait RunKernel {
+    /// What a run gives: the operation's result, or a future of it.
+    type Out;
+    /// Run `kernel`, then make the operation's result of it with `finish`.
+    fn run<K: Kernel + 'static>(self, kernel: K, finish: fn(K) -> Partial) -> Self::Out;
+}
+
+/// Run a read-only operation's kernel with `runner` (None: `op` writes): one
+/// choice of kernel and of result, so a shard and the reference agree.
+pub fn read_op<R: RunKernel>(op: &Op, runner: R) -> Option<R::Out> {
+    Some(match op {
+        Op::Count => runner.run(CountK::default(), |k| Partial::Count(k.0)),
+        Op::Aggregate { field } => {
+            let off = field.offset();
+            match field {
+                Field::I32(_) => {
+                    runner.run(IntAggK::<4>::new(off), |k| Partial::Aggregate(k.partial()))
+                }
+                Field::I64(_) => {
+                    runner.run(IntAggK::<8>::new(off), |k| Partial::Aggregate(k.partial()))
+                }
+                Field::U8(_) => {
+                    runner.run(IntAggK::<1>::new(off), |k| Partial::Aggregate(k.partial()))
+                }
+                Field::F64(_) => runner.run(F64AggK::new(off), |k| Partial::Aggregate(k.out)),
+            }
+        }
+        Op::Gradient {
+            layout,
+            weights,
+            bias,
+        } => {
+            let k = GradK::new(layout, weights, *bias);
+            runner.run(k, |k| Partial::Gradient(k.acc.finish()))
+        }
+        Op::JsonAggregate { path } => {
+            runner.run(JsonAggK::new(path), |k| Partial::Aggregate(k.out))
+        }
+        Op::Update { .. } | Op::Remove | Op::UpdateRows { .. } | Op::RemoveRows { .. } => {
+            return None;
+        }
+    })
+}
+
+/// `plan`'s kernels over objects in memory, all at once (`evaluate`).
+struct AtOnce<'a> {
+    plan: &'a ScanPlan,
+    /// Bytes a value needs (`validate_plan`).
+    need: usize,
+    objects: &'a [(&'a [u8], &'a [u8])],
+}
+
+impl AtOnce<'_> {
+    /// `kernel` over every object, or why a value is too short for the plan.
+    fn visit<K: Kernel>(&self, kernel: K) -> Result<K, String> {
+        let (plan, need) = (self.plan, self.need);
         let mut v: Visit<'_, K, true> = Visit::new(kernel, need, plan);
-        for (k, val) in objects {
+        for (k, val) in self.objects {
             v.object(k, val);
         }
         if let Some((_, len)) = v.short {
@@ -32,30 +80,28 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
         }
         Ok(v.kernel)
     }
+}
+
+impl RunKernel for AtOnce<'_> {
+    type Out = Result<Partial, String>;
+    fn run<K: Kernel + 'static>(self, kernel: K, finish: fn(K) -> Partial) -> Self::Out {
+        self.visit(kernel).map(finish)
+    }
+}
+
+/// What a plan computes over `objects` (key, value), or why it is refused:
+/// an invalid plan, a value too short for it, or an update an object cannot
+/// take. An update is evaluated (every new value computed), not applied.
+pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, String> {
+    let need = validate_plan(plan)?;
+    let at_once = AtOnce {
+        plan,
+        need,
+        objects,
+    };
     Ok(match &plan.op {
-        Op::Count => Partial::Count(run(plan, need, objects, CountK::default())?.0),
-        Op::Aggregate { field } => {
-            let off = field.offset();
-            Partial::Aggregate(match field {
-                Field::I32(_) => run(plan, need, objects, IntAggK::<4>::new(off))?.partial(),
-                Field::I64(_) => run(plan, need, objects, IntAggK::<8>::new(off))?.partial(),
-                Field::U8(_) => run(plan, need, objects, IntAggK::<1>::new(off))?.partial(),
-                Field::F64(_) => run(plan, need, objects, F64AggK::new(off))?.out,
-            })
-        }
-        Op::Gradient {
-            layout,
-            weights,
-            bias,
-        } => {
-            let k = GradK::new(layout, weights, *bias);
-            Partial::Gradient(run(plan, need, objects, k)?.acc.finish())
-        }
-        Op::JsonAggregate { path } => {
-            Partial::Aggregate(run(plan, need, objects, JsonAggK::new(path))?.out)
-        }
         Op::Update { field, action } => {
-            let keys = run(plan, need, objects, KeysK::default())?.0;
+            let keys = at_once.visit(KeysK::default())?.0;
             let mut updated = 0;
             for (k, val) in objects {
                 if keys.iter().any(|m| m == k) {
@@ -66,7 +112,7 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
             Partial::Update { updated }
         }
         Op::Remove => Partial::Update {
-            updated: run(plan, need, objects, KeysK::default())?.0.len() as u64,
+            updated: at_once.visit(KeysK::default())?.0.len() as u64,
         },
         Op::UpdateRows { .. } | Op::RemoveRows { .. } => {
             return Err(
@@ -74,6 +120,8 @@ pub fn evaluate(plan: &ScanPlan, objects: &[(&[u8], &[u8])]) -> Result<Partial, 
                     .into(),
             );
         }
+        // Every other operation only reads (`read_op` says None to writes).
+        read => read_op(read, at_once).ok_or("a write taken for a read")??,
     })
 }
 

@@ -20,14 +20,15 @@
 //!   in between. Other writes to the tablet get `Retry` meanwhile, and a tablet
 //!   move waits for the update to finish, so it never observes half of it.
 
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use insitu_compute::aggregate::{F64AggK, IntAggK};
-use insitu_compute::kernel::{CountK, GradK, Kernel, Visit};
+use insitu_compute::kernel::{Kernel, Visit};
+use insitu_compute::reference::{RunKernel, read_op};
 use insitu_compute::validate::describe_need;
 use insitu_compute::validate_plan;
-use insitu_protocol::plan::{Field, Op, Partial, ScanPlan, ScanResult};
+use insitu_protocol::plan::{Op, Partial, ScanPlan, ScanResult};
 use insitu_protocol::{Response, Status};
 use insitu_query::{Compiled, RowUpdate, compile_filter};
 
@@ -79,6 +80,30 @@ async fn run_kernel<K: Kernel>(
     if filtered { go!(true) } else { go!(false) }
 }
 
+/// A read-only operation's kernel over the tablet in chunks (`run_kernel`),
+/// as `read_op` picks it.
+struct Chunked<'r, 'e> {
+    run: &'r mut Run<'e>,
+    plan: &'r ScanPlan,
+    /// Bytes a value needs (`validate_plan`).
+    need: usize,
+    snap: Option<&'r Snap>,
+}
+
+/// A read-only operation's result and the objects visited and matched.
+type Counted<'r> = Pin<Box<dyn Future<Output = Result<(Partial, u64, u64), Refusal>> + 'r>>;
+
+impl<'r> RunKernel for Chunked<'r, '_> {
+    type Out = Counted<'r>;
+    fn run<K: Kernel + 'static>(self, kernel: K, finish: fn(K) -> Partial) -> Counted<'r> {
+        Box::pin(async move {
+            let (k, visited, matched) =
+                run_kernel(self.run, self.plan, kernel, self.need, self.snap).await?;
+            Ok((finish(k), visited, matched))
+        })
+    }
+}
+
 /// Run `plan` over one tablet. An update named by `op` records its progress
 /// (`update_log.rs`), so a resend is never applied twice.
 async fn execute(
@@ -126,51 +151,6 @@ async fn execute(
     };
     let snap = snap.as_ref();
     let (partial, visited, matched) = match &plan.op {
-        Op::Count => {
-            let (k, vis, m) = run_kernel(&mut run, plan, CountK::default(), need, snap).await?;
-            (Partial::Count(k.0), vis, m)
-        }
-        Op::Aggregate { field } => {
-            let off = field.offset();
-            let (p, vis, m) = match field {
-                Field::I32(_) => {
-                    let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<4>::new(off), need, snap).await?;
-                    (k.partial(), vis, m)
-                }
-                Field::I64(_) => {
-                    let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<8>::new(off), need, snap).await?;
-                    (k.partial(), vis, m)
-                }
-                Field::U8(_) => {
-                    let (k, vis, m) =
-                        run_kernel(&mut run, plan, IntAggK::<1>::new(off), need, snap).await?;
-                    (k.partial(), vis, m)
-                }
-                Field::F64(_) => {
-                    let (k, vis, m) =
-                        run_kernel(&mut run, plan, F64AggK::new(off), need, snap).await?;
-                    (k.out, vis, m)
-                }
-            };
-            (Partial::Aggregate(p), vis, m)
-        }
-        Op::Gradient {
-            layout,
-            weights,
-            bias,
-        } => {
-            let k = GradK::new(layout, weights, *bias);
-            let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
-            (Partial::Gradient(k.acc.finish()), vis, m)
-        }
-        // Through `run_kernel` like the others: chunks, restarts, snapshots.
-        Op::JsonAggregate { path } => {
-            let k = insitu_compute::aggregate::JsonAggK::new(path);
-            let (k, vis, m) = run_kernel(&mut run, plan, k, need, snap).await?;
-            (Partial::Aggregate(k.out), vis, m)
-        }
         Op::Update { field, action } => {
             let (keys, vis, m) =
                 run_kernel(&mut run, plan, ChargedKeys::new(&state.engine), need, None).await?;
@@ -209,6 +189,17 @@ async fn execute(
             let change = Change::RemoveRow(&compiled);
             let updated = apply(&mut run, keys, &change, deadline, op, &mut begun).await?;
             (Partial::Update { updated }, vis, m)
+        }
+        // Every other operation only reads (`read_op` says None to writes).
+        read => {
+            let chunked = Chunked {
+                run: &mut run,
+                plan,
+                need,
+                snap,
+            };
+            let not_read = || (Status::Internal, "a write taken for a read".to_string());
+            read_op(read, chunked).ok_or_else(not_read)?.await?
         }
     };
     if let Some(snap) = snap {
