@@ -34,12 +34,13 @@ use bytes::{Buf, BytesMut};
 use insitu_auth::{Admission, Gate, Session};
 use insitu_backup::service::{Outcome, answer_without_store};
 use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncMode};
-use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
+use insitu_protocol::frame::HEADER_BYTES;
 use insitu_protocol::{FrameKind, Response, Status, decode_request, encode_error, encode_response};
 use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use crate::backup_local::LocalBackup;
+use crate::conn::{Front, split_frame};
 use crate::inbox::{IdleList, Inbox, Port};
 use crate::limits::{Closed, ConnLimits, FrameBudget, MAX_FRAME_BYTES};
 
@@ -445,24 +446,16 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
     let mut session = Session::default();
     loop {
         let mut job = Vec::new();
-        let mut need = HEADER_BYTES;
         let mut consumed = false;
-        loop {
-            let (header, body_len) = match check_header(&inbox.buf, MAX_BODY_BYTES) {
-                Ok(Some(h)) => h,
-                Ok(None) => break,
-                Err(e) => {
-                    // The stream cannot be re-synchronised: say why, then close.
-                    crate::conn::malformed_frame(&mut wbuf, &e);
+        let need = loop {
+            let (header, mut body) = match split_frame(&mut inbox.buf, &mut wbuf) {
+                Front::Frame(header, frame) => (header, frame),
+                Front::Partial(total) => break total,
+                Front::Malformed => {
                     crate::conn::write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
             };
-            if inbox.buf.len() < HEADER_BYTES + body_len {
-                need = HEADER_BYTES + body_len;
-                break;
-            }
-            let mut body = inbox.buf.split_to(HEADER_BYTES + body_len);
             body.advance(HEADER_BYTES);
             consumed = true;
             let local = if header.kind != FrameKind::Request {
@@ -502,7 +495,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                 Some(outcome) => outcome.encode(header.request_id, &mut wbuf),
                 None => job.push((header.request_id, body)),
             }
-        }
+        };
         if !job.is_empty() {
             let (tx, rx) = oneshot::channel();
             if shared

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use insitu_protocol::frame::{HEADER_BYTES, MAX_BODY_BYTES, check_header};
-use insitu_protocol::{FrameKind, ProtocolError, Status, encode_error};
+use insitu_protocol::{FrameKind, Header, ProtocolError, Status, encode_error};
 use insitu_tls::Stream;
 use tokio::io::AsyncWriteExt;
 
@@ -41,26 +41,17 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
     let mut session = Session::default();
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
-        let mut pending: Option<usize> = None;
         let mut consumed = false;
-        loop {
-            let (header, body_len) = match check_header(&inbox.buf, MAX_BODY_BYTES) {
-                Ok(Some(h)) => h,
-                Ok(None) => break,
-                Err(e) => {
-                    // The stream cannot be re-synchronised: say why, then close.
-                    malformed_frame(&mut wbuf, &e);
+        let pending = loop {
+            let (header, frame) = match split_frame(&mut inbox.buf, &mut wbuf) {
+                Front::Frame(header, frame) => (header, frame),
+                Front::Partial(total) => break total,
+                Front::Malformed => {
                     replies_durable(state, &mut need).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
                 }
             };
-            let total = HEADER_BYTES + body_len;
-            if inbox.buf.len() < total {
-                pending = Some(total);
-                break;
-            }
-            let frame = inbox.buf.split_to(total);
             consumed = true;
             let body = &frame[HEADER_BYTES..];
             if header.kind != FrameKind::Request {
@@ -88,7 +79,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 write(&mut stream, &wbuf, limits.stall_timeout).await?;
                 wbuf.clear();
             }
-        }
+        };
         if !wbuf.is_empty() {
             replies_durable(state, &mut need).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
@@ -101,9 +92,9 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
         if wbuf.capacity() > BASE_BUFFER_BYTES {
             wbuf = BytesMut::with_capacity(BASE_BUFFER_BYTES);
         }
-        let need = pending.unwrap_or(HEADER_BYTES);
-        let wait = inbox.fill(state, &mut stream, need).await?;
-        if let Some(end) = end_of_wait(wait, &mut stream, &mut wbuf, "server", need, limits).await?
+        let wait = inbox.fill(state, &mut stream, pending).await?;
+        if let Some(end) =
+            end_of_wait(wait, &mut stream, &mut wbuf, "server", pending, limits).await?
         {
             return Ok(end);
         }
@@ -149,6 +140,37 @@ pub(crate) fn ended_by(wait: &Wait) -> Option<Option<Closed>> {
         Wait::NoRoom => Some(Some(Closed::NoRoom)),
         Wait::Stalled => Some(Some(Closed::Stalled)),
     }
+}
+
+/// What `split_frame` found at the front of a connection's input.
+pub(crate) enum Front {
+    /// A whole frame, taken off the input: its header and its bytes (the
+    /// header's included).
+    Frame(Header, BytesMut),
+    /// Part of one: how many bytes the whole frame takes (a header at least).
+    Partial(usize),
+    /// Bytes that are not a frame header: the stream cannot be
+    /// re-synchronised, so the reply saying why is in the output and the
+    /// connection closes once it is written.
+    Malformed,
+}
+
+/// Take the next whole frame off `input` (or reply into `out` to bytes that
+/// are not one): one framing for the shard port and the backup port.
+pub(crate) fn split_frame(input: &mut BytesMut, out: &mut BytesMut) -> Front {
+    let (header, body_len) = match check_header(input, MAX_BODY_BYTES) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Front::Partial(HEADER_BYTES),
+        Err(e) => {
+            malformed_frame(out, &e);
+            return Front::Malformed;
+        }
+    };
+    let total = HEADER_BYTES + body_len;
+    if input.len() < total {
+        return Front::Partial(total);
+    }
+    Front::Frame(header, input.split_to(total))
 }
 
 /// The reply to bytes that are not a frame header, before the connection
