@@ -23,10 +23,7 @@ async fn a_commit_without_room_waits_for_room_instead_of_losing_its_writes() {
     // SAFETY: set before any server thread starts (the first thing the
     // only test of this binary does).
     unsafe { std::env::set_var("INSITU_FAULT_AT", format!("prepare-no-promise:{TXN:x}")) };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    common::trace_to_test_output();
     let (node, client) = small_budget().await;
     let info = client.create_table("noroom", 4).await.unwrap();
     let t = info.id;

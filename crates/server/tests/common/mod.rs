@@ -14,6 +14,15 @@ use insitu_coordinator::{CoordinatorConfig, CoordinatorHandle};
 use insitu_keyhash::key_hash;
 use insitu_server::{ServerConfig, ServerHandle};
 
+/// Send the servers' logs to the test's output, filtered by `RUST_LOG`
+/// (nothing without it): the first call in a test binary installs it.
+pub fn trace_to_test_output() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 /// A coordinator and one server; dropped in field order, the data
 /// directory last.
 pub struct Node {

@@ -8,6 +8,7 @@
 //!
 //! Orders are asserted, never durations.
 
+use crate::common;
 use crate::replication_fakes;
 
 use std::collections::{BTreeMap, HashMap};
@@ -37,10 +38,7 @@ async fn setup(
     listed: usize,
     tune: impl FnOnce(&mut ServerConfig),
 ) -> Setup {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    common::trace_to_test_output();
     let world: Shared = Arc::default();
     let mut backups = Vec::new();
     for i in 0..n {

@@ -12,10 +12,7 @@ use insitu_client::{Client, RpcConn, Status};
 
 #[tokio::test]
 async fn a_commit_applies_on_memory_filled_after_its_prepare() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    common::trace_to_test_output();
     let (node, client) = small_budget().await;
     let info = client.create_table("full", 4).await.unwrap();
     let t = info.id;
