@@ -267,26 +267,7 @@ impl Transaction {
         }
         let deadline = self.client.deadline();
         let shares = self.shares(deadline).await?;
-        // Said here, before anything is sent or locked, rather than by a
-        // participant's decoder as a malformed prepare.
-        if let Some((addr, share)) = shares.iter().find(|(_, s)| s.items.len() > MAX_TXN_ITEMS) {
-            return Err(ClientError::Status(
-                Status::BadRequest,
-                format!(
-                    "the transaction touches {} keys on one shard ({addr}), more than the limit of {MAX_TXN_ITEMS} per shard; nothing was written",
-                    share.items.len()
-                ),
-            ));
-        }
-        if shares.len() > MAX_TXN_PARTICIPANTS {
-            return Err(ClientError::Status(
-                Status::BadRequest,
-                format!(
-                    "the transaction spans {} shards, more than the limit of {MAX_TXN_PARTICIPANTS}; nothing was written",
-                    shares.len()
-                ),
-            ));
-        }
+        within_limits(&shares, |s| s.items.len())?;
         let addrs: Vec<String> = shares.keys().cloned().collect();
         let primary = addrs[0].clone();
         let txn: TxnId = fastrand::u64(1..);
@@ -570,3 +551,40 @@ fn aborted(txn: TxnId, why: &str) -> ClientError {
     let why = if why.is_empty() { "aborted" } else { why };
     ClientError::Status(Status::Conflict, format!("transaction {txn:#x}: {why}"))
 }
+
+/// Refuse a transaction over the protocol's limits (`MAX_TXN_ITEMS` keys on
+/// one shard, `MAX_TXN_PARTICIPANTS` shards) before anything is sent or
+/// locked, with a reason the caller can act on, rather than have a
+/// participant's decoder refuse the prepare as a malformed message.
+/// `items` counts a share's keys.
+fn within_limits<S>(
+    shares: &BTreeMap<String, S>,
+    items: impl Fn(&S) -> usize,
+) -> Result<(), ClientError> {
+    if let Some((addr, n)) = shares
+        .iter()
+        .map(|(addr, s)| (addr, items(s)))
+        .find(|&(_, n)| n > MAX_TXN_ITEMS)
+    {
+        return Err(ClientError::Status(
+            Status::BadRequest,
+            format!(
+                "the transaction touches {n} keys on one shard ({addr}), more than the limit of {MAX_TXN_ITEMS} per shard; nothing was written"
+            ),
+        ));
+    }
+    if shares.len() > MAX_TXN_PARTICIPANTS {
+        return Err(ClientError::Status(
+            Status::BadRequest,
+            format!(
+                "the transaction spans {} shards, more than the limit of {MAX_TXN_PARTICIPANTS}; nothing was written",
+                shares.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "txn_tests.rs"]
+mod tests;
