@@ -17,7 +17,7 @@ use std::fmt;
 use bytes::{Buf, BytesMut};
 use insitu_client::rpc::Reply;
 use insitu_protocol::frame::{HEADER_BYTES, check_header};
-use insitu_protocol::{Request, encode_request};
+use insitu_protocol::{MAX_BODY_BYTES, Request, encode_request, encoded_len};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backup_service::Job;
@@ -47,7 +47,11 @@ impl LocalBackup {
     pub async fn call(&self, requests: &[Request<'_>]) -> Result<Vec<Reply>, String> {
         let mut frames = Vec::with_capacity(requests.len());
         for (id, request) in requests.iter().enumerate() {
-            let mut body = BytesMut::new();
+            // Sized before encoding, as `RpcConn::call` does: a batch of
+            // up to 4 MiB grown by doubling from empty copies its bytes
+            // about twice more and faults in a fresh buffer per doubling.
+            let mut body =
+                BytesMut::with_capacity(HEADER_BYTES + encoded_len(request).min(MAX_BODY_BYTES));
             encode_request(&mut body, id as u64, request)
                 .map_err(|e| format!("cannot encode a backup request: {e}"))?;
             body.advance(HEADER_BYTES);
