@@ -35,8 +35,9 @@ use crate::ClusterArg;
 pub struct SnapshotArgs {
     /// Read every tablet at one timestamp, so the answer is the table at one
     /// instant as transactions committed it (the default when the table has
-    /// more than one tablet; untyped tables). Costs one timestamp from the
-    /// coordinator, and retries if a server has just begun keeping versions.
+    /// more than one tablet; typed and untyped tables). Costs one timestamp
+    /// from the coordinator, and retries if a server has just begun keeping
+    /// versions.
     #[arg(long, conflicts_with = "no_snapshot")]
     pub at_snapshot: bool,
     /// Read each tablet as it is when its scan runs (no timestamp): a little
@@ -53,16 +54,6 @@ impl SnapshotArgs {
             (_, true) => insitu_client::AtSnapshot::Off,
             _ => insitu_client::AtSnapshot::Auto,
         }
-    }
-
-    /// Typed tables are read through queries, which have no snapshot yet.
-    fn refuse_typed(&self, table: &str) -> anyhow::Result<()> {
-        if self.at_snapshot {
-            bail!(
-                "--at-snapshot works on untyped tables only; {table:?} is typed (its rows are not written by transactions, and typed queries read each tablet as it is)"
-            );
-        }
-        Ok(())
     }
 }
 
@@ -268,20 +259,21 @@ fn show(n: Number) -> String {
 }
 
 pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
-        a.snapshot.refuse_typed(&a.table)?;
+    let rt = runtime()?;
+    if let Some((client, (id, schema, indexes))) = typed_table(&rt, cluster, &a.table)? {
         a.keys.refuse_typed()?;
         let table = crate::typed::Typed {
             id,
             schema: &schema,
             indexes: &indexes,
         };
-        return runtime()?.block_on(async { crate::typed::count(&client, table, &a.filter).await });
+        let at = a.snapshot.mode();
+        return rt.block_on(async { crate::typed::count(&client, table, &a.filter, at).await });
     }
     let mut sel = selection(&a.filter)?;
     sel.at_snapshot = a.snapshot.mode();
     sel.key_range = a.keys.range();
-    runtime()?.block_on(async {
+    rt.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         let n = client.count(id, &sel).await?;
         crate::outln!("{n}")?;
@@ -292,9 +284,16 @@ pub fn count(a: CountArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
 /// A typed table's id, schema and indexed columns.
 type TypedInfo = (u64, insitu_protocol::schema::Schema, Vec<u16>);
 
-/// The client and the typed table `table`, if it is a typed table.
-fn typed_table(cluster: &ClusterArg, table: &str) -> anyhow::Result<Option<(Client, TypedInfo)>> {
-    runtime()?.block_on(async {
+/// The client and the typed table `table`, if it is a typed table. The
+/// client must be used on `rt`: its connections' tasks (the coordinator's
+/// among them) run there and end with it, so a client carried into another
+/// runtime finds its coordinator connection closed at its first call.
+fn typed_table(
+    rt: &tokio::runtime::Runtime,
+    cluster: &ClusterArg,
+    table: &str,
+) -> anyhow::Result<Option<(Client, TypedInfo)>> {
+    rt.block_on(async {
         let (client, info) = crate::data::open(cluster, table).await?;
         warn_lost(&info);
         Ok(info
@@ -305,16 +304,17 @@ fn typed_table(cluster: &ClusterArg, table: &str) -> anyhow::Result<Option<(Clie
 }
 
 pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
-        a.snapshot.refuse_typed(&a.table)?;
+    let rt = runtime()?;
+    if let Some((client, (id, schema, indexes))) = typed_table(&rt, cluster, &a.table)? {
         let func = a.func.to_ascii_lowercase();
         let table = crate::typed::Typed {
             id,
             schema: &schema,
             indexes: &indexes,
         };
-        return runtime()?.block_on(async {
-            crate::typed::agg(&client, table, &func, &a.field, &a.filter).await
+        return rt.block_on(async {
+            let at = (&a.filter, a.snapshot.mode());
+            crate::typed::agg(&client, table, &func, &a.field, at).await
         });
     }
     if a.field.trim_start().starts_with('$') {
@@ -327,7 +327,7 @@ pub fn agg(a: AggArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         )
     })?;
     let (func, sel) = untyped_agg_setup(&a)?;
-    runtime()?.block_on(async {
+    rt.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         // An untyped table's values are opaque bytes: say what the field
         // reads, so text summed as integers is not taken for a real sum.
@@ -398,14 +398,15 @@ fn agg_line(func: &str, r: AggPartial, sum: String, avg: Option<f64>) -> String 
 }
 
 pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
-    if let Some((client, (id, schema, indexes))) = typed_table(cluster, &a.table)? {
+    let rt = runtime()?;
+    if let Some((client, (id, schema, indexes))) = typed_table(&rt, cluster, &a.table)? {
         let table = crate::typed::Typed {
             id,
             schema: &schema,
             indexes: &indexes,
         };
         let action = (a.add.as_deref(), a.set.as_deref());
-        return runtime()?.block_on(async {
+        return rt.block_on(async {
             crate::typed::update(&client, table, &a.field, action, &a.filter).await
         });
     }
@@ -424,7 +425,7 @@ pub fn update(a: UpdateArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     // The same check the client and the servers run, before connecting.
     insitu_compute::check_action(field, action).map_err(|e| anyhow::anyhow!("bad update: {e}"))?;
     let sel = selection(&a.filter)?;
-    runtime()?.block_on(async {
+    rt.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         let n = client.update(id, field, action, &sel).await?;
         crate::outln!("updated {n} objects")?;
@@ -475,14 +476,15 @@ pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         );
     }
     let started = Instant::now();
-    if let Some((client, (id, schema, _))) = typed_table(cluster, &a.table)? {
+    let rt = runtime()?;
+    if let Some((client, (id, schema, _))) = typed_table(&rt, cluster, &a.table)? {
         a.keys.refuse_typed()?;
         let filter = match &a.filter {
             None => Vec::new(),
             Some(f) => insitu_query::parse_where(&schema, f)
                 .map_err(|e| anyhow::anyhow!("bad --where expression {f:?}: {e}"))?,
         };
-        return runtime()?.block_on(async {
+        return rt.block_on(async {
             let n = client.delete_rows(id, &schema, filter).await?;
             crate::outln!("deleted {n} rows")?;
             eprintln!("({:.1} ms)", started.elapsed().as_secs_f64() * 1e3);
@@ -491,7 +493,7 @@ pub fn delete(a: DeleteArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     }
     let mut sel = selection(&a.filter)?;
     sel.key_range = a.keys.range();
-    runtime()?.block_on(async {
+    rt.block_on(async {
         let (client, id) = open(cluster, &a.table).await?;
         let n = client.remove_where(id, &sel).await?;
         crate::outln!("deleted {n} objects")?;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use insitu_client::{Client, QueryAnswer};
+use insitu_client::{AtSnapshot, Client, QueryAnswer};
 use insitu_protocol::query::{AggFunc, AggSpec, QueryOutput, QueryPlan, Scalar, ValueOp};
 use insitu_protocol::schema::Schema;
 use insitu_rows::ColumnMap;
@@ -319,12 +319,13 @@ pub struct Typed<'a> {
     pub indexes: &'a [u16],
 }
 
-/// `count` / `agg` on a typed table: one aggregate, no groups; prints its value.
+/// `count` / `agg` on a typed table: one aggregate, no groups, read at one
+/// snapshot as `at` says; prints its value.
 pub async fn aggregate(
     client: &Client,
     t: Typed<'_>,
     spec: AggSpec,
-    filter: &Option<String>,
+    (filter, at): (&Option<String>, AtSnapshot),
 ) -> anyhow::Result<()> {
     let (table, schema) = (t.id, t.schema);
     let filter = parse_filter(schema, filter)?;
@@ -337,7 +338,9 @@ pub async fn aggregate(
         },
     };
     let started = Instant::now();
-    let out = client.query_with(table, &plan, probe.as_ref()).await?;
+    let out = client
+        .query_snapshot(table, &plan, probe.as_ref(), at)
+        .await?;
     let QueryAnswer::Groups(groups) = &out.answer else {
         bail!("the servers answered an aggregate with rows");
     };
@@ -348,8 +351,12 @@ pub async fn aggregate(
         arrow_cast::display::array_value_to_string(batch.column(0), 0)?
     };
     crate::outln!("{value}")?;
+    let at = match out.snapshot_ts {
+        0 => String::new(),
+        ts => format!(" at snapshot {ts}"),
+    };
     eprintln!(
-        "({} rows matched of {} on {} tablets, {:.1} ms)",
+        "({} rows matched of {} on {} tablets{at}, {:.1} ms)",
         out.matched,
         out.visited,
         out.tablets,
@@ -363,12 +370,13 @@ pub async fn count(
     client: &Client,
     table: Typed<'_>,
     filter: &Option<String>,
+    at: AtSnapshot,
 ) -> anyhow::Result<()> {
     let spec = AggSpec {
         func: AggFunc::CountStar,
         arg: Vec::new(),
     };
-    aggregate(client, table, spec, filter).await
+    aggregate(client, table, spec, (filter, at)).await
 }
 
 /// `insitu agg TABLE FUNC COLUMN [--where]` on a typed table.
@@ -377,8 +385,8 @@ pub async fn agg(
     table: Typed<'_>,
     func: &str,
     column: &str,
-    filter: &Option<String>,
+    (filter, at): (&Option<String>, AtSnapshot),
 ) -> anyhow::Result<()> {
     let spec = agg_spec(table.schema, func, column)?;
-    aggregate(client, table, spec, filter).await
+    aggregate(client, table, spec, (filter, at)).await
 }

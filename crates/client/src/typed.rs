@@ -28,7 +28,7 @@ use insitu_rows::{RowLayout, encode_key, encode_row};
 use crate::client::Client;
 use crate::client::PerItem;
 use crate::error::ClientError;
-use crate::ops::LayoutOr;
+use crate::ops::{AtSnapshot, LayoutOr, MAX_SNAPSHOT_RETRIES};
 
 /// Layout changes tolerated before a query gives up.
 const MAX_LAYOUT_RETRIES: u32 = 20;
@@ -60,6 +60,8 @@ pub struct QueryOutcome {
     pub pages: u64,
     /// Longest server time spent on one page.
     pub max_server_time: Duration,
+    /// The snapshot every tablet was read at (0: each as it was).
+    pub snapshot_ts: u64,
 }
 
 fn status(s: Status, msg: impl Into<String>) -> ClientError {
@@ -149,6 +151,62 @@ impl Client {
         if snapshot_ts != 0 {
             self.check_snapshot_ts(snapshot_ts).await?;
         }
+        self.query_ts(table, plan, index, snapshot_ts).await
+    }
+
+    /// `query_with`, reading one snapshot as `at` says, as `count` and
+    /// `aggregate` of untyped tables do (`execute_plan_at`): `Auto` reads
+    /// every tablet at one fresh timestamp when the table has more than one
+    /// (one tablet is read at one instant anyway), `On` always, `Off` never,
+    /// `At(ts)` at `ts`. A fresh timestamp refused with `SnapshotTooOld` (a
+    /// shard that had kept no versions begins keeping them when refused) is
+    /// replaced by a new one, at most `MAX_SNAPSHOT_RETRIES` times; `At(ts)`
+    /// is not retried. The outcome's `snapshot_ts` is the one read (0: none).
+    pub async fn query_snapshot(
+        &self,
+        table: u64,
+        plan: &QueryPlan,
+        index: Option<&IndexProbe>,
+        at: AtSnapshot,
+    ) -> Result<QueryOutcome, ClientError> {
+        let fresh = match at {
+            AtSnapshot::Off => false,
+            AtSnapshot::At(ts) => return self.query_at(table, plan, index, ts).await,
+            AtSnapshot::On => true,
+            AtSnapshot::Auto => {
+                let deadline = Instant::now() + self.inner.config.op_timeout;
+                self.tablet_ranges(table, deadline).await?.0.len() > 1
+            }
+        };
+        if !fresh {
+            return self.query_ts(table, plan, index, 0).await;
+        }
+        let deadline = Instant::now() + self.inner.config.op_timeout;
+        let mut retries = 0;
+        loop {
+            // Handed out by the oracle just now: no need to ask it again.
+            let ts = self.timestamp().await?;
+            match self.query_ts(table, plan, index, ts).await {
+                Err(e)
+                    if e.status() == Some(Status::SnapshotTooOld)
+                        && retries < MAX_SNAPSHOT_RETRIES
+                        && Instant::now() < deadline =>
+                {
+                    retries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// `query_at` without the check of the timestamp.
+    async fn query_ts(
+        &self,
+        table: u64,
+        plan: &QueryPlan,
+        index: Option<&IndexProbe>,
+        snapshot_ts: u64,
+    ) -> Result<QueryOutcome, ClientError> {
         let schema = self.typed_schema(table).await?;
         // Refuse a bad plan here with the servers' own check.
         insitu_query::compile(&schema, plan)
@@ -178,7 +236,9 @@ impl Client {
                 self.refresh(table, seen, deadline).await?;
                 continue;
             }
-            return merge_pages(&schema, plan, ranges.len(), pages);
+            let mut out = merge_pages(&schema, plan, ranges.len(), pages)?;
+            out.snapshot_ts = snapshot_ts;
+            return Ok(out);
         }
     }
 
@@ -291,6 +351,7 @@ fn merge_pages(
         tablets,
         pages: pages.len() as u64,
         max_server_time: Duration::ZERO,
+        snapshot_ts: 0,
     };
     let mut batches = Vec::new();
     let mut groups = Vec::new();

@@ -16,9 +16,21 @@ fn typed_table_from_the_cli() {
     let mut cluster = Cluster::start(2, 2);
     users_table(&cluster);
     assert_eq!(cluster.answer(&["count", "users"]), "3");
-    // Typed queries have no snapshot: asked for one, the CLI says so.
-    let (code, _, err) = cluster.cli(&["count", "users", "--at-snapshot"]);
-    assert!(code != 0 && err.contains("untyped tables only"), "{err}");
+    // Typed counts and aggregates read one snapshot, as untyped ones do: by
+    // default when the table has several tablets, always with
+    // --at-snapshot, never with --no-snapshot (the stderr line names it).
+    for (args, snapshot) in [
+        (&["count", "users"][..], true),
+        (&["count", "users", "--at-snapshot"], true),
+        (&["agg", "users", "sum", "score", "--at-snapshot"], true),
+        (&["count", "users", "--no-snapshot"], false),
+    ] {
+        let (code, out, err) = cluster.cli(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let want = if args[0] == "count" { "3" } else { "12.75" };
+        assert_eq!(out.trim(), want, "{args:?}");
+        assert_eq!(err.contains(" at snapshot "), snapshot, "{args:?}: {err}");
+    }
     for (filter, want) in [
         ("age > 30", "2"),
         ("age is null", "1"),

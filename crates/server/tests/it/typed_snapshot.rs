@@ -177,3 +177,100 @@ async fn typed_queries_at_a_snapshot_read_the_rows_as_of_its_timestamp() {
         Err(Status::BadRequest)
     );
 }
+
+/// The sum of a typed column read with `query_snapshot` (`AtSnapshot::Auto`
+/// on 4 tablets: one fresh timestamp per query) never shows half of a
+/// transaction, while one writes pairs of rows that sum to zero: each
+/// commit sets row 2j to i and row 2j+1 to -i, and the two rows of a pair
+/// lie on different tablets for most pairs. Read each tablet as it is, a
+/// sum could see one row of a commit and not the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_sums_at_a_snapshot_never_see_half_a_transaction() {
+    use insitu_client::AtSnapshot;
+    let node = common::start(|c| c.shards = 2).await;
+    let config = ClientConfig {
+        op_timeout: Duration::from_secs(30),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&node.addr(), config).await.unwrap();
+    let schema = insitu_rows::text::parse_schema("id int64, bal int64", "id").unwrap();
+    let t = client
+        .create_table_with("pairs", 4, Some(schema.clone()))
+        .await
+        .unwrap()
+        .id;
+    const PAIRS: i64 = 16;
+    let zeros: Vec<Vec<Scalar>> = (0..2 * PAIRS)
+        .map(|id| vec![Scalar::Int(id), Scalar::Int(0)])
+        .collect();
+    for r in client.put_rows(t, &zeros).await.unwrap() {
+        r.unwrap();
+    }
+    let plan = QueryPlan {
+        filter: Vec::new(),
+        output: QueryOutput::Rows {
+            columns: vec![0, 1],
+            order_by: Vec::new(),
+            limit: None,
+        },
+    };
+    // (rows, sum of bal, snapshot read) of one query.
+    let read = |at: AtSnapshot| {
+        let (client, plan) = (client.clone(), plan.clone());
+        async move {
+            let out = client.query_snapshot(t, &plan, None, at).await.unwrap();
+            let QueryAnswer::Rows(batches) = out.answer else {
+                panic!("rows expected");
+            };
+            let (mut n, mut sum) = (0, 0i64);
+            for b in &batches {
+                for i in 0..b.num_rows() {
+                    let Ok([_, Scalar::Int(bal)]) =
+                        <[Scalar; 2]>::try_from(batch_row(b, i).unwrap())
+                    else {
+                        panic!("two int64 columns expected");
+                    };
+                    n += 1;
+                    sum += bal;
+                }
+            }
+            (n, sum, out.snapshot_ts)
+        }
+    };
+    assert_eq!(read(AtSnapshot::Auto).await.0, 2 * PAIRS);
+    assert_eq!(read(AtSnapshot::Off).await.2, 0, "Off reads no snapshot");
+
+    let writer = {
+        let (client, schema) = (client.clone(), schema.clone());
+        tokio::spawn(async move {
+            for i in 1..=150i64 {
+                let j = i % PAIRS;
+                let (client, schema) = (client.clone(), schema.clone());
+                client
+                    .transaction(|mut tx| {
+                        let schema = schema.clone();
+                        async move {
+                            let a = [Scalar::Int(2 * j), Scalar::Int(i)];
+                            let b = [Scalar::Int(2 * j + 1), Scalar::Int(-i)];
+                            tx.write_row(t, &schema, &a)?;
+                            tx.write_row(t, &schema, &b)?;
+                            Ok((tx, ()))
+                        }
+                    })
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() {
+        let (n, sum, ts) = read(AtSnapshot::Auto).await;
+        assert!(ts != 0, "4 tablets: Auto reads one snapshot");
+        assert_eq!((n, sum), (2 * PAIRS, 0), "at snapshot {ts}");
+        reads += 1;
+    }
+    writer.await.unwrap();
+    assert!(reads > 0);
+    let (n, sum, _) = read(AtSnapshot::On).await;
+    assert_eq!((n, sum), (2 * PAIRS, 0));
+}
