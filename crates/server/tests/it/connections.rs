@@ -1,7 +1,8 @@
 //! Bounded connections: partly received frames stay within the shard's frame
 //! budget and a fresh client is still served; stalled and idle connections are
 //! closed after their (short, test-configured) timeouts; at the connection
-//! limit the longest-idle connection makes room for a new one.
+//! limit the longest-idle connection makes room for a new one, on a shard's
+//! port and on the backup port.
 
 use crate::common;
 
@@ -116,5 +117,33 @@ async fn at_the_limit_the_longest_idle_connection_makes_room() {
     ping(&c.shard).await;
     // The oldest was closed to let the new client in.
     assert!(until_closed(&mut idle[0]).await.is_empty());
+    c.stop().await;
+}
+
+/// The backup port has the same limit: at it, the longest-idle connection
+/// makes room. The coordinator's failure detector holds a connection to
+/// this port too (it pings it), so which connections are evicted is not
+/// exact: 8 connections arrive at a limit of 4, each pinged once, so at
+/// least 4 evictions happen; the detector's connection, which is idle again
+/// and re-registered after every ping, can take at most a couple of them
+/// and the rest fall on the oldest of these 8: the first two are closed,
+/// and a fresh client is served.
+#[tokio::test(flavor = "current_thread")]
+async fn the_backup_port_at_its_limit_evicts_the_longest_idle() {
+    let c = cluster(ConnLimits {
+        max_connections: 4,
+        ..ConnLimits::default()
+    })
+    .await;
+    let backup = c.node.server.backup_addr.to_string();
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        let mut s = TcpStream::connect(&backup).await.unwrap();
+        raw_ping(&mut s).await;
+        idle.push(s);
+    }
+    ping(&backup).await;
+    assert!(until_closed(&mut idle[0]).await.is_empty());
+    assert!(until_closed(&mut idle[1]).await.is_empty());
     c.stop().await;
 }
