@@ -1,6 +1,7 @@
 //! `insitu sql`: SQL over the cluster's typed tables (DataFusion on the
 //! client, filters, projections, limits and aggregates pushed to the servers),
-//! as the rows are or at one snapshot of every table (`--snapshot`, `--at`).
+//! as the rows are or at one snapshot of every table (`--snapshot`, `--at`;
+//! a one-statement query by default when a typed table has several tablets).
 
 use std::io::Write;
 
@@ -25,6 +26,12 @@ pub struct SqlArgs {
     /// ones not at all, while writes go on. In the shell every statement reads that instant.
     #[arg(long, conflicts_with = "at")]
     pub snapshot: bool,
+    /// Read each table as it is when its tablets are scanned, with no timestamp. Without this
+    /// (and without --snapshot/--at), a one-statement query (SELECT, WITH, VALUES) reads one
+    /// fresh snapshot when a typed table has more than one tablet, as `count` and `agg` do;
+    /// UPDATE, DELETE, EXPLAIN and the shell read the rows as they are.
+    #[arg(long, conflicts_with_all = ["snapshot", "at"])]
+    pub no_snapshot: bool,
     /// Read every table as of TS, a timestamp `--snapshot` printed. Refused if the oracle has
     /// not handed it out yet, or if the servers no longer keep versions that old (they keep
     /// them while snapshots are read, for a bounded time).
@@ -46,15 +53,30 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         return insitu_sql::shell::run_shell(&ctx, format, rt.handle()).map_err(anyhow::Error::msg);
     };
     let mut ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
+    // A snapshot this command chose itself (none was asked for or refused).
+    let by_default =
+        ts == 0 && !a.no_snapshot && is_query(&sql) && rt.block_on(several_tablets(&client))?;
+    if by_default {
+        ts = rt.block_on(client.timestamp())?;
+    }
     let mut retries = 0;
     let (schema, batches) = loop {
         let (ctx, errors) = rt.block_on(context_at(&client, ts))?;
         match rt.block_on(insitu_sql::query(&ctx, &sql)) {
             Ok(answer) => break answer,
             Err(e) => {
-                let too_old = errors
-                    .take()
+                let first = errors.take();
+                let too_old = first
+                    .as_ref()
                     .is_some_and(|c| c.status() == Some(Status::SnapshotTooOld));
+                if !too_old && by_default && first.is_some() {
+                    // A server refused a scan at the snapshot (an answer of
+                    // too many rows to hold at one): say how to read without.
+                    bail!(
+                        "{e}\n(this query read one snapshot, the default on tables of several \
+                         tablets; run it again with --no-snapshot to read the rows as they are)"
+                    );
+                }
                 if !too_old {
                     return Err(e.into());
                 }
@@ -70,7 +92,9 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
                     return Err(e.into());
                 }
                 ts = rt.block_on(client.timestamp())?;
-                eprintln!("snapshot at timestamp {ts}");
+                if a.snapshot {
+                    eprintln!("snapshot at timestamp {ts}");
+                }
             }
         }
     };
@@ -78,6 +102,30 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     write_batches(&schema, &batches, format, &mut out).map_err(anyhow::Error::msg)?;
     out.flush()?;
     Ok(())
+}
+
+/// Whether `sql` is one statement that only reads (a query: SELECT, WITH,
+/// VALUES), which reads a snapshot by default. Anything else, or text that
+/// does not parse (its run reports why), reads the rows as they are: an
+/// UPDATE or DELETE changes the newest rows and is refused at a snapshot.
+fn is_query(sql: &str) -> bool {
+    use insitu_sql::datafusion::sql::parser::{DFParser, Statement};
+    use insitu_sql::datafusion::sql::sqlparser::ast::Statement as Sql;
+    match DFParser::parse_sql(sql) {
+        Ok(statements) if statements.len() == 1 => {
+            matches!(&statements[0], Statement::Statement(s) if matches!(**s, Sql::Query(_)))
+        }
+        _ => false,
+    }
+}
+
+/// Whether some typed table has more than one tablet: a query over a table
+/// of one tablet reads one instant of it anyway, so needs no timestamp.
+async fn several_tablets(client: &Client) -> Result<bool, ClientError> {
+    let tables = client.list_tables().await?;
+    Ok(tables
+        .iter()
+        .any(|t| t.schema.is_some() && t.tablets.len() > 1))
 }
 
 /// The timestamp to read at (0: the rows as they are), checked; a fresh

@@ -273,3 +273,80 @@ fn sql_at_a_snapshot_reads_one_instant_of_every_table() {
     let e = fails(cluster.cli(&["txn", bad.to_str().unwrap()]));
     assert!(e.contains("age") || e.contains("notanumber"), "{e}");
 }
+
+/// A query reads one snapshot by default on tables of several tablets: while
+/// `insitu txn` writes pairs of rows that sum to zero (row 2j to i, row 2j+1
+/// to -i, the two rows mostly on different tablets and shards), every
+/// `select sum(bal)` answers 0. With `--no-snapshot` a sum may see one row
+/// of a commit and not the other; it is run once here only to check the
+/// flag is taken. An UPDATE is not a query and runs without a snapshot.
+#[test]
+fn sql_queries_read_one_snapshot_by_default() {
+    let cluster = Cluster::start(1, 2);
+    ok(cluster.cli(&[
+        "table",
+        "create",
+        "pairs",
+        "--schema",
+        "id int64, bal int64",
+        "--key",
+        "id",
+        "--tablets",
+        "4",
+    ]));
+    const PAIRS: i64 = 8;
+    let rows: Vec<String> = (0..2 * PAIRS)
+        .map(|id| format!("insert pairs {id},0"))
+        .collect();
+    let script = cluster.dir.path().join("zeros.txn");
+    std::fs::write(&script, rows.join("\n") + "\n").unwrap();
+    ok(cluster.cli(&["txn", script.to_str().unwrap()]));
+    let query = "select sum(bal) as s, count(*) as n from pairs";
+    let want = format!("s,n\n0,{}\n", 2 * PAIRS);
+    assert_eq!(sql_csv(&cluster, query), want);
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Two writers, each on its own half of the pairs (no conflicts).
+        for w in 0..2i64 {
+            let stop = &stop;
+            let cluster = &cluster;
+            scope.spawn(move || {
+                let script = cluster.dir.path().join(format!("pair{w}.txn"));
+                let mut i = 1i64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let j = (2 * i + w) % PAIRS;
+                    let text = format!(
+                        "insert pairs {},{i}\ninsert pairs {},{}\n",
+                        2 * j,
+                        2 * j + 1,
+                        -i
+                    );
+                    std::fs::write(&script, text).unwrap();
+                    ok(cluster.cli(&["txn", script.to_str().unwrap()]));
+                    i += 1;
+                }
+            });
+        }
+        let answers: Vec<(i32, String, String)> = (0..50)
+            .map(|_| cluster.cli(&["sql", "--format", "csv", query]))
+            .collect();
+        // Stopped before any assertion, so a failing one does not leave
+        // the writer running and the scope waiting for it.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for (code, out, err) in answers {
+            assert_eq!((code, out.as_str()), (0, want.as_str()), "{err}");
+        }
+    });
+    let out = ok(cluster.cli(&["sql", "--no-snapshot", "--format", "csv", query]));
+    assert!(out.starts_with("s,n\n"), "{out}");
+    let e = fails(cluster.cli(&["sql", "--no-snapshot", "--snapshot", query]));
+    assert!(
+        e.contains("--no-snapshot") || e.contains("cannot be used"),
+        "{e}"
+    );
+    // An UPDATE is not a query: it runs (on the newest rows) by default.
+    ok(cluster.cli(&["sql", "update pairs set bal = 1 where id >= 0"]));
+    let ones = 2 * PAIRS;
+    assert_eq!(sql_csv(&cluster, query), format!("s,n\n{ones},{ones}\n"));
+}
