@@ -69,7 +69,10 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
                 let too_old = first
                     .as_ref()
                     .is_some_and(|c| c.status() == Some(Status::SnapshotTooOld));
-                if !too_old && by_default && first.is_some() {
+                let refused = first
+                    .as_ref()
+                    .is_some_and(|c| c.status() == Some(Status::BadRequest));
+                if by_default && refused {
                     // A server refused a scan at the snapshot (an answer of
                     // too many rows to hold at one): say how to read without.
                     bail!(

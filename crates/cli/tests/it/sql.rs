@@ -350,3 +350,39 @@ fn sql_queries_read_one_snapshot_by_default() {
     let ones = 2 * PAIRS;
     assert_eq!(sql_csv(&cluster, query), format!("s,n\n{ones},{ones}\n"));
 }
+
+/// A query whose answer is too large to hold at one snapshot (rows of a
+/// 14 MiB server that cannot also hold them as pages) is refused at the
+/// default snapshot with a line saying how to read without one, and
+/// `--no-snapshot` reads it (paged in hash order).
+#[test]
+fn a_default_snapshot_too_large_to_hold_says_how_to_read_without() {
+    let (_up, _line, addr, dir) = common::start_up(1, 14);
+    let cli = |args: &[&str]| common::cli(&addr, args);
+    ok(cli(&[
+        "table",
+        "create",
+        "wide",
+        "--schema",
+        "id int64, pad utf8",
+        "--key",
+        "id",
+        "--tablets",
+        "2",
+    ]));
+    let csv = dir.path().join("wide.csv");
+    let mut text = String::from("id,pad\n");
+    for i in 0..12_000 {
+        text.push_str(&format!("{i},{i:0>500}\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    ok(cli(&["load", "wide", csv.to_str().unwrap()]));
+    let query = "select id, pad from wide";
+    let e = fails(cli(&["sql", "--format", "csv", query]));
+    assert!(
+        e.contains("more than one tablet may hold") && e.contains("--no-snapshot"),
+        "{e}"
+    );
+    let out = ok(cli(&["sql", "--no-snapshot", "--format", "csv", query]));
+    assert_eq!(out.lines().count(), 1 + 12_000);
+}
