@@ -65,11 +65,16 @@ class Client:
         Raises ``TableExists`` if the name is taken, ``BadRequest`` for a bad
         name or tablet count, ``ValueError``/``TypeError`` for a bad schema.
         """
-    def sql(self, query: str) -> Any:
+    def sql(self, query: str, *, snapshot: Optional[bool] = None) -> Any:
         """Run a SQL query over the cluster's typed tables; the result as a
         ``pyarrow.Table``. Filters, projections, limits and aggregates run
         on the servers where they can; joins and the rest in this process.
-        Raises ``SqlError`` for SQL that does not parse or plan. Needs pyarrow."""
+        Raises ``SqlError`` for SQL that does not parse or plan. Needs pyarrow.
+
+        ``snapshot``: None (the default) reads every table at one fresh
+        snapshot when the statement is a query and a typed table has several
+        tablets, as ``count`` does; True always; False reads the rows as they
+        are (an UPDATE or DELETE always does)."""
     def tables(self) -> list[str]:
         """The names of the tables."""
     def drop_table(self, name: str) -> None:

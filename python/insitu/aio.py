@@ -63,9 +63,9 @@ class AsyncClient:
         return AsyncTable(await asyncio.to_thread(self.sync.create_table, name, tablets,
                                                   schema=schema, key=key))
 
-    async def sql(self, query: str) -> Any:
+    async def sql(self, query: str, *, snapshot: Optional[bool] = None) -> Any:
         """``insitu.Client.sql``, awaited: the result as a ``pyarrow.Table``."""
-        return await asyncio.to_thread(self.sync.sql, query)
+        return await asyncio.to_thread(self.sync.sql, query, snapshot=snapshot)
 
     async def tables(self) -> list[str]:
         return await asyncio.to_thread(self.sync.tables)

@@ -8,11 +8,13 @@
 //! version, at the cost of one copy of a result into a Python `bytes`
 //! (pyarrow then reads the stream in place, without copying it again).
 
-use insitu_client::{BlockingClient, ClientError, Status};
+use insitu_client::{
+    AtSnapshot, BlockingClient, Client, ClientError, MAX_SNAPSHOT_RETRIES, Status,
+};
 use insitu_protocol::schema::{Column, Schema};
 use insitu_rows::ColumnMap;
 use insitu_sql::SqlError;
-use insitu_sql::cluster::{FirstError, cluster_tables_at};
+use insitu_sql::cluster::{FirstError, cluster_tables_at, snapshot_by_default};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -32,45 +34,81 @@ fn helpers(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("insitu._arrow")
 }
 
-/// Run `query` over the cluster's typed tables, read as of `snapshot_ts`
-/// (0: as they are); its result as a `pyarrow.Table`.
+/// Run `query` over the cluster's typed tables, read as `at` says; its
+/// result as a `pyarrow.Table`. `At(ts)` (`Snapshot.sql`) reads at `ts` and
+/// raises `SnapshotTooOld` as `Unavailable` (`read_only` retries it); `On`
+/// takes a fresh timestamp, replaced when a shard refuses it as too old (it
+/// had kept no versions and begins keeping them), as `count` does; `Auto`
+/// does so for a query when a typed table has several tablets
+/// (`insitu_sql::cluster::snapshot_by_default`), else reads as `Off`: the
+/// rows as they are.
 pub fn sql(
     py: Python<'_>,
     client: &BlockingClient,
     query: &str,
-    snapshot_ts: u64,
+    at: AtSnapshot,
 ) -> PyResult<Py<PyAny>> {
     // Import first: without pyarrow, fail before doing the work.
     let helpers = helpers(py)?;
-    let errors = FirstError::default();
     let ipc = py
         .detach(|| {
             client.block_on(async {
-                // The table list is a client call of its own, so that a down
-                // cluster raises ConnectionError/Timeout, not a SQL error.
-                let tables = cluster_tables_at(client.async_client(), snapshot_ts, &errors)
-                    .await
-                    .map_err(QueryFailure::Client)?;
-                let ctx = insitu_sql::context(tables)
-                    .await
-                    .map_err(QueryFailure::Sql)?;
-                // A scan that failed in the client raises that error's own
-                // exception (SnapshotTooOld is retried by `read_only`).
-                let (schema, batches) =
-                    insitu_sql::query(&ctx, query)
+                let c = client.async_client();
+                let fresh = match at {
+                    AtSnapshot::At(ts) => return query_at(c, query, ts).await,
+                    AtSnapshot::Off => false,
+                    AtSnapshot::On => true,
+                    AtSnapshot::Auto => snapshot_by_default(c, query)
                         .await
-                        .map_err(|e| match errors.take() {
-                            Some(client_error) => QueryFailure::Client(client_error),
-                            None => QueryFailure::Sql(e),
-                        })?;
-                insitu_rows::arrow::to_ipc(&schema, &batches)
-                    .map_err(|e| QueryFailure::Sql(SqlError::Execution(e.to_string())))
+                        .map_err(QueryFailure::Client)?,
+                };
+                if !fresh {
+                    return query_at(c, query, 0).await;
+                }
+                let mut retries = 0;
+                loop {
+                    let ts = c.timestamp().await.map_err(QueryFailure::Client)?;
+                    match query_at(c, query, ts).await {
+                        Err(QueryFailure::Client(e))
+                            if e.status() == Some(Status::SnapshotTooOld)
+                                && retries < MAX_SNAPSHOT_RETRIES =>
+                        {
+                            retries += 1;
+                        }
+                        other => return other,
+                    }
+                }
             })
         })
         .map_err(|e| e.into_py(py))?;
     let bytes = PyBytes::new(py, &ipc);
     drop(ipc);
     Ok(helpers.call_method1("table_from_ipc", (bytes,))?.unbind())
+}
+
+/// `query` over the cluster's typed tables as of `snapshot_ts` (0: as the
+/// rows are), as an Arrow IPC stream.
+async fn query_at(client: &Client, query: &str, snapshot_ts: u64) -> Result<Vec<u8>, QueryFailure> {
+    let errors = FirstError::default();
+    // The table list is a client call of its own, so that a down cluster
+    // raises ConnectionError/Timeout, not a SQL error.
+    let tables = cluster_tables_at(client, snapshot_ts, &errors)
+        .await
+        .map_err(QueryFailure::Client)?;
+    let ctx = insitu_sql::context(tables)
+        .await
+        .map_err(QueryFailure::Sql)?;
+    // A scan that failed in the client raises that error's own exception
+    // (SnapshotTooOld is retried above or by `read_only`).
+    let (schema, batches) =
+        insitu_sql::query(&ctx, query)
+            .await
+            .map_err(|e| match errors.take() {
+                Some(client_error) => QueryFailure::Client(client_error),
+                None => QueryFailure::Sql(e),
+            })?;
+    insitu_rows::arrow::to_ipc(&schema, &batches)
+        .map_err(|e| QueryFailure::Sql(SqlError::Execution(e.to_string())))
 }
 
 /// Why `sql` failed: a client call (typed exceptions) or the query.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use insitu_client::{BlockingClient, ClientConfig, Token};
+use insitu_client::{AtSnapshot, BlockingClient, ClientConfig, Token};
 use insitu_protocol::plan::{MAX_DIMS, PointLayout};
 use numpy::{PyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -161,8 +161,19 @@ impl Client {
     /// projections, limits and aggregates run on the servers where they
     /// can; joins and the rest run here (Apache DataFusion). Raises
     /// `SqlError` for SQL that does not parse or plan. Needs pyarrow.
-    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Py<PyAny>> {
-        crate::arrow::sql(py, &self.inner, query, 0)
+    ///
+    /// `snapshot`: None (the default) reads every table at one fresh
+    /// snapshot when the statement is a query and a typed table has several
+    /// tablets, as `count` does; True always; False reads the rows as they
+    /// are (an UPDATE or DELETE always does).
+    #[pyo3(signature = (query, *, snapshot=None))]
+    fn sql(&self, py: Python<'_>, query: &str, snapshot: Option<bool>) -> PyResult<Py<PyAny>> {
+        let at = match snapshot {
+            None => AtSnapshot::Auto,
+            Some(true) => AtSnapshot::On,
+            Some(false) => AtSnapshot::Off,
+        };
+        crate::arrow::sql(py, &self.inner, query, at)
     }
 
     /// The names of the tables, in the coordinator's order.

@@ -2,7 +2,7 @@
 //! tables as of one timestamp (the Rust client's `Snapshot`, blocking, GIL
 //! released), and `Client.read_only`, which retries a refused snapshot.
 
-use insitu_client::{BlockingClient, BlockingSnapshot, MAX_SNAPSHOT_RETRIES};
+use insitu_client::{AtSnapshot, BlockingClient, BlockingSnapshot, MAX_SNAPSHOT_RETRIES};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -49,7 +49,7 @@ impl Snapshot {
     /// that needs more than the pages one tablet may hold is refused
     /// (`BadRequest`): aggregate, or select fewer rows or columns.
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Py<PyAny>> {
-        crate::arrow::sql(py, &self.client, query, self.inner.ts())
+        crate::arrow::sql(py, &self.client, query, AtSnapshot::At(self.inner.ts()))
     }
 
     /// The value of `key` in `table` as of the snapshot (None if absent then).

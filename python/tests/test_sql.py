@@ -6,6 +6,7 @@ import datetime
 import decimal
 import os
 import subprocess
+import threading
 import uuid
 
 import pyarrow as pa
@@ -309,9 +310,9 @@ def test_a_snapshot_runs_sql_as_of_its_instant_and_read_only_retries_it(own_clus
     t = c.create_table("snapsql", schema=SCHEMA_TEXT, key="id")
     t.insert_arrow(rows(500))
     query = f"SELECT count(*) AS n, sum(qty) AS q FROM {t.name} WHERE rush"
-    want = c.sql(query).to_pylist()
-    # A fresh cluster keeps no old versions yet: the first snapshot read is
-    # refused with the typed error read_only retries.
+    want = c.sql(query, snapshot=False).to_pylist()
+    # A fresh cluster keeps no old versions yet (no snapshot was read): the
+    # first snapshot read is refused with the typed error read_only retries.
     early = c.snapshot()
     with pytest.raises(insitu.Unavailable) as e:
         early.sql(query)
@@ -328,3 +329,46 @@ def test_a_snapshot_runs_sql_as_of_its_instant_and_read_only_retries_it(own_clus
     # SQL errors are still SQL errors at a snapshot.
     with pytest.raises(insitu.SqlError):
         c.snapshot(ts=seen[-1]).sql("SELECT nope FROM snapsql")
+
+
+def test_sql_reads_one_snapshot_by_default_while_transactions_write(client):
+    """A query reads every tablet at one instant by default: while a thread
+    writes pairs of rows that sum to zero in transactions (row 2j to i, row
+    2j+1 to -i), every sum is 0. snapshot=False reads the rows as they are
+    (a sum there may see half of a commit, so it is not checked)."""
+    name = unique("pairs")
+    t = client.create_table(name, tablets=4, schema="id int64, bal int64", key="id")
+    try:
+        pairs = 8
+        t.insert_arrow(pa.table({"id": pa.array(range(2 * pairs), pa.int64()),
+                                 "bal": pa.array([0] * (2 * pairs), pa.int64())}))
+        query = f"SELECT sum(bal) AS s, count(*) AS n FROM {name}"
+        want = [{"s": 0, "n": 2 * pairs}]
+        stop = threading.Event()
+        errors = []
+
+        def writer():
+            i = 1
+            try:
+                while not stop.is_set():
+                    j = i % pairs
+                    with client.transaction() as tx:
+                        tx.insert(t, {"id": 2 * j, "bal": i})
+                        tx.insert(t, {"id": 2 * j + 1, "bal": -i})
+                    i += 1
+            except Exception as e:  # reported below, not lost in the thread
+                errors.append(e)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            answers = [client.sql(query).to_pylist() for _ in range(40)]
+        finally:
+            stop.set()
+            thread.join()
+        assert not errors, errors
+        assert all(a == want for a in answers), [a for a in answers if a != want]
+        assert client.sql(query, snapshot=True).to_pylist() == want
+        assert client.sql(query, snapshot=False).to_pylist()[0]["n"] == 2 * pairs
+    finally:
+        client.drop_table(name)

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use insitu_client::{Client, ClientError, MAX_SNAPSHOT_RETRIES, Status};
-use insitu_sql::cluster::{FirstError, cluster_tables_at};
+use insitu_sql::cluster::{FirstError, cluster_tables_at, snapshot_by_default};
 use insitu_sql::format::{Format, write_batches};
 
 use crate::ClusterArg;
@@ -55,7 +55,7 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let mut ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
     // A snapshot this command chose itself (none was asked for or refused).
     let by_default =
-        ts == 0 && !a.no_snapshot && is_query(&sql) && rt.block_on(several_tablets(&client))?;
+        ts == 0 && !a.no_snapshot && rt.block_on(snapshot_by_default(&client, &sql))?;
     if by_default {
         ts = rt.block_on(client.timestamp())?;
     }
@@ -105,30 +105,6 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     write_batches(&schema, &batches, format, &mut out).map_err(anyhow::Error::msg)?;
     out.flush()?;
     Ok(())
-}
-
-/// Whether `sql` is one statement that only reads (a query: SELECT, WITH,
-/// VALUES), which reads a snapshot by default. Anything else, or text that
-/// does not parse (its run reports why), reads the rows as they are: an
-/// UPDATE or DELETE changes the newest rows and is refused at a snapshot.
-fn is_query(sql: &str) -> bool {
-    use insitu_sql::datafusion::sql::parser::{DFParser, Statement};
-    use insitu_sql::datafusion::sql::sqlparser::ast::Statement as Sql;
-    match DFParser::parse_sql(sql) {
-        Ok(statements) if statements.len() == 1 => {
-            matches!(&statements[0], Statement::Statement(s) if matches!(**s, Sql::Query(_)))
-        }
-        _ => false,
-    }
-}
-
-/// Whether some typed table has more than one tablet: a query over a table
-/// of one tablet reads one instant of it anyway, so needs no timestamp.
-async fn several_tablets(client: &Client) -> Result<bool, ClientError> {
-    let tables = client.list_tables().await?;
-    Ok(tables
-        .iter()
-        .any(|t| t.schema.is_some() && t.tablets.len() > 1))
 }
 
 /// The timestamp to read at (0: the rows as they are), checked; a fresh

@@ -221,6 +221,36 @@ pub async fn cluster_tables_at(
         .collect())
 }
 
+/// Whether `sql` is one statement that only reads (a query: SELECT, WITH,
+/// VALUES). Anything else, or text that does not parse (its run reports
+/// why), is not: an UPDATE or DELETE changes the newest rows and is refused
+/// at a snapshot.
+pub fn reads_only(sql: &str) -> bool {
+    use datafusion::sql::parser::{DFParser, Statement};
+    use datafusion::sql::sqlparser::ast::Statement as Sql;
+    match DFParser::parse_sql(sql) {
+        Ok(statements) if statements.len() == 1 => {
+            matches!(&statements[0], Statement::Statement(s) if matches!(**s, Sql::Query(_)))
+        }
+        _ => false,
+    }
+}
+
+/// Whether `sql` reads one snapshot when none is asked for or refused, as
+/// `count` and `agg` do: a query (`reads_only`) while some typed table has
+/// more than one tablet (one tablet is read at one instant anyway; the
+/// tables the query names are not resolved here, so any multi-tablet typed
+/// table counts).
+pub async fn snapshot_by_default(client: &Client, sql: &str) -> Result<bool, ClientError> {
+    if !reads_only(sql) {
+        return Ok(false);
+    }
+    let tables = client.list_tables().await?;
+    Ok(tables
+        .iter()
+        .any(|t| t.schema.is_some() && t.tablets.len() > 1))
+}
+
 /// A SQL session over every typed table of the cluster `client` reaches.
 pub async fn cluster_context(
     client: &Client,
@@ -229,4 +259,33 @@ pub async fn cluster_context(
         .await
         .map_err(|e| crate::SqlError::Execution(format!("listing the cluster's tables: {e}")))?;
     crate::context(tables).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_only;
+
+    /// Only one statement that reads takes a snapshot by default: a write,
+    /// an EXPLAIN, two statements or text that does not parse do not.
+    #[test]
+    fn only_a_single_query_reads_only() {
+        for sql in [
+            "select 1",
+            "SELECT count(*) FROM lineitem WHERE l_quantity < 24",
+            "with t as (select 1 as a) select a from t",
+            "values (1), (2)",
+        ] {
+            assert!(reads_only(sql), "{sql}");
+        }
+        for sql in [
+            "update t set a = 1",
+            "delete from t where a = 1",
+            "explain select 1",
+            "select 1; select 2",
+            "selec 1",
+            "",
+        ] {
+            assert!(!reads_only(sql), "{sql}");
+        }
+    }
 }
