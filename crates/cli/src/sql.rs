@@ -1,13 +1,16 @@
 //! `insitu sql`: SQL over the cluster's typed tables (DataFusion on the
 //! client, filters, projections, limits and aggregates pushed to the servers),
 //! as the rows are or at one snapshot of every table (`--snapshot`, `--at`;
-//! a one-statement query by default when a typed table has several tablets).
+//! a query by default when a typed table has several tablets, in the shell
+//! each statement its own).
 
 use std::io::Write;
 
 use anyhow::{Context, bail};
 use insitu_client::{Client, ClientError, MAX_SNAPSHOT_RETRIES, Status};
 use insitu_sql::cluster::{FirstError, cluster_tables_at, snapshot_by_default};
+use insitu_sql::datafusion::arrow::array::RecordBatch;
+use insitu_sql::datafusion::arrow::datatypes::SchemaRef;
 use insitu_sql::format::{Format, write_batches};
 
 use crate::ClusterArg;
@@ -27,9 +30,9 @@ pub struct SqlArgs {
     #[arg(long, conflicts_with = "at")]
     pub snapshot: bool,
     /// Read each table as it is when its tablets are scanned, with no timestamp. Without this
-    /// (and without --snapshot/--at), a one-statement query (SELECT, WITH, VALUES) reads one
-    /// fresh snapshot when a typed table has more than one tablet, as `count` and `agg` do;
-    /// UPDATE, DELETE, EXPLAIN and the shell read the rows as they are.
+    /// (and without --snapshot/--at), a statement that is a query (SELECT, WITH, VALUES), in
+    /// the shell too, reads one fresh snapshot of its own when a typed table has more than one
+    /// tablet, as `count` and `agg` do; UPDATE, DELETE and EXPLAIN read the rows as they are.
     #[arg(long, conflicts_with_all = ["snapshot", "at"])]
     pub no_snapshot: bool,
     /// Read every table as of TS, a timestamp `--snapshot` printed. Refused if the oracle has
@@ -37,6 +40,21 @@ pub struct SqlArgs {
     /// them while snapshots are read, for a bounded time).
     #[arg(long, value_name = "TS")]
     pub at: Option<u64>,
+}
+
+/// Which instant a statement reads.
+#[derive(Clone, Copy)]
+enum ReadAt {
+    /// This timestamp (0: the rows as they are). A refusal as too old is
+    /// reported, not retried: the user chose the instant (`--at`, or the
+    /// shell's one `--snapshot` for all its statements).
+    Fixed(u64),
+    /// A fresh timestamp, printed (`--snapshot` for one statement); one
+    /// refused as too old is replaced and printed again.
+    Fresh(u64),
+    /// One fresh snapshot for a query while a typed table has several
+    /// tablets, else the rows as they are (the default); replaced silently.
+    ByDefault,
 }
 
 pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
@@ -47,64 +65,80 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     let client = rt.block_on(crate::data::connect(cluster))?;
+    let ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
+    let read = match (a.snapshot, ts) {
+        _ if a.no_snapshot || a.at.is_some() => ReadAt::Fixed(ts),
+        (true, ts) if a.sql.is_some() => ReadAt::Fresh(ts),
+        (true, ts) => ReadAt::Fixed(ts),
+        (false, _) => ReadAt::ByDefault,
+    };
     let Some(sql) = a.sql else {
-        let ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
+        // The shell lists and describes the tables of this context; each
+        // statement reads as `read` says, through a context of its own.
         let (ctx, _) = rt.block_on(context_at(&client, ts))?;
-        return insitu_sql::shell::run_shell(&ctx, format, rt.handle()).map_err(anyhow::Error::msg);
+        let mut run = |sql: &str| statement(&rt, &client, sql, read).map_err(|e| format!("{e:#}"));
+        return insitu_sql::shell::run_shell(&ctx, format, rt.handle(), &mut run)
+            .map_err(anyhow::Error::msg);
     };
-    let mut ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
-    // A snapshot this command chose itself (none was asked for or refused).
-    let by_default =
-        ts == 0 && !a.no_snapshot && rt.block_on(snapshot_by_default(&client, &sql))?;
-    if by_default {
-        ts = rt.block_on(client.timestamp())?;
-    }
-    let mut retries = 0;
-    let (schema, batches) = loop {
-        let (ctx, errors) = rt.block_on(context_at(&client, ts))?;
-        match rt.block_on(insitu_sql::query(&ctx, &sql)) {
-            Ok(answer) => break answer,
-            Err(e) => {
-                let first = errors.take();
-                let too_old = first
-                    .as_ref()
-                    .is_some_and(|c| c.status() == Some(Status::SnapshotTooOld));
-                let refused = first
-                    .as_ref()
-                    .is_some_and(|c| c.status() == Some(Status::BadRequest));
-                if by_default && refused {
-                    // A server refused a scan at the snapshot (an answer of
-                    // too many rows to hold at one): say how to read without.
-                    bail!(
-                        "{e}\n(this query read one snapshot, the default on tables of several \
-                         tablets; run it again with --no-snapshot to read the rows as they are)"
-                    );
-                }
-                if !too_old {
-                    return Err(e.into());
-                }
-                if a.at.is_some() {
-                    bail!(
-                        "{e}\nthe servers no longer keep the versions of timestamp {ts}: take \
-                         a new one with `insitu sql --snapshot`"
-                    );
-                }
-                // A fresh timestamp is above the servers' floor: run again.
-                retries += 1;
-                if retries > MAX_SNAPSHOT_RETRIES {
-                    return Err(e.into());
-                }
-                ts = rt.block_on(client.timestamp())?;
-                if a.snapshot {
-                    eprintln!("snapshot at timestamp {ts}");
-                }
-            }
-        }
-    };
+    let (schema, batches) = statement(&rt, &client, &sql, read)?;
     let mut out = std::io::stdout().lock();
     write_batches(&schema, &batches, format, &mut out).map_err(anyhow::Error::msg)?;
     out.flush()?;
     Ok(())
+}
+
+/// Run one statement at the instant `read` says: its result schema and
+/// batches. Called from outside the runtime (`rt` runs it).
+fn statement(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    sql: &str,
+    read: ReadAt,
+) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
+    // A snapshot this statement chose itself (none was asked for).
+    let by_default =
+        matches!(read, ReadAt::ByDefault) && rt.block_on(snapshot_by_default(client, sql))?;
+    let mut ts = match read {
+        ReadAt::Fixed(ts) | ReadAt::Fresh(ts) => ts,
+        ReadAt::ByDefault if by_default => rt.block_on(client.timestamp())?,
+        ReadAt::ByDefault => 0,
+    };
+    let mut retries = 0;
+    loop {
+        let (ctx, errors) = rt.block_on(context_at(client, ts))?;
+        let e = match rt.block_on(insitu_sql::query(&ctx, sql)) {
+            Ok(answer) => return Ok(answer),
+            Err(e) => e,
+        };
+        let first = errors.take();
+        let status = first.as_ref().and_then(|c| c.status());
+        if by_default && status == Some(Status::BadRequest) {
+            // A server refused a scan at the snapshot (an answer of too
+            // many rows to hold at one): say how to read without.
+            bail!(
+                "{e}\n(this query read one snapshot, the default on tables of several tablets; \
+                 run it again with --no-snapshot to read the rows as they are)"
+            );
+        }
+        if status != Some(Status::SnapshotTooOld) {
+            return Err(e.into());
+        }
+        if let ReadAt::Fixed(ts) = read {
+            bail!(
+                "{e}\nthe servers no longer keep the versions of timestamp {ts}: take a new one \
+                 with `insitu sql --snapshot`"
+            );
+        }
+        // A fresh timestamp is above the servers' floor: run again.
+        retries += 1;
+        if retries > MAX_SNAPSHOT_RETRIES {
+            return Err(e.into());
+        }
+        ts = rt.block_on(client.timestamp())?;
+        if let ReadAt::Fresh(_) = read {
+            eprintln!("snapshot at timestamp {ts}");
+        }
+    }
 }
 
 /// The timestamp to read at (0: the rows as they are), checked; a fresh

@@ -3,6 +3,8 @@
 //! `exit` or Ctrl-D leave. An error is printed and the shell goes on. The
 //! history is kept in `~/.insitu_sql_history`.
 
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -77,13 +79,19 @@ impl LineBuffer {
     }
 }
 
+/// A statement's result schema and batches, or why it failed.
+pub type Answer = Result<(SchemaRef, Vec<RecordBatch>), String>;
+
 /// Run the shell on the terminal until the user leaves. Blocks the calling
-/// thread: call it from outside the tokio runtime (`handle` runs the
-/// queries), e.g. from `main` with a runtime built by hand.
+/// thread: call it from outside the tokio runtime (`handle` runs the table
+/// descriptions), e.g. from `main` with a runtime built by hand. `ctx`
+/// lists and describes the tables; `run` runs each statement (the caller
+/// chooses the instant each one reads).
 pub fn run_shell(
     ctx: &SessionContext,
     format: Format,
     handle: &tokio::runtime::Handle,
+    run: &mut dyn FnMut(&str) -> Answer,
 ) -> Result<(), String> {
     let mut rl = DefaultEditor::new().map_err(|e| format!("cannot start the shell: {e}"))?;
     let history = history_path();
@@ -119,9 +127,7 @@ pub fn run_shell(
             Command::Quit => break,
             Command::ListTables => list_tables(ctx, &mut out),
             Command::Describe(name) => handle.block_on(describe(ctx, &name, &mut out)),
-            Command::Sql(sql) => handle
-                .block_on(crate::query(ctx, &sql))
-                .map_err(|e| e.to_string())
+            Command::Sql(sql) => run(&sql)
                 .and_then(|(schema, batches)| write_batches(&schema, &batches, format, &mut out)),
         };
         if let Err(e) = result {

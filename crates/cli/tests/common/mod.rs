@@ -249,6 +249,30 @@ pub fn cli(cluster: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `cli` with `input` on its standard input (e.g. statements for the SQL
+/// shell, which reads lines from a pipe).
+pub fn cli_with_input(cluster: &str, args: &[&str], input: &str) -> (i32, String, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(insitu_bin())
+        .args(args)
+        .env("INSITU_CLUSTER", cluster)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run insitu");
+    // Dropped after writing: the shell sees the end of its input.
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(input.as_bytes()).expect("write stdin");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait for insitu");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `cli` presenting the client token in `token_file` (`--auth-token-file`).
 pub fn cli_with_token(cluster: &str, token_file: &Path, args: &[&str]) -> (i32, String, String) {
     let file = token_file.to_str().expect("utf-8 path");

@@ -277,7 +277,7 @@ fn sql_at_a_snapshot_reads_one_instant_of_every_table() {
 /// A query reads one snapshot by default on tables of several tablets: while
 /// `insitu txn` writes pairs of rows that sum to zero (row 2j to i, row 2j+1
 /// to -i, the two rows mostly on different tablets and shards), every
-/// `select sum(bal)` answers 0. With `--no-snapshot` a sum may see one row
+/// `select sum(bal)` answers 0, run alone or as statements of the shell. With `--no-snapshot` a sum may see one row
 /// of a commit and not the other; it is run once here only to check the
 /// flag is taken. An UPDATE is not a query and runs without a snapshot.
 #[test]
@@ -328,12 +328,21 @@ fn sql_queries_read_one_snapshot_by_default() {
                 }
             });
         }
-        let answers: Vec<(i32, String, String)> = (0..50)
+        let mut answers: Vec<(i32, String, String)> = (0..50)
             .map(|_| cluster.cli(&["sql", "--format", "csv", query]))
             .collect();
+        // The shell: each statement reads a snapshot of its own.
+        let statements = format!("{query};\n").repeat(30);
+        let (code, out, err) =
+            common::cli_with_input(&cluster.addr(), &["sql", "--format", "csv"], &statements);
+        for answer in out.split("s,n\n").skip(1) {
+            answers.push((code, format!("s,n\n{answer}"), err.clone()));
+        }
+        let shell_output = format!("{out}{err}");
         // Stopped before any assertion, so a failing one does not leave
         // the writer running and the scope waiting for it.
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(answers.len(), 80, "{shell_output}");
         for (code, out, err) in answers {
             assert_eq!((code, out.as_str()), (0, want.as_str()), "{err}");
         }
