@@ -14,7 +14,7 @@ use insitu_client::{
 use insitu_protocol::schema::{Column, Schema};
 use insitu_rows::ColumnMap;
 use insitu_sql::SqlError;
-use insitu_sql::cluster::{FirstError, cluster_tables_at, snapshot_by_default};
+use insitu_sql::cluster::{FirstError, Listing};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -40,7 +40,7 @@ fn helpers(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
 /// takes a fresh timestamp, replaced when a shard refuses it as too old (it
 /// had kept no versions and begins keeping them), as `count` does; `Auto`
 /// does so for a query when a typed table has several tablets
-/// (`insitu_sql::cluster::snapshot_by_default`), else reads as `Off`: the
+/// (`insitu_sql::cluster::Listing::snapshot_by_default`), else reads as `Off`: the
 /// rows as they are.
 pub fn sql(
     py: Python<'_>,
@@ -54,21 +54,23 @@ pub fn sql(
         .detach(|| {
             client.block_on(async {
                 let c = client.async_client();
+                // One listing serves the choice below and every try (the
+                // table list is a client call of its own, so that a down
+                // cluster raises ConnectionError/Timeout, not a SQL error).
+                let listing = Listing::fetch(c).await.map_err(QueryFailure::Client)?;
                 let fresh = match at {
-                    AtSnapshot::At(ts) => return query_at(c, query, ts).await,
+                    AtSnapshot::At(ts) => return query_at(c, &listing, query, ts).await,
                     AtSnapshot::Off => false,
                     AtSnapshot::On => true,
-                    AtSnapshot::Auto => snapshot_by_default(c, query)
-                        .await
-                        .map_err(QueryFailure::Client)?,
+                    AtSnapshot::Auto => listing.snapshot_by_default(query),
                 };
                 if !fresh {
-                    return query_at(c, query, 0).await;
+                    return query_at(c, &listing, query, 0).await;
                 }
                 let mut retries = 0;
                 loop {
                     let ts = c.timestamp().await.map_err(QueryFailure::Client)?;
-                    match query_at(c, query, ts).await {
+                    match query_at(c, &listing, query, ts).await {
                         Err(QueryFailure::Client(e))
                             if e.status() == Some(Status::SnapshotTooOld)
                                 && retries < MAX_SNAPSHOT_RETRIES =>
@@ -86,15 +88,16 @@ pub fn sql(
     Ok(helpers.call_method1("table_from_ipc", (bytes,))?.unbind())
 }
 
-/// `query` over the cluster's typed tables as of `snapshot_ts` (0: as the
-/// rows are), as an Arrow IPC stream.
-async fn query_at(client: &Client, query: &str, snapshot_ts: u64) -> Result<Vec<u8>, QueryFailure> {
+/// `query` over the typed tables `listing` holds as of `snapshot_ts` (0: as
+/// the rows are), as an Arrow IPC stream.
+async fn query_at(
+    client: &Client,
+    listing: &Listing,
+    query: &str,
+    snapshot_ts: u64,
+) -> Result<Vec<u8>, QueryFailure> {
     let errors = FirstError::default();
-    // The table list is a client call of its own, so that a down cluster
-    // raises ConnectionError/Timeout, not a SQL error.
-    let tables = cluster_tables_at(client, snapshot_ts, &errors)
-        .await
-        .map_err(QueryFailure::Client)?;
+    let tables = listing.tables_at(client, snapshot_ts, &errors);
     let ctx = insitu_sql::context(tables)
         .await
         .map_err(QueryFailure::Sql)?;

@@ -8,7 +8,7 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use insitu_client::{Client, ClientError, MAX_SNAPSHOT_RETRIES, Status};
-use insitu_sql::cluster::{FirstError, cluster_tables_at, snapshot_by_default};
+use insitu_sql::cluster::{FirstError, Listing};
 use insitu_sql::datafusion::arrow::array::RecordBatch;
 use insitu_sql::datafusion::arrow::datatypes::SchemaRef;
 use insitu_sql::format::{Format, write_batches};
@@ -75,7 +75,10 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let Some(sql) = a.sql else {
         // The shell lists and describes the tables of this context; each
         // statement reads as `read` says, through a context of its own.
-        let (ctx, _) = rt.block_on(context_at(&client, ts))?;
+        let listing = rt
+            .block_on(Listing::fetch(&client))
+            .context("listing the cluster's tables")?;
+        let (ctx, _) = rt.block_on(context_at(&client, &listing, ts))?;
         let mut run = |sql: &str| statement(&rt, &client, sql, read).map_err(|e| format!("{e:#}"));
         return insitu_sql::shell::run_shell(&ctx, format, rt.handle(), &mut run)
             .map_err(anyhow::Error::msg);
@@ -95,9 +98,12 @@ fn statement(
     sql: &str,
     read: ReadAt,
 ) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
+    // One listing serves the choice below and every try's session.
+    let listing = rt
+        .block_on(Listing::fetch(client))
+        .context("listing the cluster's tables")?;
     // A snapshot this statement chose itself (none was asked for).
-    let by_default =
-        matches!(read, ReadAt::ByDefault) && rt.block_on(snapshot_by_default(client, sql))?;
+    let by_default = matches!(read, ReadAt::ByDefault) && listing.snapshot_by_default(sql);
     let mut ts = match read {
         ReadAt::Fixed(ts) | ReadAt::Fresh(ts) => ts,
         ReadAt::ByDefault if by_default => rt.block_on(client.timestamp())?,
@@ -105,7 +111,7 @@ fn statement(
     };
     let mut retries = 0;
     loop {
-        let (ctx, errors) = rt.block_on(context_at(client, ts))?;
+        let (ctx, errors) = rt.block_on(context_at(client, &listing, ts))?;
         let e = match rt.block_on(insitu_sql::query(&ctx, sql)) {
             Ok(answer) => return Ok(answer),
             Err(e) => e,
@@ -160,15 +166,15 @@ async fn first_timestamp(
     Ok(ts)
 }
 
-/// A SQL session over every typed table as of `ts`, and where its scans
-/// keep their first client error (so a refused snapshot is recognised).
+/// A SQL session over every typed table `listing` holds, as of `ts`, and
+/// where its scans keep their first client error (so a refused snapshot is
+/// recognised).
 async fn context_at(
     client: &Client,
+    listing: &Listing,
     ts: u64,
 ) -> anyhow::Result<(insitu_sql::datafusion::prelude::SessionContext, FirstError)> {
     let errors = FirstError::default();
-    let tables = cluster_tables_at(client, ts, &errors)
-        .await
-        .context("listing the cluster's tables")?;
+    let tables = listing.tables_at(client, ts, &errors);
     Ok((insitu_sql::context(tables).await?, errors))
 }

@@ -1,14 +1,15 @@
 //! The cluster's typed tables as SQL tables: every plan runs through the
 //! Rust client (`Client::query_at`), which fans it out to the tablets, pages
 //! through large answers and merges partial aggregates; a session may read
-//! every table as of one snapshot timestamp (`cluster_tables_at`).
+//! every table as of one snapshot timestamp (`cluster_tables_at`,
+//! `Listing::tables_at`).
 
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use insitu_client::{Client, ClientError, QueryAnswer};
+use insitu_client::{Client, ClientError, QueryAnswer, TableInfo};
 use insitu_protocol::plan::RowAction;
 use insitu_protocol::query::{GroupPartial, IndexProbe, Pred, QueryPlan};
 use insitu_protocol::schema::Schema;
@@ -203,22 +204,67 @@ pub async fn cluster_tables_at(
     snapshot_ts: u64,
     errors: &FirstError,
 ) -> Result<Vec<Arc<dyn TableSource>>, ClientError> {
-    let tables = client.list_tables().await?;
-    Ok(tables
-        .into_iter()
-        .filter_map(|t| {
-            let schema = t.schema?;
-            Some(Arc::new(ClusterTable {
-                client: client.clone(),
-                id: t.id,
-                name: t.name,
-                schema,
-                indexes: t.indexes,
-                snapshot_ts,
-                errors: errors.clone(),
-            }) as Arc<dyn TableSource>)
+    Ok(Listing::fetch(client)
+        .await?
+        .tables_at(client, snapshot_ts, errors))
+}
+
+/// The cluster's tables as one coordinator call listed them. Why keep it: a
+/// statement decides whether it reads a snapshot (`snapshot_by_default`)
+/// and builds its session (`tables_at`) from the same listing, one round
+/// trip instead of two, and a retry at a newer timestamp lists nothing
+/// again (a table's columns cannot change under a name; one created or
+/// dropped meanwhile is seen, or refused, by the next statement).
+pub struct Listing {
+    /// Every table, typed or not, as the coordinator listed it.
+    tables: Vec<TableInfo>,
+}
+
+impl Listing {
+    /// List the cluster's tables (one coordinator call).
+    pub async fn fetch(client: &Client) -> Result<Self, ClientError> {
+        Ok(Listing {
+            tables: client.list_tables().await?,
         })
-        .collect())
+    }
+
+    /// Every typed table listed, as SQL tables read as of `snapshot_ts`
+    /// (0: as the rows are); a client error a scan meets is kept in `errors`.
+    pub fn tables_at(
+        &self,
+        client: &Client,
+        snapshot_ts: u64,
+        errors: &FirstError,
+    ) -> Vec<Arc<dyn TableSource>> {
+        self.tables
+            .iter()
+            .filter_map(|t| {
+                let schema = t.schema.clone()?;
+                Some(Arc::new(ClusterTable {
+                    client: client.clone(),
+                    id: t.id,
+                    name: t.name.clone(),
+                    schema,
+                    indexes: t.indexes.clone(),
+                    snapshot_ts,
+                    errors: errors.clone(),
+                }) as Arc<dyn TableSource>)
+            })
+            .collect()
+    }
+
+    /// Whether `sql` reads one snapshot when none is asked for or refused,
+    /// as `count` and `agg` do: a query (`reads_only`) while some typed
+    /// table has more than one tablet (one tablet is read at one instant
+    /// anyway; the tables the query names are not resolved here, so any
+    /// multi-tablet typed table counts).
+    pub fn snapshot_by_default(&self, sql: &str) -> bool {
+        reads_only(sql)
+            && self
+                .tables
+                .iter()
+                .any(|t| t.schema.is_some() && t.tablets.len() > 1)
+    }
 }
 
 /// Whether `sql` is one statement that only reads (a query: SELECT, WITH,
@@ -234,21 +280,6 @@ pub fn reads_only(sql: &str) -> bool {
         }
         _ => false,
     }
-}
-
-/// Whether `sql` reads one snapshot when none is asked for or refused, as
-/// `count` and `agg` do: a query (`reads_only`) while some typed table has
-/// more than one tablet (one tablet is read at one instant anyway; the
-/// tables the query names are not resolved here, so any multi-tablet typed
-/// table counts).
-pub async fn snapshot_by_default(client: &Client, sql: &str) -> Result<bool, ClientError> {
-    if !reads_only(sql) {
-        return Ok(false);
-    }
-    let tables = client.list_tables().await?;
-    Ok(tables
-        .iter()
-        .any(|t| t.schema.is_some() && t.tablets.len() > 1))
 }
 
 /// A SQL session over every typed table of the cluster `client` reaches.
