@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use insitu_backup::io::sim::SimIo;
-use insitu_backup::{BackupConfig, BackupError, BackupStore, ReplicaId, SyncMode, Tablet};
+use insitu_backup::{
+    BackupConfig, BackupError, BackupStore, FsIo, OpenReport, ReplicaId, SyncMode, Tablet,
+};
 use proptest::prelude::*;
 
 const CLUSTER: u64 = 0xC1;
@@ -33,6 +35,35 @@ fn config(sync: SyncMode, disk_budget_bytes: u64) -> BackupConfig {
         record_slice_bytes: 100,
         sync,
     }
+}
+
+/// A disk budget (1 MiB) the tests of single scenarios never fill.
+const ROOMY: u64 = 1 << 20;
+
+/// Open (or reopen) a store of `config(sync, budget)` on the simulated disk
+/// `io`: a fresh one, or one a test crashed.
+fn open_sim(sync: SyncMode, budget: u64, io: SimIo) -> (BackupStore<SimIo>, OpenReport) {
+    BackupStore::open(config(sync, budget), io).expect("the store opens")
+}
+
+/// A roomy store on a fresh simulated disk whose replica `rid(1)` holds
+/// "abc": where several tests start.
+fn holding_abc(sync: SyncMode) -> BackupStore<SimIo> {
+    let (mut store, _) = open_sim(sync, ROOMY, SimIo::default());
+    store
+        .append(rid(1), tablet(rid(1)), 0, b"abc", false)
+        .expect("a roomy store takes the append");
+    store
+}
+
+/// Open (or reopen) a roomy `SyncMode::Always` store in `dir` on the real
+/// file system.
+fn open_fs(dir: &tempfile::TempDir) -> (BackupStore<FsIo>, OpenReport) {
+    let cfg = BackupConfig {
+        dir: dir.path().join("backup"),
+        ..config(SyncMode::Always, ROOMY)
+    };
+    BackupStore::open(cfg, FsIo::default()).expect("the store opens")
 }
 
 /// Replicas 0 and 4 are two segments of one log (a log's digest may move
@@ -102,6 +133,14 @@ struct Model {
     durable_closed: bool,
 }
 
+impl Model {
+    /// A sync covered the replica: all it accepted, and its close, is durable.
+    fn synced(&mut self) {
+        self.durable = self.data.len();
+        self.durable_closed = self.closed;
+    }
+}
+
 /// A digest the store accepted.
 #[derive(Clone, Debug)]
 struct Dig {
@@ -120,6 +159,23 @@ struct Dig {
 /// A sync covered `g`'s carrier: its record is on disk unless a crash lost it.
 fn synced(g: &mut Dig) {
     g.durable |= !g.maybe_lost;
+}
+
+/// A sync covered replica `id` (whose model is `m`): its bytes, its close and
+/// the digests it carries.
+fn sync_replica(m: &mut Model, digests: &mut [Dig], id: ReplicaId) {
+    m.synced();
+    digests
+        .iter_mut()
+        .filter(|g| g.carrier == id)
+        .for_each(synced);
+}
+
+/// The store no longer holds replica `id` (freed, or dropped after an I/O
+/// error): the model forgets it and the digests it carried.
+fn forget(model: &mut BTreeMap<ReplicaId, Model>, digests: &mut Vec<Dig>, id: ReplicaId) {
+    model.remove(&id);
+    digests.retain(|g| g.carrier != id);
 }
 
 /// After a crash: per log, the store lists a digest it accepted whose
@@ -173,7 +229,7 @@ fn check_digests(store: &BackupStore<SimIo>, digests: &mut Vec<Dig>) {
 
 fn run(ops: Vec<Op>, sync: SyncMode) {
     let budget = 64 * 1024;
-    let (mut store, _) = BackupStore::open(config(sync, budget), SimIo::default()).unwrap();
+    let (mut store, _) = open_sim(sync, budget, SimIo::default());
     let mut model: BTreeMap<ReplicaId, Model> = BTreeMap::new();
     let mut digests: Vec<Dig> = Vec::new();
     let mut next_seq = 0u64;
@@ -201,12 +257,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                         m.data.extend_from_slice(&bytes);
                         m.closed |= close;
                         if sync == SyncMode::Always && way == 0 {
-                            m.durable = m.data.len();
-                            m.durable_closed = m.closed;
-                            digests
-                                .iter_mut()
-                                .filter(|g| g.carrier == id)
-                                .for_each(synced);
+                            sync_replica(m, &mut digests, id);
                         }
                     }
                     Err(BackupError::Closed(_)) => assert!(m.closed),
@@ -218,11 +269,8 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                             model.remove(&id);
                         }
                     }
-                    Err(BackupError::Io { .. }) => {
-                        // The store dropped this replica (its state on disk is unknown).
-                        model.remove(&id);
-                        digests.retain(|g| g.carrier != id);
-                    }
+                    // The store dropped this replica (its state on disk is unknown).
+                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
                     Err(e) => panic!("unexpected {e}"),
                 }
             }
@@ -236,29 +284,18 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                         if sync == SyncMode::Always {
                             // The sync covers bytes an earlier buffered append took.
                             let m = model.get_mut(&id).expect("checked above");
-                            m.durable = m.data.len();
-                            m.durable_closed = m.closed;
-                            digests
-                                .iter_mut()
-                                .filter(|g| g.carrier == id)
-                                .for_each(synced);
+                            sync_replica(m, &mut digests, id);
                         }
                     }
                     // Writing out what earlier buffered appends took failed:
                     // the store dropped the replica.
-                    Err(BackupError::Io { .. }) => {
-                        model.remove(&id);
-                        digests.retain(|g| g.carrier != id);
-                    }
+                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
                     Err(e) => panic!("resend of held bytes refused: {e}"),
                 }
             }
             Op::Flush => match store.flush() {
                 Ok(()) => {
-                    for m in model.values_mut() {
-                        m.durable = m.data.len();
-                        m.durable_closed = m.closed;
-                    }
+                    model.values_mut().for_each(Model::synced);
                     digests.iter_mut().for_each(synced);
                 }
                 Err(_) => {
@@ -267,10 +304,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                     model.retain(|id, _| held.contains(id));
                     digests.retain(|g| held.contains(&g.carrier));
                     digests.iter_mut().for_each(synced);
-                    for m in model.values_mut() {
-                        m.durable = m.data.len();
-                        m.durable_closed = m.closed;
-                    }
+                    model.values_mut().for_each(Model::synced);
                 }
             },
             Op::Crash { seed } => {
@@ -279,8 +313,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                 let mut rng = insitu_testkit::rng(seed);
                 io.crash(|n| rng.u64(0..n));
                 io.free_bytes = None;
-                let (reopened, _report) = BackupStore::open(config(sync, budget), io).unwrap();
-                store = reopened;
+                store = open_sim(sync, budget, io).0;
                 let held: BTreeMap<ReplicaId, (u64, bool)> = store
                     .list(None)
                     .iter()
@@ -319,8 +352,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
             }
             Op::Free { replica } => {
                 store.free(rid(replica));
-                model.remove(&rid(replica));
-                digests.retain(|g| g.carrier != rid(replica));
+                forget(&mut model, &mut digests, rid(replica));
             }
             Op::Digest { replica } => {
                 let id = rid(replica);
@@ -342,10 +374,7 @@ fn run(ops: Vec<Op>, sync: SyncMode) {
                     }
                     Err(BackupError::Unknown(_)) => assert!(!held),
                     Err(BackupError::DiskFull { .. }) => {}
-                    Err(BackupError::Io { .. }) => {
-                        model.remove(&id);
-                        digests.retain(|g| g.carrier != id);
-                    }
+                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
                     Err(e) => panic!("unexpected {e}"),
                 }
             }
@@ -419,13 +448,8 @@ fn an_older_digest_a_crash_may_have_lost_is_not_durable_after_a_flush() {
 
 #[test]
 fn a_replica_of_another_cluster_refuses_to_open() {
-    let (mut store, _) =
-        BackupStore::open(config(SyncMode::Always, 1 << 20), SimIo::default()).unwrap();
-    store
-        .append(rid(1), tablet(rid(1)), 0, b"abc", false)
-        .unwrap();
-    let io = store.into_io();
-    let mut other = config(SyncMode::Always, 1 << 20);
+    let io = holding_abc(SyncMode::Always).into_io();
+    let mut other = config(SyncMode::Always, ROOMY);
     other.cluster = CLUSTER + 1;
     match BackupStore::open(other, io) {
         Err(e @ BackupError::OtherCluster { .. }) => {
@@ -438,8 +462,7 @@ fn a_replica_of_another_cluster_refuses_to_open() {
 
 #[test]
 fn a_flipped_bit_on_disk_is_reported_by_read_and_cut_at_reopen() {
-    let (mut store, _) =
-        BackupStore::open(config(SyncMode::Always, 1 << 20), SimIo::default()).unwrap();
+    let (mut store, _) = open_sim(SyncMode::Always, ROOMY, SimIo::default());
     store
         .append(rid(1), tablet(rid(1)), 0, &[7u8; 100], false)
         .unwrap();
@@ -454,8 +477,7 @@ fn a_flipped_bit_on_disk_is_reported_by_read_and_cut_at_reopen() {
         Err(BackupError::Corrupt { why, .. }) => assert!(why.contains("checksum"), "{why}"),
         other => panic!("corruption not reported: {other:?}"),
     }
-    let io = store.into_io();
-    let (mut store, report) = BackupStore::open(config(SyncMode::Always, 1 << 20), io).unwrap();
+    let (mut store, report) = open_sim(SyncMode::Always, ROOMY, store.into_io());
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     assert!(report.problems[0].contains("cut"), "{:?}", report.problems);
     let (data, closed) = store.read(rid(1)).unwrap();
@@ -466,11 +488,7 @@ fn a_flipped_bit_on_disk_is_reported_by_read_and_cut_at_reopen() {
 #[test]
 fn real_files_round_trip_and_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = BackupConfig {
-        dir: dir.path().join("backup"),
-        ..config(SyncMode::Always, 1 << 20)
-    };
-    let (mut store, _) = BackupStore::open(cfg.clone(), insitu_backup::FsIo::default()).unwrap();
+    let (mut store, _) = open_fs(&dir);
     store
         .append(rid(2), tablet(rid(2)), 0, b"hello ", false)
         .unwrap();
@@ -488,7 +506,7 @@ fn real_files_round_trip_and_survive_reopen() {
         .unwrap();
     store.flush().unwrap();
     drop(store);
-    let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
+    let (mut store, report) = open_fs(&dir);
     assert_eq!(report.replicas, 2);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.read(rid(2)).unwrap(), (b"hello world".to_vec(), true));
@@ -500,8 +518,7 @@ fn real_files_round_trip_and_survive_reopen() {
 
 #[test]
 fn a_full_disk_budget_refuses_the_append_and_keeps_the_rest() {
-    let (mut store, _) =
-        BackupStore::open(config(SyncMode::Always, 200), SimIo::default()).unwrap();
+    let (mut store, _) = open_sim(SyncMode::Always, 200, SimIo::default());
     store
         .append(rid(1), tablet(rid(1)), 0, &[1u8; 50], false)
         .unwrap();
@@ -514,36 +531,27 @@ fn a_full_disk_budget_refuses_the_append_and_keeps_the_rest() {
 
 #[test]
 fn fences_survive_a_reopen_and_forget_removes_them() {
-    let (mut store, _) =
-        BackupStore::open(config(SyncMode::Always, 1 << 20), SimIo::default()).unwrap();
-    store
-        .append(rid(1), tablet(rid(1)), 0, b"abc", false)
-        .unwrap();
+    let mut store = holding_abc(SyncMode::Always);
     store.fence(rid(1).master).unwrap();
     assert!(store.is_fenced(rid(1).master));
     let mut io = store.into_io();
     // Nothing unsynced may be needed for the fence to hold.
     io.crash(|_| 0);
-    let (mut store, report) = BackupStore::open(config(SyncMode::Always, 1 << 20), io).unwrap();
+    let (mut store, report) = open_sim(SyncMode::Always, ROOMY, io);
     assert_eq!(report.fenced, 1);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert!(store.is_fenced(rid(1).master));
     assert!(!store.is_fenced(rid(2).master));
     store.forget_master(rid(1).master).unwrap();
     assert!(store.list(Some(rid(1).master)).is_empty());
-    let io = store.into_io();
-    let (store, report) = BackupStore::open(config(SyncMode::Always, 1 << 20), io).unwrap();
+    let (store, report) = open_sim(SyncMode::Always, ROOMY, store.into_io());
     assert_eq!((report.fenced, report.replicas), (0, 0));
     assert!(!store.is_fenced(rid(1).master));
 }
 
 #[test]
 fn an_append_naming_another_tablet_is_refused() {
-    let (mut store, _) =
-        BackupStore::open(config(SyncMode::Interval, 1 << 20), SimIo::default()).unwrap();
-    store
-        .append(rid(1), tablet(rid(1)), 0, b"abc", false)
-        .unwrap();
+    let mut store = holding_abc(SyncMode::Interval);
     let other = Tablet {
         table: 999,
         start_hash: 0,
@@ -557,11 +565,7 @@ fn an_append_naming_another_tablet_is_refused() {
 #[test]
 fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = BackupConfig {
-        dir: dir.path().join("backup"),
-        ..config(SyncMode::Always, 1 << 20)
-    };
-    let (mut store, _) = BackupStore::open(cfg.clone(), insitu_backup::FsIo::default()).unwrap();
+    let (mut store, _) = open_fs(&dir);
     for i in 0..5u8 {
         let id = rid(i);
         store
@@ -572,7 +576,7 @@ fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
     assert!(store.flush_each().is_empty());
     assert!(!store.needs_flush());
     drop(store);
-    let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
+    let (mut store, report) = open_fs(&dir);
     assert_eq!(report.replicas, 5);
     for i in 0..5u8 {
         assert_eq!(store.read(rid(i)).unwrap().0, vec![i; 10]);
@@ -581,8 +585,8 @@ fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
 
 #[test]
 fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
-    let cfg = || config(SyncMode::Interval, 1 << 20);
-    let (mut store, _) = BackupStore::open(cfg(), SimIo::default()).unwrap();
+    let open = |io| open_sim(SyncMode::Interval, ROOMY, io);
+    let (mut store, _) = open(SimIo::default());
     store
         .append(rid(3), tablet(rid(3)), 0, &[5u8; 300], false)
         .unwrap();
@@ -590,7 +594,7 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
     let mut io = store.into_io();
     // The crash keeps the file but only 10 bytes of it: a torn header.
     io.crash(|n| if n == 2 { 1 } else { 10.min(n - 1) });
-    let (mut store, report) = BackupStore::open(cfg(), io).unwrap();
+    let (mut store, report) = open(io);
     assert_eq!(report.replicas, 0, "{:?}", report.problems);
     // The master re-sends the segment from 0; a flush makes it durable.
     store
@@ -599,7 +603,7 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
     store.flush().unwrap();
     let mut io = store.into_io();
     io.crash(|_| 0);
-    let (mut store, report) = BackupStore::open(cfg(), io).unwrap();
+    let (mut store, report) = open(io);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.read(rid(3)).unwrap(), (vec![6u8; 1], false));
 }
@@ -607,15 +611,11 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
 #[test]
 fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = BackupConfig {
-        dir: dir.path().join("backup"),
-        ..config(SyncMode::Always, 1 << 20)
-    };
     let digest = |seq: u64, segments: &[u64]| insitu_backup::Digest {
         seq,
         segments: segments.to_vec(),
     };
-    let (mut store, _) = BackupStore::open(cfg.clone(), insitu_backup::FsIo::default()).unwrap();
+    let (mut store, _) = open_fs(&dir);
     let (a, b) = (rid(0), rid(4)); // two segments of one log
     assert!(matches!(
         store.digest(a, digest(1, &[0])),
@@ -640,7 +640,7 @@ fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
     assert_eq!(store.digests(1), vec![(b, digest(2, &[0, 4]))]);
     store.flush().unwrap();
     drop(store);
-    let (mut store, report) = BackupStore::open(cfg, insitu_backup::FsIo::default()).unwrap();
+    let (mut store, report) = open_fs(&dir);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.digests(1), vec![(b, digest(2, &[0, 4]))]);
     // Digest records add no segment bytes.
