@@ -8,13 +8,11 @@
 //! version, at the cost of one copy of a result into a Python `bytes`
 //! (pyarrow then reads the stream in place, without copying it again).
 
-use insitu_client::{
-    AtSnapshot, BlockingClient, Client, ClientError, MAX_SNAPSHOT_RETRIES, Status,
-};
+use insitu_client::{AtSnapshot, BlockingClient, ClientError, Status};
 use insitu_protocol::schema::{Column, Schema};
 use insitu_rows::ColumnMap;
 use insitu_sql::SqlError;
-use insitu_sql::cluster::{FirstError, Listing};
+use insitu_sql::statement::Failure;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -39,9 +37,9 @@ fn helpers(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
 /// raises `SnapshotTooOld` as `Unavailable` (`read_only` retries it); `On`
 /// takes a fresh timestamp, replaced when a shard refuses it as too old (it
 /// had kept no versions and begins keeping them), as `count` does; `Auto`
-/// does so for a query when a typed table has several tablets
-/// (`insitu_sql::cluster::Listing::snapshot_by_default`), else reads as `Off`: the
-/// rows as they are.
+/// does so for a query when a typed table has several tablets, else reads
+/// as `Off`: the rows as they are (`insitu_sql::statement::run`, as
+/// `insitu sql` runs its statements).
 pub fn sql(
     py: Python<'_>,
     client: &BlockingClient,
@@ -53,65 +51,22 @@ pub fn sql(
     let ipc = py
         .detach(|| {
             client.block_on(async {
-                let c = client.async_client();
-                // One listing serves the choice below and every try (the
-                // table list is a client call of its own, so that a down
-                // cluster raises ConnectionError/Timeout, not a SQL error).
-                let listing = Listing::fetch(c).await.map_err(QueryFailure::Client)?;
-                let fresh = match at {
-                    AtSnapshot::At(ts) => return query_at(c, &listing, query, ts).await,
-                    AtSnapshot::Off => false,
-                    AtSnapshot::On => true,
-                    AtSnapshot::Auto => listing.snapshot_by_default(query),
-                };
-                if !fresh {
-                    return query_at(c, &listing, query, 0).await;
-                }
-                let mut retries = 0;
-                loop {
-                    let ts = c.timestamp().await.map_err(QueryFailure::Client)?;
-                    match query_at(c, &listing, query, ts).await {
-                        Err(QueryFailure::Client(e))
-                            if e.status() == Some(Status::SnapshotTooOld)
-                                && retries < MAX_SNAPSHOT_RETRIES =>
-                        {
-                            retries += 1;
+                let answer = insitu_sql::statement::run(client.async_client(), query, at)
+                    .await
+                    .map_err(|e| match e.failure {
+                        Failure::Client(e) | Failure::Sql { scan: Some(e), .. } => {
+                            QueryFailure::Client(e)
                         }
-                        other => return other,
-                    }
-                }
+                        Failure::Sql { error, scan: None } => QueryFailure::Sql(error),
+                    })?;
+                insitu_rows::arrow::to_ipc(&answer.schema, &answer.batches)
+                    .map_err(|e| QueryFailure::Sql(SqlError::Execution(e.to_string())))
             })
         })
         .map_err(|e| e.into_py(py))?;
     let bytes = PyBytes::new(py, &ipc);
     drop(ipc);
     Ok(helpers.call_method1("table_from_ipc", (bytes,))?.unbind())
-}
-
-/// `query` over the typed tables `listing` holds as of `snapshot_ts` (0: as
-/// the rows are), as an Arrow IPC stream.
-async fn query_at(
-    client: &Client,
-    listing: &Listing,
-    query: &str,
-    snapshot_ts: u64,
-) -> Result<Vec<u8>, QueryFailure> {
-    let errors = FirstError::default();
-    let tables = listing.tables_at(client, snapshot_ts, &errors);
-    let ctx = insitu_sql::context(tables)
-        .await
-        .map_err(QueryFailure::Sql)?;
-    // A scan that failed in the client raises that error's own exception
-    // (SnapshotTooOld is retried above or by `read_only`).
-    let (schema, batches) =
-        insitu_sql::query(&ctx, query)
-            .await
-            .map_err(|e| match errors.take() {
-                Some(client_error) => QueryFailure::Client(client_error),
-                None => QueryFailure::Sql(e),
-            })?;
-    insitu_rows::arrow::to_ipc(&schema, &batches)
-        .map_err(|e| QueryFailure::Sql(SqlError::Execution(e.to_string())))
 }
 
 /// Why `sql` failed: a client call (typed exceptions) or the query.

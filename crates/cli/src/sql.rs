@@ -7,11 +7,12 @@
 use std::io::Write;
 
 use anyhow::{Context, bail};
-use insitu_client::{Client, ClientError, MAX_SNAPSHOT_RETRIES, Status};
+use insitu_client::{AtSnapshot, Client, Status};
 use insitu_sql::cluster::{FirstError, Listing};
 use insitu_sql::datafusion::arrow::array::RecordBatch;
 use insitu_sql::datafusion::arrow::datatypes::SchemaRef;
 use insitu_sql::format::{Format, write_batches};
+use insitu_sql::statement::{Failure, StatementError};
 
 use crate::ClusterArg;
 
@@ -42,21 +43,6 @@ pub struct SqlArgs {
     pub at: Option<u64>,
 }
 
-/// Which instant a statement reads.
-#[derive(Clone, Copy)]
-enum ReadAt {
-    /// This timestamp (0: the rows as they are). A refusal as too old is
-    /// reported, not retried: the user chose the instant (`--at`, or the
-    /// shell's one `--snapshot` for all its statements).
-    Fixed(u64),
-    /// A fresh timestamp, printed (`--snapshot` for one statement); one
-    /// refused as too old is replaced and printed again.
-    Fresh(u64),
-    /// One fresh snapshot for a query while a typed table has several
-    /// tablets, else the rows as they are (the default); replaced silently.
-    ByDefault,
-}
-
 pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let format: Format = a.format.parse().map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -65,116 +51,92 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?;
     let client = rt.block_on(crate::data::connect(cluster))?;
-    let ts = rt.block_on(first_timestamp(&client, a.snapshot, a.at))?;
-    let read = match (a.snapshot, ts) {
-        _ if a.no_snapshot || a.at.is_some() => ReadAt::Fixed(ts),
-        (true, ts) if a.sql.is_some() => ReadAt::Fresh(ts),
-        (true, ts) => ReadAt::Fixed(ts),
-        (false, _) => ReadAt::ByDefault,
+    // Which instant each statement reads: a fixed one is refused, not
+    // replaced, when too old (the user chose it: `--at`, or the shell's one
+    // `--snapshot` for all its statements); a fresh one (`--snapshot` for
+    // one statement, or the default's choice) is replaced.
+    let at = match (a.at, a.snapshot, a.sql.is_some()) {
+        _ if a.no_snapshot => AtSnapshot::Off,
+        (Some(ts), _, _) => {
+            rt.block_on(client.snapshot_at(ts))?;
+            AtSnapshot::At(ts)
+        }
+        (None, true, true) => AtSnapshot::On,
+        (None, true, false) => {
+            let ts = rt.block_on(client.timestamp())?;
+            eprintln!("snapshot at timestamp {ts}");
+            AtSnapshot::At(ts)
+        }
+        (None, false, _) => AtSnapshot::Auto,
     };
     let Some(sql) = a.sql else {
         // The shell lists and describes the tables of this context; each
-        // statement reads as `read` says, through a context of its own.
+        // statement reads as `at` says, through a context of its own.
         let listing = rt
             .block_on(Listing::fetch(&client))
             .context("listing the cluster's tables")?;
-        let (ctx, _) = rt.block_on(context_at(&client, &listing, ts))?;
-        let mut run = |sql: &str| statement(&rt, &client, sql, read).map_err(|e| format!("{e:#}"));
+        let ctx = rt.block_on(insitu_sql::context(listing.tables_at(
+            &client,
+            0,
+            &FirstError::default(),
+        )))?;
+        let mut run = |sql: &str| statement(&rt, &client, sql, at).map_err(|e| format!("{e:#}"));
         return insitu_sql::shell::run_shell(&ctx, format, rt.handle(), &mut run)
             .map_err(anyhow::Error::msg);
     };
-    let (schema, batches) = statement(&rt, &client, &sql, read)?;
+    let (schema, batches) = statement(&rt, &client, &sql, at)?;
     let mut out = std::io::stdout().lock();
     write_batches(&schema, &batches, format, &mut out).map_err(anyhow::Error::msg)?;
     out.flush()?;
     Ok(())
 }
 
-/// Run one statement at the instant `read` says: its result schema and
-/// batches. Called from outside the runtime (`rt` runs it).
+/// Run one statement at the instant `at` says (`insitu_sql::statement`):
+/// its result schema and batches; a fresh snapshot asked for is printed.
+/// Called from outside the runtime (`rt` runs it).
 fn statement(
     rt: &tokio::runtime::Runtime,
     client: &Client,
     sql: &str,
-    read: ReadAt,
+    at: AtSnapshot,
 ) -> anyhow::Result<(SchemaRef, Vec<RecordBatch>)> {
-    // One listing serves the choice below and every try's session.
-    let listing = rt
-        .block_on(Listing::fetch(client))
-        .context("listing the cluster's tables")?;
-    // A snapshot this statement chose itself (none was asked for).
-    let by_default = matches!(read, ReadAt::ByDefault) && listing.snapshot_by_default(sql);
-    let mut ts = match read {
-        ReadAt::Fixed(ts) | ReadAt::Fresh(ts) => ts,
-        ReadAt::ByDefault if by_default => rt.block_on(client.timestamp())?,
-        ReadAt::ByDefault => 0,
-    };
-    let mut retries = 0;
-    loop {
-        let (ctx, errors) = rt.block_on(context_at(client, &listing, ts))?;
-        let e = match rt.block_on(insitu_sql::query(&ctx, sql)) {
-            Ok(answer) => return Ok(answer),
-            Err(e) => e,
-        };
-        let first = errors.take();
-        let status = first.as_ref().and_then(|c| c.status());
-        if by_default && status == Some(Status::BadRequest) {
-            // A server refused a scan at the snapshot (an answer of too
-            // many rows to hold at one): say how to read without.
-            bail!(
-                "{e}\n(this query read one snapshot, the default on tables of several tablets; \
-                 run it again with --no-snapshot to read the rows as they are)"
-            );
-        }
-        if status != Some(Status::SnapshotTooOld) {
-            return Err(e.into());
-        }
-        if let ReadAt::Fixed(ts) = read {
-            bail!(
-                "{e}\nthe servers no longer keep the versions of timestamp {ts}: take a new one \
-                 with `insitu sql --snapshot`"
-            );
-        }
-        // A fresh timestamp is above the servers' floor: run again.
-        retries += 1;
-        if retries > MAX_SNAPSHOT_RETRIES {
-            return Err(e.into());
-        }
-        ts = rt.block_on(client.timestamp())?;
-        if let ReadAt::Fresh(_) = read {
+    let announce = |ts: u64| {
+        if matches!(at, AtSnapshot::On) && ts != 0 {
             eprintln!("snapshot at timestamp {ts}");
         }
+    };
+    match rt.block_on(insitu_sql::statement::run(client, sql, at)) {
+        Ok(answer) => {
+            announce(answer.snapshot_ts);
+            Ok((answer.schema, answer.batches))
+        }
+        Err(e) => {
+            announce(e.snapshot_ts);
+            let status = e.status();
+            let StatementError {
+                failure,
+                snapshot_ts,
+                by_default,
+            } = e;
+            let error = match failure {
+                Failure::Client(e) => return Err(anyhow::Error::new(e)),
+                Failure::Sql { error, .. } => error,
+            };
+            if by_default && status == Some(Status::BadRequest) {
+                // A server refused a scan at the snapshot (an answer of too
+                // many rows to hold at one): say how to read without.
+                bail!(
+                    "{error}\n(this query read one snapshot, the default on tables of several \
+                     tablets; run it again with --no-snapshot to read the rows as they are)"
+                );
+            }
+            if matches!(at, AtSnapshot::At(_)) && status == Some(Status::SnapshotTooOld) {
+                bail!(
+                    "{error}\nthe servers no longer keep the versions of timestamp {snapshot_ts}: \
+                     take a new one with `insitu sql --snapshot`"
+                );
+            }
+            Err(error.into())
+        }
     }
-}
-
-/// The timestamp to read at (0: the rows as they are), checked; a fresh
-/// one is printed.
-async fn first_timestamp(
-    client: &Client,
-    snapshot: bool,
-    at: Option<u64>,
-) -> Result<u64, ClientError> {
-    if let Some(ts) = at {
-        client.snapshot_at(ts).await?;
-        return Ok(ts);
-    }
-    if !snapshot {
-        return Ok(0);
-    }
-    let ts = client.timestamp().await?;
-    eprintln!("snapshot at timestamp {ts}");
-    Ok(ts)
-}
-
-/// A SQL session over every typed table `listing` holds, as of `ts`, and
-/// where its scans keep their first client error (so a refused snapshot is
-/// recognised).
-async fn context_at(
-    client: &Client,
-    listing: &Listing,
-    ts: u64,
-) -> anyhow::Result<(insitu_sql::datafusion::prelude::SessionContext, FirstError)> {
-    let errors = FirstError::default();
-    let tables = listing.tables_at(client, ts, &errors);
-    Ok((insitu_sql::context(tables).await?, errors))
 }

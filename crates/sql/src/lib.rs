@@ -18,6 +18,7 @@ pub mod probe;
 pub mod provider;
 pub mod shell;
 pub mod source;
+pub mod statement;
 pub mod topk;
 pub mod translate;
 pub mod update;
