@@ -64,6 +64,20 @@ pub struct QueryOutcome {
     pub snapshot_ts: u64,
 }
 
+/// One tablet's part of a query: what every page request to it names, kept
+/// together so the page loop and the page request take it as one.
+#[derive(Clone, Copy)]
+struct TabletQuery<'a> {
+    table: u64,
+    /// The tablet's hash range (start, end), as the layout had it.
+    range: (u64, u64),
+    schema: &'a Schema,
+    plan: &'a QueryPlan,
+    index: Option<&'a IndexProbe>,
+    /// The snapshot read at (0: none).
+    snapshot_ts: u64,
+}
+
 fn status(s: Status, msg: impl Into<String>) -> ClientError {
     ClientError::Status(s, msg.into())
 }
@@ -215,8 +229,15 @@ impl Client {
         let mut layout_retries = 0;
         loop {
             let (ranges, seen) = self.tablet_ranges(table, deadline).await?;
-            let calls = ranges.iter().map(|&(s, e)| {
-                self.query_tablet(table, (s, e), &schema, plan, (index, snapshot_ts))
+            let calls = ranges.iter().map(|&range| {
+                self.query_tablet(TabletQuery {
+                    table,
+                    range,
+                    schema: &schema,
+                    plan,
+                    index,
+                    snapshot_ts,
+                })
             });
             let results = futures::future::join_all(calls).await;
             let mut pages = Vec::new();
@@ -243,15 +264,8 @@ impl Client {
     }
 
     /// Every page of one tablet's answer.
-    async fn query_tablet(
-        &self,
-        table: u64,
-        (start, end): (u64, u64),
-        schema: &Schema,
-        plan: &QueryPlan,
-        (index, snapshot_ts): (Option<&IndexProbe>, u64),
-    ) -> Result<Vec<QueryResult>, LayoutOr> {
-        let limit = match &plan.output {
+    async fn query_tablet(&self, q: TabletQuery<'_>) -> Result<Vec<QueryResult>, LayoutOr> {
+        let limit = match &q.plan.output {
             QueryOutput::Rows {
                 order_by, limit, ..
             } if order_by.is_empty() => *limit,
@@ -265,19 +279,10 @@ impl Client {
             if pages.len() as u32 >= MAX_PAGES {
                 return Err(LayoutOr::Error(status(
                     Status::Internal,
-                    format!("tablet {start:#x}: more than {MAX_PAGES} pages"),
+                    format!("tablet {:#x}: more than {MAX_PAGES} pages", q.range.0),
                 )));
             }
-            let page = match self
-                .query_page(
-                    table,
-                    (start, end),
-                    schema,
-                    plan,
-                    (resume, index, snapshot_ts),
-                )
-                .await
-            {
+            let page = match self.query_page(q, resume).await {
                 Ok(page) => page,
                 // The shard dropped the pages it held for us (expired or
                 // evicted by other queries): this tablet's answer starts over.
@@ -302,27 +307,25 @@ impl Client {
         }
     }
 
+    /// One page of a tablet's answer, from `resume` (None: the first page).
     async fn query_page(
         &self,
-        table: u64,
-        (start, end): (u64, u64),
-        schema: &Schema,
-        plan: &QueryPlan,
-        (resume, index, snapshot_ts): (Option<QueryResume>, Option<&IndexProbe>, u64),
+        q: TabletQuery<'_>,
+        resume: Option<QueryResume>,
     ) -> Result<QueryResult, LayoutOr> {
         self.tablet_op(
-            table,
-            (start, end),
+            q.table,
+            q.range,
             |t| Request::Query {
-                table,
+                table: q.table,
                 start_hash: t.start_hash,
                 end_hash: t.end_hash,
                 map_version: t.map_version,
-                schema: schema.clone(),
-                plan: plan.clone(),
+                schema: q.schema.clone(),
+                plan: q.plan.clone(),
                 resume,
-                index: index.cloned(),
-                snapshot_ts,
+                index: q.index.cloned(),
+                snapshot_ts: q.snapshot_ts,
             },
             "Query",
             |r| match r {

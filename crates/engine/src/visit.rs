@@ -2,20 +2,29 @@
 //! migration; its raw segments.
 
 use crate::error::oom;
-use crate::tablet::Tablet;
 use crate::{Engine, EngineError, ObjectRef, TableId, key_hash};
 
+/// Which of a tablet's walks a visit takes.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// Its log segments, oldest first.
+    Log,
+    /// Its hash index.
+    Index,
+}
+
 impl Engine {
-    /// The tablet a visit walks, and `f` behind the filter every visit puts
-    /// between a tablet's walk and its caller: only objects not expired at
-    /// the clock read before the walk.
+    /// Walk the tablet as `walk` says with `f` behind the filter every
+    /// visit puts between a tablet's walk and its caller: only objects not
+    /// expired at the clock read before the walk.
     #[inline]
-    fn live_visit(
+    fn walk_live(
         &self,
         table: TableId,
         start_hash: u64,
+        walk: Walk,
         mut f: impl FnMut(ObjectRef<'_>),
-    ) -> Result<(&Tablet, impl FnMut(ObjectRef<'_>)), EngineError> {
+    ) -> Result<(), EngineError> {
         let now = self.now_ms();
         let t = self.tablet_at(table, start_hash)?;
         let live = move |o: ObjectRef<'_>| {
@@ -23,7 +32,11 @@ impl Engine {
                 f(o)
             }
         };
-        Ok((t, live))
+        match walk {
+            Walk::Log => t.for_each_log(live),
+            Walk::Index => t.for_each_index(live),
+        }
+        Ok(())
     }
 
     /// Walk the tablet's log segments in order, calling `f` for every live object.
@@ -34,9 +47,7 @@ impl Engine {
         start_hash: u64,
         f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        let (t, live) = self.live_visit(table, start_hash, f)?;
-        t.for_each_log(live);
-        Ok(())
+        self.walk_live(table, start_hash, Walk::Log, f)
     }
 
     /// Iterate the tablet's hash index, calling `f` for every live object.
@@ -46,9 +57,7 @@ impl Engine {
         start_hash: u64,
         f: impl FnMut(ObjectRef<'_>),
     ) -> Result<(), EngineError> {
-        let (t, live) = self.live_visit(table, start_hash, f)?;
-        t.for_each_index(live);
-        Ok(())
+        self.walk_live(table, start_hash, Walk::Index, f)
     }
 
     /// Look up each key of `keys` in the tablet's index; `f(key, Some(obj))`
