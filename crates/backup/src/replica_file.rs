@@ -119,7 +119,7 @@ pub fn encode_digest(digest: &Digest) -> Vec<u8> {
 /// A digest record's payload read back; None if it is not a well-formed one
 /// (its crc matched, so only a writer bug gets here).
 fn decode_digest(payload: &[u8]) -> Option<Digest> {
-    if payload.len() < 8 || payload.len() % 8 != 0 {
+    if payload.len() < 8 || !payload.len().is_multiple_of(8) {
         return None;
     }
     let n = payload.len() / 8 - 1;

@@ -8,6 +8,9 @@ use serde_json::{Value, json};
 
 use crate::loadgen::{self, Mix};
 
+/// One figure of a case's row (its throughput, p99, CPU per op, ...).
+type Figure = fn(&Row) -> f64;
+
 #[derive(Clone, Debug)]
 pub(crate) struct Row {
     pub(crate) case: String,
@@ -104,7 +107,7 @@ pub(crate) fn median_rows(raw: &[Row]) -> Vec<Row> {
             .iter()
             .filter(|o| o.store == r.store && o.case == r.case)
             .collect();
-        let m = |f: fn(&Row) -> f64| median(same.iter().map(|x| f(x)).collect());
+        let m = |f: Figure| median(same.iter().map(|x| f(x)).collect());
         out.push(Row {
             ops_per_sec: m(|x| x.ops_per_sec),
             objects_per_sec: m(|x| x.objects_per_sec),
@@ -156,14 +159,14 @@ pub(crate) fn ratios(
     mem_ratio: Value,
     overhead_ratio: Value,
 ) -> serde_json::Map<String, Value> {
-    let get = |store: &str, mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
+    let get = |store: &str, mix: Mix, conns: usize, depth: usize, f: Figure| {
         find(rows, store, mix, conns, depth).map(f)
     };
     let ops = |r: &Row| r.ops_per_sec;
     let objs = |r: &Row| r.objects_per_sec;
     let p99 = |r: &Row| r.p99_us;
     // insitu's value over Redis's at one point of the grid.
-    let vs_redis = |mix: Mix, conns: usize, depth: usize, f: fn(&Row) -> f64| {
+    let vs_redis = |mix: Mix, conns: usize, depth: usize, f: Figure| {
         ratio(
             get("insitu", mix, conns, depth, f),
             get("redis", mix, conns, depth, f),
@@ -199,7 +202,7 @@ pub(crate) fn ratios(
     // `read_p99_vs_redis`, `write_p99_vs_redis`,
     // `read_server_cpu_per_op_vs_redis`, `write_server_cpu_per_op_vs_redis`,
     // and each of them again with `_c64`.
-    let figures: [(&str, fn(&Row) -> f64); 3] = [
+    let figures: [(&str, Figure); 3] = [
         ("throughput", ops),
         ("p99", p99),
         ("server_cpu_per_op", cpu),
@@ -216,7 +219,7 @@ pub(crate) fn ratios(
     }
     // The other named ratios of insitu over Redis: (name, mix, connections, depth, figure).
     #[rustfmt::skip]
-    let named: [(&str, Mix, usize, usize, fn(&Row) -> f64); 5] = [
+    let named: [(&str, Mix, usize, usize, Figure); 5] = [
         // Pipelined writes: where an inline cleaning pass stalled every queued request.
         ("write_p99_vs_redis_c16_d16", Mix::Write, 16, 16, p99),
         ("write_p99_vs_redis_c64_d16", Mix::Write, 64, 16, p99),

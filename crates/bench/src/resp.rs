@@ -88,9 +88,12 @@ fn parse_int(bytes: &[u8]) -> anyhow::Result<i64> {
     Ok(if neg { -v } else { v })
 }
 
+/// A bulk string (None for nil) and the offset after it.
+type Bulk<'a> = (Option<&'a [u8]>, usize);
+
 /// A bulk string or nil at `at`: Ok(Some((value or None for nil, next offset))).
 #[inline]
-fn bulk_at(buf: &[u8], at: usize) -> anyhow::Result<Option<(Option<&[u8]>, usize)>> {
+fn bulk_at(buf: &[u8], at: usize) -> anyhow::Result<Option<Bulk<'_>>> {
     let Some(end) = line_end(buf, at) else {
         return Ok(None);
     };

@@ -556,26 +556,6 @@ impl StopSignals {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn up_replicas_default_and_banner_notes() {
-        // min(2, servers - 1), at least 1: one server keeps replicas on its own disk.
-        let got: Vec<u32> = [1, 2, 3, 8]
-            .iter()
-            .map(|n| default_up_replicas(*n))
-            .collect();
-        assert_eq!(got, vec![1, 1, 2, 2]);
-        assert!(replicas_note(0).contains("in-memory only: a server crash loses its objects"));
-        assert_eq!(replicas_note(2), "R = 2 replicas per segment");
-        let kept = vec!["t".to_string()];
-        assert!(kept_tables_warning(&kept, 0).contains("held in memory only and are gone"));
-        assert!(kept_tables_warning(&kept, 1).contains("recovered from the replicas"));
-    }
-}
-
 /// The redis-cli command that reaches `up`'s RESP port: with the token as
 /// its password and the CA, as the cluster needs.
 fn redis_cli_line(
@@ -594,4 +574,24 @@ fn redis_cli_line(
         ));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_replicas_default_and_banner_notes() {
+        // min(2, servers - 1), at least 1: one server keeps replicas on its own disk.
+        let got: Vec<u32> = [1, 2, 3, 8]
+            .iter()
+            .map(|n| default_up_replicas(*n))
+            .collect();
+        assert_eq!(got, vec![1, 1, 2, 2]);
+        assert!(replicas_note(0).contains("in-memory only: a server crash loses its objects"));
+        assert_eq!(replicas_note(2), "R = 2 replicas per segment");
+        let kept = vec!["t".to_string()];
+        assert!(kept_tables_warning(&kept, 0).contains("held in memory only and are gone"));
+        assert!(kept_tables_warning(&kept, 1).contains("recovered from the replicas"));
+    }
 }

@@ -100,9 +100,11 @@ pub(crate) async fn connect(cluster: &ClusterArg) -> anyhow::Result<Client> {
     if !has_port {
         bail!("--cluster {addr:?} is not an address: write HOST:PORT, e.g. 127.0.0.1:7070");
     }
-    let mut config = insitu_client::ClientConfig::default();
-    config.auth_token = crate::auth::client_token(cluster)?;
-    config.tls = crate::tls::client_tls(cluster)?;
+    let config = insitu_client::ClientConfig {
+        auth_token: crate::auth::client_token(cluster)?,
+        tls: crate::tls::client_tls(cluster)?,
+        ..Default::default()
+    };
     let plain = config.tls.is_none();
     Client::connect_with(addr, config).await.with_context(|| {
         // A TLS port closes a plaintext connection without a word.
@@ -560,6 +562,16 @@ async fn load(client: &Client, table: u64, path: &Path, batch: usize) -> anyhow:
     Ok(())
 }
 
+/// An `accept-loss` or `ack-loss` failure: an unknown table said plainly
+/// (with where to find the names), anything else as the client reported it.
+fn loss_error(name: &str, e: insitu_client::ClientError) -> anyhow::Error {
+    if e.status() == Some(insitu_client::Status::UnknownTable) {
+        anyhow::anyhow!("unknown table {name:?} (`insitu table list` shows the tables)")
+    } else {
+        e.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_line;
@@ -594,15 +606,5 @@ mod tests {
         );
         assert!(parse_line(r#"{"key":"a"}"#, true).is_err());
         assert!(parse_line("{not json", true).is_err());
-    }
-}
-
-/// An `accept-loss` or `ack-loss` failure: an unknown table said plainly
-/// (with where to find the names), anything else as the client reported it.
-fn loss_error(name: &str, e: insitu_client::ClientError) -> anyhow::Error {
-    if e.status() == Some(insitu_client::Status::UnknownTable) {
-        anyhow::anyhow!("unknown table {name:?} (`insitu table list` shows the tables)")
-    } else {
-        e.into()
     }
 }

@@ -38,11 +38,15 @@ pub struct Transaction {
     deadlines: HashMap<(u64, Vec<u8>), u64>,
 }
 
+/// What a commit does to one key it names: `None` only validates its read,
+/// `Some(None)` removes it, `Some(Some(value))` writes `value`.
+type KeyWrite = Option<Option<Vec<u8>>>;
+
 /// One participant shard of a commit: its endpoint and its items.
 struct Share {
     ep: Arc<Endpoint>,
     /// (table, key, read version, write)
-    items: Vec<(u64, Vec<u8>, Option<u64>, Option<Option<Vec<u8>>>)>,
+    items: Vec<(u64, Vec<u8>, Option<u64>, KeyWrite)>,
 }
 
 /// How a participant answered the prepare.
@@ -472,8 +476,7 @@ impl Transaction {
 
     /// Group the transaction's keys by the shard that owns them.
     async fn shares(&self, deadline: Instant) -> Result<BTreeMap<String, Share>, ClientError> {
-        let mut items: BTreeMap<(u64, Vec<u8>), (Option<u64>, Option<Option<Vec<u8>>>)> =
-            BTreeMap::new();
+        let mut items: BTreeMap<(u64, Vec<u8>), (Option<u64>, KeyWrite)> = BTreeMap::new();
         for (k, (version, _)) in &self.reads {
             items.insert(k.clone(), (Some(*version), None));
         }

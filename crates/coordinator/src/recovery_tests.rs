@@ -484,26 +484,28 @@ async fn an_enlistment_rehomes_orphaned_tablets_empty_and_marked_lost() {
         floors.len() == 2 && floors[0] == floors[1] && floors[0] > 0,
         "{floors:?}"
     );
-    let model = coord.model();
-    assert!(model.orphaned_tablets().is_empty());
-    for i in 0..2 {
-        let t = &model.tables[&TABLE].tablets[i];
-        assert_eq!(t.server_id, server_id, "tablet {i}");
-        assert!(t.map_version > 3);
-        assert_eq!(
-            model.data_lost.get(&(TABLE, i as u32)),
-            Some(&insitu_protocol::LOST_FROM_EARLIER_RUN),
-            "tablet {i} marked lost"
+    {
+        // The model's guard is dropped before the close awaits.
+        let model = coord.model();
+        assert!(model.orphaned_tablets().is_empty());
+        for i in 0..2 {
+            let t = &model.tables[&TABLE].tablets[i];
+            assert_eq!(t.server_id, server_id, "tablet {i}");
+            assert!(t.map_version > 3);
+            assert_eq!(
+                model.data_lost.get(&(TABLE, i as u32)),
+                Some(&insitu_protocol::LOST_FROM_EARLIER_RUN),
+                "tablet {i} marked lost"
+            );
+        }
+        assert_eq!(model.lost_version_floor, floors[0]);
+        assert!(
+            usable_map(&model, TABLE, &coord.recovery_notes())
+                .unwrap()
+                .is_ok()
         );
+        assert_eq!(model.validate(), Ok(()));
     }
-    assert_eq!(model.lost_version_floor, floors[0]);
-    assert!(
-        usable_map(&model, TABLE, &coord.recovery_notes())
-            .unwrap()
-            .is_ok()
-    );
-    assert_eq!(model.validate(), Ok(()));
-    drop(model);
     coord.close().await;
 }
 

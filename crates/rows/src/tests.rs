@@ -32,7 +32,7 @@ fn schema() -> Schema {
 }
 
 fn value(ty: ColumnType) -> BoxedStrategy<Scalar> {
-    let v = match ty {
+    match ty {
         ColumnType::Int64 => any::<i64>().prop_map(Scalar::Int).boxed(),
         ColumnType::Int32 => any::<i32>().prop_map(|i| Scalar::Int(i64::from(i))).boxed(),
         ColumnType::Utf8 => ".{0,12}".prop_map(Scalar::Str).boxed(),
@@ -45,8 +45,7 @@ fn value(ty: ColumnType) -> BoxedStrategy<Scalar> {
             .prop_filter("NaN never equals itself", |f| !f.is_nan())
             .prop_map(Scalar::Float)
             .boxed(),
-    };
-    v
+    }
 }
 
 fn row_strategy() -> impl Strategy<Value = Vec<Scalar>> {

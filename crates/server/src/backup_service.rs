@@ -246,11 +246,10 @@ async fn accept_loop(
                 }
             },
         };
-        if shared.connections.get() >= shared.limits.max_connections {
-            if !shared.idle.evict_oldest() {
-                tracing::warn!(%peer, "backup service: connection limit reached and none is idle; refusing");
-                continue;
-            }
+        if shared.connections.get() >= shared.limits.max_connections && !shared.idle.evict_oldest()
+        {
+            tracing::warn!(%peer, "backup service: connection limit reached and none is idle; refusing");
+            continue;
         }
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();

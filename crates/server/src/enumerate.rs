@@ -106,7 +106,7 @@ impl EnumerateCache {
         let mut slot = walk.list.next_from(walk.pos);
         while let Some((pos, h)) = slot {
             visited += 1;
-            if visited % HASHES_PER_CLOCK_CHECK == 0
+            if visited.is_multiple_of(HASHES_PER_CLOCK_CHECK)
                 && !objects.is_empty()
                 && started.elapsed() >= BATCH_WORK
             {

@@ -97,7 +97,7 @@ impl ShardMetrics {
     /// Whether the next request is one of the timed ones.
     #[inline]
     pub fn sample_next(&self) -> bool {
-        self.total.get() % LATENCY_SAMPLE_EVERY == 0
+        self.total.get().is_multiple_of(LATENCY_SAMPLE_EVERY)
     }
 
     /// One request of `kind` answered `status`; `elapsed`: its handling

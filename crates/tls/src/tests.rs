@@ -108,7 +108,7 @@ async fn a_plain_peer_is_refused_by_a_tls_listener() {
     tcp.write_all(&[0x49, 0x4e, 0x53, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
         .await
         .unwrap();
-    let err = task.await.unwrap().err().expect("handshake fails");
+    let err = task.await.unwrap().expect_err("handshake fails");
     assert!(err.to_string().contains("TLS handshake failed"), "{err}");
 }
 

@@ -108,13 +108,16 @@ pub(super) fn probe_ranges(
     }
 }
 
+/// A range of (value, hash) pairs, as its two bounds.
+pub(super) type PairRange = (Bound<(IKey, u64)>, Bound<(IKey, u64)>);
+
 /// Range bounds on values as bounds on (value, hash) pairs.
 pub(super) trait MapBoth {
-    fn map_both(self) -> (Bound<(IKey, u64)>, Bound<(IKey, u64)>);
+    fn map_both(self) -> PairRange;
 }
 
 impl MapBoth for (Bound<IKey>, Bound<IKey>) {
-    fn map_both(self) -> (Bound<(IKey, u64)>, Bound<(IKey, u64)>) {
+    fn map_both(self) -> PairRange {
         let lo = match self.0 {
             Bound::Included(k) => Bound::Included((k, 0)),
             Bound::Excluded(k) => Bound::Excluded((k, u64::MAX)),
