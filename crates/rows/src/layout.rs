@@ -25,8 +25,9 @@
 //! see `key.rs`), so a plan never needs to decode the key.
 //!
 //! Rows come from clients and are not checked by the server when written
-//! (the shard's write path knows no schema), so a reader checks the header
-//! and the offset table of each row before reading it (`RowRef::new`) and
+//! (the shard's write path knows no schema), so a reader checks the header,
+//! the offset table and that no NOT NULL column is marked NULL in each row
+//! before reading it (`RowRef::new`) and
 //! reports a row that does not fit the schema, naming its key; it never
 //! panics on one.
 
@@ -58,6 +59,11 @@ pub struct RowLayout {
     pub fixed_end: usize,
     /// Number of variable-width columns.
     pub var_count: usize,
+    /// The null bitmap's bits of the columns declared NOT NULL (one byte per
+    /// bitmap byte): a row with one of them set is malformed. Why checked:
+    /// rows come from clients unchecked, and a reader (an Arrow column
+    /// declared non-nullable, a key column) must not meet a NULL there.
+    pub not_null_bits: Vec<u8>,
 }
 
 impl RowLayout {
@@ -79,12 +85,22 @@ impl RowLayout {
                 }
             }
         }
+        let mut not_null_bits = vec![0u8; bitmap_bytes];
+        for (i, _) in schema
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.nullable)
+        {
+            not_null_bits[i / 8] |= 1 << (i % 8);
+        }
         RowLayout {
             slots,
             types: schema.columns.iter().map(|c| c.ty).collect(),
             bitmap_bytes,
             fixed_end: offset,
             var_count,
+            not_null_bits,
         }
     }
 

@@ -6,8 +6,9 @@ use insitu_protocol::schema::ColumnType;
 use crate::RowError;
 use crate::layout::{ROW_TAG, RowLayout, Slot};
 
-/// A row checked against its layout: the tag, the length of the fixed part
-/// and every offset of the offset table (non-decreasing, inside the row).
+/// A row checked against its layout: the tag, the length of the fixed part,
+/// every offset of the offset table (non-decreasing, inside the row) and
+/// no NOT NULL column marked NULL.
 /// After `new` succeeds no accessor can read out of bounds.
 ///
 /// `new_fixed` checks only the tag and the length (the fixed region and the
@@ -40,9 +41,19 @@ impl<'a> RowRef<'a> {
     }
 
     /// The rest of `new`'s check: every offset table entry non-decreasing
-    /// and inside the row's variable region.
+    /// and inside the row's variable region, and no NOT NULL column marked
+    /// NULL.
     #[inline]
     pub fn check_vars(&self) -> Result<(), RowError> {
+        // In bounds: new_fixed checked bytes.len() >= var_start > bitmap.
+        let bitmap = &self.bytes[1..1 + self.layout.bitmap_bytes];
+        let mut null_in_not_null = false;
+        for (b, m) in bitmap.iter().zip(&self.layout.not_null_bits) {
+            null_in_not_null |= b & m != 0;
+        }
+        if null_in_not_null {
+            return Err(bad_nulls(self.layout, self.bytes));
+        }
         let var_start = self.layout.var_start();
         // In bounds: new_fixed checked bytes.len() >= var_start.
         let table = &self.bytes[self.layout.fixed_end..var_start];
@@ -197,6 +208,17 @@ fn bad_header(layout: &RowLayout, bytes: &[u8]) -> RowError {
         "{} bytes, shorter than the {} bytes every row of this schema has",
         bytes.len(),
         layout.var_start()
+    ))
+}
+
+/// Which NOT NULL column `check_vars` found marked NULL (cold).
+#[cold]
+fn bad_nulls(layout: &RowLayout, bytes: &[u8]) -> RowError {
+    let column = (0..layout.types.len())
+        .find(|&c| bytes[1 + c / 8] & layout.not_null_bits[c / 8] & (1 << (c % 8)) != 0)
+        .unwrap_or(0);
+    RowError::Malformed(format!(
+        "column {column} is declared NOT NULL but the row marks it NULL"
     ))
 }
 

@@ -206,6 +206,41 @@ fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
     assert_eq!(r.check_vars().unwrap_err(), e);
 }
 
+/// A row that marks a NOT NULL column NULL (a client wrote it without the
+/// encoder) is refused by `new` and `check_vars`, naming the column; one
+/// that marks a nullable column NULL is not.
+#[test]
+fn a_null_in_a_not_null_column_is_refused() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let (not_null, nullable) = (0, 1);
+    assert!(!s.columns[not_null].nullable && s.columns[nullable].nullable);
+    let row = vec![
+        Scalar::Int(1),
+        Scalar::Str("abc".into()),
+        Scalar::Int(2),
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Null,
+        Scalar::Str("de".into()),
+        Scalar::Null,
+    ];
+    let good = encode_row(&s, &layout, &row).unwrap();
+    let mut bytes = good.clone();
+    bytes[1 + nullable / 8] |= 1 << (nullable % 8);
+    assert!(RowRef::new(&layout, &bytes).is_ok());
+    let mut bytes = good;
+    bytes[1 + not_null / 8] |= 1 << (not_null % 8);
+    let e = RowRef::new(&layout, &bytes).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("column {not_null} is declared NOT NULL")),
+        "{e}"
+    );
+    let r = RowRef::new_fixed(&layout, &bytes).unwrap();
+    assert_eq!(r.check_vars().unwrap_err(), e);
+}
+
 /// Text is validated once per row (`RowRef::var_text`), and still each
 /// projected column on its own: two columns whose bytes are valid only
 /// together (an "é" split across them) are refused, and a bad column that

@@ -177,6 +177,16 @@ fn a_row_written_without_the_schema_fails_the_query_not_the_server() {
         let e = client.query(t, &plan).await.unwrap_err().to_string();
         assert!(e.contains("junk") && e.contains("not a typed row"), "{e}");
         client.remove(t, b"junk").await.unwrap();
+        // A row of the format whose NOT NULL `id` is marked NULL (tag, null
+        // bitmap with bit 0 set, id, v): the Arrow answer declares `id`
+        // non-nullable, and building it from this row used to panic the shard.
+        let mut nulled = vec![0xA1, 0b01];
+        nulled.extend_from_slice(&0i64.to_le_bytes());
+        nulled.extend_from_slice(&7i64.to_le_bytes());
+        client.write(t, b"nulled", &nulled).await.unwrap();
+        let e = client.query(t, &plan).await.unwrap_err().to_string();
+        assert!(e.contains("nulled") && e.contains("NOT NULL"), "{e}");
+        client.remove(t, b"nulled").await.unwrap();
         let out = client.query(t, &plan).await.unwrap();
         assert_eq!(out.matched, 1);
     });

@@ -30,7 +30,7 @@ fn close(a: &Scalar, b: &Scalar) -> bool {
     }
 }
 
-fn agg() -> BoxedStrategy<AggSpec> {
+pub(super) fn agg() -> BoxedStrategy<AggSpec> {
     let col = |c: u16| vec![ValueOp::Col(c)];
     let numeric_args = vec![
         col(1),

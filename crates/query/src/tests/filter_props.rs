@@ -93,7 +93,7 @@ fn leaf() -> BoxedStrategy<Pred> {
 }
 
 /// A postfix program: a random tree of leaves under AND/OR/NOT.
-fn program() -> BoxedStrategy<Vec<Pred>> {
+pub(super) fn program() -> BoxedStrategy<Vec<Pred>> {
     leaf()
         .prop_map(|p| vec![p])
         .prop_recursive(4, 24, 2, |inner| {

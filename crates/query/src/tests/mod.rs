@@ -3,6 +3,7 @@
 mod agg_props;
 mod filter_props;
 mod like_cases;
+mod mangled_rows;
 mod merge_cases;
 mod parse_cases;
 mod refusals;
