@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::{float, rows, rows_plan, schema, text};
 use crate::reference;
 
-fn op() -> BoxedStrategy<CmpOp> {
+pub(super) fn op() -> BoxedStrategy<CmpOp> {
     proptest::sample::select(vec![
         CmpOp::Eq,
         CmpOp::Ne,

@@ -2,6 +2,7 @@
 
 mod agg_props;
 mod filter_props;
+mod hostile_plans;
 mod like_cases;
 mod mangled_rows;
 mod merge_cases;
