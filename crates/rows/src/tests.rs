@@ -180,11 +180,10 @@ fn a_decimal_of_a_hostile_scale_is_refused_not_a_panic() {
     assert!(e.contains("scale above 18"), "{e}");
 }
 
-#[test]
-fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
-    let s = schema();
-    let layout = RowLayout::new(&s);
-    let row = vec![
+/// A row of `schema()` with both text columns set and NULLs after: the
+/// row the tests of malformed rows start from.
+fn sample_row() -> Vec<Scalar> {
+    vec![
         Scalar::Int(1),
         Scalar::Str("abc".into()),
         Scalar::Int(2),
@@ -193,8 +192,14 @@ fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
         Scalar::Null,
         Scalar::Str("de".into()),
         Scalar::Null,
-    ];
-    let mut bytes = encode_row(&s, &layout, &row).unwrap();
+    ]
+}
+
+#[test]
+fn a_bad_offset_table_is_refused_by_new_and_read_as_empty_after_new_fixed() {
+    let s = schema();
+    let layout = RowLayout::new(&s);
+    let mut bytes = encode_row(&s, &layout, &sample_row()).unwrap();
     // The first text column ends far beyond the row.
     bytes[layout.fixed_end..layout.fixed_end + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     let e = RowRef::new(&layout, &bytes).unwrap_err();
@@ -215,17 +220,7 @@ fn a_null_in_a_not_null_column_is_refused() {
     let layout = RowLayout::new(&s);
     let (not_null, nullable) = (0, 1);
     assert!(!s.columns[not_null].nullable && s.columns[nullable].nullable);
-    let row = vec![
-        Scalar::Int(1),
-        Scalar::Str("abc".into()),
-        Scalar::Int(2),
-        Scalar::Null,
-        Scalar::Null,
-        Scalar::Null,
-        Scalar::Str("de".into()),
-        Scalar::Null,
-    ];
-    let good = encode_row(&s, &layout, &row).unwrap();
+    let good = encode_row(&s, &layout, &sample_row()).unwrap();
     let mut bytes = good.clone();
     bytes[1 + nullable / 8] |= 1 << (nullable % 8);
     assert!(RowRef::new(&layout, &bytes).is_ok());
