@@ -134,7 +134,7 @@ impl Sink {
         match &mut self.kind {
             Kind::Rows(s) => {
                 let rows = s.builder.rows() as u64;
-                let batch = s.builder.finish();
+                let batch = s.builder.finish()?;
                 s.limit = s.limit.map(|l| l.saturating_sub(rows));
                 Ok(Some((to_ipc(&s.arrow_schema, &[batch])?, rows)))
             }
@@ -146,7 +146,8 @@ impl Sink {
     pub fn reset(&mut self) {
         match &mut self.kind {
             Kind::Rows(s) => {
-                s.builder.finish();
+                // Only to empty the builders: what they held is dropped.
+                let _ = s.builder.finish();
             }
             Kind::TopK(t) => {
                 t.cands.clear();
@@ -163,7 +164,7 @@ impl Sink {
     pub fn finish(self) -> Result<QueryData, QueryError> {
         match self.kind {
             Kind::Rows(mut s) => {
-                let batch = s.builder.finish();
+                let batch = s.builder.finish()?;
                 Ok(QueryData::Rows(to_ipc(&s.arrow_schema, &[batch])?))
             }
             Kind::TopK(t) => {

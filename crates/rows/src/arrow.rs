@@ -163,8 +163,11 @@ impl BatchBuilder {
         Ok(())
     }
 
-    /// The batch of every row appended since the last `finish`.
-    pub fn finish(&mut self) -> RecordBatch {
+    /// The batch of every row appended since the last `finish`. An error,
+    /// not a panic, if the rows do not fit the projected schema (a NULL in
+    /// a non-nullable column): `RowRef::new` refuses such rows first, so
+    /// this is a second line against a reader that did not check.
+    pub fn finish(&mut self) -> Result<RecordBatch, RowError> {
         let arrays: Vec<ArrayRef> = self
             .builders
             .iter_mut()
@@ -185,7 +188,7 @@ impl BatchBuilder {
         self.bytes = 0;
         let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
         RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)
-            .expect("builders match the projected schema")
+            .map_err(|e| RowError::Arrow(e.to_string()))
     }
 }
 

@@ -76,7 +76,7 @@ proptest! {
         // Through Arrow and back: the same values.
         let mut b = BatchBuilder::new(&s, &(0..8).collect::<Vec<u16>>());
         b.append(&r).unwrap();
-        let batch = b.finish();
+        let batch = b.finish().unwrap();
         let back = from_ipc(&to_ipc(&batch.schema(), &[batch]).unwrap()).unwrap();
         prop_assert_eq!(batch_row(&back[0], 0).unwrap(), row);
     }
@@ -234,6 +234,12 @@ fn a_null_in_a_not_null_column_is_refused() {
     );
     let r = RowRef::new_fixed(&layout, &bytes).unwrap();
     assert_eq!(r.check_vars().unwrap_err(), e);
+    // A reader that skipped the check gets an error from the Arrow builder,
+    // whose `id` column is non-nullable, not a panic.
+    let mut b = BatchBuilder::new(&s, &[0]);
+    b.append(&r).unwrap();
+    let e = b.finish().unwrap_err();
+    assert!(e.to_string().contains("non-nullable"), "{e}");
 }
 
 /// Text is validated once per row (`RowRef::var_text`), and still each
@@ -274,7 +280,7 @@ fn text_split_across_columns_or_bad_elsewhere_is_judged_per_column() {
     assert_eq!(r.var_text(), None);
     let mut b = BatchBuilder::new(&s, &[0, 1]);
     b.append(&r).unwrap();
-    let batch = b.finish();
+    let batch = b.finish().unwrap();
     assert_eq!(batch_row(&batch, 0).unwrap()[1], Scalar::Str("a".into()));
     let mut b = BatchBuilder::new(&s, &[6]);
     assert!(b.append(&r).is_err());
@@ -282,7 +288,7 @@ fn text_split_across_columns_or_bad_elsewhere_is_judged_per_column() {
     let r = RowRef::new(&layout, &good).unwrap();
     let mut b = BatchBuilder::new(&s, &[1, 6]);
     b.append(&r).unwrap();
-    let batch = b.finish();
+    let batch = b.finish().unwrap();
     let got = batch_row(&batch, 0).unwrap();
     assert_eq!(got, vec![Scalar::Str("a".into()), Scalar::Str("b".into())]);
 }
