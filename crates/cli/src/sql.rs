@@ -8,7 +8,6 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use insitu_client::{AtSnapshot, Client, Status};
-use insitu_sql::cluster::{FirstError, Listing};
 use insitu_sql::datafusion::arrow::array::RecordBatch;
 use insitu_sql::datafusion::arrow::datatypes::SchemaRef;
 use insitu_sql::format::{Format, write_batches};
@@ -72,14 +71,7 @@ pub fn run(a: SqlArgs, cluster: &ClusterArg) -> anyhow::Result<()> {
     let Some(sql) = a.sql else {
         // The shell lists and describes the tables of this context; each
         // statement reads as `at` says, through a context of its own.
-        let listing = rt
-            .block_on(Listing::fetch(&client))
-            .context("listing the cluster's tables")?;
-        let ctx = rt.block_on(insitu_sql::context(listing.tables_at(
-            &client,
-            0,
-            &FirstError::default(),
-        )))?;
+        let ctx = rt.block_on(insitu_sql::cluster::cluster_context(&client))?;
         let mut run = |sql: &str| statement(&rt, &client, sql, at).map_err(|e| format!("{e:#}"));
         return insitu_sql::shell::run_shell(&ctx, format, rt.handle(), &mut run)
             .map_err(anyhow::Error::msg);
