@@ -11,6 +11,27 @@ use insitu_txn::Anchor;
 use crate::shard::ShardState;
 use crate::txn::PEER_CALL_TIMEOUT;
 
+/// Why a routed call has no answer.
+#[derive(Debug)]
+pub(crate) enum Unrouted {
+    /// The coordinator says the anchor's table does not exist: it was
+    /// dropped, or never made (a broken or hostile client named it). Final:
+    /// no shard will ever answer for that anchor, so asking again each sweep
+    /// would keep the transaction's keys locked for ever.
+    TableGone(String),
+    /// Anything else (the coordinator or the peer unreachable, slow, or
+    /// refusing): worth asking again later.
+    Failed(String),
+}
+
+impl From<Unrouted> for String {
+    fn from(u: Unrouted) -> String {
+        match u {
+            Unrouted::TableGone(why) | Unrouted::Failed(why) => why,
+        }
+    }
+}
+
 /// One request to the shard that owns `anchor` now, with a bound on its
 /// time. The owner comes from the cluster's maps (refreshed once when the
 /// cached one is stale).
@@ -22,17 +43,23 @@ pub(crate) async fn routed_call(
     state: &ShardState,
     anchor: &Anchor,
     request: &Request<'_>,
-) -> Result<Response<'static>, String> {
-    let client = txn_client(state).await?;
+) -> Result<Response<'static>, Unrouted> {
+    let client = txn_client(state).await.map_err(Unrouted::Failed)?;
     let mut refresh = false;
     loop {
-        let addr = client
-            .owner_of(anchor.table, &anchor.key, refresh)
-            .await
-            .map_err(|e| format!("cannot find the owner of a transaction's anchor: {e}"))?;
+        let addr = match client.owner_of(anchor.table, &anchor.key, refresh).await {
+            Ok(addr) => addr,
+            Err(e) => {
+                let why = format!("cannot find the owner of a transaction's anchor: {e}");
+                return Err(match e.status() {
+                    Some(Status::UnknownTable) => Unrouted::TableGone(why),
+                    _ => Unrouted::Failed(why),
+                });
+            }
+        };
         match peer_call(state, &addr, request).await {
             Err((Some(Status::UnknownTablet), _)) if !refresh => refresh = true,
-            Err((_, why)) => return Err(why),
+            Err((_, why)) => return Err(Unrouted::Failed(why)),
             Ok(r) => return Ok(r),
         }
     }

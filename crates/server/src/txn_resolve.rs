@@ -17,7 +17,7 @@ use crate::handler::reply;
 use crate::shard::ShardState;
 use crate::txn::{PREPARED_TIMEOUT, settle_and_apply};
 use crate::txn_durable;
-use crate::txn_peers::routed_call;
+use crate::txn_peers::{Unrouted, routed_call};
 
 /// How often overdue transactions and expired decisions are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -132,9 +132,21 @@ async fn resolve_as_primary(
                 key: blob(&other.key),
             },
         };
-        let phase = match routed_call(state, other, &inquire).await? {
-            Response::TxnPhase(p) => p,
-            other => return Err(format!("answered {other:?} to TxnInquire")),
+        let phase = match routed_call(state, other, &inquire).await {
+            Ok(Response::TxnPhase(p)) => p,
+            Ok(other) => return Err(format!("answered {other:?} to TxnInquire")),
+            // The participant's table is gone, and its vote with it: it
+            // never voted yes as far as anyone can learn now, and nothing
+            // was decided yet (checked above), so aborting is safe.
+            Err(Unrouted::TableGone(why)) => {
+                tracing::warn!(
+                    shard = state.index,
+                    txn,
+                    "a participant's table is gone, so the transaction aborts: {why}"
+                );
+                TxnPhase::Aborted
+            }
+            Err(Unrouted::Failed(why)) => return Err(why),
         };
         match phase {
             TxnPhase::Prepared => {}
@@ -207,7 +219,20 @@ pub async fn sweep(state: Rc<ShardState>) {
                         commit_ts,
                     }) => Ok(settle_and_apply(&state, txn, committed, commit_ts).await),
                     Ok(other) => Err(format!("answered {other:?} to TxnResolve")),
-                    Err(e) => Err(e),
+                    // The primary's table is gone, and its decision record
+                    // with it (ARCHITECTURE.md, "A client that goes silent":
+                    // dropping a table under a transaction). No one can say
+                    // how it ended any more: abort here rather than lock the
+                    // keys for ever.
+                    Err(Unrouted::TableGone(why)) => {
+                        tracing::warn!(
+                            shard = state.index,
+                            txn,
+                            "the primary's table is gone, so this part aborts: {why}"
+                        );
+                        Ok(settle_and_apply(&state, txn, false, 0).await)
+                    }
+                    Err(Unrouted::Failed(why)) => Err(why),
                 }
             };
             match outcome {
