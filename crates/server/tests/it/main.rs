@@ -26,6 +26,7 @@ mod query_pages;
 mod recover;
 mod replication;
 mod resp;
+mod resp_mutants;
 mod resp_redis;
 mod shard_stats;
 mod sindex;
