@@ -192,19 +192,32 @@ impl Load<'_> {
         Ok(n)
     }
 
-    /// `load` of Parquet from `file`; returns the rows loaded.
+    /// `load` of Parquet from `file`; returns the rows loaded. Every call
+    /// into the Parquet reader goes through `parquet_step`: it panics on
+    /// some damaged files.
     async fn parquet(&mut self, file: std::fs::File) -> anyhow::Result<u64> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let path = self.path.display();
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-            .with_context(|| format!("{path} is not a Parquet file"))?;
-        let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
-        let map = ColumnMap::of_arrow(self.schema, builder.schema())?;
-        let reader = builder.with_batch_size(self.batch).build()?;
+        let path = self.path.display().to_string();
+        let batch = self.batch;
+        let (rows_total, map, mut reader) = parquet_step(&path, || {
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+                .with_context(|| format!("{path} is not a Parquet file"))?;
+            let rows_total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+            let map = ColumnMap::of_arrow(self.schema, builder.schema())?;
+            let reader = builder
+                .with_batch_size(batch)
+                .build()
+                .with_context(|| format!("reading {path}"))?;
+            Ok((rows_total, map, reader))
+        })?;
         let progress = bar(rows_total, "rows");
         let mut n = 0u64;
-        for b in reader {
-            let b = b.with_context(|| format!("reading {path}"))?;
+        while let Some(b) = parquet_step(&path, || {
+            reader
+                .next()
+                .transpose()
+                .map_err(|e| anyhow::Error::from(e).context(format!("reading {path}")))
+        })? {
             self.pending.extend(map.batch_rows(&b, n + 1)?);
             n += b.num_rows() as u64;
             self.flush(n).await?;
@@ -212,6 +225,38 @@ impl Load<'_> {
         }
         progress.finish_and_clear();
         Ok(n)
+    }
+}
+
+/// Run one step of the Parquet reader with a panic turned into an error
+/// naming the file. Why: the Parquet crate panics on some damaged files
+/// instead of returning an error (of 20,000 random byte changes to a small
+/// valid file, 6 panicked, e.g. "column start and length should not be
+/// negative"); a user whose file is damaged gets a clear error, not a crash
+/// report. While the step runs, a panic on this thread is not reported by
+/// the process's hook (the error says it); other threads' panics still are.
+fn parquet_step<T>(path: &str, step: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync;
+    let report: std::sync::Arc<Hook> = std::sync::Arc::from(std::panic::take_hook());
+    let here = std::thread::current().id();
+    let others = report.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().id() != here {
+            others(info);
+        }
+    }));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step));
+    std::panic::set_hook(Box::new(move |info| report(info)));
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no reason given");
+            bail!("{path} is damaged or not a Parquet file this reader can read: {why}")
+        }
     }
 }
 
