@@ -229,34 +229,25 @@ impl Load<'_> {
 }
 
 /// Run one step of the Parquet reader with a panic turned into an error
-/// naming the file. Why: the Parquet crate panics on some damaged files
-/// instead of returning an error (of 20,000 random byte changes to a small
-/// valid file, 6 panicked, e.g. "column start and length should not be
-/// negative"); a user whose file is damaged gets a clear error, not a crash
-/// report. While the step runs, a panic on this thread is not reported by
-/// the process's hook (the error says it); other threads' panics still are.
+/// naming the file (`insitu_rows::guard`). Why: the Parquet crate (and the
+/// Arrow IPC reader it uses for the schema it embeds) panics on some damaged
+/// files instead of returning an error: of 20,000 random byte changes to a
+/// small valid file, 6 panicked ("column start and length should not be
+/// negative", ...). A user whose file is damaged gets a clear error, not a
+/// crash report.
 fn parquet_step<T>(path: &str, step: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-    type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync;
-    let report: std::sync::Arc<Hook> = std::sync::Arc::from(std::panic::take_hook());
-    let here = std::thread::current().id();
-    let others = report.clone();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().id() != here {
-            others(info);
-        }
-    }));
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step));
-    std::panic::set_hook(Box::new(move |info| report(info)));
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => {
-            let why = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("no reason given");
-            bail!("{path} is damaged or not a Parquet file this reader can read: {why}")
-        }
+    let mut failed = None;
+    let what = format!("{path} is damaged or not a Parquet file this reader can read");
+    let outcome = insitu_rows::guard::guarded(&what, || {
+        step().map_err(|e| {
+            failed = Some(e);
+            String::new()
+        })
+    });
+    match (outcome, failed) {
+        (Ok(v), _) => Ok(v),
+        (Err(_), Some(e)) => Err(e),
+        (Err(panicked), None) => bail!("{panicked}"),
     }
 }
 

@@ -205,13 +205,31 @@ pub fn to_ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>, Ro
     Ok(out)
 }
 
-/// The batches of an Arrow IPC stream (from an untrusted peer: errors, no panics).
+/// The batches of an Arrow IPC stream (from an untrusted peer: errors, no
+/// panics, no allocation the bytes do not back).
+///
+/// Why `StreamDecoder` over the bytes, not `StreamReader`: the reader
+/// allocates each message body at the length the message claims before
+/// reading it, so a damaged length asked for 200 TB and aborted the process
+/// (found by the damaged-stream proptest in `tests.rs`); the decoder takes
+/// body slices of the bytes it was given and reports a stream that ends
+/// early. Why `guarded`: both panic on some damaged streams (a buffer slice
+/// past its end, an unknown type).
 pub fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>, RowError> {
-    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-        .map_err(|e| RowError::Arrow(e.to_string()))?;
-    reader
-        .map(|b| b.map_err(|e| RowError::Arrow(e.to_string())))
-        .collect()
+    crate::guard::guarded("damaged Arrow IPC stream", || {
+        let mut decoder = arrow_ipc::reader::StreamDecoder::new();
+        let mut buffer = arrow_buffer::Buffer::from(bytes.to_vec());
+        let mut batches = Vec::new();
+        while !buffer.is_empty() {
+            match decoder.decode(&mut buffer).map_err(|e| e.to_string())? {
+                Some(batch) => batches.push(batch),
+                None => break,
+            }
+        }
+        decoder.finish().map_err(|e| e.to_string())?;
+        Ok(batches)
+    })
+    .map_err(RowError::Arrow)
 }
 
 /// Row `i` of `batch` as `Scalar`s, reading the batch's column `j` for the

@@ -10,6 +10,7 @@
 pub mod arrow;
 pub mod date;
 pub mod encode;
+pub mod guard;
 pub mod input;
 pub mod layout;
 pub mod read;

@@ -292,3 +292,36 @@ fn text_split_across_columns_or_bad_elsewhere_is_judged_per_column() {
     let got = batch_row(&batch, 0).unwrap();
     assert_eq!(got, vec![Scalar::Str("a".into()), Scalar::Str("b".into())]);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    /// An Arrow IPC stream of a server's answer, damaged (bytes changed, cut
+    /// short): `from_ipc` refuses it or reads batches, never panics. The
+    /// client reads every typed answer with it.
+    #[test]
+    fn a_damaged_ipc_stream_is_refused_not_a_panic(
+        rows in proptest::collection::vec(row_strategy(), 1..4),
+        changes in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in any::<prop::sample::Index>(),
+        do_cut in any::<bool>(),
+    ) {
+        let s = schema();
+        let layout = RowLayout::new(&s);
+        let mut b = BatchBuilder::new(&s, &(0..8).collect::<Vec<u16>>());
+        let encoded: Vec<Vec<u8>> = rows.iter().map(|r| encode_row(&s, &layout, r).unwrap()).collect();
+        for bytes in &encoded {
+            b.append(&RowRef::new(&layout, bytes).unwrap()).unwrap();
+        }
+        let batch = b.finish().unwrap();
+        let mut ipc = to_ipc(&batch.schema(), &[batch]).unwrap();
+        for (at, byte) in changes {
+            let at = at.index(ipc.len());
+            ipc[at] = byte;
+        }
+        if do_cut {
+            ipc.truncate(cut.index(ipc.len()));
+        }
+        let _ = from_ipc(&ipc);
+    }
+}
