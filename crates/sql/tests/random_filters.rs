@@ -213,7 +213,7 @@ fn aggregate(rng: &mut Rng) -> String {
         3 => format!("avg({num})"),
         4 => format!("min({any})"),
         5 => format!("max({any})"),
-        6 => format!("sum(price * (1 - disc))"),
+        6 => "sum(price * (1 - disc))".to_string(),
         _ => format!("sum({num} + {})", pick(rng, &["1", "-2", "0.5"])),
     }
 }

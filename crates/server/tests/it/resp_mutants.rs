@@ -240,7 +240,7 @@ async fn mutated_redis_commands_leave_the_servers_up_and_other_keys_intact() {
     let seed: u64 = std::env::var("INSITU_MUTANT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5EED_0F_BAD);
+        .unwrap_or(0x0005_EED0_FBAD);
     tokio::task::spawn_blocking(move || {
         eprintln!("mutated Redis commands: {count} mutants, seed {seed} (INSITU_MUTANT_SEED)");
         let mut setup = Conn {

@@ -328,7 +328,7 @@ async fn mutated_requests_leave_the_server_up_and_other_data_intact() {
     let seed: u64 = std::env::var("INSITU_MUTANT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5EED_0F_BAD);
+        .unwrap_or(0x0005_EED0_FBAD);
     eprintln!("mutated requests: {count} mutants, seed {seed} (INSITU_MUTANT_SEED)");
     let mut rng = insitu_testkit::rng(seed);
     let mut shard_conns: Vec<Conn> = shard_addrs.iter().cloned().map(Conn::new).collect();

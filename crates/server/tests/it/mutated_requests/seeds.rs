@@ -443,7 +443,7 @@ pub fn seeds(
             version_floor: 1000,
         },
     ];
-    let backup = vec![
+    let backup = [
         Request::BackupWrite {
             cluster,
             master: 4242,
