@@ -166,14 +166,8 @@ fn predicate(rng: &mut Rng, depth: u32) -> String {
 #[tokio::test]
 async fn random_filters_answer_as_datafusion_does() {
     let f = fixture().await;
-    let cases: usize = std::env::var("INSITU_SQL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(400);
-    let seed: u64 = std::env::var("INSITU_SQL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0xF1_17E5);
+    let cases: usize = insitu_testkit::env_or("INSITU_SQL_CASES", 400);
+    let seed: u64 = insitu_testkit::env_or("INSITU_SQL_SEED", 0xF1_17E5);
     eprintln!("random filters: {cases} cases, seed {seed} (INSITU_SQL_SEED)");
     let mut rng = insitu_testkit::rng(seed);
     let (mut answered, mut refused) = (0, 0);
@@ -223,14 +217,8 @@ fn aggregate(rng: &mut Rng) -> String {
 #[tokio::test]
 async fn random_groupings_and_orderings_answer_as_datafusion_does() {
     let f = fixture().await;
-    let cases: usize = std::env::var("INSITU_SQL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let seed: u64 = std::env::var("INSITU_SQL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x6B_0E5);
+    let cases: usize = insitu_testkit::env_or("INSITU_SQL_CASES", 300);
+    let seed: u64 = insitu_testkit::env_or("INSITU_SQL_SEED", 0x6B_0E5);
     eprintln!("random groupings: {cases} cases, seed {seed} (INSITU_SQL_SEED)");
     let mut rng = insitu_testkit::rng(seed);
     let (mut answered, mut refused) = (0, 0);

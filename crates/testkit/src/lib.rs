@@ -10,6 +10,8 @@
 //! - [`raw`]: raw request frames on plain sockets, e.g. frames never completed.
 //! - [`redis_server_args`]: the flags of a throwaway `redis-server` on loopback.
 //! - [`poll_until`]: wait, bounded, for state another task changes.
+//! - [`env_or`]: a test's size or seed from the environment, for longer
+//!   runs by hand than CI's.
 
 pub mod peer;
 pub mod proc;
@@ -77,6 +79,16 @@ pub fn redis_server_args(port: u16) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// The number in environment variable `name`, or `default` when it is
+/// unset or not a number. What randomized tests read their case count and
+/// seed from: CI runs the default, a longer hunt sets the variable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Calls `check` every 5 ms, at most `polls` times, until it returns true;

@@ -233,14 +233,8 @@ impl Conn {
 async fn mutated_redis_commands_leave_the_servers_up_and_other_keys_intact() {
     let c = cluster(|_| {}).await;
     let addrs = [c.resp(), c.resp_of_second()];
-    let count: usize = std::env::var("INSITU_RESP_MUTANTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3_000);
-    let seed: u64 = std::env::var("INSITU_MUTANT_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x0005_EED0_FBAD);
+    let count: usize = insitu_testkit::env_or("INSITU_RESP_MUTANTS", 3_000);
+    let seed: u64 = insitu_testkit::env_or("INSITU_MUTANT_SEED", 0x0005_EED0_FBAD);
     tokio::task::spawn_blocking(move || {
         eprintln!("mutated Redis commands: {count} mutants, seed {seed} (INSITU_MUTANT_SEED)");
         let mut setup = Conn {

@@ -321,14 +321,8 @@ async fn mutated_requests_leave_the_server_up_and_other_data_intact() {
     let real_addrs = ports.clone();
     ports.push(node.addr());
 
-    let count: usize = std::env::var("INSITU_MUTANTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(6_000);
-    let seed: u64 = std::env::var("INSITU_MUTANT_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x0005_EED0_FBAD);
+    let count: usize = insitu_testkit::env_or("INSITU_MUTANTS", 6_000);
+    let seed: u64 = insitu_testkit::env_or("INSITU_MUTANT_SEED", 0x0005_EED0_FBAD);
     eprintln!("mutated requests: {count} mutants, seed {seed} (INSITU_MUTANT_SEED)");
     let mut rng = insitu_testkit::rng(seed);
     let mut shard_conns: Vec<Conn> = shard_addrs.iter().cloned().map(Conn::new).collect();
