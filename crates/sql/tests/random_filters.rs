@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::fixture::{fixture, render};
+use common::fixture::{Fixture, fixture, render};
 use insitu_sql::run_sql;
 use insitu_testkit::Rng;
 
@@ -104,6 +104,26 @@ fn pick<'a, T>(rng: &mut Rng, of: &'a [T]) -> &'a T {
     &of[rng.usize(0..of.len())]
 }
 
+/// Run `sql` on both sides: true if both answered (then with the same rows,
+/// in order when it orders them), false if both refused; a panic naming the
+/// statement otherwise.
+async fn agree(f: &Fixture, sql: &str) -> bool {
+    let want = run_sql(&f.reference, sql).await;
+    let got = run_sql(&f.insitu, sql).await;
+    match (want, got) {
+        (Ok(want), Ok(got)) => {
+            let sort = !sql.contains("ORDER BY");
+            let (w, _) = render(&want, sort);
+            let (g, _) = render(&got, sort);
+            assert_eq!(g, w, "rows differ for {sql}");
+            true
+        }
+        (Err(_), Err(_)) => false,
+        (Ok(_), Err(e)) => panic!("{sql}: insitu refused what DataFusion answers: {e}"),
+        (Err(e), Ok(_)) => panic!("{sql}: insitu answered what DataFusion refuses: {e}"),
+    }
+}
+
 /// A random predicate, at most `depth` connectives deep.
 fn predicate(rng: &mut Rng, depth: u32) -> String {
     if depth > 0 && rng.u8(0..3) == 0 {
@@ -175,18 +195,10 @@ async fn random_filters_answer_as_datafusion_does() {
         let w = predicate(&mut rng, 2);
         let select = *pick(&mut rng, &["id", "*", "count(*)", "sum(qty), min(name)"]);
         let sql = format!("SELECT {select} FROM items WHERE {w}");
-        let want = run_sql(&f.reference, &sql).await;
-        let got = run_sql(&f.insitu, &sql).await;
-        match (want, got) {
-            (Ok(want), Ok(got)) => {
-                let (w, _) = render(&want, true);
-                let (g, _) = render(&got, true);
-                assert_eq!(g, w, "rows differ for {sql}");
-                answered += 1;
-            }
-            (Err(_), Err(_)) => refused += 1,
-            (Ok(_), Err(e)) => panic!("{sql}: insitu refused what DataFusion answers: {e}"),
-            (Err(e), Ok(_)) => panic!("{sql}: insitu answered what DataFusion refuses: {e}"),
+        if agree(&f, &sql).await {
+            answered += 1;
+        } else {
+            refused += 1;
         }
     }
     eprintln!("random filters: {answered} answered the same, {refused} refused by both");
@@ -253,19 +265,10 @@ async fn random_groupings_and_orderings_answer_as_datafusion_does() {
                 rng.usize(0..12)
             )
         };
-        let want = run_sql(&f.reference, &sql).await;
-        let got = run_sql(&f.insitu, &sql).await;
-        match (want, got) {
-            (Ok(want), Ok(got)) => {
-                let sort = !sql.contains("ORDER BY");
-                let (w, _) = render(&want, sort);
-                let (g, _) = render(&got, sort);
-                assert_eq!(g, w, "rows differ for {sql}");
-                answered += 1;
-            }
-            (Err(_), Err(_)) => refused += 1,
-            (Ok(_), Err(e)) => panic!("{sql}: insitu refused what DataFusion answers: {e}"),
-            (Err(e), Ok(_)) => panic!("{sql}: insitu answered what DataFusion refuses: {e}"),
+        if agree(&f, &sql).await {
+            answered += 1;
+        } else {
+            refused += 1;
         }
     }
     eprintln!("random groupings: {answered} answered the same, {refused} refused by both");

@@ -95,10 +95,16 @@ pub fn reply_len(buf: &[u8], at: usize) -> Option<usize> {
 /// Encode `line` (split as redis-cli splits) as a multibulk command.
 pub fn encode(line: &str) -> Vec<u8> {
     let args = insitu_resp::codec::split_args(line.as_bytes()).expect("test line");
+    encode_args(&args)
+}
+
+/// Encode `args` as a multibulk command.
+pub fn encode_args<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
+        let a = a.as_ref();
         out.extend(format!("${}\r\n", a.len()).bytes());
-        out.extend(a);
+        out.extend_from_slice(a);
         out.extend(b"\r\n");
     }
     out

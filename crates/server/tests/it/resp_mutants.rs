@@ -16,7 +16,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::resp::{cluster, read_reply};
+use common::resp::{cluster, encode_args, read_reply};
 
 /// Valid commands the mutants start from (split on spaces).
 const SEEDS: &[&str] = &[
@@ -166,17 +166,6 @@ fn mutate(rng: &mut insitu_testkit::Rng, mut args: Vec<Vec<u8>>) -> Vec<Vec<u8>>
     args
 }
 
-/// The multibulk encoding of `args`.
-fn encode(args: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend(format!("${}\r\n", a.len()).bytes());
-        out.extend_from_slice(a);
-        out.extend(b"\r\n");
-    }
-    out
-}
-
 /// Whether the mutant may not be sent: it names a canary key, or empties
 /// the store (`FLUSHALL`/`FLUSHDB`, whose meaning is to remove everything).
 fn spares_nothing(args: &[Vec<u8>]) -> bool {
@@ -204,7 +193,7 @@ impl Conn {
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             (s, Vec::new())
         });
-        if s.write_all(&encode(args)).is_err() {
+        if s.write_all(&encode_args(args)).is_err() {
             self.stream = None;
             return None;
         }
