@@ -1,118 +1,24 @@
-//! The reference model (a `BTreeMap`) and the harness that applies each
-//! operation to the engine and the model and checks that they agree.
+//! The harness that applies each operation to the engine and to the
+//! reference model (a `BTreeMap`, in `reference.rs`) and checks that they
+//! agree.
 
 use crate::shared::segment_copies;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use insitu_engine::{
-    Engine, EngineConfig, EngineError, HashRange, RejectRules, TableId, key_hash,
-    object_entry_bytes_expiring,
+    Engine, EngineConfig, EngineError, HashRange, TableId, key_hash, object_entry_bytes_expiring,
 };
 
 use crate::ops::{Op, Rules};
 use crate::{KEYS, MAX_KEY, MAX_TABLETS, MAX_VALUE, SEGMENT_BYTES, TABLES, key_bytes, value_bytes};
 
-/// The specification of reject rules, written independently of the engine.
-fn expected_rules(r: &RejectRules, current: Option<u64>) -> Result<(), EngineError> {
-    match current {
-        None if r.doesnt_exist => Err(EngineError::ObjectDoesntExist),
-        None => Ok(()),
-        Some(v) if r.exists => Err(EngineError::ObjectExists { version: v }),
-        Some(v) if r.version_le_given && v <= r.given_version => {
-            Err(EngineError::WrongVersion { version: v })
-        }
-        Some(v) if r.version_ne_given && v != r.given_version => {
-            Err(EngineError::WrongVersion { version: v })
-        }
-        Some(_) => Ok(()),
-    }
-}
+#[path = "reference.rs"]
+mod reference;
 
-type Key = (TableId, Vec<u8>);
+use reference::{Key, Model, expected_rules};
 
 /// The clock the engine is pinned to at the start (Unix ms).
 const START_MS: u64 = 1_000_000;
-
-#[derive(Default)]
-struct Model {
-    /// Every object the engine holds, expired ones too until removed.
-    objects: BTreeMap<Key, (Vec<u8>, u64)>,
-    /// Deadlines of the objects that have one.
-    deadlines: HashMap<Key, u64>,
-    /// The engine's pinned clock.
-    now: u64,
-    /// Highest version ever returned for a key (survives removes).
-    highest: HashMap<Key, u64>,
-}
-
-impl Model {
-    fn expired(&self, key: &Key) -> bool {
-        self.deadlines.get(key).is_some_and(|&d| d <= self.now)
-    }
-
-    /// The live object of `key`: absent once its deadline passed.
-    fn live(&self, key: &Key) -> Option<&(Vec<u8>, u64)> {
-        self.objects.get(key).filter(|_| !self.expired(key))
-    }
-
-    /// The live object of `key` and the deadline an update of it keeps (0 if none).
-    fn live_and_kept(&self, key: &Key) -> (Option<(Vec<u8>, u64)>, u64) {
-        let current = self.live(key).cloned();
-        let kept = match current {
-            Some(_) => self.deadlines.get(key).copied().unwrap_or(0),
-            None => 0,
-        };
-        (current, kept)
-    }
-
-    /// The version reject rules see (the live object's).
-    fn current(&self, key: &Key) -> Option<u64> {
-        self.live(key).map(|o| o.1)
-    }
-
-    fn record(&mut self, key: Key, value: Vec<u8>, version: u64) {
-        self.record_expiring(key, value, version, 0);
-    }
-
-    fn record_expiring(&mut self, key: Key, value: Vec<u8>, version: u64, deadline: u64) {
-        let prev = self.highest.get(&key).copied().unwrap_or(0);
-        assert!(
-            version > prev,
-            "version {version} of {key:?} does not exceed {prev}"
-        );
-        self.highest.insert(key.clone(), version);
-        match deadline {
-            0 => self.deadlines.remove(&key),
-            d => self.deadlines.insert(key.clone(), d),
-        };
-        self.objects.insert(key, (value, version));
-    }
-
-    fn remove(&mut self, key: &Key) {
-        self.objects.remove(key);
-        self.deadlines.remove(key);
-    }
-
-    /// The live objects of a tablet.
-    fn live_in_range(
-        &self,
-        table: TableId,
-        range: HashRange,
-    ) -> impl Iterator<Item = (&Key, &(Vec<u8>, u64))> {
-        self.in_range(table, range)
-            .filter(|(k, _)| !self.expired(k))
-    }
-
-    fn in_range(
-        &self,
-        table: TableId,
-        range: HashRange,
-    ) -> impl Iterator<Item = (&Key, &(Vec<u8>, u64))> {
-        self.objects
-            .iter()
-            .filter(move |((t, k), _)| *t == table && range.contains(key_hash(*t, k)))
-    }
-}
 
 #[derive(Debug, Default)]
 pub struct Counts {
