@@ -456,6 +456,16 @@ impl Request<'_> {
         )
     }
 
+    /// A write, remove, multiWrite or multiRemove: what a shard stamps with
+    /// a timestamp while snapshots are read there.
+    pub fn is_plain_write(&self) -> bool {
+        use Request::*;
+        matches!(
+            self,
+            Write { .. } | Remove { .. } | MultiWrite { .. } | MultiRemove { .. }
+        )
+    }
+
     /// The request's variant name, for messages (never its contents: a
     /// `Hello` carries a secret).
     pub fn name(&self) -> &'static str {

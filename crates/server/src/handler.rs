@@ -12,6 +12,7 @@ use insitu_protocol::{
 use insitu_auth::{Admission, Session};
 
 use crate::shard::ShardState;
+use crate::stamped::PlainWrite;
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
@@ -208,7 +209,9 @@ pub async fn handle(
     // clock reads (~50 ns) against the ~8 µs a request costs here.
     // The latency histogram still takes one request in 16 (appending is
     // the expensive part); the longest point call sees them all.
-    let point = request.is_point();
+    // A plain write that takes a timestamp (`stamped.rs`) waits for the
+    // oracle with the shard free: not a point call's hold of it.
+    let point = request.is_point() && !(request.is_plain_write() && crate::stamped::needed(state));
     let sampled = state.metrics.sample_next();
     let started = (point || sampled).then(std::time::Instant::now);
     let reply_at = out.len();
@@ -268,18 +271,42 @@ async fn dispatch(
             value,
             rules: r,
             expires_at_ms,
-        } => write_keyed(state, id, (table, key), out, |engine| {
-            let written = engine.write_expiring(table, key, value, expires_at_ms, &rules(&r));
-            written.map(|version| Response::Written { version })
-        }),
+        } => {
+            if crate::stamped::needed(state) {
+                let write = PlainWrite {
+                    key,
+                    value: Some(value),
+                    expires_at_ms,
+                    rules: rules(&r),
+                };
+                let written = |version| Response::Written { version };
+                return crate::stamped::reply_one(state, id, (table, write), out, written).await;
+            }
+            write_keyed(state, id, (table, key), out, |engine| {
+                let written = engine.write_expiring(table, key, value, expires_at_ms, &rules(&r));
+                written.map(|version| Response::Written { version })
+            })
+        }
         Request::Remove {
             table,
             key,
             rules: r,
-        } => write_keyed(state, id, (table, key), out, |engine| {
-            let removed = engine.remove(table, key, &rules(&r));
-            removed.map(|version| Response::Removed { version })
-        }),
+        } => {
+            if crate::stamped::needed(state) {
+                let write = PlainWrite {
+                    key,
+                    value: None,
+                    expires_at_ms: 0,
+                    rules: rules(&r),
+                };
+                let removed = |version| Response::Removed { version };
+                return crate::stamped::reply_one(state, id, (table, write), out, removed).await;
+            }
+            write_keyed(state, id, (table, key), out, |engine| {
+                let removed = engine.remove(table, key, &rules(&r));
+                removed.map(|version| Response::Removed { version })
+            })
+        }
         Request::Increment {
             table,
             key,
@@ -293,6 +320,8 @@ async fn dispatch(
             if let Err((status, message)) = crate::lost::check_missing(state, table, key) {
                 return encode_error(out, id, status, message);
             }
+            // Never under a timestamp (`stamped.rs` says why not).
+            crate::stamped::unstamped(state, table);
             let mut engine = state.engine.borrow_mut();
             let result = match delta {
                 Number::I64(d) => engine
@@ -313,8 +342,12 @@ async fn dispatch(
             snapshot_ts,
             keys,
         } => crate::snapshot_read::read(state, id, (table, snapshot_ts), &keys, out).await,
-        Request::MultiWrite { table, items } => crate::multi::write(state, id, table, &items, out),
-        Request::MultiRemove { table, keys } => crate::multi::remove(state, id, table, &keys, out),
+        Request::MultiWrite { table, items } => {
+            crate::multi::write(state, id, table, &items, out).await
+        }
+        Request::MultiRemove { table, keys } => {
+            crate::multi::remove(state, id, table, &keys, out).await
+        }
         Request::Enumerate {
             table,
             tablet_start,
@@ -508,6 +541,7 @@ fn write_keyed<'v>(
     if let Err(s) = admit(state, table, key, true) {
         return encode_error(out, id, s, s.to_string());
     }
+    crate::stamped::unstamped(state, table);
     let result = op(&mut state.engine.borrow_mut());
     crate::lost::reply_keyed(state, (table, key), out, id, result);
 }

@@ -31,6 +31,7 @@ mod shard;
 mod sindex;
 mod snapshot;
 mod snapshot_read;
+mod stamped;
 mod tablet_control;
 mod txn;
 mod txn_durable;

@@ -3,12 +3,13 @@
 //! per item, each item admitted on its own).
 
 use bytes::BytesMut;
-use insitu_engine::EngineError;
+use insitu_engine::{EngineError, RejectRules};
 use insitu_protocol::frame::MAX_BODY_BYTES;
 use insitu_protocol::{Blob, ReadResult, Response, Status, WriteResult, blob, encode_error};
 
 use crate::handler::{MAX_MULTI_ITEMS, REPLY_SLACK_BYTES, admit, engine_status, reply};
 use crate::shard::ShardState;
+use crate::stamped::{PlainWrite, Refused};
 
 /// Refuse a request of more than `MAX_MULTI_ITEMS` items (the decoder's
 /// limit too; checked again here so no path skips it).
@@ -25,7 +26,7 @@ pub(crate) fn too_many(out: &mut BytesMut, id: u64, n: usize, what: &str) -> boo
     true
 }
 
-pub fn write(
+pub async fn write(
     state: &ShardState,
     id: u64,
     table: u64,
@@ -35,30 +36,71 @@ pub fn write(
     if too_many(out, id, items.len(), "items") {
         return;
     }
-    let results = items
-        .iter()
-        .map(|(key, value)| {
+    let results = if crate::stamped::needed(state) {
+        let writes = items.iter().map(|(key, value)| PlainWrite {
+            key,
+            value: Some(value),
+            expires_at_ms: 0,
+            rules: RejectRules::default(),
+        });
+        apply_stamped(state, table, writes.collect()).await
+    } else {
+        let results = items.iter().map(|(key, value)| {
             apply_write(state, table, key, |engine| {
-                engine.write(table, key, value, &insitu_engine::RejectRules::default())
+                engine.write(table, key, value, &RejectRules::default())
             })
-        })
-        .collect();
+        });
+        results.collect()
+    };
     reply(out, id, &Response::MultiWrite { results })
 }
 
-pub fn remove(state: &ShardState, id: u64, table: u64, keys: &[Blob<'_>], out: &mut BytesMut) {
+pub async fn remove(
+    state: &ShardState,
+    id: u64,
+    table: u64,
+    keys: &[Blob<'_>],
+    out: &mut BytesMut,
+) {
     if too_many(out, id, keys.len(), "keys") {
         return;
     }
-    let results = keys
-        .iter()
-        .map(|key| {
+    let results = if crate::stamped::needed(state) {
+        let writes = keys.iter().map(|key| PlainWrite {
+            key,
+            value: None,
+            expires_at_ms: 0,
+            rules: RejectRules::default(),
+        });
+        apply_stamped(state, table, writes.collect()).await
+    } else {
+        let results = keys.iter().map(|key| {
             apply_write(state, table, key, |engine| {
-                engine.remove(table, key, &insitu_engine::RejectRules::default())
+                engine.remove(table, key, &RejectRules::default())
             })
-        })
-        .collect();
+        });
+        results.collect()
+    };
     reply(out, id, &Response::MultiRemove { results })
+}
+
+/// The items of a multiWrite / multiRemove while snapshots are read here
+/// (`stamped.rs`): a status per item, in order.
+async fn apply_stamped(
+    state: &ShardState,
+    table: u64,
+    writes: Vec<PlainWrite<'_>>,
+) -> Vec<WriteResult> {
+    let applied = crate::stamped::apply(state, table, &writes).await;
+    let results = applied.into_iter().map(|r| {
+        let (status, version) = match r {
+            Ok(version) => (Status::Ok, version),
+            Err(Refused::Engine(e)) => (engine_status(&e), 0),
+            Err(Refused::Status(status, _) | Refused::Admit(status)) => (status, 0),
+        };
+        WriteResult { status, version }
+    });
+    results.collect()
 }
 
 /// One item of a multiWrite / multiRemove: admit it, run `op` on the engine,
@@ -72,6 +114,7 @@ fn apply_write(
     if let Err(status) = admit(state, table, key, true) {
         return WriteResult { status, version: 0 };
     }
+    crate::stamped::unstamped(state, table);
     match op(&mut state.engine.borrow_mut()) {
         Ok(version) => WriteResult {
             status: Status::Ok,

@@ -64,6 +64,10 @@ pub struct ShardTxns {
     /// every participant applies the commit at the same timestamp;
     /// forgotten with the decision.
     pub(crate) commit_ts: RefCell<HashMap<TxnId, u64>>,
+    /// Plain writes waiting for their timestamp (`stamped.rs`): one-phase
+    /// parts this shard made itself, which the sweep must not resolve (their
+    /// writer applies or drops them when the oracle answers).
+    pub(crate) stamping: RefCell<HashSet<TxnId>>,
     /// A client of the cluster, made on first use: it finds the shard that
     /// owns an anchor now (the coordinator's maps), for resolutions.
     pub(crate) client: tokio::sync::OnceCell<Client>,
@@ -94,6 +98,7 @@ impl Default for ShardTxns {
             decided_records: RefCell::new(HashMap::new()),
             applying: RefCell::new(HashSet::new()),
             commit_ts: RefCell::new(HashMap::new()),
+            stamping: RefCell::new(HashSet::new()),
             client: tokio::sync::OnceCell::new(),
             epoch: Instant::now(),
         }

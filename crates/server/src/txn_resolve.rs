@@ -194,6 +194,9 @@ pub async fn sweep(state: Rc<ShardState>) {
             tokio::task::yield_now().await;
         }
         for txn in overdue {
+            if state.txns.stamping.borrow().contains(&txn) {
+                continue; // a plain write waiting for its timestamp (`stamped.rs`)
+            }
             let primary = state
                 .txns
                 .participant

@@ -225,6 +225,8 @@ pub(crate) async fn write_updates(
     assert!(run.hold.is_some(), "an update runs holding its tablet");
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
+    // No timestamp: the updated table's commit bound is unknown from here.
+    crate::stamped::unstamped(run.state, run.table);
     let mut slices = Slices::new();
     for (i, key) in keys.iter().enumerate() {
         slices.at(run, i).await?;

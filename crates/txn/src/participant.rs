@@ -448,9 +448,21 @@ impl Participant {
             debug_assert!(false, "finish before settle");
             return Apply::Nothing;
         };
-        let Some(p) = self.prepared.remove(&txn) else {
-            return Apply::Nothing;
-        };
+        match self.release(txn) {
+            Some(writes) if commit => Apply::Writes(writes),
+            _ => Apply::Nothing,
+        }
+    }
+
+    /// Release `txn`'s part prepared here without recording a decision:
+    /// unlock its keys and return its writes (None: not prepared here).
+    /// Only for a part nobody else can ask about: a one-phase part this
+    /// shard made itself (a plain write that takes a timestamp while
+    /// snapshots are read), whose outcome is its caller's to apply. Why no
+    /// decision: none is ever asked for, and a decision per plain write
+    /// would fill `max_decisions` for nothing.
+    pub fn release(&mut self, txn: TxnId) -> Option<Vec<Item>> {
+        let p = self.prepared.remove(&txn)?;
         self.held_bytes -= p.bytes;
         for item in p.items.iter().filter(|i| i.write != Write::None) {
             let removed = self.locks.unlock(item.table, &item.key);
@@ -460,15 +472,12 @@ impl Participant {
                 "a prepared key is locked by its transaction"
             );
         }
-        if !commit {
-            return Apply::Nothing;
-        }
-        let writes = p
-            .items
-            .into_iter()
-            .filter(|i| i.write != Write::None)
-            .collect();
-        Apply::Writes(writes)
+        Some(
+            p.items
+                .into_iter()
+                .filter(|i| i.write != Write::None)
+                .collect(),
+        )
     }
 
     /// The decision recorded here, if any.

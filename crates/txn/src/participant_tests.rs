@@ -153,6 +153,32 @@ fn a_locked_key_refuses_other_transactions_until_decided() {
 }
 
 #[test]
+fn a_released_part_unlocks_and_records_no_decision() {
+    let mut p = Participant::new(Limits::default());
+    let items = vec![
+        put("a", None),
+        item("b", Some(0), Write::None),
+        put("c", None),
+    ];
+    p.prepare(7, None, vec![], items, 0, none).unwrap();
+    assert!(p.locks().is_locked(1, b"a") && p.locks().is_locked(1, b"c"));
+    assert!(p.held_bytes() > 0);
+    let writes = p.release(7).expect("prepared");
+    assert_eq!(
+        writes,
+        vec![put("a", None), put("c", None)],
+        "its writes, not its reads"
+    );
+    assert!(p.locks().is_empty() && p.held_bytes() == 0);
+    assert_eq!(p.decision(7), None, "nothing recorded");
+    assert_eq!(p.release(7), None, "released once");
+    // The same id may prepare again (it was never decided).
+    p.prepare(7, None, vec![], vec![put("a", None)], 1, none)
+        .unwrap();
+    p.check();
+}
+
+#[test]
 fn a_changed_read_is_refused_and_locks_nothing() {
     let mut p = Participant::new(Limits::default());
     let refused = p.prepare(

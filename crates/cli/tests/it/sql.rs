@@ -261,6 +261,16 @@ fn sql_at_a_snapshot_reads_one_instant_of_every_table() {
         ])),
         "name,age\nalice,31\n"
     );
+    // Plain writes after the snapshot (`insitu insert`: a multiWrite, no
+    // transaction): a new row and one replaced. Neither is seen at it
+    // (before, both were: plain writes took no timestamp).
+    ok(cluster.cli(&["insert", "users", "6,fay,80,2.00", "3,carol,46,-1"]));
+    assert_eq!(sql_csv(&cluster, query), "n,oldest\n5,80\n");
+    assert_eq!(
+        ok(cluster.cli(&["sql", "--at", &ts, "--format", "csv", query])),
+        "n,oldest\n3,45\n",
+        "plain writes after the snapshot"
+    );
     // A timestamp the oracle has not handed out is refused.
     let e = fails(cluster.cli(&["sql", "--at", "999999999999999999", query]));
     assert!(e.contains("in the future"), "{e}");

@@ -32,6 +32,7 @@ mod shard_stats;
 mod sindex;
 mod snapshot;
 mod snapshot_move;
+mod snapshot_plain;
 mod txn;
 mod txn_full_budget;
 mod txn_gone_table;

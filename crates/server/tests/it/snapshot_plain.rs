@@ -1,0 +1,177 @@
+//! Plain writes (not transactions) are ordered by snapshots: a read at a
+//! snapshot sees every plain write acknowledged before its timestamp was
+//! taken and none applied after it, on every shard alike (the server's
+//! `stamped.rs`). Before, a snapshot read of several shards saw each as it
+//! was when its request arrived there: a write acknowledged after a later
+//! one's shard was read could be missing while the later one was seen.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::snap::{keep_versions, read_at, server_of, two_servers_one_table};
+use common::txn::{as_i64, retrying_client};
+use insitu_client::Status;
+
+/// Keys written as a multiWrite, then keys written one at a time.
+const FIRST: usize = 8;
+const SECOND: usize = 8;
+
+/// A writer goes round and round: it writes round number `r` to the first
+/// group of keys in one multiWrite (several shards at once), then to each
+/// key of the second group in turn, each write acknowledged before the next.
+/// So at any one instant the first group holds `r` or `r - 1` (mixed while
+/// its multiWrite is under way), and the second group holds values that do
+/// not rise along it, none above the first group's least, and none more
+/// than one round behind the first group's largest. Every read at a
+/// snapshot must show such an instant, and show every round acknowledged
+/// before the snapshot was taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_sees_plain_writes_as_of_its_timestamp_on_every_shard() {
+    let (_node, client) = retrying_client(3).await;
+    let t = client.create_table("plain", 6).await.unwrap().id;
+    let keys: Vec<String> = (0..FIRST + SECOND).map(|i| format!("k{i:02}")).collect();
+    for k in &keys {
+        client.write(t, k, 0i64.to_le_bytes()).await.unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // The last round whose every write was acknowledged.
+    let done = Arc::new(AtomicI64::new(0));
+    let writer = {
+        let (client, keys, stop, done) = (client.clone(), keys.clone(), stop.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut round = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let value = round.to_le_bytes();
+                let first: Vec<(&String, [u8; 8])> =
+                    keys[..FIRST].iter().map(|k| (k, value)).collect();
+                for r in client.multi_write(t, &first).await.unwrap() {
+                    r.unwrap();
+                }
+                for k in &keys[FIRST..] {
+                    client.write(t, k, value).await.unwrap();
+                }
+                done.store(round, Ordering::Relaxed);
+            }
+            round
+        })
+    };
+    let mut snapshots = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (snapshots < 150 || done.load(Ordering::Relaxed) < 100) && Instant::now() < deadline {
+        let acknowledged = done.load(Ordering::Relaxed);
+        let keys = &keys;
+        let (values, ts) = client
+            .read_only(|snap| async move {
+                // One key at a time, in the order they are written: a
+                // shard read later than another must not show writes the
+                // earlier read missed, though the writer goes on between.
+                let mut values = Vec::new();
+                for k in keys {
+                    values.push(as_i64(snap.read(t, k).await?));
+                }
+                Ok((values, snap.ts()))
+            })
+            .await
+            .unwrap();
+        let (first, second) = values.split_at(FIRST);
+        let least_first = *first.iter().min().unwrap();
+        let most_first = *first.iter().max().unwrap();
+        let shown = format!("snapshot {ts}: {first:?} then {second:?}");
+        assert!(
+            most_first - least_first <= 1,
+            "{shown}: the multiWrite group"
+        );
+        assert!(
+            second.windows(2).all(|w| w[0] >= w[1]),
+            "{shown}: a later write seen without an earlier one"
+        );
+        assert!(
+            second[0] <= least_first && second[SECOND - 1] + 1 >= most_first,
+            "{shown}: the two groups are not of one instant"
+        );
+        assert!(
+            second[SECOND - 1] >= acknowledged,
+            "{shown}: round {acknowledged} was acknowledged before the snapshot was taken"
+        );
+        snapshots += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = writer.await.unwrap();
+    assert!(
+        snapshots >= 150 && rounds >= 100,
+        "{snapshots} snapshots during {rounds} rounds of writes"
+    );
+    // The writes applied under timestamps are plain writes still: read
+    // back as written, and the last round everywhere.
+    for k in &keys {
+        let v = client.read(t, k).await.unwrap().map(|(v, _)| v);
+        assert_eq!(as_i64(v), rounds, "{k}");
+    }
+}
+
+/// A key written twice in one multiWrite ends with the later value, and a
+/// multiRemove while snapshots are read removes: the parts a shard locks
+/// under one timestamp take a key once, in order.
+#[tokio::test]
+async fn a_multi_write_under_snapshots_keeps_its_order() {
+    let (_node, client) = retrying_client(1).await;
+    let t = client.create_table("twice", 1).await.unwrap().id;
+    client.write(t, "a", b"0").await.unwrap();
+    // Versions are kept on the shard from now on: writes take timestamps.
+    client
+        .read_only(|snap| async move { snap.read(t, "a").await })
+        .await
+        .unwrap();
+    let items = [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1"), ("a", "3")];
+    for r in client.multi_write(t, &items).await.unwrap() {
+        r.unwrap();
+    }
+    let a = client.read(t, "a").await.unwrap().map(|(v, _)| v);
+    assert_eq!(
+        a.as_deref(),
+        Some(&b"3"[..]),
+        "the last write of a key wins"
+    );
+    let before = client.snapshot().await.unwrap();
+    for r in client.multi_remove(t, &["b", "c"]).await.unwrap() {
+        r.unwrap();
+    }
+    assert_eq!(client.read(t, "b").await.unwrap(), None, "removed");
+    let then = before.read(t, "b").await.unwrap();
+    assert_eq!(
+        then.as_deref(),
+        Some(&b"1"[..]),
+        "as of the earlier snapshot"
+    );
+}
+
+/// A plain write applied while its shard kept no versions takes no
+/// timestamp, but it makes its table's commit bound unknown: a tablet that
+/// moves after it carries a timestamp fetched after it, so a snapshot taken
+/// before the write is refused on the new shard, never answered with it.
+/// (With the bound of commits alone, 0 here, the new shard, which keeps
+/// versions, read the later value at the older snapshot.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_write_before_a_move_is_not_read_by_an_older_snapshot() {
+    let (_node, _second, client, info) = two_servers_one_table("plainmove").await;
+    let t = info.id;
+    let (k, other) = (common::key_in(&info, 0, "k"), common::key_in(&info, 1, "o"));
+    let away = server_of(&client, &info.tablets[1].addr).await;
+    // Only the destination keeps versions (a snapshot read there).
+    keep_versions(&client, t, &[&other]).await;
+    client.write(t, &k, "v1").await.unwrap();
+    let before = client.timestamp().await.unwrap();
+    client.write(t, &k, "v2").await.unwrap();
+    client.move_tablet("plainmove", 0, away).await.unwrap();
+    assert_eq!(
+        read_at(&client, before, t, &k).await,
+        Err(Status::SnapshotTooOld),
+        "a snapshot older than a plain write that moved with its tablet"
+    );
+    let after = client.timestamp().await.unwrap();
+    assert_eq!(read_at(&client, after, t, &k).await, Ok(Some("v2".into())));
+}
