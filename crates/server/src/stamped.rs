@@ -36,8 +36,10 @@
 //! under way is refused at its end, and later ones must learn a new floor
 //! from the oracle, fetched after these writes.
 //!
-//! Not covered (they take no timestamp and stay unordered, ARCHITECTURE.md):
-//! increments, pushdown updates, the Redis port's writes and expiry.
+//! The Redis port's writes reach this by forwarding while snapshots are
+//! read (`resp/store.rs`, `writes_here`). Not covered (they take no
+//! timestamp and stay unordered, ARCHITECTURE.md): increments, pushdown
+//! updates and expiry.
 
 use bytes::BytesMut;
 use insitu_engine::{EngineError, RejectRules, key_hash};

@@ -172,7 +172,7 @@ impl ShardStore<'_> {
         cond: Cond,
         expires_at_ms: u64,
     ) -> Result<Local<bool>, StoreError> {
-        if admit(self.state, table, key, true).is_err() {
+        if !self.writes_here(table, key) {
             return Ok(Local::Forward);
         }
         let result = self.state.engine.borrow_mut().write_expiring(
@@ -191,7 +191,7 @@ impl ShardStore<'_> {
     }
 
     fn local_del(&self, table: u64, key: &[u8], cond: Cond) -> Result<Local<bool>, StoreError> {
-        if admit(self.state, table, key, true).is_err() {
+        if !self.writes_here(table, key) {
             return Ok(Local::Forward);
         }
         let result = self
@@ -207,10 +207,30 @@ impl ShardStore<'_> {
         }
     }
 
+    /// Whether `key` may be written here at once, with no timestamp: its
+    /// tablet takes writes here, and no snapshot is read here (else the
+    /// write is forwarded, as to another shard, to this shard's request
+    /// port, which gives it a timestamp: `crate::stamped`). A write made
+    /// here makes the table's commit bound unknown, as an unstamped plain
+    /// write does.
+    fn writes_here(&self, table: u64, key: &[u8]) -> bool {
+        let here =
+            !crate::stamped::needed(self.state) && admit(self.state, table, key, true).is_ok();
+        if here {
+            crate::stamped::unstamped(self.state, table);
+        }
+        here
+    }
+
     /// Whether every key is served here right now (so a multi-key change can
     /// be made in one synchronous step: atomic, as nothing else runs on
-    /// this thread meanwhile).
+    /// this thread meanwhile), and no snapshot is read here (else the change
+    /// is a transaction, which snapshots order).
     fn all_local<'k>(&self, table: u64, keys: impl IntoIterator<Item = &'k [u8]>) -> bool {
+        if crate::stamped::needed(self.state) {
+            return false;
+        }
+        crate::stamped::unstamped(self.state, table);
         let engine = self.state.engine.borrow();
         keys.into_iter().all(|k| {
             admit(self.state, table, k, true).is_ok()
@@ -549,10 +569,13 @@ impl Store for ShardStore<'_> {
         key: &[u8],
         f: &mut insitu_resp::Rewrite<'_>,
     ) -> Option<Result<Result<Vec<u8>, &'static str>, StoreError>> {
-        // Only a key of a known table that this shard may write now; else
-        // the caller's read and conditional write (which forward) do it.
+        // Only a key of a known table that this shard may write now with no
+        // timestamp; else the caller's read and conditional write (which
+        // forward) do it.
         let table = self.resp.cached_table(db)?;
-        admit(self.state, table, key, true).ok()?;
+        if !self.writes_here(table, key) {
+            return None;
+        }
         let result = self.state.engine.borrow_mut().modify(table, key, f);
         match result {
             Ok(done) => Some(Ok(done.map(|(value, _version)| value))),

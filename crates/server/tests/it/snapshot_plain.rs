@@ -175,3 +175,49 @@ async fn a_plain_write_before_a_move_is_not_read_by_an_older_snapshot() {
     let after = client.timestamp().await.unwrap();
     assert_eq!(read_at(&client, after, t, &k).await, Ok(Some("v2".into())));
 }
+
+/// The Redis port's writes are ordered by snapshots too: while snapshots are
+/// read on a shard, a `SET`, `DEL` or `INCR` of a key it owns goes through
+/// its request port (and takes a timestamp) instead of straight to its
+/// engine, and an `MSET` is a transaction. (Before, the keys the receiving
+/// shard owned were written at once, and an older snapshot saw them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_writes_are_not_seen_by_an_older_snapshot() {
+    let c = common::resp::cluster(|_| {}).await;
+    let addr = c.resp();
+    let run = |lines: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || common::resp::pipeline(addr, &lines))
+            .await
+            .unwrap()
+    };
+    // Enough keys that several live on the shard the connection lands on.
+    let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
+    let sets = keys.iter().map(|k| format!("SET {k} 1")).collect();
+    assert!(run(sets).await.iter().all(|r| r == "+OK\r\n"));
+    let client = insitu_client::Client::connect(&c.node.addr())
+        .await
+        .unwrap();
+    let t = client.table_id("redis").await.unwrap();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    // Every shard owning a key keeps versions from here on.
+    keep_versions(&client, t, &names).await;
+    let before = client.snapshot().await.unwrap();
+    let mut writes = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        writes.push(match i % 4 {
+            0 => format!("SET {k} 2"),
+            1 => format!("DEL {k}"),
+            2 => format!("INCR {k}"),
+            _ => format!("MSET {k} 2"),
+        });
+    }
+    let replies = run(writes).await;
+    assert!(replies.iter().all(|r| !r.starts_with('-')), "{replies:?}");
+    for (i, k) in keys.iter().enumerate() {
+        let then = before.read(t, k).await.unwrap();
+        assert_eq!(then.as_deref(), Some(&b"1"[..]), "{k} as of the snapshot");
+        let now = client.read(t, k).await.unwrap().map(|(v, _)| v);
+        let want: Option<&[u8]> = if i % 4 == 1 { None } else { Some(b"2") };
+        assert_eq!(now.as_deref(), want, "{k} now");
+    }
+}
