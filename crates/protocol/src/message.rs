@@ -458,13 +458,17 @@ impl Request<'_> {
         )
     }
 
-    /// A write, remove, multiWrite or multiRemove: what a shard stamps with
-    /// a timestamp while snapshots are read there.
+    /// A write, remove, increment, multiWrite or multiRemove: what a shard
+    /// stamps with a timestamp while snapshots are read there.
     pub fn is_plain_write(&self) -> bool {
         use Request::*;
         matches!(
             self,
-            Write { .. } | Remove { .. } | MultiWrite { .. } | MultiRemove { .. }
+            Write { .. }
+                | Remove { .. }
+                | Increment { .. }
+                | MultiWrite { .. }
+                | MultiRemove { .. }
         )
     }
 

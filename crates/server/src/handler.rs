@@ -12,7 +12,7 @@ use insitu_protocol::{
 use insitu_auth::{Admission, Session};
 
 use crate::shard::ShardState;
-use crate::stamped::PlainWrite;
+use crate::stamped::{Applied, PlainOp, PlainWrite};
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
@@ -275,11 +275,11 @@ async fn dispatch(
             if crate::stamped::needed(state) {
                 let write = PlainWrite {
                     key,
-                    value: Some(value),
+                    op: PlainOp::Put(value),
                     expires_at_ms,
                     rules: rules(&r),
                 };
-                let written = |version| Response::Written { version };
+                let written = |a: Applied| Response::Written { version: a.version };
                 return crate::stamped::reply_one(state, id, (table, write), out, written).await;
             }
             write_keyed(state, id, (table, key), out, |engine| {
@@ -295,11 +295,11 @@ async fn dispatch(
             if crate::stamped::needed(state) {
                 let write = PlainWrite {
                     key,
-                    value: None,
+                    op: PlainOp::Remove,
                     expires_at_ms: 0,
                     rules: rules(&r),
                 };
-                let removed = |version| Response::Removed { version };
+                let removed = |a: Applied| Response::Removed { version: a.version };
                 return crate::stamped::reply_one(state, id, (table, write), out, removed).await;
             }
             write_keyed(state, id, (table, key), out, |engine| {
@@ -320,7 +320,21 @@ async fn dispatch(
             if let Err((status, message)) = crate::lost::check_missing(state, table, key) {
                 return encode_error(out, id, status, message);
             }
-            // Never under a timestamp (`stamped.rs` says why not).
+            if crate::stamped::needed(state) {
+                let write = PlainWrite {
+                    key,
+                    op: PlainOp::Add(delta),
+                    expires_at_ms: 0,
+                    rules: rules(&r),
+                };
+                let incremented = |a: Applied| Response::Incremented {
+                    // Always set for an increment.
+                    value: a.number.unwrap_or(delta),
+                    version: a.version,
+                };
+                return crate::stamped::reply_one(state, id, (table, write), out, incremented)
+                    .await;
+            }
             crate::stamped::unstamped(state, table);
             let mut engine = state.engine.borrow_mut();
             let result = match delta {

@@ -9,7 +9,7 @@ use insitu_protocol::{Blob, ReadResult, Response, Status, WriteResult, blob, enc
 
 use crate::handler::{MAX_MULTI_ITEMS, REPLY_SLACK_BYTES, admit, engine_status, reply};
 use crate::shard::ShardState;
-use crate::stamped::{PlainWrite, Refused};
+use crate::stamped::{PlainOp, PlainWrite, Refused};
 
 /// Refuse a request of more than `MAX_MULTI_ITEMS` items (the decoder's
 /// limit too; checked again here so no path skips it).
@@ -39,7 +39,7 @@ pub async fn write(
     let results = if crate::stamped::needed(state) {
         let writes = items.iter().map(|(key, value)| PlainWrite {
             key,
-            value: Some(value),
+            op: PlainOp::Put(value),
             expires_at_ms: 0,
             rules: RejectRules::default(),
         });
@@ -68,7 +68,7 @@ pub async fn remove(
     let results = if crate::stamped::needed(state) {
         let writes = keys.iter().map(|key| PlainWrite {
             key,
-            value: None,
+            op: PlainOp::Remove,
             expires_at_ms: 0,
             rules: RejectRules::default(),
         });
@@ -94,7 +94,7 @@ async fn apply_stamped(
     let applied = crate::stamped::apply(state, table, &writes).await;
     let results = applied.into_iter().map(|r| {
         let (status, version) = match r {
-            Ok(version) => (Status::Ok, version),
+            Ok(applied) => (Status::Ok, applied.version),
             Err(Refused::Engine(e)) => (engine_status(&e), 0),
             Err(Refused::Status(status, _) | Refused::Admit(status)) => (status, 0),
         };

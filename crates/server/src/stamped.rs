@@ -4,8 +4,8 @@
 //! transactions' commits (ARCHITECTURE.md, "Snapshot reads").
 //!
 //! How. While the shard keeps versions (`Versions::is_active`: a snapshot
-//! read arrived within `IDLE`), a `Write`, `Remove`, `MultiWrite` or
-//! `MultiRemove` runs as a one-phase transaction only this shard knows of:
+//! read arrived within `IDLE`), a `Write`, `Remove`, `Increment`,
+//! `MultiWrite` or `MultiRemove` runs as a one-phase transaction only this shard knows of:
 //! its keys are locked in the participant as a prepare locks them, a
 //! timestamp `T` is taken from the oracle, and then, in one synchronous
 //! step, the locks go and the writes are applied with the ordinary engine
@@ -38,12 +38,12 @@
 //!
 //! The Redis port's writes reach this by forwarding while snapshots are
 //! read (`resp/store.rs`, `writes_here`). Not covered (they take no
-//! timestamp and stay unordered, ARCHITECTURE.md): increments, pushdown
-//! updates and expiry.
+//! timestamp and stay unordered, ARCHITECTURE.md): pushdown updates and
+//! expiry.
 
 use bytes::BytesMut;
 use insitu_engine::{EngineError, RejectRules, key_hash};
-use insitu_protocol::{Response, Status, encode_error};
+use insitu_protocol::{Number, Response, Status, encode_error};
 use insitu_txn::{Item, Refusal, TxnId, Write};
 
 use crate::handler::admit;
@@ -60,11 +60,27 @@ const PART_BYTES: usize = 4 << 20;
 /// One plain write of a request.
 pub(crate) struct PlainWrite<'a> {
     pub key: &'a [u8],
-    /// The value to write; None: remove the key.
-    pub value: Option<&'a [u8]>,
-    /// The object's deadline (Unix ms; 0: none). Ignored for a remove.
+    pub op: PlainOp<'a>,
+    /// The object's deadline (Unix ms; 0: none). Only for a put (an
+    /// increment keeps the object's own).
     pub expires_at_ms: u64,
     pub rules: RejectRules,
+}
+
+/// What a plain write does to its key.
+pub(crate) enum PlainOp<'a> {
+    Put(&'a [u8]),
+    Remove,
+    /// Add to the number the object holds (`Request::Increment`).
+    Add(Number),
+}
+
+/// A plain write applied.
+pub(crate) struct Applied {
+    /// The object's new version (a remove: the version removed).
+    pub version: u64,
+    /// An increment's new value (None for a put or a remove).
+    pub number: Option<Number>,
 }
 
 /// Why one plain write was not applied.
@@ -93,20 +109,20 @@ pub(crate) fn unstamped(state: &ShardState, table: u64) {
     state.versions.borrow_mut().commits.applied(table, 0);
 }
 
-/// A `Write` or `Remove` while snapshots are read here (the handler's
+/// A `Write`, `Remove` or `Increment` while snapshots are read here (the handler's
 /// `write_keyed` otherwise): admitted, applied under a timestamp, answered;
-/// `response` makes the reply of its version.
+/// `response` makes the reply of what was applied.
 pub(crate) async fn reply_one(
     state: &ShardState,
     id: u64,
     (table, write): (u64, PlainWrite<'_>),
     out: &mut BytesMut,
-    response: impl FnOnce(u64) -> Response<'static>,
+    response: impl FnOnce(Applied) -> Response<'static>,
 ) {
     let key = write.key;
     let result = crate::stamped::apply(state, table, &[write]).await.pop();
     match result {
-        Some(Ok(version)) => crate::handler::reply(out, id, &response(version)),
+        Some(Ok(applied)) => crate::handler::reply(out, id, &response(applied)),
         Some(Err(Refused::Engine(e))) => {
             crate::lost::reply_keyed(state, (table, key), out, id, Err(e))
         }
@@ -123,7 +139,7 @@ pub(crate) async fn apply(
     state: &ShardState,
     table: u64,
     writes: &[PlainWrite<'_>],
-) -> Vec<Result<u64, Refused>> {
+) -> Vec<Result<Applied, Refused>> {
     let mut results = Vec::with_capacity(writes.len());
     let mut rest = writes;
     while !rest.is_empty() {
@@ -143,7 +159,11 @@ fn part_len(writes: &[PlainWrite<'_>]) -> usize {
     let mut seen = std::collections::HashSet::new();
     let mut bytes = 0usize;
     for (i, w) in writes.iter().enumerate() {
-        bytes += w.key.len() + w.value.map_or(0, <[u8]>::len);
+        let value = match w.op {
+            PlainOp::Put(v) => v.len(),
+            PlainOp::Remove | PlainOp::Add(_) => 0,
+        };
+        bytes += w.key.len() + value;
         let full = i == PART_ITEMS || (i > 0 && bytes > PART_BYTES);
         if full || !seen.insert(w.key) {
             return i;
@@ -160,7 +180,7 @@ async fn apply_part(
     state: &ShardState,
     table: u64,
     writes: &[PlainWrite<'_>],
-) -> Vec<Result<u64, Refused>> {
+) -> Vec<Result<Applied, Refused>> {
     let admitted: Vec<Result<(), Status>> = writes
         .iter()
         .map(|w| admit(state, table, w.key, true))
@@ -192,7 +212,7 @@ async fn lock_and_apply(
     state: &ShardState,
     table: u64,
     writes: &[&PlainWrite<'_>],
-) -> Vec<Result<u64, Refused>> {
+) -> Vec<Result<Applied, Refused>> {
     let refuse_all = |status: Status, why: String| {
         let all = writes
             .iter()
@@ -245,9 +265,27 @@ async fn lock_and_apply(
                     |n| engine.try_charge_transient(n).ok(),
                 );
             }
-            let done = match w.value {
-                Some(v) => engine.write_expiring(table, w.key, v, w.expires_at_ms, &w.rules),
-                None => engine.remove(table, w.key, &w.rules),
+            let plain = |version| Applied {
+                version,
+                number: None,
+            };
+            let done = match w.op {
+                PlainOp::Put(v) => engine
+                    .write_expiring(table, w.key, v, w.expires_at_ms, &w.rules)
+                    .map(plain),
+                PlainOp::Remove => engine.remove(table, w.key, &w.rules).map(plain),
+                PlainOp::Add(Number::I64(d)) => engine
+                    .increment_i64(table, w.key, d, &w.rules)
+                    .map(|(v, version)| Applied {
+                        version,
+                        number: Some(Number::I64(v)),
+                    }),
+                PlainOp::Add(Number::F64(d)) => engine
+                    .increment_f64(table, w.key, d, &w.rules)
+                    .map(|(v, version)| Applied {
+                        version,
+                        number: Some(Number::F64(v)),
+                    }),
             };
             done.map_err(Refused::Engine)
         })
@@ -268,9 +306,12 @@ fn lock(
             key: w.key.to_vec(),
             hash: key_hash(table, w.key),
             read_version: None,
-            write: match w.value {
-                Some(v) => Write::Put(v.to_vec()),
-                None => Write::Remove,
+            // Only the lock counts: the part is released, not applied,
+            // by the participant (an increment locks as a put).
+            write: match w.op {
+                PlainOp::Put(v) => Write::Put(v.to_vec()),
+                PlainOp::Add(_) => Write::Put(Vec::new()),
+                PlainOp::Remove => Write::Remove,
             },
         })
         .collect();
@@ -309,7 +350,7 @@ mod tests {
     fn put<'a>(key: &'a [u8], value: &'a [u8]) -> PlainWrite<'a> {
         PlainWrite {
             key,
-            value: Some(value),
+            op: PlainOp::Put(value),
             expires_at_ms: 0,
             rules: RejectRules::default(),
         }

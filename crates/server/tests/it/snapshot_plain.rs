@@ -114,8 +114,9 @@ async fn a_snapshot_sees_plain_writes_as_of_its_timestamp_on_every_shard() {
 }
 
 /// A key written twice in one multiWrite ends with the later value, and a
-/// multiRemove while snapshots are read removes: the parts a shard locks
-/// under one timestamp take a key once, in order.
+/// multiRemove and an increment while snapshots are read are not seen by
+/// an older snapshot: the parts a shard locks under one timestamp take a
+/// key once, in order.
 #[tokio::test]
 async fn a_multi_write_under_snapshots_keeps_its_order() {
     let (_node, client) = retrying_client(1).await;
@@ -136,6 +137,7 @@ async fn a_multi_write_under_snapshots_keeps_its_order() {
         Some(&b"3"[..]),
         "the last write of a key wins"
     );
+    assert_eq!(client.increment_i64(t, "n", 5).await.unwrap().0, 5);
     let before = client.snapshot().await.unwrap();
     for r in client.multi_remove(t, &["b", "c"]).await.unwrap() {
         r.unwrap();
@@ -147,6 +149,11 @@ async fn a_multi_write_under_snapshots_keeps_its_order() {
         Some(&b"1"[..]),
         "as of the earlier snapshot"
     );
+    // An increment takes a timestamp too, and answers the new number.
+    assert_eq!(client.increment_i64(t, "n", 2).await.unwrap().0, 7);
+    assert_eq!(as_i64(before.read(t, "n").await.unwrap()), 5, "as of it");
+    let now = client.read(t, "n").await.unwrap().map(|(v, _)| v);
+    assert_eq!(as_i64(now), 7);
 }
 
 /// A plain write applied while its shard kept no versions takes no
