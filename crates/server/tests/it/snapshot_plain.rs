@@ -149,6 +149,24 @@ async fn a_multi_write_under_snapshots_keeps_its_order() {
         Some(&b"1"[..]),
         "as of the earlier snapshot"
     );
+    // One key named 5,000 times: locked once per part (not a part, and an
+    // oracle round trip, per repeat), every write applied in order.
+    let same: Vec<(&str, String)> = (0..5000).map(|i| ("d", i.to_string())).collect();
+    let versions: Vec<u64> = client
+        .multi_write(t, &same)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "in order");
+    let d = client.read(t, "d").await.unwrap().map(|(v, _)| v);
+    assert_eq!(d.as_deref(), Some(&b"4999"[..]));
+    assert_eq!(
+        before.read(t, "d").await.unwrap(),
+        None,
+        "absent at the snapshot"
+    );
     // An increment takes a timestamp too, and answers the new number.
     assert_eq!(client.increment_i64(t, "n", 2).await.unwrap().0, 7);
     assert_eq!(as_i64(before.read(t, "n").await.unwrap()), 5, "as of it");
