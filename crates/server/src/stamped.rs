@@ -133,8 +133,8 @@ pub(crate) async fn reply_one(
 }
 
 /// Apply `writes` to `table` under timestamps, a part at a time, each
-/// write admitted (`handler::admit`) as its part locks its keys. Returns each write's new version (for a remove, the
-/// version removed), in order.
+/// write admitted (`handler::admit`) as its part locks its keys. Returns
+/// what each write did (or why it was refused), in order.
 pub(crate) async fn apply(
     state: &ShardState,
     table: u64,
