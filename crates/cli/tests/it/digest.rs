@@ -72,7 +72,10 @@ fn kill_master_and_remove_a_backup() -> Killed {
     });
     if listed(&out, &id) {
         let (code, out, err) = cluster.cli(&["server", "remove", &id]);
-        assert_eq!(code, 0, "{out}{err}");
+        // Forgotten between the status and the removal (its own recovery,
+        // of no tablet, ended): as if it had not been listed. Seen once in
+        // CI: "no server with id 2 is on record".
+        assert!(code == 0 || err.contains("UnknownServer"), "{out}{err}");
     }
 
     // The tablet is not installed with segments missing: reads fail, and
