@@ -32,7 +32,8 @@
 //! Plain writes: while versions are kept they take a timestamp and raise
 //! the bound like a commit (`stamped.rs`); otherwise they take none and
 //! make it unknown, as a commit without a timestamp does, and so do
-//! pushdown updates and the Redis port's local writes.
+//! pushdown updates applied with no timestamp (`stamped::bulk_timestamp`)
+//! and the Redis port's local writes.
 //!
 //! Why versions kept here in an earlier stay of a tablet stay harmless: such
 //! a version's commit was applied here, so its timestamp is at or below this

@@ -272,12 +272,16 @@ async fn apply(
         hold.release_cleaner();
     }
     check_updates(run, &keys, change).await?;
+    // Still holding the tablet: no write lands between the timestamp and
+    // the update's last write (`stamped::bulk_timestamp`).
+    let commit_ts = crate::stamped::bulk_timestamp(run.state, run.table).await;
+    run.check()?;
     // From the first write on, a crash leaves a trace a resend finds.
     if let (Some(k), Some(anchor)) = (op, keys.iter().next()) {
         update_log::begin(run.state, k, anchor)?;
         *begun = Some(anchor.to_vec());
     }
-    write_updates(run, &keys, change).await
+    write_updates(run, &keys, change, commit_ts).await
 }
 
 /// Serve `Request::Scan` over the tablet it names: (table, start hash, end

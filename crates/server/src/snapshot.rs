@@ -29,7 +29,8 @@ use crate::shard::ShardState;
 
 /// A snapshot read waits at most this long for the transactions holding
 /// locks in its tablet (they resolve within the prepared timeout plus a
-/// resolution), then answers `Retry`.
+/// resolution), and for an update holding it, then answers `Retry` (the
+/// client retries within its operation timeout).
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// At most this long for another request's fetch of the floor.
 const FLOOR_WAIT: Duration = Duration::from_secs(3);
@@ -77,7 +78,7 @@ pub(crate) async fn begin(
         .locks()
         .holders_in(table, start, end);
     let what = format!("on tablet {table}/{start:#x}");
-    wait_for(state, holders, &what).await?;
+    wait_for(state, holders, &[(table, start)], &what).await?;
     Ok(admitted(state, table, start, ts))
 }
 
@@ -140,10 +141,14 @@ pub(crate) async fn admit_floor(
 
 /// Wait until none of the transactions `waiting` (prepared when the read
 /// arrived) is still prepared here: each is then applied or aborted, with
-/// its timestamp. At most `LOCK_WAIT`, then `Retry`.
+/// its timestamp; and until no pushdown update holds any of `tablets`
+/// (table, start): one under way writes under a timestamp it took while
+/// holding, so the read sees all of it or, through the kept versions, none
+/// (`stamped::bulk_timestamp`). At most `LOCK_WAIT`, then `Retry`.
 pub(crate) async fn wait_for(
     state: &ShardState,
     waiting: HashSet<u64>,
+    tablets: &[(u64, u64)],
     what: &str,
 ) -> Result<(), Refusal> {
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
@@ -153,14 +158,22 @@ pub(crate) async fn wait_for(
             let p = state.txns.participant.borrow();
             waiting.iter().filter(|t| p.prepared(**t).is_some()).count()
         };
-        if left == 0 {
+        let updating = {
+            let meta = state.tablets.borrow();
+            tablets
+                .iter()
+                .filter(|t| meta.get(t).is_some_and(|m| m.updating))
+                .count()
+        };
+        if left == 0 && updating == 0 {
             return Ok(());
         }
         if tokio::time::timeout_at(deadline, released).await.is_err() {
             return Err((
                 Status::Retry,
                 format!(
-                    "snapshot read: {left} transactions prepared {what} are still undecided after {} s",
+                    "snapshot read {what}: after {} s, {left} prepared transactions are still \
+                     undecided and {updating} tablets are still being updated",
                     LOCK_WAIT.as_secs()
                 ),
             ));

@@ -114,6 +114,8 @@ async fn admit_all(
             .filter_map(|k| p.locks().holder(table, k))
             .collect()
     };
-    wait_for(state, holders, &format!("on keys of table {table}")).await?;
+    let tablets: Vec<(u64, u64)> = snaps.iter().map(|s| s.tablet).collect();
+    let what = format!("on keys of table {table}");
+    wait_for(state, holders, &tablets, &what).await?;
     Ok(snaps)
 }

@@ -37,9 +37,9 @@
 //! from the oracle, fetched after these writes.
 //!
 //! The Redis port's writes reach this by forwarding while snapshots are
-//! read (`resp/store.rs`, `writes_here`). Not covered (they take no
-//! timestamp and stay unordered, ARCHITECTURE.md): pushdown updates and
-//! expiry.
+//! read (`resp/store.rs`, `writes_here`); pushdown updates take one
+//! timestamp per tablet while they hold it (`bulk_timestamp`). Not covered
+//! (it takes no timestamp and stays unordered, ARCHITECTURE.md): expiry.
 
 use bytes::BytesMut;
 use insitu_engine::{EngineError, RejectRules, key_hash};
@@ -107,6 +107,59 @@ pub(crate) fn needed(state: &ShardState) -> bool {
 #[inline]
 pub(crate) fn unstamped(state: &ShardState, table: u64) {
     state.versions.borrow_mut().commits.applied(table, 0);
+}
+
+/// The timestamp a pushdown update (or removal) of `table` applies its
+/// writes under, taken while it holds its tablet (`update_apply.rs`): one
+/// from the oracle while snapshots are read here, else 0 (no timestamp: the
+/// table's commit bound is unknown from here, as for an unstamped write).
+/// The same argument as a part's: the hold keeps every other write out from
+/// before the timestamp is taken until the last write lands, and a snapshot
+/// read of the tablet waits while it is held (`snapshot::wait_for`), so it
+/// reads the tablet before the update began (and the timestamp, taken
+/// later, is above its own) or after it ended, through the kept versions.
+/// An oracle that cannot be reached: 0, and the shard stops keeping
+/// versions (as in `lock_and_apply`).
+pub(crate) async fn bulk_timestamp(state: &ShardState, table: u64) -> u64 {
+    if !needed(state) {
+        unstamped(state, table);
+        return 0;
+    }
+    let ts = match crate::txn_peers::oracle_timestamp(state).await {
+        Ok(ts) => ts,
+        Err(why) => {
+            tracing::warn!(
+                shard = state.index,
+                table,
+                "an update applied without a timestamp ({why}); snapshot reads here start afresh"
+            );
+            state.versions.borrow_mut().reset();
+            0
+        }
+    };
+    state.versions.borrow_mut().commits.applied(table, ts);
+    ts
+}
+
+/// Keep the value `before` (version, bytes; None: absent) that a write at
+/// `commit_ts` is about to replace under `key` of `table`, for snapshots
+/// before it (nothing while versions are not kept or with no timestamp).
+pub(crate) fn keep_before(
+    versions: &mut crate::versions::Versions,
+    engine: &insitu_engine::Engine,
+    (table, key): (u64, &[u8]),
+    commit_ts: u64,
+    before: Option<(u64, &[u8])>,
+) {
+    if versions.is_active() && commit_ts != 0 {
+        versions.keep(
+            (table, key, key_hash(table, key)),
+            commit_ts,
+            before,
+            std::time::Instant::now(),
+            |n| engine.try_charge_transient(n).ok(),
+        );
+    }
 }
 
 /// A `Write`, `Remove` or `Increment` while snapshots are read here (the handler's
@@ -251,7 +304,6 @@ async fn lock_and_apply(
     let mut engine = state.engine.borrow_mut();
     let mut versions = state.versions.borrow_mut();
     versions.commits.applied(table, commit_ts);
-    let now = std::time::Instant::now();
     // A key's first write of the part keeps the value before the part: all
     // that a snapshot before `commit_ts` may read (one after it reads the
     // last write), so a repeat keeps nothing.
@@ -262,13 +314,7 @@ async fn lock_and_apply(
             if versions.is_active() && commit_ts != 0 && kept.insert(w.key) {
                 // The value this write replaces, for snapshots before it.
                 let before = engine.read(table, w.key).ok().map(|o| (o.version, o.value));
-                versions.keep(
-                    (table, w.key, key_hash(table, w.key)),
-                    commit_ts,
-                    before,
-                    now,
-                    |n| engine.try_charge_transient(n).ok(),
-                );
+                keep_before(&mut versions, &engine, (table, w.key), commit_ts, before);
             }
             let plain = |version| Applied {
                 version,

@@ -9,7 +9,10 @@
 //! computes every new value and refuses the whole update (naming the key) if
 //! one object cannot take it (too short or not a row of the schema, or an
 //! `add` that overflows the field); only then does the second write. A
-//! refused update therefore writes nothing on this tablet.
+//! refused update therefore writes nothing on this tablet. While snapshots
+//! are read here, the second pass writes under one timestamp taken between
+//! the passes (`stamped::bulk_timestamp`), keeping each replaced value for
+//! snapshots before it; snapshot reads wait for the hold to go.
 
 use std::time::Instant;
 
@@ -216,17 +219,18 @@ pub(crate) async fn check_updates(
 }
 
 /// Second pass: write every collected key that still matches
-/// (`check_updates` ran over the same, unchanged objects).
+/// (`check_updates` ran over the same, unchanged objects), keeping each
+/// replaced value under `commit_ts` for snapshots before it
+/// (`stamped::bulk_timestamp`; 0: none).
 pub(crate) async fn write_updates(
     run: &Run<'_>,
     keys: &ChargedKeys<'_>,
     change: &Change<'_>,
+    commit_ts: u64,
 ) -> Result<u64, Refusal> {
     assert!(run.hold.is_some(), "an update runs holding its tablet");
     let mut updated = 0u64;
     let rules = insitu_engine::RejectRules::default();
-    // No timestamp: the updated table's commit bound is unknown from here.
-    crate::stamped::unstamped(run.state, run.table);
     let mut slices = Slices::new();
     for (i, key) in keys.iter().enumerate() {
         slices.at(run, i).await?;
@@ -237,7 +241,14 @@ pub(crate) async fn write_updates(
                 continue;
             };
             match change.write_for(key, o.value) {
-                Ok(Some(w)) => (w, o.expires_at_ms),
+                Ok(Some(w)) => {
+                    // The value replaced, for snapshots before the update.
+                    let mut versions = run.state.versions.borrow_mut();
+                    let before = Some((o.version, o.value));
+                    let at = (run.table, key);
+                    crate::stamped::keep_before(&mut versions, &engine, at, commit_ts, before);
+                    (w, o.expires_at_ms)
+                }
                 Ok(None) => continue,
                 // Checked by the first pass over the same, unchanged objects.
                 Err((_, e)) => {

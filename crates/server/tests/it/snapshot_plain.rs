@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::snap::{keep_versions, read_at, server_of, two_servers_one_table};
 use common::txn::{as_i64, retrying_client};
-use insitu_client::Status;
+use insitu_client::{Selection, Status};
+use insitu_protocol::Number;
+use insitu_protocol::plan::{Field, UpdateAction};
 
 /// Keys written as a multiWrite, then keys written one at a time.
 const FIRST: usize = 8;
@@ -245,4 +247,127 @@ async fn redis_writes_are_not_seen_by_an_older_snapshot() {
         let want: Option<&[u8]> = if i % 4 == 1 { None } else { Some(b"2") };
         assert_eq!(now.as_deref(), want, "{k} now");
     }
+}
+
+/// Pushdown updates and removals (`insitu update`, `insitu delete`, SQL
+/// `UPDATE` / `DELETE`) take a timestamp too, one per tablet while
+/// snapshots are read there, so a snapshot taken before one reads the
+/// values before it, by key and by aggregate alike, and one taken after
+/// reads it whole. (Before, they took none: the older snapshot read the
+/// updated values, 2 instead of 1.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushdown_updates_are_not_seen_by_an_older_snapshot() {
+    let (_node, client) = retrying_client(2).await;
+    let t = client.create_table("bulk", 4).await.unwrap().id;
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i:03}")).collect();
+    let ones: Vec<(&String, [u8; 8])> = keys.iter().map(|k| (k, 1i64.to_le_bytes())).collect();
+    for r in client.multi_write(t, &ones).await.unwrap() {
+        r.unwrap();
+    }
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    keep_versions(&client, t, &names).await;
+    let sum_at = |snap: insitu_client::Snapshot| async move {
+        let sel = Selection::all();
+        snap.aggregate(t, Field::I64(0), &sel)
+            .await
+            .unwrap()
+            .sum_int
+    };
+    let before = client.snapshot().await.unwrap();
+    let add = UpdateAction::Add(Number::I64(1));
+    let n = client
+        .update(t, Field::I64(0), add, &Selection::all())
+        .await;
+    assert_eq!(n.unwrap(), 200);
+    let updated = client.snapshot().await.unwrap();
+    for k in &keys {
+        assert_eq!(as_i64(before.read(t, k).await.unwrap()), 1, "{k} before");
+        assert_eq!(as_i64(updated.read(t, k).await.unwrap()), 2, "{k} after");
+    }
+    assert_eq!(sum_at(before.clone()).await, 200, "the sum as of before");
+    assert_eq!(sum_at(updated.clone()).await, 400, "the sum as of after");
+    let removed = client.remove_where(t, &Selection::all()).await.unwrap();
+    assert_eq!(removed, 200);
+    for k in &keys {
+        assert_eq!(as_i64(before.read(t, k).await.unwrap()), 1, "{k} before");
+        assert_eq!(as_i64(updated.read(t, k).await.unwrap()), 2, "{k} updated");
+        assert_eq!(client.read(t, k).await.unwrap(), None, "{k} removed");
+    }
+    assert_eq!(
+        sum_at(before).await,
+        200,
+        "the sum as of before, after the removal"
+    );
+}
+
+/// A snapshot read of a tablet that a pushdown update is writing waits for
+/// its end: the update's writes yield between slices of about a
+/// millisecond, and a read at a snapshot above the update's timestamp would
+/// otherwise see the keys written so far and not the rest. Every sum of all
+/// keys read at one snapshot, by key (a multiRead, whose reads do not
+/// restart) and by aggregate, over a table that updates keep adding 1 to,
+/// must be a whole number of updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_never_reads_half_a_pushdown_update() {
+    const KEYS: i64 = 40_000;
+    let (node, client) = retrying_client(1).await;
+    let t = client.create_table("halfway", 1).await.unwrap().id;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("k{i:05}")).collect();
+    for chunk in keys.chunks(4_000) {
+        let zeros: Vec<(&String, [u8; 8])> =
+            chunk.iter().map(|k| (k, 0i64.to_le_bytes())).collect();
+        for r in client.multi_write(t, &zeros).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    keep_versions(&client, t, &["k00000"]).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // Its own connection: a shard answers one connection's requests in
+    // order, so a read sent behind an update on the same one never meets it.
+    let other = common::txn::client_with_op_timeout(&node, Duration::from_secs(60)).await;
+    let updater = {
+        let (client, stop) = (other, stop.clone());
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let add = UpdateAction::Add(Number::I64(1));
+                let n = client
+                    .update(t, Field::I64(0), add, &Selection::all())
+                    .await;
+                assert_eq!(n.unwrap() as i64, KEYS);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.len() < 30 && Instant::now() < deadline {
+        let snap = client.snapshot().await.unwrap();
+        let by_key: i64 = snap
+            .multi_read(t, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| as_i64(r.unwrap().map(|(v, _)| v)))
+            .sum();
+        assert_eq!(
+            by_key % KEYS,
+            0,
+            "a multiRead read part of an update: sum {by_key}"
+        );
+        let sel = Selection::all();
+        let sum = snap
+            .aggregate(t, Field::I64(0), &sel)
+            .await
+            .unwrap()
+            .sum_int;
+        assert_eq!(sum, by_key as i128, "the aggregate at the same snapshot");
+        seen.push(by_key / KEYS);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = updater.await.unwrap();
+    assert!(rounds >= 3, "the updates ran ({rounds} rounds)");
+    seen.dedup();
+    assert!(seen.len() >= 3, "snapshots saw the updates go on: {seen:?}");
 }
