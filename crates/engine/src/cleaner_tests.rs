@@ -4,6 +4,7 @@
 use super::*;
 use crate::HashRange;
 use crate::ReplayReport;
+use crate::compact::compact_into_head;
 use crate::replay::resolve;
 
 const SEG: usize = 4096;

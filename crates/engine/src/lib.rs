@@ -75,6 +75,7 @@ impl ObjectRef<'_> {
 mod changes;
 mod cleaner;
 mod cleaner_pass;
+mod compact;
 mod config;
 mod entry;
 mod error;

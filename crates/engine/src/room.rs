@@ -4,6 +4,7 @@
 
 use crate::cleaner::{self, Goal};
 use crate::cleaner_pass::{Pass, Sliced};
+use crate::compact;
 use crate::segment::{Budget, Purpose, TransientCharge};
 #[cfg(debug_assertions)]
 use crate::tablet::Tablet;
@@ -126,13 +127,13 @@ impl Engine {
     }
 
     /// The budget is full: compact tablet `slot` so that its own survivor
-    /// becomes a head with `len` bytes free (see `cleaner::compact_into_head`),
+    /// becomes a head with `len` bytes free (see `compact::compact_into_head`),
     /// if the tablet holds at least `min_reclaimable` bytes copying would free.
     fn compact_tablet_into_head(&mut self, slot: usize, len: usize, min_reclaimable: u64) -> bool {
         let mut stats = CleanStats::default();
         let allocated_before = self.budget.allocated_bytes;
         let (t, budget) = self.tablet_and_budget(slot);
-        let done = cleaner::compact_into_head(t, budget, len, min_reclaimable, &mut stats);
+        let done = compact::compact_into_head(t, budget, len, min_reclaimable, &mut stats);
         stats.bytes_freed = allocated_before.saturating_sub(self.budget.allocated_bytes);
         self.add_clean_totals(&stats);
         debug_assert!(!done || self.tablet(slot).head_room(self.config.segment_bytes) >= len);

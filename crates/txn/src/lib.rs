@@ -4,6 +4,7 @@
 //! (`client/src/txn.rs`). ARCHITECTURE.md, "Transactions", has the flow.
 
 pub mod checker;
+pub mod item;
 pub mod locks;
 pub mod participant;
 pub mod record;

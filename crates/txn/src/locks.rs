@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::hash::RandomState;
 
-use crate::participant::TxnId;
+use crate::item::TxnId;
 
 /// A lock-map key borrowed from a request: hashes as `(u64, Vec<u8>)` does
 /// (the derive hashes the fields in order, and `Vec<u8>` hashes as its

@@ -40,7 +40,8 @@
 //! here is a bug or a format from the future: decoding returns an error
 //! (the recovery refuses the record loudly) and never panics.
 
-use crate::participant::{Anchor, Write};
+use crate::item::Write;
+use crate::participant::Anchor;
 
 /// Record class of a prepared transaction's part in one tablet.
 pub const CLASS_PREPARED: u8 = 1;
