@@ -39,6 +39,9 @@ pub enum Versus {
     /// Writes with durability on against Redis with `appendonly yes`
     /// (`kv_durable.rs`).
     RedisAof,
+    /// insitu's writes with and without snapshot reads going on: what
+    /// ordering them by snapshots costs (`kv_stamped.rs`).
+    Snapshots,
     /// insitu alone (used when Redis is unavailable, e.g. the CI smoke test).
     Nothing,
 }
@@ -307,8 +310,10 @@ pub(crate) async fn measure_case(store: &Store, spec: &CaseSpec) -> anyhow::Resu
 }
 
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
-    if args.versus == Versus::RedisAof {
-        return crate::kv_durable::run(args);
+    match args.versus {
+        Versus::RedisAof => return crate::kv_durable::run(args),
+        Versus::Snapshots => return crate::kv_stamped::run(args),
+        Versus::Redis | Versus::Nothing => {}
     }
     let keys = args
         .keys
@@ -390,7 +395,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             let measured = r.tls.unwrap_or(r.plain);
             Some((r.proc, r.plain, measured))
         }
-        Versus::Nothing | Versus::RedisAof => None,
+        Versus::Nothing | Versus::RedisAof | Versus::Snapshots => None,
     };
 
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -545,7 +550,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                 "figures": "per case, the median over the rounds; ratios are of those medians",
                 "warmup_seconds": warmup.as_secs_f64(),
                 "quick": args.quick,
-                "versus": match args.versus { Versus::Redis => "redis", Versus::RedisAof => "redis-aof", Versus::Nothing => "none" },
+                "versus": match args.versus { Versus::Redis => "redis", Versus::RedisAof => "redis-aof", Versus::Snapshots => "snapshots", Versus::Nothing => "none" },
                 "redis_version": redis_version,
                 "pinning": pinning,
                 "tls": if args.tls { "both stores TLS only: one fresh CA, ECDSA P-256 certificate; insitu rustls (ring), Redis OpenSSL; handshakes before the clock starts" } else { "off" },

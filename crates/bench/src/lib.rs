@@ -16,6 +16,7 @@ mod kv_durable;
 pub mod kv_plot;
 mod kv_procs;
 mod kv_report;
+mod kv_stamped;
 pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod recovery;

@@ -5,6 +5,7 @@ mod auth;
 mod cluster;
 mod data;
 mod index;
+mod load;
 mod ops;
 mod sql;
 mod status;
@@ -194,7 +195,9 @@ enum BenchCmd {
     Kv {
         /// The peer to compare with: `redis` (started, and installed if missing), `redis-aof`
         /// (writes with durability on against Redis with appendonly yes: --sync interval vs
-        /// appendfsync everysec, --sync always vs appendfsync always) or `none`.
+        /// appendfsync everysec, --sync always vs appendfsync always), `snapshots` (insitu's
+        /// writes while snapshots are read, each taking a timestamp, against insitu's with
+        /// none) or `none`.
         #[arg(long, default_value = "redis")]
         vs: String,
         /// Write the figures as JSON here.
@@ -356,9 +359,10 @@ fn main() -> std::process::ExitCode {
             let versus = match vs.as_str() {
                 "redis" => Ok(insitu_bench::kv::Versus::Redis),
                 "redis-aof" => Ok(insitu_bench::kv::Versus::RedisAof),
+                "snapshots" => Ok(insitu_bench::kv::Versus::Snapshots),
                 "none" => Ok(insitu_bench::kv::Versus::Nothing),
                 other => Err(anyhow::anyhow!(
-                    "--vs must be redis, redis-aof or none, not {other:?}"
+                    "--vs must be redis, redis-aof, snapshots or none, not {other:?}"
                 )),
             };
             versus.and_then(|versus| {

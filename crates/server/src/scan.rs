@@ -272,6 +272,10 @@ async fn apply(
         hold.release_cleaner();
     }
     check_updates(run, &keys, change).await?;
+    // Nothing to write: no timestamp, and the table's commit bound stays.
+    if keys.len() == 0 {
+        return Ok(0);
+    }
     // Still holding the tablet: no write lands between the timestamp and
     // the update's last write (`stamped::bulk_timestamp`).
     let commit_ts = crate::stamped::bulk_timestamp(run.state, run.table).await;

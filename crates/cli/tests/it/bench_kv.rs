@@ -169,6 +169,64 @@ fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
     }
 }
 
+/// `--vs snapshots`: the same write cases on an insitu read at a snapshot
+/// every 250 ms (its writes take timestamps) and on one never read so,
+/// with their ratios. Needs no Redis.
+#[test]
+fn bench_kv_vs_snapshots_quick_reports_stamped_against_plain_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("kv-snap.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args([
+            "bench",
+            "kv",
+            "--vs",
+            "snapshots",
+            "--quick",
+            "--keys",
+            "1000",
+            "--seconds",
+            "0.1",
+        ])
+        .arg("--json")
+        .arg(&json_path)
+        .output()
+        .expect("run insitu bench kv --vs snapshots");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench kv --vs snapshots failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    let cases = report["cases"].as_array().expect("cases");
+    for store in ["insitu", "insitu-snapshots"] {
+        let n = cases.iter().filter(|c| c["store"] == store).count();
+        assert_eq!(n, 3, "{store}: {cases:#?}");
+    }
+    assert!(
+        report["config"]["snapshot_reads"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{}",
+        report["config"]
+    );
+    for case in ["_c16", "_c64", "_c16_d16"] {
+        for k in [
+            format!("stamped_write_throughput_vs_unstamped{case}"),
+            format!("stamped_write_p99_vs_unstamped{case}"),
+        ] {
+            assert!(
+                report["ratios"][&k].as_f64().is_some_and(|r| r > 0.0),
+                "{k}: {}",
+                report["ratios"]
+            );
+        }
+    }
+}
+
 #[test]
 fn bench_kv_tls_quick_measures_both_stores_over_tls() {
     let with_redis = on_path("redis-server");

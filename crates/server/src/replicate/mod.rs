@@ -17,6 +17,7 @@
 //! stop serving at once (`ServerReplication::fence`).
 
 mod book;
+mod servers;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -162,7 +163,7 @@ pub struct Replicator {
     book: RefCell<Option<Book>>,
     /// Cached connections to backups and the coordinator, by address.
     conns: RefCell<HashMap<Rc<str>, RpcConn>>,
-    /// Asks the list refresher (`refresher`) to fetch the server list now.
+    /// Asks the list refresher (`servers::refresher`) to fetch the server list now.
     want_list: Notify,
     /// (walk, mark) of rounds whose appends are held but whose mark waits
     /// for owed frees (see the end of `round`), oldest first.
@@ -287,7 +288,7 @@ pub async fn run(state: Rc<ShardState>) {
     let config = repl.shared.config.clone();
     // The list is fetched beside the rounds, so a slow coordinator never
     // holds a round (and the replies waiting for it) back.
-    tokio::task::spawn_local(refresher(state.clone(), identity.clone()));
+    tokio::task::spawn_local(servers::refresher(state.clone(), identity.clone()));
     let mut pause = config.retry_min;
     loop {
         // Registered before the check, so a kick in between is not lost.
@@ -552,59 +553,4 @@ async fn connect(repl: &Replicator, addr: &Rc<str>) -> Result<RpcConn, SendError
     };
     repl.conns.borrow_mut().insert(addr.clone(), conn.clone());
     Ok(conn)
-}
-
-/// Fetch the server list at start, every `refresh_interval` (to learn of
-/// new servers), and whenever asked (`want_list`: a failed round, `ServerDown`).
-async fn refresher(state: Rc<ShardState>, identity: Arc<ClusterIdentity>) {
-    let interval = state.repl.shared.config.refresh_interval;
-    loop {
-        refresh_list(&state, &identity).await;
-        // A new list may give a waiting round its backups, and suspects'
-        // pauses may have run out: let the replicator look.
-        state.repl.kick.notify_one();
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = state.repl.want_list.notified() => {}
-        }
-    }
-}
-
-/// Fetch the server list from the coordinator; on failure keep the old one.
-async fn refresh_list(state: &ShardState, identity: &ClusterIdentity) {
-    let repl = &state.repl;
-    let addr: Rc<str> = Rc::from(identity.coordinator.as_str());
-    let fetched = async {
-        let conn = connect(repl, &addr).await.map_err(|e| match e {
-            SendError::Failed(why) => why,
-            SendError::Fenced => "fenced".into(),
-        })?;
-        let reply = conn
-            .call_timeout(&Request::ListServers, repl.shared.config.call_timeout)
-            .await
-            .map_err(|e| e.to_string())?;
-        match reply.decode() {
-            Ok(Response::Servers(list)) if reply.status.is_ok() => Ok(list),
-            _ => Err(format!(
-                "ListServers answered {}: {}",
-                reply.status,
-                reply.error_message()
-            )),
-        }
-    };
-    match fetched.await {
-        Ok(list) => {
-            with_book(repl, |b| b.set_live(identity.server_id, &list));
-            // A round in flight stops waiting for a backup that left the list.
-            repl.down.notify_waiters();
-        }
-        Err(why) => {
-            repl.conns.borrow_mut().remove(&addr);
-            tracing::warn!(
-                shard = state.index,
-                coordinator = %identity.coordinator,
-                "cannot fetch the server list; keeping the last one: {why}"
-            );
-        }
-    }
 }
