@@ -13,17 +13,13 @@
 //! And insitu with `--replicas 0` (in memory only), for the cost of
 //! durability against insitu itself.
 
-use std::time::Duration;
-
-use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::kv::{
-    KvBenchArgs, Store, cpu_plan, insitu_store, load_store, measure_case, start_insitu_pair,
-};
+use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
 use crate::kv_procs::start_redis;
-use crate::kv_report::{Row, case_name, find, median_rows, ratio, round};
-use crate::loadgen::{CaseSpec, Mix};
+use crate::kv_report::{Row, find, median_rows, ratio, round};
+use crate::kv_writes::{WriteRun, measure_logged, print_rows};
+use crate::loadgen::Mix;
 
 /// The write cases: 16 and 64 connections one request at a time, and 16
 /// connections pipelining 16 (where group commit matters most).
@@ -35,43 +31,21 @@ const PAIRS: [(&str, &str, &str); 2] = [
     ("always", "always", "always"),
 ];
 
-/// One case, with a progress line on stderr.
-async fn measure_logged(store: &Store, spec: &CaseSpec) -> anyhow::Result<Row> {
-    let row = measure_case(store, spec).await?;
-    eprintln!(
-        "  {:<16} {:<22} {:>10.0} ops/s  p99 {:>8.1} us",
-        row.store, row.case, row.ops_per_sec, row.p99_us
-    );
-    Ok(row)
-}
-
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
-    let keys = args
-        .keys
-        .unwrap_or(if args.quick { 5_000 } else { 200_000 });
-    anyhow::ensure!(keys >= 100, "--keys must be at least 100");
-    let measure =
-        Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick { 0.3 } else { 2.0 }));
-    let warmup = Duration::from_millis(if args.quick { 100 } else { 500 });
-    let (store_cpu, pinning) = cpu_plan(args.pin);
-    let root = std::env::temp_dir().join(format!("insitu-bench-kv-aof-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let memory_mb = ((keys * 1000) >> 20).max(256);
+    let run = WriteRun::new(args, "kv-aof")?;
+    let (keys, measure, store_cpu, root, memory_mb) = (
+        run.keys,
+        run.measure,
+        run.store_cpu,
+        &run.root,
+        run.memory_mb,
+    );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     // The load generator spawns its connections as local tasks.
     let local = tokio::task::LocalSet::new();
-    let spec = |i: usize, conns: usize, depth: usize| CaseSpec {
-        mix: Mix::Write,
-        conns,
-        depth,
-        warmup,
-        measure,
-        keys,
-        seed: 0xA0F ^ i as u64,
-    };
+    let spec = |i: usize, conns: usize, depth: usize| run.spec(0xA0F, i, (conns, depth));
 
     let mut raw: Vec<Row> = Vec::new();
     for round_i in 0..args.rounds.max(1) {
@@ -116,7 +90,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                         order.reverse();
                     }
                     for store in order {
-                        raw.push(measure_logged(store, &spec(i, conns, depth)).await?);
+                        raw.push(measure_logged(store, &spec(i, conns, depth), String::new).await?);
                     }
                 }
                 anyhow::Ok(())
@@ -137,13 +111,13 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             let insitu = insitu_store("insitu-r0", &coord_addr, server.pid(), None).await?;
             load_store(&insitu, keys).await?;
             for (i, &(conns, depth)) in CASES.iter().enumerate() {
-                raw.push(measure_logged(&insitu, &spec(i, conns, depth)).await?);
+                raw.push(measure_logged(&insitu, &spec(i, conns, depth), String::new).await?);
             }
             anyhow::Ok(())
         })?;
         drop((server, coordinator));
     }
-    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(root);
     let rows = median_rows(&raw);
 
     let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
@@ -180,31 +154,15 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             );
         }
     }
-    println!(
-        "\nwrites, durable (median of {} rounds):",
-        args.rounds.max(1)
-    );
-    for r in &rows {
-        println!(
-            "  {:<16} {:<20} {:>10.0} ops/s  p50 {:>7.1} us  p99 {:>8.1} us",
-            r.store,
-            case_name(r.mix, r.conns, r.depth, r.store),
-            r.ops_per_sec,
-            r.p50_us,
-            r.p99_us
-        );
-    }
-    println!("\nratios:");
-    for (k, v) in &ratios {
-        println!("  {k:<56} {v}");
-    }
+    let title = format!("writes, durable (median of {} rounds)", args.rounds.max(1));
+    print_rows(&title, &rows, &ratios);
     let report = json!({
         "bench": "kv-durable",
         "config": {
             "keys": keys,
             "measure_seconds": round(measure.as_secs_f64(), 3),
             "rounds": args.rounds.max(1),
-            "pinning": pinning,
+            "pinning": run.pinning,
             "insitu": "1 server, 1 shard, 1 tablet, --replicas 1 (its own backup, on its disk)",
             "pairs": "insitu --sync interval vs appendfsync everysec; --sync always vs appendfsync always",
         },

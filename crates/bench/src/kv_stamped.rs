@@ -18,9 +18,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use crate::kv::start_insitu_pair;
-use crate::kv::{KvBenchArgs, Store, cpu_plan, insitu_store, load_store, measure_case};
-use crate::kv_report::{Row, case_name, find, median_rows, ratio, round};
+use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
+use crate::kv_report::{Row, find, median_rows, ratio, round};
+use crate::kv_writes::{WriteRun, measure_logged, print_rows};
 use crate::loadgen::{ACCEPT_RETRY, CaseSpec, Mix, RETRY_ANSWERS};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -62,47 +62,35 @@ async fn snapshot_reader(
     Ok(())
 }
 
-/// One case, with a progress line on stderr; also the `Retry` answers it
-/// got (counted in its ops: a client resends them).
-async fn measure_logged(store: &Store, spec: &CaseSpec) -> anyhow::Result<(Row, u64)> {
+/// One case; also the `Retry` answers it got (counted in its ops: a
+/// client resends them).
+async fn measure_counted(store: &Store, spec: &CaseSpec) -> anyhow::Result<(Row, u64)> {
     let before = RETRY_ANSWERS.load(Relaxed);
-    let row = measure_case(store, spec).await?;
-    let retries = RETRY_ANSWERS.load(Relaxed) - before;
-    eprintln!(
-        "  {:<18} {:<22} {:>10.0} ops/s  p99 {:>8.1} us  {retries} Retry answers",
-        row.store, row.case, row.ops_per_sec, row.p99_us
-    );
-    Ok((row, retries))
+    let retries = std::cell::Cell::new(0);
+    let row = measure_logged(store, spec, || {
+        retries.set(RETRY_ANSWERS.load(Relaxed) - before);
+        format!("  {} Retry answers", retries.get())
+    })
+    .await?;
+    Ok((row, retries.get()))
 }
 
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     anyhow::ensure!(!args.tls, "--vs snapshots runs without --tls");
-    let keys = args
-        .keys
-        .unwrap_or(if args.quick { 5_000 } else { 200_000 });
-    anyhow::ensure!(keys >= 100, "--keys must be at least 100");
-    let measure =
-        Duration::from_secs_f64(args.seconds.unwrap_or(if args.quick { 0.3 } else { 2.0 }));
-    let warmup = Duration::from_millis(if args.quick { 100 } else { 500 });
-    let (store_cpu, pinning) = cpu_plan(args.pin);
-    let root = std::env::temp_dir().join(format!("insitu-bench-kv-snap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let memory_mb = ((keys * 1000) >> 20).max(256);
+    let run = WriteRun::new(args, "kv-snap")?;
+    let (keys, measure, store_cpu, root, memory_mb) = (
+        run.keys,
+        run.measure,
+        run.store_cpu,
+        &run.root,
+        run.memory_mb,
+    );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     // The load generator spawns its connections as local tasks.
     let local = tokio::task::LocalSet::new();
-    let spec = |i: usize, conns: usize, depth: usize| CaseSpec {
-        mix: Mix::Write,
-        conns,
-        depth,
-        warmup,
-        measure,
-        keys,
-        seed: 0x5AA9 ^ i as u64,
-    };
+    let spec = |i: usize, conns: usize, depth: usize| run.spec(0x5AA9, i, (conns, depth));
     let coordinator_flags = ["--no-auth", "--replicas", "0"].map(String::from);
     let server_flags = ["--no-auth".to_string()];
     let mut raw: Vec<Row> = Vec::new();
@@ -155,7 +143,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                     order.reverse();
                 }
                 for store in order {
-                    match measure_logged(store, &spec(i, conns, depth)).await {
+                    match measure_counted(store, &spec(i, conns, depth)).await {
                         Ok((row, retries)) => {
                             *retry_answers.entry(row.case.clone()).or_insert(0u64) += retries;
                             raw.push(row);
@@ -174,7 +162,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         })?;
         drop((s2, c2, s1, c1));
     }
-    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(root);
     let rows = median_rows(&raw);
     let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
         find(&rows, store, Mix::Write, conns, depth).map(f)
@@ -202,31 +190,18 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             ),
         );
     }
-    println!(
-        "\nwrites with and without snapshot reads (median of {} rounds; {snapshot_reads} snapshot reads):",
+    let title = format!(
+        "writes with and without snapshot reads (median of {} rounds; {snapshot_reads} snapshot reads)",
         args.rounds.max(1)
     );
-    for r in &rows {
-        println!(
-            "  {:<18} {:<20} {:>10.0} ops/s  p50 {:>7.1} us  p99 {:>8.1} us",
-            r.store,
-            case_name(r.mix, r.conns, r.depth, r.store),
-            r.ops_per_sec,
-            r.p50_us,
-            r.p99_us
-        );
-    }
-    println!("\nratios:");
-    for (k, v) in &ratios {
-        println!("  {k:<48} {v}");
-    }
+    print_rows(&title, &rows, &ratios);
     let report = json!({
         "bench": "kv-snapshots",
         "config": {
             "keys": keys,
             "measure_seconds": round(measure.as_secs_f64(), 3),
             "rounds": args.rounds.max(1),
-            "pinning": pinning,
+            "pinning": run.pinning,
             "insitu": "two pairs of 1 server, 1 shard, 1 tablet, --replicas 0; one read at a snapshot every 250 ms",
             "snapshot_reads": snapshot_reads,
         },

@@ -17,6 +17,7 @@ pub mod kv_plot;
 mod kv_procs;
 mod kv_report;
 mod kv_stamped;
+mod kv_writes;
 pub mod loadgen;
 pub mod pushdown_cluster;
 pub mod recovery;

@@ -108,6 +108,27 @@ fn bench_kv_quick_runs_every_case_and_writes_the_ratios() {
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
 }
 
+/// `insitu bench kv --vs VS --quick` at 1,000 keys and 0.1 s per case,
+/// checked to succeed; its JSON report.
+fn quick_kv_json(vs: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("kv.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args(["bench", "kv", "--vs", vs, "--quick", "--keys", "1000"])
+        .args(["--seconds", "0.1", "--json"])
+        .arg(&json_path)
+        .output()
+        .expect("run insitu bench kv");
+    assert!(
+        out.status.success(),
+        "bench kv --vs {vs} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json")
+}
+
 #[test]
 fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
     if !on_path("redis-server") {
@@ -116,33 +137,7 @@ fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
         );
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let json_path = dir.path().join("kv-aof.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args([
-            "bench",
-            "kv",
-            "--vs",
-            "redis-aof",
-            "--quick",
-            "--keys",
-            "1000",
-            "--seconds",
-            "0.1",
-        ])
-        .arg("--json")
-        .arg(&json_path)
-        .output()
-        .expect("run insitu bench kv --vs redis-aof");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench kv --vs redis-aof failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    let report = quick_kv_json("redis-aof");
     let cases = report["cases"].as_array().expect("cases");
     for store in [
         "insitu-interval",
@@ -174,33 +169,7 @@ fn bench_kv_vs_redis_aof_quick_reports_both_durability_pairings() {
 /// with their ratios. Needs no Redis.
 #[test]
 fn bench_kv_vs_snapshots_quick_reports_stamped_against_plain_writes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let json_path = dir.path().join("kv-snap.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args([
-            "bench",
-            "kv",
-            "--vs",
-            "snapshots",
-            "--quick",
-            "--keys",
-            "1000",
-            "--seconds",
-            "0.1",
-        ])
-        .arg("--json")
-        .arg(&json_path)
-        .output()
-        .expect("run insitu bench kv --vs snapshots");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench kv --vs snapshots failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json_path).expect("json written")).expect("json");
+    let report = quick_kv_json("snapshots");
     let cases = report["cases"].as_array().expect("cases");
     for store in ["insitu", "insitu-snapshots"] {
         let n = cases.iter().filter(|c| c["store"] == store).count();
