@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
 use crate::kv_procs::start_redis;
 use crate::kv_report::{Row, find, median_rows, ratio, round};
-use crate::kv_writes::{WriteRun, measure_logged, print_rows};
+use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows};
 use crate::loadgen::Mix;
 
 /// The write cases: 16 and 64 connections one request at a time, and 16
@@ -33,35 +33,24 @@ const PAIRS: [(&str, &str, &str); 2] = [
 
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let run = WriteRun::new(args, "kv-aof")?;
-    let (keys, measure, store_cpu, root, memory_mb) = (
-        run.keys,
-        run.measure,
-        run.store_cpu,
-        &run.root,
-        run.memory_mb,
-    );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // The load generator spawns its connections as local tasks.
-    let local = tokio::task::LocalSet::new();
+    let (runtime, local) = local_runtime()?;
     let spec = |i: usize, conns: usize, depth: usize| run.spec(0xA0F, i, (conns, depth));
 
     let mut raw: Vec<Row> = Vec::new();
     for round_i in 0..args.rounds.max(1) {
         for (pair_i, (sync, appendfsync, label)) in PAIRS.iter().enumerate() {
-            let dir = root.join(format!("{label}-{round_i}"));
+            let dir = run.root.join(format!("{label}-{round_i}"));
             std::fs::create_dir_all(&dir)?;
             let (coordinator, server, coord_addr) = start_insitu_pair(
-                store_cpu,
+                run.store_cpu,
                 &dir,
-                memory_mb,
+                run.memory_mb,
                 &["--replicas".into(), "1".into()],
                 &["--sync".into(), sync.to_string()],
             )?;
             let redis_dir = dir.join("redis");
             std::fs::create_dir_all(&redis_dir)?;
-            let started = start_redis(store_cpu, &redis_dir, Some(appendfsync), None)?;
+            let started = start_redis(run.store_cpu, &redis_dir, Some(appendfsync), None)?;
             let (redis, redis_addr) = (started.proc, started.plain);
             let insitu_name: &'static str = if *label == "interval" {
                 "insitu-interval"
@@ -82,8 +71,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
                     table: 0,
                     tls: None,
                 };
-                load_store(&insitu, keys).await?;
-                load_store(&redis_store, keys).await?;
+                load_store(&insitu, run.keys).await?;
+                load_store(&redis_store, run.keys).await?;
                 for (i, &(conns, depth)) in CASES.iter().enumerate() {
                     let mut order = [&insitu, &redis_store];
                     if (i + pair_i + round_i) % 2 == 1 {
@@ -98,18 +87,18 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             drop((redis, server, coordinator));
         }
         // insitu in memory only: what durability costs insitu itself.
-        let dir = root.join(format!("r0-{round_i}"));
+        let dir = run.root.join(format!("r0-{round_i}"));
         std::fs::create_dir_all(&dir)?;
         let (coordinator, server, coord_addr) = start_insitu_pair(
-            store_cpu,
+            run.store_cpu,
             &dir,
-            memory_mb,
+            run.memory_mb,
             &["--replicas".into(), "0".into()],
             &[],
         )?;
         local.block_on(&runtime, async {
             let insitu = insitu_store("insitu-r0", &coord_addr, server.pid(), None).await?;
-            load_store(&insitu, keys).await?;
+            load_store(&insitu, run.keys).await?;
             for (i, &(conns, depth)) in CASES.iter().enumerate() {
                 raw.push(measure_logged(&insitu, &spec(i, conns, depth), String::new).await?);
             }
@@ -117,7 +106,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         })?;
         drop((server, coordinator));
     }
-    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(&run.root);
     let rows = median_rows(&raw);
 
     let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
@@ -159,8 +148,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let report = json!({
         "bench": "kv-durable",
         "config": {
-            "keys": keys,
-            "measure_seconds": round(measure.as_secs_f64(), 3),
+            "keys": run.keys,
+            "measure_seconds": round(run.measure.as_secs_f64(), 3),
             "rounds": args.rounds.max(1),
             "pinning": run.pinning,
             "insitu": "1 server, 1 shard, 1 tablet, --replicas 1 (its own backup, on its disk)",

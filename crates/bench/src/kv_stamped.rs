@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
 use crate::kv_report::{Row, find, median_rows, ratio, round};
-use crate::kv_writes::{WriteRun, measure_logged, print_rows};
+use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows};
 use crate::loadgen::{ACCEPT_RETRY, CaseSpec, Mix, RETRY_ANSWERS};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -78,18 +78,7 @@ async fn measure_counted(store: &Store, spec: &CaseSpec) -> anyhow::Result<(Row,
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     anyhow::ensure!(!args.tls, "--vs snapshots runs without --tls");
     let run = WriteRun::new(args, "kv-snap")?;
-    let (keys, measure, store_cpu, root, memory_mb) = (
-        run.keys,
-        run.measure,
-        run.store_cpu,
-        &run.root,
-        run.memory_mb,
-    );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // The load generator spawns its connections as local tasks.
-    let local = tokio::task::LocalSet::new();
+    let (runtime, local) = local_runtime()?;
     let spec = |i: usize, conns: usize, depth: usize| run.spec(0x5AA9, i, (conns, depth));
     let coordinator_flags = ["--no-auth", "--replicas", "0"].map(String::from);
     let server_flags = ["--no-auth".to_string()];
@@ -99,26 +88,26 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let mut retry_answers = std::collections::BTreeMap::new();
     ACCEPT_RETRY.store(true, Relaxed);
     for round_i in 0..args.rounds.max(1) {
-        let dir = root.join(format!("round-{round_i}"));
+        let dir = run.root.join(format!("round-{round_i}"));
         let (c1, s1, plain_addr) = start_insitu_pair(
-            store_cpu,
+            run.store_cpu,
             &dir.join("plain"),
-            memory_mb,
+            run.memory_mb,
             &coordinator_flags,
             &server_flags,
         )?;
         let (c2, s2, stamped_addr) = start_insitu_pair(
-            store_cpu,
+            run.store_cpu,
             &dir.join("stamped"),
-            memory_mb,
+            run.memory_mb,
             &coordinator_flags,
             &server_flags,
         )?;
         local.block_on(&runtime, async {
             let plain = insitu_store(PLAIN, &plain_addr, s1.pid(), None).await?;
             let stamped = insitu_store(STAMPED, &stamped_addr, s2.pid(), None).await?;
-            load_store(&plain, keys).await?;
-            load_store(&stamped, keys).await?;
+            load_store(&plain, run.keys).await?;
+            load_store(&stamped, run.keys).await?;
             let stop = Rc::new(Cell::new(false));
             let reads = Rc::new(Cell::new(0u64));
             let reader = tokio::task::spawn_local(snapshot_reader(
@@ -162,7 +151,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         })?;
         drop((s2, c2, s1, c1));
     }
-    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(&run.root);
     let rows = median_rows(&raw);
     let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
         find(&rows, store, Mix::Write, conns, depth).map(f)
@@ -198,8 +187,8 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let report = json!({
         "bench": "kv-snapshots",
         "config": {
-            "keys": keys,
-            "measure_seconds": round(measure.as_secs_f64(), 3),
+            "keys": run.keys,
+            "measure_seconds": round(run.measure.as_secs_f64(), 3),
             "rounds": args.rounds.max(1),
             "pinning": run.pinning,
             "insitu": "two pairs of 1 server, 1 shard, 1 tablet, --replicas 0; one read at a snapshot every 250 ms",

@@ -107,3 +107,12 @@ pub(crate) fn print_rows(
         println!("  {k:<56} {v}");
     }
 }
+
+/// A current-thread runtime and the `LocalSet` the load generator spawns
+/// its connections on.
+pub(crate) fn local_runtime() -> anyhow::Result<(tokio::runtime::Runtime, tokio::task::LocalSet)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok((runtime, tokio::task::LocalSet::new()))
+}
