@@ -17,9 +17,8 @@ use serde_json::{Value, json};
 
 use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
 use crate::kv_procs::start_redis;
-use crate::kv_report::{Row, find, median_rows, ratio, round};
-use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows};
-use crate::loadgen::Mix;
+use crate::kv_report::{Row, median_rows, round};
+use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows, write_ratio};
 
 /// The write cases: 16 and 64 connections one request at a time, and 16
 /// connections pipelining 16 (where group commit matters most).
@@ -109,9 +108,6 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     let _ = std::fs::remove_dir_all(&run.root);
     let rows = median_rows(&raw);
 
-    let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
-        find(&rows, store, Mix::Write, conns, depth).map(f)
-    };
     let ops = |r: &Row| r.ops_per_sec;
     let p99 = |r: &Row| r.p99_us;
     let mut ratios = serde_json::Map::new();
@@ -128,18 +124,15 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
             };
             ratios.insert(
                 format!("durable_write_throughput_vs_redis_aof_{label}{suffix}"),
-                ratio(get(ours, conns, depth, ops), get(theirs, conns, depth, ops)),
+                write_ratio(&rows, (ours, theirs), (conns, depth), ops),
             );
             ratios.insert(
                 format!("durable_write_p99_vs_redis_aof_{label}{suffix}"),
-                ratio(get(ours, conns, depth, p99), get(theirs, conns, depth, p99)),
+                write_ratio(&rows, (ours, theirs), (conns, depth), p99),
             );
             ratios.insert(
                 format!("durable_write_throughput_vs_insitu_r0_{label}{suffix}"),
-                ratio(
-                    get(ours, conns, depth, ops),
-                    get("insitu-r0", conns, depth, ops),
-                ),
+                write_ratio(&rows, (ours, "insitu-r0"), (conns, depth), ops),
             );
         }
     }

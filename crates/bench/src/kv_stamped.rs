@@ -19,9 +19,9 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use crate::kv::{KvBenchArgs, Store, insitu_store, load_store, start_insitu_pair};
-use crate::kv_report::{Row, find, median_rows, ratio, round};
-use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows};
-use crate::loadgen::{ACCEPT_RETRY, CaseSpec, Mix, RETRY_ANSWERS};
+use crate::kv_report::{Row, median_rows, round};
+use crate::kv_writes::{WriteRun, local_runtime, measure_logged, print_rows, write_ratio};
+use crate::loadgen::{ACCEPT_RETRY, CaseSpec, RETRY_ANSWERS};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// The write cases: 16 and 64 connections one request at a time, and 16
@@ -153,9 +153,6 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
     }
     let _ = std::fs::remove_dir_all(&run.root);
     let rows = median_rows(&raw);
-    let get = |store: &str, conns: usize, depth: usize, f: fn(&Row) -> f64| {
-        find(&rows, store, Mix::Write, conns, depth).map(f)
-    };
     let ops = |r: &Row| r.ops_per_sec;
     let p99 = |r: &Row| r.p99_us;
     let mut ratios = serde_json::Map::new();
@@ -166,17 +163,11 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<Value> {
         };
         ratios.insert(
             format!("stamped_write_throughput_vs_unstamped{suffix}"),
-            ratio(
-                get(STAMPED, conns, depth, ops),
-                get(PLAIN, conns, depth, ops),
-            ),
+            write_ratio(&rows, (STAMPED, PLAIN), (conns, depth), ops),
         );
         ratios.insert(
             format!("stamped_write_p99_vs_unstamped{suffix}"),
-            ratio(
-                get(STAMPED, conns, depth, p99),
-                get(PLAIN, conns, depth, p99),
-            ),
+            write_ratio(&rows, (STAMPED, PLAIN), (conns, depth), p99),
         );
     }
     let title = format!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::kv::{KvBenchArgs, Store, cpu_plan, measure_case};
-use crate::kv_report::{Row, case_name};
+use crate::kv_report::{Row, case_name, find, ratio};
 use crate::loadgen::{CaseSpec, Mix};
 
 /// One write-only run's settings.
@@ -115,4 +115,16 @@ pub(crate) fn local_runtime() -> anyhow::Result<(tokio::runtime::Runtime, tokio:
         .enable_all()
         .build()?;
     Ok((runtime, tokio::task::LocalSet::new()))
+}
+
+/// The ratio of one write case's figure (`f` of its row) between two stores
+/// of `rows` (JSON null where either row is missing or the divisor is 0).
+pub(crate) fn write_ratio(
+    rows: &[Row],
+    (ours, theirs): (&str, &str),
+    (conns, depth): (usize, usize),
+    f: fn(&Row) -> f64,
+) -> serde_json::Value {
+    let get = |store: &str| find(rows, store, Mix::Write, conns, depth).map(f);
+    ratio(get(ours), get(theirs))
 }

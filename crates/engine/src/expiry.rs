@@ -41,6 +41,20 @@ pub(crate) fn system_now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A pinned clock (`Engine::pin_clock`); dropping it unpins.
+#[must_use = "the clock is pinned only while the guard lives"]
+pub struct ClockPin<'a> {
+    engine: &'a Engine,
+    /// The pin this one replaced, put back on drop.
+    outer: Option<u64>,
+}
+
+impl Drop for ClockPin<'_> {
+    fn drop(&mut self) {
+        self.engine.clock_pin.set(self.outer);
+    }
+}
+
 /// Where the sweep resumes: a tablet slot, a position in its segment order,
 /// the tablet instance and segment id found there (if either changed, the
 /// position restarts at offset 0: an offset is an entry boundary only in
@@ -108,7 +122,25 @@ impl Engine {
     /// Unix milliseconds on the engine's clock: what decides expiry.
     #[inline]
     pub fn now_ms(&self) -> u64 {
-        self.manual_clock_ms.unwrap_or_else(system_now_ms)
+        match self.clock_pin.get() {
+            Some(pinned) => pinned,
+            None => self.manual_clock_ms.unwrap_or_else(system_now_ms),
+        }
+    }
+
+    /// Judge expiry at `now_ms` until the guard drops: every read, visit
+    /// and scan of the engine then leaves out exactly the objects whose
+    /// deadline is at or before it. For a read at a snapshot, which must
+    /// see an object as the snapshot's instant saw it, however late the
+    /// read runs (the server's `snapshot_read.rs`, `scan_run.rs`). Only
+    /// reads should run under it: a write's reject rules would be judged
+    /// at that time too. Nested pins restore the outer one.
+    pub fn pin_clock(&self, now_ms: u64) -> ClockPin<'_> {
+        let outer = self.clock_pin.replace(Some(now_ms));
+        ClockPin {
+            engine: self,
+            outer,
+        }
     }
 
     /// Pin the engine's clock at `now_ms` (`None`: the system clock again).

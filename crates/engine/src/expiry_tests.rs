@@ -373,3 +373,30 @@ fn modify_writes_f_of_the_live_value_and_keeps_its_deadline() {
     assert_eq!(e.read(T, b"k").expect("live").expires_at_ms, 0);
     e.check_invariants();
 }
+
+#[test]
+fn a_pinned_clock_decides_expiry_until_its_guard_drops() {
+    let mut e = engine();
+    e.write_expiring(T, b"soon", b"1", NOW + 10, &none())
+        .expect("write");
+    e.set_clock_ms(Some(NOW + 20)); // expired on the engine's clock
+    assert_eq!(e.read(T, b"soon"), Err(EngineError::ObjectDoesntExist));
+    let o = e.read_expired_too(T, b"soon").expect("still in the log");
+    assert_eq!((o.value, o.expires_at_ms), (&b"1"[..], NOW + 10));
+    {
+        let _then = e.pin_clock(NOW + 9);
+        assert!(e.read(T, b"soon").is_ok(), "before its deadline at the pin");
+        assert_eq!(keys_by_log(&e), vec![b"soon".to_vec()]);
+        {
+            let _inner = e.pin_clock(NOW + 10);
+            assert!(e.read(T, b"soon").is_err(), "the inner pin decides");
+        }
+        assert!(e.read(T, b"soon").is_ok(), "the outer pin is back");
+    }
+    assert_eq!(e.now_ms(), NOW + 20, "unpinned: the engine's clock again");
+    assert_eq!(e.read(T, b"soon"), Err(EngineError::ObjectDoesntExist));
+    assert_eq!(
+        e.read_expired_too(T, b"never"),
+        Err(EngineError::ObjectDoesntExist)
+    );
+}

@@ -60,7 +60,8 @@ pub struct ObjectRef<'a> {
     pub version: u64,
     /// When the object stops existing, in Unix milliseconds; 0: never.
     /// Every read and visit of the engine skips an object whose deadline
-    /// has passed (`expiry.rs`), so callers see this only on live objects.
+    /// has passed (`expiry.rs`), so callers see this only on live objects
+    /// (but for `read_expired_too`, and under a pinned clock, `pin_clock`).
     pub expires_at_ms: u64,
 }
 
@@ -105,7 +106,7 @@ mod visit;
 pub use changes::{Changes, MAX_CHANGES};
 pub use config::{EngineConfig, RejectRules};
 pub use error::EngineError;
-pub use expiry::{ExpiredObject, ExpiringFigures, ExpirySweep};
+pub use expiry::{ClockPin, ExpiredObject, ExpiringFigures, ExpirySweep};
 pub use hashscan::{ExtractChunk, ExtractCursor, HashScanWork, SortedHashes};
 pub use logview::SegmentView;
 pub use promise::{GroupSize, HeadPromise};
@@ -178,6 +179,10 @@ pub struct Engine {
     work: hashscan::WorkCounters,
     /// The pinned clock (Unix ms) if a test set one; else the system's.
     manual_clock_ms: Option<u64>,
+    /// The clock a read at a snapshot judges expiry by, for the length of
+    /// one synchronous step (`Engine::pin_clock`); it outranks the others.
+    /// A `Cell` so a step that holds the engine shared can pin it.
+    clock_pin: std::cell::Cell<Option<u64>>,
     /// Where the next expiry sweep resumes (`expiry.rs`).
     expiry_cursor: expiry::SweepCursor,
 }
@@ -241,6 +246,7 @@ impl Engine {
             cleaner_totals: CleanStats::default(),
             work: hashscan::WorkCounters::default(),
             manual_clock_ms: None,
+            clock_pin: std::cell::Cell::new(None),
             expiry_cursor: expiry::SweepCursor::default(),
         })
     }

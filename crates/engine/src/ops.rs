@@ -22,6 +22,22 @@ impl Engine {
             .ok_or(EngineError::ObjectDoesntExist)
     }
 
+    /// `read`, but an object whose deadline has passed is returned too (its
+    /// `expires_at_ms` says when it stopped existing): the value a write
+    /// replaces, kept for snapshots that may be older than the deadline.
+    pub fn read_expired_too(
+        &self,
+        table: TableId,
+        key: &[u8],
+    ) -> Result<ObjectRef<'_>, EngineError> {
+        self.check_key(key)?;
+        let hash = key_hash(table, key);
+        let slot = self.route(table, hash).ok_or(EngineError::UnknownTablet)?;
+        self.tablet(slot)
+            .find_object(hash, key)
+            .ok_or(EngineError::ObjectDoesntExist)
+    }
+
     /// `read`, and the log mark after whose replication the entry read is
     /// durable: that of a walk that saw it (`note_walk`), or `log_changes()`
     /// now if it came after the last walk. A reply that

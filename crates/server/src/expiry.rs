@@ -18,6 +18,19 @@
 //! holds a lock on, one whose tablet is frozen or moving (`admit`, as for
 //! any write), and a removal refused for want of memory.
 //!
+//! Snapshots. While snapshot reads are served here (`stamped::needed`),
+//! the removals run as stamped plain writes (`stamped::apply`,
+//! `PlainOp::Expire`): locked, given a timestamp `T` from the oracle, and
+//! the removed object kept under `T` with its deadline. A snapshot at `S`
+//! judges expiry at its own instant (`versions::expired_at`, the engine's
+//! clock pinned at `S` for its reads), so it sees the object if `S` is
+//! before the deadline, however late it reads, and not after: the sweep
+//! changes nothing a snapshot can see. Otherwise a removal takes no
+//! timestamp and makes its table's commit bound unknown, as an unstamped
+//! write does (`commit_bound.rs`): a tablet moving out then carries a
+//! timestamp fetched after it, so a snapshot older than the removal is
+//! refused there rather than read without the object.
+//!
 //! Crash case: a tombstone the sweep wrote but no backup held yet may be
 //! lost with the server. Recovery then replays the expired object with its
 //! deadline (the entry carries it), so it stays invisible and the new
@@ -28,8 +41,11 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use insitu_engine::{ExpiredObject, RejectRules};
+
 use crate::handler::admit;
 use crate::shard::ShardState;
+use crate::stamped::{PlainOp, PlainWrite};
 
 /// How often the sweep looks for due objects: an expired object's space
 /// is reclaimable within about this (plus the cleaner's own pace).
@@ -47,7 +63,7 @@ pub async fn sweep(state: Rc<ShardState>) {
         tokio::time::sleep(SWEEP_EVERY).await;
         let started = Instant::now();
         loop {
-            if step(&state).done || started.elapsed() >= TICK_BUDGET {
+            if step(&state).await.done || started.elapsed() >= TICK_BUDGET {
                 break;
             }
             tokio::task::yield_now().await;
@@ -61,25 +77,18 @@ struct Step {
     done: bool,
 }
 
-/// Find due objects and remove them: one synchronous step, bounded.
-fn step(state: &ShardState) -> Step {
+/// Find due objects and remove them: bounded; one synchronous step unless
+/// snapshots are read here (then an oracle round trip per table).
+async fn step(state: &ShardState) -> Step {
     let found = state
         .engine
         .borrow_mut()
         .sweep_expired(OBJECTS_PER_STEP, BYTES_PER_STEP);
-    let mut removed = 0u64;
-    for o in &found.expired {
-        if admit(state, o.table, &o.key, true).is_err() {
-            continue; // locked, frozen or moving: next tick
-        }
-        match state.engine.borrow_mut().expire(o.table, &o.key, o.version) {
-            Ok(true) => removed += 1,
-            Ok(false) => {} // written, removed or re-dated since it was found
-            Err(e) => {
-                tracing::debug!(table = o.table, error = %e, "expired object not removed yet");
-            }
-        }
-    }
+    let removed = if crate::stamped::needed(state) {
+        remove_stamped(state, &found.expired).await
+    } else {
+        remove_now(state, &found.expired)
+    };
     if removed > 0 {
         let m = &state.metrics;
         m.expired.set(m.expired.get() + removed);
@@ -89,4 +98,51 @@ fn step(state: &ShardState) -> Step {
         done: found.wrapped
             || (found.expired.len() < OBJECTS_PER_STEP && found.bytes_read < BYTES_PER_STEP),
     }
+}
+
+/// Remove `due` with no timestamp (no snapshot is read here). Returns how
+/// many went.
+fn remove_now(state: &ShardState, due: &[ExpiredObject]) -> u64 {
+    let mut removed = 0u64;
+    for o in due {
+        if admit(state, o.table, &o.key, true).is_err() {
+            continue; // locked, frozen or moving: next tick
+        }
+        match state.engine.borrow_mut().expire(o.table, &o.key, o.version) {
+            Ok(true) => {
+                removed += 1;
+                crate::stamped::unstamped(state, o.table);
+            }
+            Ok(false) => {} // written, removed or re-dated since it was found
+            Err(e) => {
+                tracing::debug!(table = o.table, error = %e, "expired object not removed yet");
+            }
+        }
+    }
+    removed
+}
+
+/// Remove `due` as stamped writes, one batch per table (snapshots are read
+/// here: see the module). What is refused (locked, moving, written since)
+/// waits for a later tick, as in `remove_now`.
+async fn remove_stamped(state: &ShardState, due: &[ExpiredObject]) -> u64 {
+    let mut tables: Vec<u64> = due.iter().map(|o| o.table).collect();
+    tables.sort_unstable();
+    tables.dedup();
+    let mut removed = 0u64;
+    for table in tables {
+        let writes: Vec<PlainWrite<'_>> = due
+            .iter()
+            .filter(|o| o.table == table)
+            .map(|o| PlainWrite {
+                key: &o.key,
+                op: PlainOp::Expire(o.version),
+                expires_at_ms: 0,
+                rules: RejectRules::default(),
+            })
+            .collect();
+        let results = crate::stamped::apply(state, table, &writes).await;
+        removed += results.iter().filter(|r| r.is_ok()).count() as u64;
+    }
+    removed
 }

@@ -213,6 +213,7 @@ fn run<'a>(
         write: false,
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
+        clock_ms: None,
     }
 }
 
@@ -254,6 +255,7 @@ async fn index_walk(
     for chunk in hashes.chunks(256) {
         {
             let engine = run.state.engine.borrow();
+            let _then = run.clock_ms.map(|ms| engine.pin_clock(ms));
             for &h in chunk {
                 engine
                     .objects_with_hash(run.table, run.start_hash, h, |o| {
@@ -284,6 +286,9 @@ async fn execute(
     let (table, start_hash, end_hash, _) = tablet;
     let source = Source::Log;
     let mut run = run(state, tablet, &source);
+    if snapshot_ts != 0 {
+        run.clock_ms = Some(crate::versions::clock_ms_at(snapshot_ts));
+    }
     let reply = |data, visited, matched, resume| QueryResult {
         data,
         visited,

@@ -133,6 +133,8 @@ async fn execute(
         restarts: 0,
         index_snap: std::cell::RefCell::new(None),
         hold: None,
+        // At a snapshot, expiry is judged at its instant (`scan_run.rs`).
+        clock_ms: (snapshot_ts != 0).then(|| crate::versions::clock_ms_at(snapshot_ts)),
     };
     // The anchor of this update's started record, once written.
     let mut begun: Option<Vec<u8>> = None;

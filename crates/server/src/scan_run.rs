@@ -132,6 +132,10 @@ pub(crate) struct Run<'a> {
     pub restarts: u32,
     /// The index order of an `Index` scan (dropped on restart).
     pub index_snap: std::cell::RefCell<Option<insitu_engine::IndexSnapshot>>,
+    /// A read at a snapshot: the engine's clock (Unix ms) at it, pinned
+    /// for each step so expiry is judged at the snapshot's instant
+    /// (`versions::clock_ms_at`). None: the engine's own clock.
+    pub clock_ms: Option<u64>,
 }
 
 impl Run<'_> {
@@ -216,6 +220,7 @@ impl Run<'_> {
         budget: Duration,
     ) -> Result<bool, Refusal> {
         let engine = self.state.engine.borrow();
+        let _then = self.clock_ms.map(|ms| engine.pin_clock(ms));
         let (table, start) = (self.table, self.start_hash);
         match *self.source {
             Source::Log => {

@@ -57,6 +57,11 @@ pub(crate) async fn read(
         starts.insert(snap.tablet.1);
     }
     let engine = state.engine.borrow();
+    // Expiry judged at the snapshot's instant: an object whose deadline
+    // passed since is still there for it, one whose deadline came before it
+    // is not, however late this read runs (the kept versions judge theirs
+    // the same way, `versions::expired_at`).
+    let _then = engine.pin_clock(crate::versions::clock_ms_at(ts));
     let versions = state.versions.borrow();
     let seq = versions.next_seq();
     reply_reads(out, id, keys, |key| {

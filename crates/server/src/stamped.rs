@@ -38,8 +38,11 @@
 //!
 //! The Redis port's writes reach this by forwarding while snapshots are
 //! read (`resp/store.rs`, `writes_here`); pushdown updates take one
-//! timestamp per tablet while they hold it (`bulk_timestamp`). Not covered
-//! (it takes no timestamp and stays unordered, ARCHITECTURE.md): expiry.
+//! timestamp per tablet while they hold it (`bulk_timestamp`); the expiry
+//! sweep's removals come here as `PlainOp::Expire` (`expiry.rs`). The
+//! object a write replaces is kept with its deadline, even one that has
+//! passed: a snapshot older than the deadline still reads it
+//! (`versions::expired_at`).
 
 use bytes::BytesMut;
 use insitu_engine::{EngineError, RejectRules, key_hash};
@@ -48,6 +51,7 @@ use insitu_txn::{Item, Refusal, TxnId, Write};
 
 use crate::handler::admit;
 use crate::shard::ShardState;
+use crate::versions::Before;
 
 /// At most this many writes share one timestamp's locks. Why: a
 /// multiWrite may carry 100,000 items; a transaction takes 10,000 at most,
@@ -73,6 +77,10 @@ pub(crate) enum PlainOp<'a> {
     Remove,
     /// Add to the number the object holds (`Request::Increment`).
     Add(Number),
+    /// The expiry sweep's removal of an object at this version whose
+    /// deadline has passed (`Engine::expire`; refused with
+    /// `ObjectDoesntExist` if it was written, removed or re-dated since).
+    Expire(u64),
 }
 
 /// A plain write applied.
@@ -141,7 +149,7 @@ pub(crate) async fn bulk_timestamp(state: &ShardState, table: u64) -> u64 {
     ts
 }
 
-/// Keep the value `before` (version, bytes; None: absent) that a write at
+/// Keep the object `before` (None: absent) that a write at
 /// `commit_ts` is about to replace under `key` of `table`, for snapshots
 /// before it (nothing while versions are not kept or with no timestamp).
 pub(crate) fn keep_before(
@@ -149,7 +157,7 @@ pub(crate) fn keep_before(
     engine: &insitu_engine::Engine,
     (table, key): (u64, &[u8]),
     commit_ts: u64,
-    before: Option<(u64, &[u8])>,
+    before: Option<Before<'_>>,
 ) {
     if versions.is_active() && commit_ts != 0 {
         versions.keep(
@@ -215,7 +223,7 @@ fn part_len(writes: &[PlainWrite<'_>]) -> usize {
     for (i, w) in writes.iter().enumerate() {
         let value = match w.op {
             PlainOp::Put(v) => v.len(),
-            PlainOp::Remove | PlainOp::Add(_) => 0,
+            PlainOp::Remove | PlainOp::Add(_) | PlainOp::Expire(_) => 0,
         };
         bytes += w.key.len() + value;
         let full = i == PART_ITEMS || (i > 0 && bytes > PART_BYTES);
@@ -311,9 +319,17 @@ async fn lock_and_apply(
     writes
         .iter()
         .map(|w| {
+            if let PlainOp::Expire(version) = w.op
+                && !due(&engine, (table, w.key), version)
+            {
+                // Nothing to remove: nothing to keep either.
+                return Err(Refused::Engine(EngineError::ObjectDoesntExist));
+            }
             if versions.is_active() && commit_ts != 0 && kept.insert(w.key) {
-                // The value this write replaces, for snapshots before it.
-                let before = engine.read(table, w.key).ok().map(|o| (o.version, o.value));
+                // The object this write replaces, for snapshots before it:
+                // one whose deadline has passed too, as a snapshot older
+                // than the deadline still sees it.
+                let before = engine.read_expired_too(table, w.key).ok().map(Before::from);
                 keep_before(&mut versions, &engine, (table, w.key), commit_ts, before);
             }
             let plain = |version| Applied {
@@ -331,6 +347,11 @@ async fn lock_and_apply(
                         version,
                         number: Some(Number::I64(v)),
                     }),
+                PlainOp::Expire(version) => match engine.expire(table, w.key, version) {
+                    Ok(true) => Ok(plain(version)),
+                    Ok(false) => Err(EngineError::ObjectDoesntExist),
+                    Err(e) => Err(e),
+                },
                 PlainOp::Add(Number::F64(d)) => engine
                     .increment_f64(table, w.key, d, &w.rules)
                     .map(|(v, version)| Applied {
@@ -341,6 +362,14 @@ async fn lock_and_apply(
             done.map_err(Refused::Engine)
         })
         .collect()
+}
+
+/// Whether `key`'s object is still at `version` and past its deadline: what
+/// `Engine::expire` removes.
+fn due(engine: &insitu_engine::Engine, (table, key): (u64, &[u8]), version: u64) -> bool {
+    engine
+        .read_expired_too(table, key)
+        .is_ok_and(|o| o.version == version && o.is_expired(engine.now_ms()))
 }
 
 /// Lock the keys of `writes` under a fresh transaction id only this shard
@@ -365,7 +394,7 @@ fn lock(
             write: match w.op {
                 PlainOp::Put(v) => Write::Put(v.to_vec()),
                 PlainOp::Add(_) => Write::Put(Vec::new()),
-                PlainOp::Remove => Write::Remove,
+                PlainOp::Remove | PlainOp::Expire(_) => Write::Remove,
             },
         })
         .collect();

@@ -317,11 +317,12 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
             // What a move of its tablet carries (`commit_bound.rs`).
             versions.commits.applied(item.table, plan.commit_ts);
             if versions.is_active() && plan.commit_ts != 0 {
-                // The value this commit replaces, for snapshots before it.
+                // The object this commit replaces, for snapshots before
+                // it (one past its deadline too: an older snapshot sees it).
                 let before = engine
-                    .read(item.table, &item.key)
+                    .read_expired_too(item.table, &item.key)
                     .ok()
-                    .map(|o| (o.version, o.value));
+                    .map(crate::versions::Before::from);
                 versions.keep(
                     (item.table, &item.key, item.hash),
                     plan.commit_ts,

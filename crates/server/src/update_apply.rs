@@ -244,7 +244,7 @@ pub(crate) async fn write_updates(
                 Ok(Some(w)) => {
                     // The value replaced, for snapshots before the update.
                     let mut versions = run.state.versions.borrow_mut();
-                    let before = Some((o.version, o.value));
+                    let before = Some(crate::versions::Before::from(o));
                     let at = (run.table, key);
                     crate::stamped::keep_before(&mut versions, &engine, at, commit_ts, before);
                     (w, o.expires_at_ms)

@@ -44,6 +44,12 @@
 //! the floor was), and a snapshot read only ever looks for the first kept
 //! commit *later* than its timestamp, which is at or above that floor.
 //!
+//! A kept object carries its deadline, and is absent to a snapshot at or
+//! past it (`expired_at`): the snapshot judges expiry at its own instant,
+//! in the engine too (`clock_ms_at`, ARCHITECTURE.md, "Expiry under
+//! snapshots"). So the object a write replaces is kept even when its
+//! deadline has passed: an older snapshot may still see it.
+//!
 //! A snapshot scan reads the kept versions lazily: each object it visits is
 //! looked up (`as_of`; only when its table has kept versions), and the
 //! values as of the snapshot are fed afterwards in bounded batches walked in
@@ -89,10 +95,57 @@ struct Kept {
     commit_ts: u64,
     /// Its number in the order versions were kept (see `Versions::next_seq`).
     seq: u64,
-    /// The version and value before the commit; None: the key was absent.
-    before: Option<(u64, Box<[u8]>)>,
+    /// The object before the commit; None: the key was absent.
+    before: Option<KeptObject>,
     /// Its memory, released when the version goes.
     _charge: TransientCharge,
+}
+
+/// An object a commit replaced, as kept.
+struct KeptObject {
+    version: u64,
+    value: Box<[u8]>,
+    /// Its deadline (Unix ms; 0: none): a snapshot at or after it reads
+    /// the key as absent (`expired_at`), as the engine would have then.
+    expires_at_ms: u64,
+}
+
+/// The object a commit is about to replace, as `Versions::keep` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Before<'a> {
+    pub version: u64,
+    pub value: &'a [u8],
+    /// Its deadline (Unix ms; 0: none), whether or not it has passed: a
+    /// snapshot older than the deadline still sees the object.
+    pub expires_at_ms: u64,
+}
+
+impl<'a> From<insitu_engine::ObjectRef<'a>> for Before<'a> {
+    fn from(o: insitu_engine::ObjectRef<'a>) -> Before<'a> {
+        Before {
+            version: o.version,
+            value: o.value,
+            expires_at_ms: o.expires_at_ms,
+        }
+    }
+}
+
+/// The engine's clock (Unix ms) at snapshot `ts`: an object whose deadline
+/// is at or before it is absent at the snapshot. Why `ts / 1000`: the
+/// oracle's timestamps follow the wall clock in microseconds, so a
+/// snapshot's instant is its timestamp; judging every read at that one
+/// instant is what keeps a snapshot repeatable while deadlines pass. (The
+/// oracle may run ahead of the clock after a coordinator restart; a
+/// snapshot then judges expiry ahead of plain reads, still at one instant.)
+pub fn clock_ms_at(ts: u64) -> u64 {
+    ts / 1000
+}
+
+/// Whether an object with deadline `expires_at_ms` (0: none) is absent at
+/// snapshot `ts`: the engine's own rule, at the snapshot's clock.
+#[inline]
+pub fn expired_at(expires_at_ms: u64, ts: u64) -> bool {
+    expires_at_ms != 0 && expires_at_ms <= clock_ms_at(ts)
 }
 
 /// A key's kept versions, oldest first (commit timestamps increasing), and
@@ -264,22 +317,22 @@ impl Versions {
         self.raised = self.raised.max(ts);
     }
 
-    /// A commit at `commit_ts` is about to replace `before` (version and
-    /// value; None: absent) under `(table, key)`. Kept only while snapshots are read; `charge`
+    /// A commit at `commit_ts` is about to replace `before` (None: absent)
+    /// under `(table, key)`. Kept only while snapshots are read; `charge`
     /// asks the memory budget (refused: the version is not kept and the
     /// floor rises past this commit instead).
     pub fn keep(
         &mut self,
         (table, key, hash): (u64, &[u8], u64),
         commit_ts: u64,
-        before: Option<(u64, &[u8])>,
+        before: Option<Before<'_>>,
         now: Instant,
         charge: impl FnOnce(u64) -> Option<TransientCharge>,
     ) {
         if !self.active || commit_ts == 0 {
             return;
         }
-        let size = key.len() + before.map_or(0, |(_, b)| b.len()) + ENTRY_OVERHEAD;
+        let size = key.len() + before.map_or(0, |b| b.value.len()) + ENTRY_OVERHEAD;
         while self.bytes + size > MAX_BYTES && self.drop_oldest() {}
         let Some(charge) = (self.bytes + size <= MAX_BYTES)
             .then(|| charge(size as u64))
@@ -310,7 +363,11 @@ impl Versions {
         chain.kept.push_back(Kept {
             commit_ts,
             seq: self.seq,
-            before: before.map(|(version, b)| (version, Box::from(b))),
+            before: before.map(|b| KeptObject {
+                version: b.version,
+                value: Box::from(b.value),
+                expires_at_ms: b.expires_at_ms,
+            }),
             _charge: charge,
         });
         self.seq += 1;
@@ -332,7 +389,7 @@ impl Versions {
             // The oldest kept version of all is its key's oldest.
             if let Some(k) = chain.kept.pop_front() {
                 self.bytes -=
-                    key.len() + k.before.as_ref().map_or(0, |(_, b)| b.len()) + ENTRY_OVERHEAD;
+                    key.len() + k.before.as_ref().map_or(0, |b| b.value.len()) + ENTRY_OVERHEAD;
                 gone = Some(k.commit_ts);
             }
             if chain.kept.is_empty() {
@@ -392,7 +449,8 @@ impl Versions {
 
     /// `key` of `table` as of `snapshot`, counting versions numbered below
     /// `seq`: None if no such kept commit is later than the snapshot (its
-    /// value now is the one then), else Some(its version and value then; None: absent).
+    /// value now is the one then), else Some(its version and value then;
+    /// None: absent, or past its deadline at the snapshot).
     pub fn as_of(
         &self,
         table: u64,
@@ -401,7 +459,8 @@ impl Versions {
         seq: u64,
     ) -> Option<Option<(u64, &[u8])>> {
         let chain = self.tables.get(&table)?.by_key.get(key)?;
-        first_after(chain, snapshot, seq).map(|k| k.before.as_ref().map(|(v, b)| (*v, &b[..])))
+        first_after(chain, snapshot, seq)
+            .map(|k| visible(k, snapshot).map(|b| (b.version, &b.value[..])))
     }
 
     /// Visit up to `limit` kept keys of `table` with hash in `start..=end`,
@@ -432,11 +491,19 @@ impl Versions {
             }
             let chain = t.by_key.get(key).expect("by_hash and by_key agree");
             if let Some(k) = first_after(chain, snapshot, seq) {
-                f(key, k.before.as_ref().map(|(_, b)| &b[..]));
+                f(key, visible(k, snapshot).map(|b| &b.value[..]));
             }
         }
         None
     }
+}
+
+/// The object `kept` holds as snapshot `snapshot` sees it: None if the key
+/// was absent or the object's deadline had passed by then.
+fn visible(kept: &Kept, snapshot: u64) -> Option<&KeptObject> {
+    kept.before
+        .as_ref()
+        .filter(|b| !expired_at(b.expires_at_ms, snapshot))
 }
 
 /// The first version of `chain` numbered below `seq` whose commit is later

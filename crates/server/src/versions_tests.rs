@@ -27,10 +27,19 @@ fn keeping(now: Instant, floor: u64) -> Versions {
     v
 }
 
+/// An object with no deadline, as `keep` takes it.
+fn plain(version: u64, value: &[u8]) -> Before<'_> {
+    Before {
+        version,
+        value,
+        expires_at_ms: 0,
+    }
+}
+
 /// Keep with the engine's budget.
 /// The version kept with a value is its first byte (0 for none).
 fn keep(v: &mut Versions, e: &Engine, key: &[u8], ts: u64, before: Option<&[u8]>, now: Instant) {
-    let before = before.map(|b| (u64::from(b.first().copied().unwrap_or(0)), b));
+    let before = before.map(|b| plain(u64::from(b.first().copied().unwrap_or(0)), b));
     v.keep((1, key, 7), ts, before, now, |n| {
         e.try_charge_transient(n).ok()
     });
@@ -57,6 +66,37 @@ fn changed(
             return out;
         }
     }
+}
+
+#[test]
+fn a_kept_object_is_absent_to_snapshots_from_its_deadline_on() {
+    let e = engine();
+    let now = Instant::now();
+    // Timestamps in microseconds: the deadline, 5 ms, is 5,000; the commit
+    // that replaced the object (after it had expired) is at 9,000.
+    let mut v = keeping(now, 1_000);
+    let expiring = Before {
+        version: 3,
+        value: b"x",
+        expires_at_ms: 5,
+    };
+    v.keep((1, b"a", 7), 9_000, Some(expiring), now, |n| {
+        e.try_charge_transient(n).ok()
+    });
+    let seq = v.next_seq();
+    assert_eq!(v.as_of(1, b"a", 4_999, seq), Some(Some((3, &b"x"[..]))));
+    assert_eq!(v.as_of(1, b"a", 5_000, seq), Some(None), "at its deadline");
+    assert_eq!(v.as_of(1, b"a", 8_999, seq), Some(None));
+    assert_eq!(v.as_of(1, b"a", 9_000, seq), None, "the commit's own");
+    let before = changed(&v, 1, (0, u64::MAX), 4_999);
+    assert_eq!(
+        before,
+        BTreeMap::from([(b"a".to_vec(), Some(b"x".to_vec()))])
+    );
+    let after = changed(&v, 1, (0, u64::MAX), 5_000);
+    assert_eq!(after, BTreeMap::from([(b"a".to_vec(), None)]));
+    assert!(!expired_at(0, u64::MAX), "no deadline never expires");
+    assert!(expired_at(5, 5_000) && !expired_at(5, 4_999));
 }
 
 #[test]
@@ -125,7 +165,7 @@ fn a_version_gone_before_the_floor_is_learned_still_raises_it() {
     v.note_read(now);
     // Refused while the floor is being fetched: snapshots before 40 can no
     // longer be read, whatever floor the fetch brings.
-    v.keep((1, b"a", 7), 40, Some((1, b"x")), now, |_| None);
+    v.keep((1, b"a", 7), 40, Some(plain(1, b"x")), now, |_| None);
     v.set_floor(v.generation(), 10);
     assert_eq!(v.floor(), Some(40));
     assert_eq!(v.floor_for((1, 0)), Some(40));
@@ -200,7 +240,7 @@ fn a_refused_charge_raises_the_floor_past_the_commit() {
     let now = Instant::now();
     v.note_read(now);
     v.set_floor(v.generation(), 1);
-    v.keep((1, b"a", 7), 40, Some((1, b"x")), now, |_| None);
+    v.keep((1, b"a", 7), 40, Some(plain(1, b"x")), now, |_| None);
     assert_eq!(v.floor(), Some(40));
     assert_eq!(v.kept_bytes(), 0);
 }
@@ -262,7 +302,7 @@ proptest! {
             }
             let before = current.get(key).map(|b| [*b]);
             // Hashes spread the keys over the tablet's range.
-            let before = before.as_ref().map(|b| (u64::from(b[0]), &b[..]));
+            let before = before.as_ref().map(|b| plain(u64::from(b[0]), &b[..]));
             v.keep((1, &[*key], u64::from(*key) << 56), ts, before, now, |n| {
                 e.try_charge_transient(n).ok()
             });

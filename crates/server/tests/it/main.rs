@@ -31,6 +31,7 @@ mod resp_redis;
 mod shard_stats;
 mod sindex;
 mod snapshot;
+mod snapshot_expiry;
 mod snapshot_move;
 mod snapshot_plain;
 mod txn;
