@@ -28,22 +28,23 @@
 //! Recoveries hold the move lock: a move must not commit a dead server as a
 //! tablet's owner after its tablets were orphaned (that tablet would never be
 //! recovered), and the reconciler must not act on a tablet half-recovered.
+//!
+//! Step 2 for one tablet on one shard (the `RecoverTablet` call, the owner's
+//! commit, its activation) is `recovery/tablet.rs`.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use anyhow::bail;
 use futures::future::join_all;
-use insitu_client::rpc::RpcConn;
-use insitu_protocol::{Request, Response, ServerState, Status};
+use insitu_protocol::{Request, ServerState, Status};
 use tracing::{info, warn};
 
-use crate::model::{MAP_VERSION, Op, Tablet, orphan_op};
+use crate::model::{MAP_VERSION, Op, Tablet};
 use crate::service::{Coordinator, Reject};
-use crate::shards::{CONNECT_TIMEOUT, CONTROL_TIMEOUT, CallError};
+use crate::shards::CONTROL_TIMEOUT;
 
-/// A recovery reads and replays a whole tablet: give it time.
-pub(crate) const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
+mod tablet;
+use tablet::{Failed, activate, recover_tablet};
 
 /// What one `recover_server` call did.
 #[cfg_attr(not(test), allow(dead_code))]
@@ -120,18 +121,6 @@ fn targets(coord: &Coordinator, dead: u64) -> Targets {
         .map(|s| s.backup_addr)
         .collect();
     Targets { slots, backups }
-}
-
-/// How recovering one tablet on one shard ended, short of success.
-enum Failed {
-    /// Try another shard.
-    Shard(String),
-    /// The tablet is no longer lost from this master (its table was dropped,
-    /// or another change took it): nothing left to do for it.
-    Gone,
-    /// The new owner is committed but its activation is not confirmed: the
-    /// next call retries it (never on another shard).
-    NotActivated(String),
 }
 
 /// Recover every tablet of dead server `dead`; see the module docs.
@@ -303,259 +292,6 @@ async fn orphan_tablets_of(coord: &Coordinator, dead: u64) -> anyhow::Result<()>
         tablets, "a dead server's tablets are unavailable until recovered from its replicas"
     );
     Ok(())
-}
-
-/// Recover one orphaned tablet on one shard, commit the owner, activate it.
-/// Ok: (objects, segments, bytes).
-async fn recover_tablet(
-    coord: &Coordinator,
-    dead: u64,
-    table: u64,
-    index: u32,
-    tablet: &Tablet,
-    (server, shard, addr): &(u64, u32, String),
-    backups: &[String],
-) -> Result<(u64, u64, u64), Failed> {
-    // A version of its own for the shard's Receiving copy: never reused,
-    // even if this coordinator restarts before committing anything else.
-    let reserved = {
-        let guard = coord.meta_lock.lock().await;
-        let version = coord.model().map_version + 1;
-        coord
-            .commit(&guard, vec![Op::Counter(MAP_VERSION, version)])
-            .await
-            .map_err(|e| Failed::Shard(format!("reserving a map version: {}", e.message)))?;
-        version
-    };
-    let request = Request::RecoverTablet {
-        table,
-        start_hash: tablet.start_hash,
-        end_hash: tablet.end_hash,
-        map_version: reserved,
-        master: dead,
-        backups: backups.to_vec(),
-        // An operator gave up what no backup holds (`accept_loss`): the
-        // tablet is recorded in `data_lost`, so it is marked lost below.
-        accept_missing: coord.model().data_lost.contains_key(&(table, index)),
-    };
-    let recovered = match call_recover(coord, addr, &request).await {
-        Ok(r) => r,
-        Err(e) => {
-            // It may have installed a Receiving copy (no reply, or a late
-            // one): clear it; a later recovery there replaces it anyway.
-            drop_leftover(coord, table, tablet.start_hash, addr).await;
-            return Err(Failed::Shard(e));
-        }
-    };
-    // Commit the new owner if the tablet is still lost from `dead` and the
-    // shard's server still lives.
-    let guard = coord.meta_lock.lock().await;
-    let (current, version) = {
-        let model = coord.model();
-        let current = model
-            .tables
-            .get(&table)
-            .and_then(|t| t.tablets.get(index as usize))
-            .filter(|t| {
-                t.is_orphaned()
-                    && t.start_hash == tablet.start_hash
-                    && t.end_hash == tablet.end_hash
-                    && model.lost_from.get(&(table, index)) == Some(&dead)
-            })
-            .cloned();
-        let alive = model.shard_addr(*server, *shard) == Some(addr.as_str());
-        (current.filter(|_| alive), model.map_version + 1)
-    };
-    let Some(current) = current else {
-        drop(guard);
-        drop_leftover(coord, table, tablet.start_hash, addr).await;
-        let still_lost = coord.model().lost_from.get(&(table, index)) == Some(&dead);
-        return Err(if still_lost {
-            Failed::Shard("its server is no longer registered".into())
-        } else {
-            Failed::Gone
-        });
-    };
-    let owned = current.placed(*server, *shard, version);
-    let ops = vec![
-        Op::PutTablet {
-            table,
-            index,
-            tablet: owned.clone(),
-        },
-        Op::Counter(MAP_VERSION, version),
-    ];
-    if let Err(e) = coord.commit(&guard, ops).await {
-        drop(guard);
-        drop_leftover(coord, table, tablet.start_hash, addr).await;
-        return Err(Failed::Shard(format!(
-            "committing the new owner: {}",
-            e.message
-        )));
-    }
-    drop(guard);
-    info!(
-        server_id = dead,
-        table,
-        index,
-        to_server = server,
-        to_shard = shard,
-        map_version = version,
-        objects = recovered.0,
-        segments = recovered.1,
-        bytes = recovered.2,
-        "tablet recovered"
-    );
-    // The owner is committed: a failed activation is retried by the next
-    // call (the tablet stays in `lost_from`), never recovered elsewhere.
-    match activate(coord, dead, table, index, &owned).await {
-        Ok(()) => Ok(recovered),
-        Err((true, e)) => Err(Failed::Shard(format!(
-            "activating the recovered tablet: {e}"
-        ))),
-        Err((false, e)) => Err(Failed::NotActivated(format!(
-            "activating the recovered tablet: {e}"
-        ))),
-    }
-}
-
-/// `RecoverTablet` on a connection of its own (it takes long, and a shard
-/// answers one connection's requests in order).
-async fn call_recover(
-    coord: &Coordinator,
-    addr: &str,
-    request: &Request<'_>,
-) -> Result<(u64, u64, u64), String> {
-    let conn = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        RpcConn::open(addr, coord.shards.credentials()),
-    )
-    .await
-    .map_err(|_| format!("cannot connect to {addr}: timed out after {CONNECT_TIMEOUT:?}"))?
-    .map_err(|e| e.to_string())?;
-    let reply = conn
-        .call_timeout(request, RECOVER_TIMEOUT)
-        .await
-        .map_err(|e| format!("{addr}: {e}"))?;
-    if !reply.status.is_ok() {
-        return Err(format!(
-            "refused: {}: {}",
-            reply.status,
-            reply.error_message()
-        ));
-    }
-    match reply.decode() {
-        Ok(Response::Recovered {
-            objects,
-            segments,
-            bytes,
-        }) => Ok((objects, segments, bytes)),
-        Ok(other) => Err(format!("unexpected reply to RecoverTablet: {other:?}")),
-        Err(e) => Err(format!("cannot decode the reply to RecoverTablet: {e}")),
-    }
-}
-
-/// Best effort: drop a copy of the tablet that serves nothing on `addr`.
-async fn drop_leftover(coord: &Coordinator, table: u64, start_hash: u64, addr: &str) {
-    let request = Request::DropTablet {
-        table,
-        start_hash,
-        only_if_not_serving: true,
-    };
-    if let Err(e) = coord.shards.call(addr, &request, CONTROL_TIMEOUT).await {
-        warn!(
-            table,
-            start_hash, addr, "dropping a failed recovery's copy failed: {e}"
-        );
-    }
-}
-
-/// `ActivateTablet` on the committed owner, then delete the `lost_from` row.
-/// A refusal (the shard does not hold the tablet) orphans it again, to be
-/// recovered anew (error `(true, why)`); no reply leaves it committed for
-/// the next call (`(false, why)`).
-async fn activate(
-    coord: &Coordinator,
-    dead: u64,
-    table: u64,
-    index: u32,
-    owned: &Tablet,
-) -> Result<(), (bool, String)> {
-    let addr = coord
-        .model()
-        .shard_addr(owned.server_id, owned.shard)
-        .map(str::to_string);
-    let Some(addr) = addr else {
-        // Its new owner is gone too; that server's own recovery takes it over.
-        return Err((
-            false,
-            format!(
-                "its new owner, server {} shard {}, is no longer registered",
-                owned.server_id, owned.shard
-            ),
-        ));
-    };
-    let request = Request::ActivateTablet {
-        table,
-        start_hash: owned.start_hash,
-        map_version: owned.map_version,
-    };
-    // A tablet re-created empty (R = 0) is marked lost, with its version
-    // floor, before it serves (`lost.rs`).
-    let lost = coord.model().data_lost.get(&(table, index)).copied();
-    let mut result = match lost {
-        Some(master) => {
-            coord
-                .mark_lost_on(&addr, table, owned.start_hash, master)
-                .await
-        }
-        None => Ok(()),
-    };
-    if result.is_ok() {
-        result = coord
-            .call_with_retries(&addr, &request, CONTROL_TIMEOUT)
-            .await;
-    }
-    let guard = coord.meta_lock.lock().await;
-    let (unchanged, version) = {
-        let model = coord.model();
-        let current = model
-            .tables
-            .get(&table)
-            .and_then(|t| t.tablets.get(index as usize));
-        (
-            current == Some(owned) && model.lost_from.get(&(table, index)) == Some(&dead),
-            model.map_version + 1,
-        )
-    };
-    if !unchanged {
-        return Ok(()); // dropped, or taken over by another change: nothing left here
-    }
-    match result {
-        Ok(()) => coord
-            .commit(&guard, vec![Op::DeleteLostFrom { table, index }])
-            .await
-            .map_err(|e| (false, format!("recording the activation: {}", e.message))),
-        Err(CallError::Rejected(status, message)) => {
-            coord
-                .commit(
-                    &guard,
-                    vec![
-                        orphan_op(table, index, owned, version),
-                        Op::Counter(MAP_VERSION, version),
-                    ],
-                )
-                .await
-                .map_err(|e| (false, format!("orphaning it again: {}", e.message)))?;
-            Err((
-                true,
-                format!(
-                    "{addr} refused to activate it ({status}: {message}); it is orphaned again, to be recovered anew"
-                ),
-            ))
-        }
-        Err(CallError::Transport(e)) => Err((false, format!("no reply from {addr}: {e}"))),
-    }
 }
 
 /// Step 3: every tablet of `dead` is recovered: its replicas may go, and so

@@ -20,7 +20,13 @@
 //! the enumeration may be returned with either value or, if created after
 //! its list was taken, not at all; a removed one is not returned.
 
+use bytes::BytesMut;
 use insitu_engine::{Engine, EngineError, ObjectRef, SortedHashes};
+use insitu_protocol::frame::MAX_BODY_BYTES;
+use insitu_protocol::{Object, Response, blob, encode_error};
+
+use crate::handler::{REPLY_SLACK_BYTES, reply, reply_engine_error};
+use crate::shard::ShardState;
 
 /// Enumerations in progress whose hash lists a shard keeps (least recently
 /// used evicted). Each list is charged to the budget; 8 bounds the worst
@@ -141,6 +147,49 @@ impl EnumerateCache {
         }
         Ok((objects, next))
     }
+}
+
+/// Serve `Request::Enumerate`: refused while the tablet is moved or gone,
+/// else the next batch from `from_hash` of at most `max_bytes` (clamped to
+/// what fits a reply).
+pub(crate) fn handle(
+    state: &ShardState,
+    id: u64,
+    (table, tablet_start): (u64, u64),
+    from_hash: u64,
+    max_bytes: u32,
+    out: &mut BytesMut,
+) {
+    let refusal = state
+        .tablets
+        .borrow()
+        .get(&(table, tablet_start))
+        .and_then(|m| m.refusal(false));
+    if let Some(status) = refusal {
+        return encode_error(out, id, status, "tablet is being moved or has moved");
+    }
+    let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
+    let engine = state.engine.borrow();
+    // O(batch): continues the tablet's sorted hash list (`next_batch`).
+    let batch =
+        state
+            .enumerate
+            .borrow_mut()
+            .next_batch(&engine, table, tablet_start, from_hash, max_bytes);
+    let (found, next_hash) = match batch {
+        Ok(b) => b,
+        Err(e) => return reply_engine_error(out, id, &e),
+    };
+    let objects: Vec<Object<'_>> = found
+        .iter()
+        .map(|o| Object {
+            key: blob(o.key),
+            value: blob(o.value),
+            version: o.version,
+            expires_at_ms: o.expires_at_ms,
+        })
+        .collect();
+    reply(out, id, &Response::Enumerate { objects, next_hash })
 }
 
 #[cfg(test)]

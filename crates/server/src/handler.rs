@@ -1,18 +1,17 @@
-//! Request dispatch: decode, check the tablet's state, run on the engine,
-//! encode the reply into the connection's output buffer.
+//! Request dispatch: decode, pass the gate, hand each request to its handler
+//! (single-key ones in `point.rs`), encode the reply into the connection's
+//! output buffer; and the admission and reply helpers every handler shares.
 
 use bytes::BytesMut;
-use insitu_engine::{Engine, EngineError, key_hash};
+use insitu_engine::{EngineError, key_hash};
 use insitu_protocol::{
-    Number, Object, RejectRules, Request, Response, Status, blob, decode_request, encode_error,
-    encode_response,
-    frame::{MAX_BODY_BYTES, check_header},
+    RejectRules, Request, Response, Status, decode_request, encode_error, encode_response,
+    frame::check_header,
 };
 
 use insitu_auth::{Admission, Session};
 
 use crate::shard::ShardState;
-use crate::stamped::{Applied, PlainOp, PlainWrite};
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
@@ -105,15 +104,6 @@ pub(crate) fn reply(out: &mut BytesMut, id: u64, response: &Response<'_>) {
             Status::Internal,
             format!("cannot encode reply: {e}"),
         );
-    }
-}
-
-/// Reply with the response of a single-key engine call, or its error as a
-/// status: the tail every single-key branch shares, so all map errors alike.
-fn reply_result(out: &mut BytesMut, id: u64, result: Result<Response<'_>, EngineError>) {
-    match result {
-        Ok(response) => reply(out, id, &response),
-        Err(e) => reply_engine_error(out, id, &e),
     }
 }
 
@@ -250,104 +240,25 @@ async fn dispatch(
         // `handle` answers every `Hello` at the gate; this arm only keeps the
         // match exhaustive.
         Request::Hello { .. } => reply(out, id, &Response::Welcome { member: false }),
-        Request::Read { table, key } => {
-            if let Err(s) = admit(state, table, key, false) {
-                return encode_error(out, id, s, s.to_string());
-            }
-            let engine = state.engine.borrow();
-            let result = engine.read_held(table, key).map(|(obj, mark)| {
-                *held_at = Some(mark);
-                Response::Read {
-                    version: obj.version,
-                    value: blob(obj.value),
-                    expires_at_ms: obj.expires_at_ms,
-                }
-            });
-            crate::lost::reply_keyed(state, (table, key), out, id, result);
-        }
+        Request::Read { table, key } => crate::point::read(state, id, (table, key), out, held_at),
         Request::Write {
             table,
             key,
             value,
             rules: r,
             expires_at_ms,
-        } => {
-            if crate::stamped::needed(state) {
-                let write = PlainWrite {
-                    key,
-                    op: PlainOp::Put(value),
-                    expires_at_ms,
-                    rules: rules(&r),
-                };
-                let written = |a: Applied| Response::Written { version: a.version };
-                return crate::stamped::reply_one(state, id, (table, write), out, written).await;
-            }
-            write_keyed(state, id, (table, key), out, |engine| {
-                let written = engine.write_expiring(table, key, value, expires_at_ms, &rules(&r));
-                written.map(|version| Response::Written { version })
-            })
-        }
+        } => crate::point::write(state, id, (table, key), (value, expires_at_ms), r, out).await,
         Request::Remove {
             table,
             key,
             rules: r,
-        } => {
-            if crate::stamped::needed(state) {
-                let write = PlainWrite {
-                    key,
-                    op: PlainOp::Remove,
-                    expires_at_ms: 0,
-                    rules: rules(&r),
-                };
-                let removed = |a: Applied| Response::Removed { version: a.version };
-                return crate::stamped::reply_one(state, id, (table, write), out, removed).await;
-            }
-            write_keyed(state, id, (table, key), out, |engine| {
-                let removed = engine.remove(table, key, &rules(&r));
-                removed.map(|version| Response::Removed { version })
-            })
-        }
+        } => crate::point::remove(state, id, (table, key), r, out).await,
         Request::Increment {
             table,
             key,
             delta,
             rules: r,
-        } => {
-            if let Err(s) = admit(state, table, key, true) {
-                return encode_error(out, id, s, s.to_string());
-            }
-            // A lost counter must not silently start again from 0.
-            if let Err((status, message)) = crate::lost::check_missing(state, table, key) {
-                return encode_error(out, id, status, message);
-            }
-            if crate::stamped::needed(state) {
-                let write = PlainWrite {
-                    key,
-                    op: PlainOp::Add(delta),
-                    expires_at_ms: 0,
-                    rules: rules(&r),
-                };
-                let incremented = |a: Applied| Response::Incremented {
-                    // Always set for an increment.
-                    value: a.number.unwrap_or(delta),
-                    version: a.version,
-                };
-                return crate::stamped::reply_one(state, id, (table, write), out, incremented)
-                    .await;
-            }
-            crate::stamped::unstamped(state, table);
-            let mut engine = state.engine.borrow_mut();
-            let result = match delta {
-                Number::I64(d) => engine
-                    .increment_i64(table, key, d, &rules(&r))
-                    .map(|(v, ver)| (Number::I64(v), ver)),
-                Number::F64(d) => engine
-                    .increment_f64(table, key, d, &rules(&r))
-                    .map(|(v, ver)| (Number::F64(v), ver)),
-            };
-            let result = result.map(|(value, version)| Response::Incremented { value, version });
-            reply_result(out, id, result);
-        }
+        } => crate::point::increment(state, id, (table, key), delta, r, out).await,
         Request::MultiRead { table, keys } => {
             *held_at = crate::multi::read(state, id, table, &keys, out);
         }
@@ -367,7 +278,7 @@ async fn dispatch(
             tablet_start,
             from_hash,
             max_bytes,
-        } => enumerate(state, id, table, tablet_start, from_hash, max_bytes, out),
+        } => crate::enumerate::handle(state, id, (table, tablet_start), from_hash, max_bytes, out),
         Request::ShardStats { reset_longest_call } => {
             let stats = crate::metrics::shard_stats(state, reset_longest_call);
             reply(out, id, &Response::ShardStats(stats))
@@ -540,63 +451,4 @@ async fn dispatch(
             reply(out, id, &Response::Done)
         }
     }
-}
-
-/// Serve a single-key write (`Write`, `Remove`): admit it, run `op` on the
-/// engine, reply with its response (a refusal of a lost key worded as
-/// `lost.rs` words it). One path, so both writes are admitted and refused alike.
-fn write_keyed<'v>(
-    state: &ShardState,
-    id: u64,
-    (table, key): (u64, &[u8]),
-    out: &mut BytesMut,
-    op: impl FnOnce(&mut Engine) -> Result<Response<'v>, EngineError>,
-) {
-    if let Err(s) = admit(state, table, key, true) {
-        return encode_error(out, id, s, s.to_string());
-    }
-    crate::stamped::unstamped(state, table);
-    let result = op(&mut state.engine.borrow_mut());
-    crate::lost::reply_keyed(state, (table, key), out, id, result);
-}
-
-fn enumerate(
-    state: &ShardState,
-    id: u64,
-    table: u64,
-    tablet_start: u64,
-    from_hash: u64,
-    max_bytes: u32,
-    out: &mut BytesMut,
-) {
-    let refusal = state
-        .tablets
-        .borrow()
-        .get(&(table, tablet_start))
-        .and_then(|m| m.refusal(false));
-    if let Some(status) = refusal {
-        return encode_error(out, id, status, "tablet is being moved or has moved");
-    }
-    let max_bytes = (max_bytes as usize).clamp(1, MAX_BODY_BYTES - REPLY_SLACK_BYTES);
-    let engine = state.engine.borrow();
-    // O(batch): continues the tablet's sorted hash list (enumerate.rs).
-    let batch =
-        state
-            .enumerate
-            .borrow_mut()
-            .next_batch(&engine, table, tablet_start, from_hash, max_bytes);
-    let (found, next_hash) = match batch {
-        Ok(b) => b,
-        Err(e) => return reply_engine_error(out, id, &e),
-    };
-    let objects: Vec<Object<'_>> = found
-        .iter()
-        .map(|o| Object {
-            key: blob(o.key),
-            value: blob(o.value),
-            version: o.version,
-            expires_at_ms: o.expires_at_ms,
-        })
-        .collect();
-    reply(out, id, &Response::Enumerate { objects, next_hash })
 }

@@ -21,6 +21,7 @@ mod lost;
 mod metrics;
 mod migrate;
 mod multi;
+mod point;
 mod query;
 mod recover;
 mod replicate;

@@ -11,6 +11,7 @@ mod common;
 mod connections;
 mod coordinator;
 mod failure;
+mod hostile_input;
 mod identity;
 mod moves;
 mod retire;

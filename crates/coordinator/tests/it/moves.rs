@@ -1,4 +1,5 @@
-//! Moves that stop half-way: the coordinator crashes at each step, or the
+//! Moves of a tablet: the protocol's steps in order, a refused step undone;
+//! and moves that stop half-way: the coordinator crashes at each step, or the
 //! destination dies; a restarted coordinator finishes or undoes the move, so
 //! exactly one shard serves the tablet.
 
@@ -169,5 +170,132 @@ async fn a_destination_that_dies_at_activation_leaves_one_owner() {
     );
     assert!(now.map_version > t.map_version);
     drop(c);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn move_tablet_runs_the_protocol_in_order() {
+    let (_dir, coord, c, log, s1, s2, id1, id2) = two_servers("move", 2, 2).await;
+    // Slots: (1,0) (2,0) (1,1): server 2's shard 1 is empty, so it receives.
+    let t = create(&c, "m", 3).await;
+    assert_eq!((t.tablets[0].server_id, t.tablets[0].shard), (id1, 0));
+    take_log(&log);
+
+    let moved = move_tablet(&c, "m", 0, id2).await;
+    let tab = &t.tablets[0];
+    let (src, dest) = (s1[0].addr.clone(), s2[1].addr.clone());
+    let new_version = t.map_version + 1;
+    assert_eq!(
+        moved.map_version, new_version,
+        "a move bumps the map version"
+    );
+    assert_eq!(
+        (moved.tablets[0].server_id, moved.tablets[0].shard),
+        (id2, 1)
+    );
+    assert_eq!(moved.tablets[0].addr, dest);
+    assert_eq!(moved.tablets[0].map_version, new_version);
+    assert_eq!(
+        (moved.tablets[0].start_hash, moved.tablets[0].end_hash),
+        (tab.start_hash, tab.end_hash)
+    );
+    assert_eq!(
+        &moved.tablets[1..],
+        &t.tablets[1..],
+        "other tablets untouched"
+    );
+    let (table, start) = (t.id, tab.start_hash);
+    let mut expected = move_start_log(&t, 0, &src, &dest);
+    let activate = Ctl::Activate {
+        table,
+        start,
+        version: new_version,
+    };
+    expected.push((dest.clone(), activate));
+    expected.push((src.clone(), Ctl::Drop { table, start }));
+    assert_eq!(take_log(&log), expected);
+    assert_eq!(open(&c, "m").await, moved);
+
+    // Moving to the current owner: success, nothing sent, nothing bumped.
+    let same = move_tablet(&c, "m", 0, id2).await;
+    assert_eq!(same, moved);
+    assert!(take_log(&log).is_empty());
+
+    // Bad requests.
+    let msg = expect_err(&try_move(&c, "m", 3, id2).await, Status::BadRequest);
+    assert!(msg.contains("3 tablets"), "{msg}");
+    let msg = expect_err(&try_move(&c, "m", 1, 42).await, Status::UnknownServer);
+    assert!(msg.contains("42"), "{msg}");
+    expect_err(&try_move(&c, "nope", 0, id2).await, Status::UnknownTable);
+    assert!(take_log(&log).is_empty());
+    assert_eq!(open(&c, "m").await.map_version, new_version);
+
+    // The next move picks server 1's emptiest shard: shard 0 (now empty) over shard 1.
+    let back = move_tablet(&c, "m", 1, id1).await;
+    assert_eq!((back.tablets[1].server_id, back.tablets[1].shard), (id1, 0));
+    assert_eq!(back.map_version, new_version + 1);
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_migration_is_undone() {
+    let (_dir, coord, c, log, s1, s2, _, id2) = two_servers("movefail", 1, 1).await;
+    let t = create(&c, "f", 2).await;
+    take_log(&log);
+    s1[0].fail.lock().unwrap().insert("Migrate");
+
+    let msg = expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
+    assert!(msg.contains("injected failure"), "{msg}");
+    let tab = &t.tablets[0];
+    let (table, start) = (t.id, tab.start_hash);
+    let (src, dest) = (s1[0].addr.clone(), s2[0].addr.clone());
+    let mut expected = move_start_log(&t, 0, &src, &dest);
+    // Un-freeze the source under its old version (first: serving
+    // again matters most), then drop the destination's copy.
+    let unfreeze = take_of(&t, 0, t.map_version, TabletState::Active);
+    expected.push((src.clone(), unfreeze));
+    expected.push((dest.clone(), Ctl::Drop { table, start }));
+    assert_eq!(take_log(&log), expected);
+    assert_eq!(open(&c, "f").await, t, "map and version unchanged");
+
+    // Destination refuses to receive: nothing reaches the source.
+    s1[0].fail.lock().unwrap().clear();
+    s2[0].fail.lock().unwrap().insert("Take");
+    expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
+    // The source is at most told to serve on (idempotent): never to
+    // migrate or drop.
+    let got = take_log(&log);
+    assert!(
+        got.iter().all(|(addr, ctl)| *addr == dest
+            || matches!(ctl, Ctl::Take { state: TabletState::Active, version, .. } if *version == t.map_version)),
+        "{got:?}"
+    );
+    assert_eq!(open(&c, "f").await, t);
+
+    // Destination refuses to activate: the tablet goes back to the source under a new version.
+    s2[0].fail.lock().unwrap().clear();
+    s2[0].fail.lock().unwrap().insert("Activate");
+    expect_err(&try_move(&c, "f", 0, id2).await, Status::Internal);
+    let after = open(&c, "f").await;
+    assert_eq!(after.tablets[0].server_id, t.tablets[0].server_id);
+    assert!(after.map_version > t.map_version);
+    let got = take_log(&log);
+    let last_two: Vec<_> = got.iter().rev().take(2).collect();
+    assert!(
+        last_two.contains(&&(dest.clone(), Ctl::Drop { table, start })),
+        "{got:?}"
+    );
+    assert!(
+        last_two.contains(&&(
+            src.clone(),
+            take_of(&t, 0, after.tablets[0].map_version, TabletState::Active)
+        )),
+        "{got:?}"
+    );
+    assert!(
+        !got.iter()
+            .any(|(addr, ctl)| *addr == src && matches!(ctl, Ctl::Drop { .. })),
+        "the source copy is kept: {got:?}"
+    );
     coord.shutdown().await;
 }

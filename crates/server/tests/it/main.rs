@@ -26,6 +26,8 @@ mod query_pages;
 mod recover;
 mod replication;
 mod resp;
+mod resp_cluster;
+mod resp_limits;
 mod resp_mutants;
 mod resp_redis;
 mod shard_stats;
