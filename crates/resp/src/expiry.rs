@@ -10,7 +10,7 @@
 use bytes::Bytes;
 
 use crate::exec::{Ctx, errors, parse_i64, refuse};
-use crate::store::{Cond, Store, StoreError};
+use crate::store::{Cond, Put, Store, StoreError};
 use crate::strings::{MAX_CAS_ATTEMPTS, contention};
 
 /// How a time argument counts (`EX`, `PX`, `EXAT`, `PXAT`).
@@ -260,7 +260,14 @@ async fn expire<S: Store>(ctx: &mut Ctx<'_, S>, name: &str, a: &[Bytes]) -> Resu
             store.del(db, &a[0], cond).await?
         } else {
             // when > now >= 0, so positive.
-            store.put(db, &a[0], &old.value, cond, when as u64).await?
+            store
+                .put(
+                    db,
+                    Put::new(&a[0], &old.value)
+                        .when(cond)
+                        .expiring_at(when as u64),
+                )
+                .await?
         };
         if done {
             ctx.out.int(1);
@@ -282,7 +289,7 @@ async fn persist<S: Store>(ctx: &mut Ctx<'_, S>, key: &[u8]) -> Result<(), Store
             }
         };
         let cond = Cond::Version(old.version);
-        if store.put(db, key, &old.value, cond, 0).await? {
+        if store.put(db, Put::new(key, &old.value).when(cond)).await? {
             ctx.out.int(1);
             return Ok(());
         }
@@ -312,10 +319,16 @@ async fn getex<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreE
                 Err(e) => return refuse(&mut ctx.out, &e),
                 // An EXAT/PXAT already past deletes the key, as in Redis.
                 Ok(at) if at <= now => store.del(db, &a[0], cond).await?,
-                Ok(at) => store.put(db, &a[0], &old.value, cond, at).await?,
+                Ok(at) => {
+                    store
+                        .put(db, Put::new(&a[0], &old.value).when(cond).expiring_at(at))
+                        .await?
+                }
             },
             None if o.persist && old.expires_at_ms != 0 => {
-                store.put(db, &a[0], &old.value, cond, 0).await?
+                store
+                    .put(db, Put::new(&a[0], &old.value).when(cond))
+                    .await?
             }
             // Nothing to change: a plain read.
             None => true,

@@ -25,8 +25,8 @@ pub use exec::{execute, prefetch};
 pub use reply::Proto;
 pub use session::{Session, Settings};
 pub use store::{
-    ClusterNode, Commit, Cond, ExpiringKeys, MemStore, MemTx, Rewrite, ScanPage, Store, StoreError,
-    Transactional, Versioned,
+    ClusterNode, Commit, Cond, ExpiringKeys, MemStore, MemTx, Put, Rewrite, ScanPage, Store,
+    StoreError, Transactional, Versioned,
 };
 
 #[cfg(test)]

@@ -61,6 +61,48 @@ impl Cond {
     }
 }
 
+/// One write of `Store::put`: `value` under `key` if `cond` holds, the new
+/// object expiring at `expires_at_ms`. One argument, so the trait and its
+/// stores name the write's parts once and callers name them at the call
+/// (a bare `0` deadline or `Cond::Always` reads as `Put::new`).
+#[derive(Clone, Copy, Debug)]
+pub struct Put<'a> {
+    /// The key written (borrowed: the command's argument, copied by the store).
+    pub key: &'a [u8],
+    /// The whole new value (a `put` never keeps part of the old one).
+    pub value: &'a [u8],
+    /// When the write applies (nothing is written otherwise).
+    pub cond: Cond,
+    /// The new object's deadline, in Unix milliseconds of the store's clock;
+    /// 0: never. A deadline the key had before is replaced, not kept.
+    pub expires_at_ms: u64,
+}
+
+impl<'a> Put<'a> {
+    /// `value` under `key`, unconditional, never expiring.
+    pub fn new(key: &'a [u8], value: &'a [u8]) -> Put<'a> {
+        Put {
+            key,
+            value,
+            cond: Cond::Always,
+            expires_at_ms: 0,
+        }
+    }
+
+    /// This write, applied only if `cond` holds.
+    pub fn when(self, cond: Cond) -> Put<'a> {
+        Put { cond, ..self }
+    }
+
+    /// This write, the object expiring at `expires_at_ms` (0: never).
+    pub fn expiring_at(self, expires_at_ms: u64) -> Put<'a> {
+        Put {
+            expires_at_ms,
+            ..self
+        }
+    }
+}
+
 /// A value rewrite (`Store::modify_at_once`): the new value from the
 /// current one (None: absent), or the error reply that leaves the key as it is.
 pub type Rewrite<'a> = dyn FnMut(Option<&[u8]>) -> Result<Vec<u8>, &'static str> + 'a;
@@ -106,17 +148,11 @@ pub struct ScanPage {
 #[allow(async_fn_in_trait)]
 pub trait Store {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError>;
-    /// Write `value`, expiring at `expires_at_ms` (0: never), if `cond`
-    /// holds; false if it did not (nothing written). The object written is
-    /// new: a deadline the key had before is replaced, not kept.
-    async fn put(
-        &self,
-        db: u32,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<bool, StoreError>;
+    /// Write `put.value` under `put.key`, expiring at `put.expires_at_ms`
+    /// (0: never), if `put.cond` holds; false if it did not (nothing
+    /// written). The object written is new: a deadline the key had before
+    /// is replaced, not kept.
+    async fn put(&self, db: u32, put: Put<'_>) -> Result<bool, StoreError>;
     /// Remove `key` if `cond` holds; false if it did not or the key was absent.
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError>;
     /// Remove every key of `keys` (`DEL`, `UNLINK`); how many existed (a
@@ -269,32 +305,25 @@ impl Store for MemStore {
         Ok(Self::live(&self.data.borrow(), &k, self.now_ms()).cloned())
     }
 
-    async fn put(
-        &self,
-        db: u32,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<bool, StoreError> {
-        if value.len() > self.max_value_bytes() {
+    async fn put(&self, db: u32, put: Put<'_>) -> Result<bool, StoreError> {
+        if put.value.len() > self.max_value_bytes() {
             return Err(StoreError(format!(
                 "value of {} bytes is over the limit",
-                value.len()
+                put.value.len()
             )));
         }
-        let k = (db, Bytes::copy_from_slice(key));
+        let k = (db, Bytes::copy_from_slice(put.key));
         let mut data = self.data.borrow_mut();
-        if !cond.holds(Self::live(&data, &k, self.now_ms())) {
+        if !put.cond.holds(Self::live(&data, &k, self.now_ms())) {
             return Ok(false);
         }
         let version = self.next_version();
         data.insert(
             k,
             Versioned {
-                value: Bytes::copy_from_slice(value),
+                value: Bytes::copy_from_slice(put.value),
                 version,
-                expires_at_ms,
+                expires_at_ms: put.expires_at_ms,
             },
         );
         Ok(true)
@@ -322,7 +351,7 @@ impl Store for MemStore {
 
     async fn mset(&self, db: u32, pairs: &[(Bytes, Bytes)]) -> Result<(), StoreError> {
         for (k, v) in pairs {
-            self.put(db, k, v, Cond::Always, 0).await?;
+            self.put(db, Put::new(k, v)).await?;
         }
         Ok(())
     }
@@ -347,7 +376,7 @@ impl Store for MemStore {
             return Ok(false);
         };
         self.del(db, from, Cond::Always).await?;
-        self.put(db, to, &v.value, Cond::Always, v.expires_at_ms)
+        self.put(db, Put::new(to, &v.value).expiring_at(v.expires_at_ms))
             .await?;
         Ok(true)
     }
@@ -465,15 +494,8 @@ impl Store for MemTx<'_> {
     async fn get(&self, db: u32, key: &[u8]) -> Result<Option<Versioned>, StoreError> {
         self.0.get(db, key).await
     }
-    async fn put(
-        &self,
-        db: u32,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<bool, StoreError> {
-        self.0.put(db, key, value, cond, expires_at_ms).await
+    async fn put(&self, db: u32, put: Put<'_>) -> Result<bool, StoreError> {
+        self.0.put(db, put).await
     }
     async fn del(&self, db: u32, key: &[u8], cond: Cond) -> Result<bool, StoreError> {
         self.0.del(db, key, cond).await

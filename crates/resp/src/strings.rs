@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use crate::exec::{Ctx, errors, parse_f64, parse_i64, refuse, wrong_args};
 use crate::expiry::{Unit, deadline, string_options};
-use crate::store::{Cond, Store, StoreError, Versioned};
+use crate::store::{Cond, Put, Store, StoreError, Versioned};
 
 /// Compare-and-set attempts before giving up on a key under contention.
 /// Each lost race means another write to the key succeeded, so the system
@@ -45,14 +45,18 @@ pub async fn run<S: Store>(
         }
         "set" => set(ctx, a).await?,
         "setnx" => {
-            let done = store.put(db, &a[0], &a[1], Cond::Absent, 0).await?;
+            let done = store
+                .put(db, Put::new(&a[0], &a[1]).when(Cond::Absent))
+                .await?;
             ctx.out.int(done as i64);
         }
         "setex" | "psetex" => {
             let unit = if name == "setex" { Unit::Ex } else { Unit::Px };
             match deadline(store.now_ms(), unit, &a[1], name) {
                 Ok(at) => {
-                    store.put(db, &a[0], &a[2], Cond::Always, at).await?;
+                    store
+                        .put(db, Put::new(&a[0], &a[2]).expiring_at(at))
+                        .await?;
                     ctx.out.ok();
                 }
                 Err(e) => ctx.out.error(&e),
@@ -216,7 +220,12 @@ async fn set<S: Store>(ctx: &mut Ctx<'_, S>, a: &[Bytes]) -> Result<(), StoreErr
     if !o.get && !o.keep_ttl {
         // A blind write: nothing of the old object is needed.
         let done = store
-            .put(db, &a[0], &a[1], only.unwrap_or(Cond::Always), at)
+            .put(
+                db,
+                Put::new(&a[0], &a[1])
+                    .when(only.unwrap_or(Cond::Always))
+                    .expiring_at(at),
+            )
             .await?;
         if done {
             ctx.out.ok()
@@ -268,7 +277,8 @@ async fn swap<S: Store>(
                     Ttl::At(at) => at,
                     Ttl::Keep => old.as_ref().map_or(0, |v| v.expires_at_ms),
                 };
-                store.put(db, key, value, cond, at).await?
+                let put = Put::new(key, value).when(cond).expiring_at(at);
+                store.put(db, put).await?
             }
             // Removing an absent key is a no-op with nothing to race.
             None if old.is_none() => return Ok((None, false)),
@@ -310,7 +320,10 @@ async fn modify<S: Store>(
         };
         // Changed in place, as Redis sees it: the deadline stays.
         let at = old.as_ref().map_or(0, |v| v.expires_at_ms);
-        if store.put(db, key, &new, cond, at).await? {
+        if store
+            .put(db, Put::new(key, &new).when(cond).expiring_at(at))
+            .await?
+        {
             return Ok(Ok(new));
         }
     }

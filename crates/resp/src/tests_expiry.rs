@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use super::{Conn, futures_lite};
-use crate::{Cond, MemStore, Store};
+use crate::{Cond, MemStore, Put, Store};
 
 /// The pinned clock's start, in Unix ms (a whole second, so EXPIRETIME's
 /// rounding is easy to read).
@@ -520,7 +520,7 @@ fn store_hides_expired_keys_everywhere() {
             // b and d expire at T0 + 10, the others never.
             let at = if i % 2 == 1 { T0 + 10 } else { 0 };
             assert!(
-                s.put(0, k.as_bytes(), b"v", Cond::Always, at)
+                s.put(0, Put::new(k.as_bytes(), b"v").expiring_at(at))
                     .await
                     .unwrap()
             );
@@ -541,7 +541,11 @@ fn store_hides_expired_keys_everywhere() {
             [None, Some(b("v"))]
         );
         // Conditions see an expired key as absent.
-        assert!(!s.put(0, b"b", b"x", Cond::Present, 0).await.unwrap());
+        assert!(
+            !s.put(0, Put::new(b"b", b"x").when(Cond::Present))
+                .await
+                .unwrap()
+        );
         assert!(!s.del(0, b"d", Cond::Always).await.unwrap());
         assert!(
             !s.mset_absent(0, &[(b("d"), b("1")), (b("a"), b("1"))])
@@ -550,11 +554,23 @@ fn store_hides_expired_keys_everywhere() {
         );
         assert!(s.mset_absent(0, &[(b("d"), b("1"))]).await.unwrap());
         assert!(!s.rename(0, b"b", b"z").await.unwrap());
-        assert!(s.put(0, b"b", b"x", Cond::Absent, T0 + 20).await.unwrap());
         assert!(
-            s.put(0, b"a", b"y", Cond::Version(version), T0 + 15)
-                .await
-                .unwrap()
+            s.put(
+                0,
+                Put::new(b"b", b"x").when(Cond::Absent).expiring_at(T0 + 20)
+            )
+            .await
+            .unwrap()
+        );
+        assert!(
+            s.put(
+                0,
+                Put::new(b"a", b"y")
+                    .when(Cond::Version(version))
+                    .expiring_at(T0 + 15)
+            )
+            .await
+            .unwrap()
         );
         assert!(s.rename(0, b"a", b"r").await.unwrap());
         let moved = s.get(0, b"r").await.unwrap().unwrap();
@@ -563,7 +579,7 @@ fn store_hides_expired_keys_everywhere() {
         s.set_clock_ms(Some(T0 + 15));
         // A version read before the key expired no longer matches.
         assert!(
-            !s.put(0, b"r", b"z", Cond::Version(version), 0)
+            !s.put(0, Put::new(b"r", b"z").when(Cond::Version(version)))
                 .await
                 .unwrap()
         );

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use insitu_client::{ClientError, Selection, ShardStats, TableInfo};
 use insitu_engine::{Engine, EngineError, RejectRules as EngineRules};
 use insitu_protocol::{RejectRules, Status};
-use insitu_resp::{ClusterNode, Cond, ExpiringKeys, ScanPage, Store, StoreError, Versioned};
+use insitu_resp::{ClusterNode, Cond, ExpiringKeys, Put, ScanPage, Store, StoreError, Versioned};
 
 use crate::handler::admit;
 use crate::shard::ShardState;
@@ -164,23 +164,16 @@ impl ShardStore<'_> {
         }
     }
 
-    fn local_put(
-        &self,
-        table: u64,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<Local<bool>, StoreError> {
-        if !self.writes_here(table, key) {
+    fn local_put(&self, table: u64, put: Put<'_>) -> Result<Local<bool>, StoreError> {
+        if !self.writes_here(table, put.key) {
             return Ok(Local::Forward);
         }
         let result = self.state.engine.borrow_mut().write_expiring(
             table,
-            key,
-            value,
-            expires_at_ms,
-            &engine_rules(cond),
+            put.key,
+            put.value,
+            put.expires_at_ms,
+            &engine_rules(put.cond),
         );
         match result {
             Ok(_) => Ok(Local::Done(true)),
@@ -273,21 +266,20 @@ impl Store for ShardStore<'_> {
         }))
     }
 
-    async fn put(
-        &self,
-        db: u32,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<bool, StoreError> {
+    async fn put(&self, db: u32, put: Put<'_>) -> Result<bool, StoreError> {
         let table = self.created_table(db).await?;
-        if let Local::Done(done) = self.local_put(table, key, value, cond, expires_at_ms)? {
+        if let Local::Done(done) = self.local_put(table, put)? {
             return Ok(done);
         }
         let client = self.client().await?;
         let written = client
-            .write_expiring(table, key, value, expires_at_ms, wire_rules(cond))
+            .write_expiring(
+                table,
+                put.key,
+                put.value,
+                put.expires_at_ms,
+                wire_rules(put.cond),
+            )
             .await;
         match written {
             Ok(_) => Ok(true),

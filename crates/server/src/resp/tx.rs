@@ -18,7 +18,7 @@ use std::cell::Cell;
 use bytes::Bytes;
 use insitu_client::{ClientError, Transaction, is_retryable};
 use insitu_resp::{
-    Commit, Cond, ExpiringKeys, ScanPage, Store, StoreError, Transactional, Versioned,
+    Commit, Cond, ExpiringKeys, Put, ScanPage, Store, StoreError, Transactional, Versioned,
 };
 
 use super::store::{ShardStore, err};
@@ -129,24 +129,17 @@ impl Store for ShardTx<'_> {
         self.read(table, key).await
     }
 
-    async fn put(
-        &self,
-        db: u32,
-        key: &[u8],
-        value: &[u8],
-        cond: Cond,
-        expires_at_ms: u64,
-    ) -> Result<bool, StoreError> {
+    async fn put(&self, db: u32, put: Put<'_>) -> Result<bool, StoreError> {
         let table = self.table(db).await?;
-        if cond != Cond::Always {
+        if put.cond != Cond::Always {
             // The read is checked again at the commit: the condition holds then.
-            let current = self.read(table, key).await?;
-            if !cond.holds(current.as_ref()) {
+            let current = self.read(table, put.key).await?;
+            if !put.cond.holds(current.as_ref()) {
                 return Ok(false);
             }
         }
         self.with(async |tx| {
-            tx.write_expiring(table, key, value, expires_at_ms);
+            tx.write_expiring(table, put.key, put.value, put.expires_at_ms);
             Ok(())
         })
         .await?;
