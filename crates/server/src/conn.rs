@@ -28,6 +28,7 @@ use crate::handler;
 use crate::inbox::{Inbox, Wait};
 use crate::limits::{Closed, ConnLimits};
 use crate::shard::ShardState;
+use crate::stamped_batch::{Batch, Offer};
 
 pub use crate::inbox::BASE_BUFFER_BYTES;
 
@@ -39,6 +40,10 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
     let mut need = 0u64;
     // What the connection authenticated as (see `insitu_auth::Gate`).
     let mut session = Session::default();
+    // Plain writes held back to share one timestamp while snapshots are
+    // read here (`stamped_batch.rs`): flushed before any other frame is
+    // served and before replies are written, so replies keep their order.
+    let mut batch = Batch::default();
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
         let mut consumed = false;
@@ -47,6 +52,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 Front::Frame(header, frame) => (header, frame),
                 Front::Partial(total) => break total,
                 Front::Malformed => {
+                    flush(state, &mut batch, &mut wbuf, &mut need).await;
                     replies_durable(state, &mut need).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
@@ -54,6 +60,15 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             };
             consumed = true;
             let body = &frame[HEADER_BYTES..];
+            if header.kind == FrameKind::Request {
+                let id = header.request_id;
+                match batch.offer(state, &mut session, id, body, &mut wbuf).await {
+                    Offer::Held => continue,
+                    Offer::Serve => flush(state, &mut batch, &mut wbuf, &mut need).await,
+                }
+            } else {
+                flush(state, &mut batch, &mut wbuf, &mut need).await;
+            }
             if header.kind != FrameKind::Request {
                 encode_error(
                     &mut wbuf,
@@ -80,6 +95,7 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 wbuf.clear();
             }
         };
+        flush(state, &mut batch, &mut wbuf, &mut need).await;
         if !wbuf.is_empty() {
             replies_durable(state, &mut need).await?;
             write(&mut stream, &wbuf, limits.stall_timeout).await?;
@@ -99,6 +115,16 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             return Ok(end);
         }
     }
+}
+
+/// Apply and answer the held writes (`stamped_batch.rs`); their replies
+/// show what they logged, so they wait for it (`need`).
+async fn flush(state: &ShardState, batch: &mut Batch, wbuf: &mut BytesMut, need: &mut u64) {
+    if batch.is_empty() {
+        return;
+    }
+    batch.flush(state, wbuf).await;
+    *need = (*need).max(state.engine.borrow().log_changes());
 }
 
 /// After `Inbox::fill` on a port that speaks frames (a shard's, the backup

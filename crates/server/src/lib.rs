@@ -33,6 +33,7 @@ mod sindex;
 mod snapshot;
 mod snapshot_read;
 mod stamped;
+mod stamped_batch;
 mod tablet_control;
 mod txn;
 mod txn_durable;

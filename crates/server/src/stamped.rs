@@ -56,10 +56,10 @@ use crate::versions::Before;
 /// At most this many writes share one timestamp's locks. Why: a
 /// multiWrite may carry 100,000 items; a transaction takes 10,000 at most,
 /// and a smaller part keeps fewer keys locked for the oracle's round trip.
-const PART_ITEMS: usize = 1024;
+pub(crate) const PART_ITEMS: usize = 1024;
 /// At most this many bytes of keys and values per part, for the same reason
 /// (and the participant's 64 MiB bound on everything prepared).
-const PART_BYTES: usize = 4 << 20;
+pub(crate) const PART_BYTES: usize = 4 << 20;
 
 /// One plain write of a request.
 pub(crate) struct PlainWrite<'a> {
@@ -182,14 +182,28 @@ pub(crate) async fn reply_one(
 ) {
     let key = write.key;
     let result = crate::stamped::apply(state, table, &[write]).await.pop();
+    let result = result.unwrap_or_else(|| {
+        let why = "a stamped write gave no result".to_string();
+        Err(Refused::Status(Status::Internal, why))
+    });
+    reply_applied(state, id, (table, key), result, out, response);
+}
+
+/// Answer request `id` with what its stamped write to `key` of `table` did:
+/// `response` of it, or the refusal (a lost key's worded by `lost.rs`).
+pub(crate) fn reply_applied<'r>(
+    state: &ShardState,
+    id: u64,
+    (table, key): (u64, &[u8]),
+    result: Result<Applied, Refused>,
+    out: &mut BytesMut,
+    response: impl FnOnce(Applied) -> Response<'r>,
+) {
     match result {
-        Some(Ok(applied)) => crate::handler::reply(out, id, &response(applied)),
-        Some(Err(Refused::Engine(e))) => {
-            crate::lost::reply_keyed(state, (table, key), out, id, Err(e))
-        }
-        Some(Err(Refused::Status(status, why))) => encode_error(out, id, status, why),
-        Some(Err(Refused::Admit(status))) => encode_error(out, id, status, status.to_string()),
-        None => encode_error(out, id, Status::Internal, "a stamped write gave no result"),
+        Ok(applied) => crate::handler::reply(out, id, &response(applied)),
+        Err(Refused::Engine(e)) => crate::lost::reply_keyed(state, (table, key), out, id, Err(e)),
+        Err(Refused::Status(status, why)) => encode_error(out, id, status, why),
+        Err(Refused::Admit(status)) => encode_error(out, id, status, status.to_string()),
     }
 }
 
