@@ -20,8 +20,8 @@
 
 use bytes::BytesMut;
 use insitu_protocol::{
-    BackupOp, LogDigest, Request, Response, Status, blob, encode_error, encode_response,
-    message::ReplicaInfo as WireReplica,
+    BackupOp, Destination, LogDigest, Request, Response, Status, blob, encode_error,
+    encode_response, message::ReplicaInfo as WireReplica,
 };
 
 use crate::io::Io;
@@ -108,10 +108,7 @@ impl Outcome {
 pub fn answer_without_store(request: &Request<'_>) -> Option<Outcome> {
     match request {
         Request::Ping => Some(Outcome::Pong),
-        Request::BackupWrite { .. }
-        | Request::BackupList { .. }
-        | Request::BackupRead { .. }
-        | Request::BackupForget { .. } => None,
+        r if r.destination() == Destination::Backup => None,
         _ => Some(Outcome::refused(
             Status::BadRequest,
             "this is a backup service port: it answers Ping, BackupWrite, BackupList, \

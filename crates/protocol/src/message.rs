@@ -440,7 +440,59 @@ pub enum Request<'a> {
 /// that no caller can drain the oracle's reservation in one go.
 pub const MAX_TIMESTAMPS: u32 = 65_536;
 
+/// Which listener serves a request: a storage server's shard port, its
+/// backup port, or the coordinator. Each refuses the others' requests with
+/// a message naming where they belong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    Shard,
+    Backup,
+    Coordinator,
+}
+
 impl Request<'_> {
+    /// The listener that serves this kind of request. Exhaustive on
+    /// purpose: a new request must be given its place here.
+    pub fn destination(&self) -> Destination {
+        use Request::*;
+        match self {
+            BackupWrite { .. } | BackupList { .. } | BackupRead { .. } | BackupForget { .. } => {
+                Destination::Backup
+            }
+            Enlist { .. }
+            | RemoveServer { .. }
+            | CreateTable { .. }
+            | DropTable { .. }
+            | CreateIndex { .. }
+            | DropIndex { .. }
+            | OpenTable { .. }
+            | TableMap { .. }
+            | ListTables
+            | ListServers
+            | MoveTablet { .. }
+            | Timestamps { .. }
+            | AckLoss { .. }
+            | AcceptLoss { .. } => Destination::Coordinator,
+            Ping | Hello { .. } => Destination::Shard,
+            Read { .. } | Write { .. } | Remove { .. } | Increment { .. } => Destination::Shard,
+            MultiRead { .. } | MultiWrite { .. } | MultiRemove { .. } | SnapshotRead { .. } => {
+                Destination::Shard
+            }
+            Enumerate { .. } | ShardStats { .. } | Scan { .. } | Query { .. } => Destination::Shard,
+            TakeTablet { .. }
+            | DropTablet { .. }
+            | MigrateTablet { .. }
+            | MigrateBatch { .. }
+            | ActivateTablet { .. }
+            | RecoverTablet { .. }
+            | ServerDown { .. }
+            | MarkLost { .. } => Destination::Shard,
+            TxnPrepare { .. } | TxnDecide { .. } | TxnResolve { .. } | TxnInquire { .. } => {
+                Destination::Shard
+            }
+        }
+    }
+
     /// Whether it reads or writes given keys (read, write, remove,
     /// increment, multi-read/write/remove): a shard serves it in one step,
     /// never yielding, so its handling time is how long it held the shard.

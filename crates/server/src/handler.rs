@@ -5,8 +5,8 @@
 use bytes::BytesMut;
 use insitu_engine::{EngineError, key_hash};
 use insitu_protocol::{
-    RejectRules, Request, Response, Status, decode_request, encode_error, encode_response,
-    frame::check_header,
+    Destination, RejectRules, Request, Response, Status, decode_request, encode_error,
+    encode_response, frame::check_header,
 };
 
 use insitu_auth::{Admission, Session};
@@ -388,24 +388,6 @@ async fn dispatch(
         Request::TxnInquire { txn, anchor } => {
             crate::txn_resolve::inquire(state, id, txn, anchor, out)
         }
-        Request::Enlist { .. }
-        | Request::CreateTable { .. }
-        | Request::DropTable { .. }
-        | Request::CreateIndex { .. }
-        | Request::DropIndex { .. }
-        | Request::OpenTable { .. }
-        | Request::TableMap { .. }
-        | Request::ListTables
-        | Request::ListServers
-        | Request::Timestamps { .. }
-        | Request::RemoveServer { .. }
-        | Request::AckLoss { .. }
-        | Request::AcceptLoss { .. }
-        | Request::MoveTablet { .. } => encode_error(out, id, Status::BadRequest, FOR_COORDINATOR),
-        Request::BackupWrite { .. }
-        | Request::BackupList { .. }
-        | Request::BackupRead { .. }
-        | Request::BackupForget { .. } => encode_error(out, id, Status::BadRequest, FOR_BACKUP),
         Request::RecoverTablet {
             table,
             start_hash,
@@ -450,5 +432,16 @@ async fn dispatch(
             state.repl.server_down(server_id);
             reply(out, id, &Response::Done)
         }
+        // The other listeners' requests (`Request::destination`, the one
+        // list of them), refused naming where they belong.
+        elsewhere => match elsewhere.destination() {
+            Destination::Backup => encode_error(out, id, Status::BadRequest, FOR_BACKUP),
+            Destination::Coordinator => encode_error(out, id, Status::BadRequest, FOR_COORDINATOR),
+            Destination::Shard => {
+                debug_assert!(false, "{} has no arm here", elsewhere.name());
+                let why = format!("{} has no handler on a shard", elsewhere.name());
+                encode_error(out, id, Status::Internal, why)
+            }
+        },
     }
 }

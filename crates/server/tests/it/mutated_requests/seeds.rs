@@ -11,7 +11,8 @@ use insitu_protocol::query::{
 };
 use insitu_protocol::txn::{TxnAnchor, TxnItem, TxnWrite};
 use insitu_protocol::{
-    BackupOp, Number, Object, RejectRules, Request, SideRecord, TabletState, blob, encode_request,
+    BackupOp, Destination, Number, Object, RejectRules, Request, SideRecord, TabletState, blob,
+    encode_request,
 };
 
 /// Where a mutant goes: the port that serves its kind.
@@ -25,26 +26,10 @@ pub enum Port {
 impl Port {
     /// The port that serves `request`'s kind.
     pub fn of(request: &Request<'_>) -> Port {
-        use Request::*;
-        match request {
-            BackupWrite { .. } | BackupList { .. } | BackupRead { .. } | BackupForget { .. } => {
-                Port::Backup
-            }
-            Enlist { .. }
-            | RemoveServer { .. }
-            | CreateTable { .. }
-            | DropTable { .. }
-            | CreateIndex { .. }
-            | DropIndex { .. }
-            | OpenTable { .. }
-            | TableMap { .. }
-            | ListTables
-            | ListServers
-            | MoveTablet { .. }
-            | Timestamps { .. }
-            | AckLoss { .. }
-            | AcceptLoss { .. } => Port::Coordinator,
-            _ => Port::Shard,
+        match request.destination() {
+            Destination::Shard => Port::Shard,
+            Destination::Backup => Port::Backup,
+            Destination::Coordinator => Port::Coordinator,
         }
     }
 }
