@@ -28,7 +28,7 @@ use crate::handler;
 use crate::inbox::{Inbox, Wait};
 use crate::limits::{Closed, ConnLimits};
 use crate::shard::ShardState;
-use crate::stamped_batch::{Batch, Offer};
+use crate::stamped_batch::Batch;
 
 pub use crate::inbox::BASE_BUFFER_BYTES;
 
@@ -48,11 +48,15 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
         // Answer every complete frame; learn the size of an incomplete one.
         let mut consumed = false;
         let pending = loop {
+            let replied = wbuf.len();
             let (header, frame) = match split_frame(&mut inbox.buf, &mut wbuf) {
                 Front::Frame(header, frame) => (header, frame),
                 Front::Partial(total) => break total,
                 Front::Malformed => {
+                    // The held writes came first: their replies too.
+                    let refusal = wbuf.split_off(replied);
                     flush(state, &mut batch, &mut wbuf, &mut need).await;
+                    wbuf.extend_from_slice(&refusal);
                     replies_durable(state, &mut need).await?;
                     write(&mut stream, &wbuf, limits.stall_timeout).await?;
                     return Ok(None);
@@ -60,16 +64,8 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
             };
             consumed = true;
             let body = &frame[HEADER_BYTES..];
-            if header.kind == FrameKind::Request {
-                let id = header.request_id;
-                match batch.offer(state, &mut session, id, body, &mut wbuf).await {
-                    Offer::Held => continue,
-                    Offer::Serve => flush(state, &mut batch, &mut wbuf, &mut need).await,
-                }
-            } else {
-                flush(state, &mut batch, &mut wbuf, &mut need).await;
-            }
             if header.kind != FrameKind::Request {
+                flush(state, &mut batch, &mut wbuf, &mut need).await;
                 encode_error(
                     &mut wbuf,
                     header.request_id,
@@ -78,8 +74,8 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
                 );
                 continue;
             }
-            let handled =
-                handler::handle(state, &mut session, header.request_id, body, &mut wbuf).await;
+            let (id, out) = (header.request_id, &mut wbuf);
+            let handled = handler::handle(state, &mut session, &mut batch, id, body, out).await;
             need = need.max(handled.need);
             if handled.close {
                 // Refused at the gate: say why, then close (nothing after
@@ -120,11 +116,8 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
 /// Apply and answer the held writes (`stamped_batch.rs`); their replies
 /// show what they logged, so they wait for it (`need`).
 async fn flush(state: &ShardState, batch: &mut Batch, wbuf: &mut BytesMut, need: &mut u64) {
-    if batch.is_empty() {
-        return;
-    }
-    batch.flush(state, wbuf).await;
-    *need = (*need).max(state.engine.borrow().log_changes());
+    let mark = handler::flush_held(state, batch, wbuf).await;
+    *need = (*need).max(mark);
 }
 
 /// After `Inbox::fill` on a port that speaks frames (a shard's, the backup

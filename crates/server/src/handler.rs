@@ -12,6 +12,7 @@ use insitu_protocol::{
 use insitu_auth::{Admission, Session};
 
 use crate::shard::ShardState;
+use crate::stamped_batch::Batch;
 
 /// Bytes kept free in a reply for framing and per-entry overhead.
 pub(crate) const REPLY_SLACK_BYTES: usize = 64 * 1024;
@@ -140,30 +141,42 @@ pub struct Handled {
 
 /// Handle one request frame: decode it, pass it through the server's
 /// authentication gate (`session` is the connection's state there), serve it.
+/// A plain single-key write while snapshots are read is held in `batch`
+/// instead (`stamped_batch.rs`), answered when the batch is flushed: before
+/// anything else is answered here, and by the connection loop before it
+/// writes its replies out.
 pub async fn handle(
     state: &ShardState,
     session: &mut Session,
+    batch: &mut Batch,
     id: u64,
     body: &[u8],
     out: &mut BytesMut,
 ) -> Handled {
-    let quiet = Handled {
-        need: 0,
-        close: false,
-    };
     let request = match decode_request(body) {
         Ok(r) => r,
         Err(e) => {
-            encode_error(
-                out,
-                id,
-                Status::BadRequest,
-                format!("cannot decode request: {e}"),
-            );
-            return quiet;
+            let need = flush_held(state, batch, out).await;
+            let why = format!("cannot decode request: {e}");
+            encode_error(out, id, Status::BadRequest, why);
+            return Handled { need, close: false };
         }
     };
-    match state.gate.admit(session, &request) {
+    // Asked once: a `Hello` changes the session.
+    let admission = state.gate.admit(session, &request);
+    if matches!(admission, Admission::Proceed) && batch.hold(state, id, &request, out).await {
+        // Its reply, and the mark it waits for, come with the flush.
+        return Handled {
+            need: 0,
+            close: false,
+        };
+    }
+    let flushed = flush_held(state, batch, out).await;
+    let quiet = Handled {
+        need: flushed,
+        close: false,
+    };
+    match admission {
         Admission::Proceed => {}
         Admission::Welcome { member } => {
             reply(out, id, &Response::Welcome { member });
@@ -176,7 +189,10 @@ pub async fn handle(
         } => {
             state.metrics.record(request.name(), status, None);
             encode_error(out, id, status, message);
-            return Handled { need: 0, close };
+            return Handled {
+                need: flushed,
+                close,
+            };
         }
     }
     // `TxnInquire` exposes too: its `Prepared` answer must speak of a vote
@@ -224,7 +240,21 @@ pub async fn handle(
         (true, Some(mark)) => mark,
         (true, None) => state.engine.borrow().log_changes(),
     };
-    Handled { need, close: false }
+    Handled {
+        need: need.max(flushed),
+        close: false,
+    }
+}
+
+/// Answer the writes `batch` holds into `out` (replies keep the frames'
+/// order, so they go before any other). Returns the log mark their replies
+/// wait for (0: none held).
+pub(crate) async fn flush_held(state: &ShardState, batch: &mut Batch, out: &mut BytesMut) -> u64 {
+    if batch.is_empty() {
+        return 0;
+    }
+    batch.flush(state, out).await;
+    state.engine.borrow().log_changes()
 }
 
 /// Serve one admitted request into `out`. `held_at`: see `handle`.

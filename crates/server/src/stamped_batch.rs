@@ -14,8 +14,10 @@
 //! the same order is, and `stamped.rs` argues for that (every key locked
 //! before the timestamp is taken, applied with no request in between). No
 //! write is answered before it is applied, and the replies keep the
-//! frames' order: the connection loop (`conn.rs`) flushes the batch before
-//! it serves any other frame and before it writes its replies out. A key
+//! frames' order: `handler::handle` holds a write here after decoding it
+//! and passing the gate, and flushes the batch before it answers anything
+//! else; the connection loop (`conn.rs`) flushes it before any reply of
+//! its own and before it writes its replies out. A key
 //! written twice in a batch is locked once and written twice in order, the
 //! later write winning, as one after the other would.
 //!
@@ -25,9 +27,8 @@
 //! are consumed meanwhile.
 
 use bytes::BytesMut;
-use insitu_auth::{Admission, Session};
 use insitu_protocol::frame::check_header;
-use insitu_protocol::{Number, Request, Response, Status, decode_request};
+use insitu_protocol::{Number, Request, Response, Status};
 
 use crate::handler::rules;
 use crate::shard::ShardState;
@@ -72,43 +73,18 @@ pub(crate) struct Batch {
     bytes: usize,
 }
 
-/// What `Batch::offer` did with a frame.
-pub(crate) enum Offer {
-    /// Held: its reply comes with the batch's.
-    Held,
-    /// Not a write the batch takes (or no snapshot is read here): serve it
-    /// the usual way, after `flush`.
-    Serve,
-}
-
 impl Batch {
-    /// Hold the request in `body` if it is a plain single-key write to be
-    /// stamped, after flushing the batch into `out` if it is for another
-    /// table or full. Anything else (another request, a write refused at
-    /// the gate, one that does not decode) is left to the usual path.
-    pub async fn offer(
+    /// Hold `request` if it is a plain single-key write to be stamped (it
+    /// passed the gate), after flushing the batch into `out` if it is for
+    /// another table or full. False: not one (or no snapshot is read
+    /// here); the caller flushes, then serves it the usual way.
+    pub async fn hold(
         &mut self,
         state: &ShardState,
-        session: &mut Session,
         id: u64,
-        body: &[u8],
+        request: &Request<'_>,
         out: &mut BytesMut,
-    ) -> Offer {
-        if !crate::stamped::needed(state) {
-            return Offer::Serve;
-        }
-        let Ok(request) = decode_request(body) else {
-            return Offer::Serve;
-        };
-        let single = matches!(
-            request,
-            Request::Write { .. } | Request::Remove { .. } | Request::Increment { .. }
-        );
-        // A refusal at the gate is `handle`'s to answer (the gate decides a
-        // write alike when asked again).
-        if !single || !matches!(state.gate.admit(session, &request), Admission::Proceed) {
-            return Offer::Serve;
-        }
+    ) -> bool {
         let (table, key, op, expires_at_ms, r) = match request {
             Request::Write {
                 table,
@@ -117,21 +93,24 @@ impl Batch {
                 rules,
                 expires_at_ms,
             } => (
-                table,
+                *table,
                 key,
                 HeldOp::Put(value.to_vec()),
-                expires_at_ms,
+                *expires_at_ms,
                 rules,
             ),
-            Request::Remove { table, key, rules } => (table, key, HeldOp::Remove, 0, rules),
+            Request::Remove { table, key, rules } => (*table, key, HeldOp::Remove, 0, rules),
             Request::Increment {
                 table,
                 key,
                 delta,
                 rules,
-            } => (table, key, HeldOp::Add(delta), 0, rules),
-            _ => return Offer::Serve,
+            } => (*table, key, HeldOp::Add(*delta), 0, rules),
+            _ => return false,
         };
+        if !crate::stamped::needed(state) {
+            return false;
+        }
         let size = key.len()
             + match &op {
                 HeldOp::Put(v) => v.len(),
@@ -148,9 +127,9 @@ impl Batch {
             key: key.to_vec(),
             op,
             expires_at_ms,
-            rules: rules(&r),
+            rules: rules(r),
         });
-        Offer::Held
+        true
     }
 
     pub fn is_empty(&self) -> bool {

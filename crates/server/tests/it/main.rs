@@ -36,6 +36,7 @@ mod snapshot;
 mod snapshot_expiry;
 mod snapshot_move;
 mod snapshot_plain;
+mod stamped_batch;
 mod txn;
 mod txn_full_budget;
 mod txn_gone_table;
