@@ -56,10 +56,10 @@ use crate::versions::Before;
 /// At most this many writes share one timestamp's locks. Why: a
 /// multiWrite may carry 100,000 items; a transaction takes 10,000 at most,
 /// and a smaller part keeps fewer keys locked for the oracle's round trip.
-pub(crate) const PART_ITEMS: usize = 1024;
+const PART_ITEMS: usize = 1024;
 /// At most this many bytes of keys and values per part, for the same reason
 /// (and the participant's 64 MiB bound on everything prepared).
-pub(crate) const PART_BYTES: usize = 4 << 20;
+const PART_BYTES: usize = 4 << 20;
 
 /// One plain write of a request.
 pub(crate) struct PlainWrite<'a> {

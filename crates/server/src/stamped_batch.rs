@@ -21,10 +21,12 @@
 //! written twice in a batch is locked once and written twice in order, the
 //! later write winning, as one after the other would.
 //!
-//! Bounds: a batch takes at most `stamped::PART_ITEMS` writes and about
-//! `stamped::PART_BYTES` of keys and values (then it is flushed and a new
-//! one begins), and holds owned copies of them: the frames they came in
-//! are consumed meanwhile.
+//! Bounds: a batch lives for one pass over the connection's input buffer
+//! (flushed before the replies are written), so it holds copies of at most
+//! the frames that buffer held: `BASE_BUFFER_BYTES` (64 KiB) of small
+//! frames, or one frame within the shard's frame budget. `stamped::apply`
+//! cuts it into parts of at most `PART_ITEMS` writes and `PART_BYTES`, each
+//! with its own timestamp, as it does a `MultiWrite`.
 
 use bytes::BytesMut;
 use insitu_protocol::frame::check_header;
@@ -32,7 +34,7 @@ use insitu_protocol::{Number, Request, Response, Status};
 
 use crate::handler::rules;
 use crate::shard::ShardState;
-use crate::stamped::{Applied, PART_BYTES, PART_ITEMS, PlainOp, PlainWrite, Refused};
+use crate::stamped::{Applied, PlainOp, PlainWrite, Refused};
 
 /// One held write, owning what it writes.
 struct Held {
@@ -69,8 +71,6 @@ pub(crate) struct Batch {
     /// The table of every held write: a batch is one table's.
     table: u64,
     held: Vec<Held>,
-    /// Bytes of keys and values held.
-    bytes: usize,
 }
 
 impl Batch {
@@ -85,6 +85,11 @@ impl Batch {
         request: &Request<'_>,
         out: &mut BytesMut,
     ) -> bool {
+        // First: this runs for every request, and nothing is held (nor a
+        // value copied) while no snapshot is read here.
+        if !crate::stamped::needed(state) {
+            return false;
+        }
         let (table, key, op, expires_at_ms, r) = match request {
             Request::Write {
                 table,
@@ -108,20 +113,10 @@ impl Batch {
             } => (*table, key, HeldOp::Add(*delta), 0, rules),
             _ => return false,
         };
-        if !crate::stamped::needed(state) {
-            return false;
-        }
-        let size = key.len()
-            + match &op {
-                HeldOp::Put(v) => v.len(),
-                HeldOp::Remove | HeldOp::Add(_) => 0,
-            };
-        let full = self.held.len() >= PART_ITEMS || self.bytes + size > PART_BYTES;
-        if !self.held.is_empty() && (table != self.table || full) {
+        if !self.held.is_empty() && table != self.table {
             self.flush(state, out).await;
         }
         self.table = table;
-        self.bytes += size;
         self.held.push(Held {
             id,
             key: key.to_vec(),
@@ -143,7 +138,6 @@ impl Batch {
             return;
         }
         let held = std::mem::take(&mut self.held);
-        self.bytes = 0;
         let table = self.table;
         // A lost counter must not silently start again from 0 (as
         // `point::increment` refuses it); those are answered at once,

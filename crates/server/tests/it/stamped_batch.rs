@@ -80,7 +80,8 @@ async fn next_reply(s: &mut TcpStream) -> (u64, Status, Vec<u8>) {
 
 /// Frames sent in one go while snapshots are read: held writes, a read of
 /// a key one of them wrote, a frame whose body does not decode, more
-/// writes, then bytes that are no frame at all. Every reply comes in the
+/// writes, one to another table between them (it ends the first table's
+/// batch), then bytes that are no frame at all. Every reply comes in the
 /// order of its frame, the read sees the write before it, and the held
 /// writes before the bad header are applied and answered before the
 /// connection closes.
@@ -88,14 +89,16 @@ async fn next_reply(s: &mut TcpStream) -> (u64, Status, Vec<u8>) {
 async fn held_writes_are_answered_in_their_place() {
     let (node, client) = retrying_client(1).await;
     let t = client.create_table("order", 2).await.unwrap().id;
+    let u = client.create_table("other", 2).await.unwrap().id;
     keep_versions(&client, t, &["k"]).await;
-    let write = |key: &'static str, value: &'static str| Request::Write {
-        table: t,
+    let write_to = |table: u64, key: &'static str, value: &'static str| Request::Write {
+        table,
         key: blob(key.as_bytes()),
         value: blob(value.as_bytes()),
         rules: RejectRules::default(),
         expires_at_ms: 0,
     };
+    let write = |key, value| write_to(t, key, value);
     let mut out = BytesMut::new();
     encode_request(&mut out, 1, &write("k", "a")).unwrap();
     encode_request(&mut out, 2, &write("j", "x")).unwrap();
@@ -111,12 +114,15 @@ async fn held_writes_are_answered_in_their_place() {
     out[at + HEADER_BYTES..].fill(0xFF);
     encode_request(&mut out, 6, &write("k", "c")).unwrap();
     encode_request(&mut out, 7, &write("j", "y")).unwrap();
+    // Another table's write ends the batch of the first table's.
+    encode_request(&mut out, 8, &write_to(u, "k", "u")).unwrap();
+    encode_request(&mut out, 9, &write("k", "d")).unwrap();
     // Bytes that are not a frame header: the connection ends after them.
     out.extend_from_slice(&[0xEE; HEADER_BYTES]);
     let mut s = TcpStream::connect(node.shard(0)).await.unwrap();
     s.write_all(&out).await.unwrap();
     let mut replies = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..10 {
         replies.push(next_reply(&mut s).await);
     }
     let order: Vec<(u64, Status)> = replies.iter().map(|(id, st, _)| (*id, *st)).collect();
@@ -130,6 +136,8 @@ async fn held_writes_are_answered_in_their_place() {
             (5, Status::BadRequest),
             (6, Status::Ok),
             (7, Status::Ok),
+            (8, Status::Ok),
+            (9, Status::Ok),
             (0, Status::BadRequest),
         ]
     );
@@ -144,6 +152,8 @@ async fn held_writes_are_answered_in_their_place() {
         let client = client.clone();
         async move { client.read(t, key).await.unwrap().map(|(v, _)| v.to_vec()) }
     };
-    assert_eq!(now("k").await, Some(b"c".to_vec()));
+    assert_eq!(now("k").await, Some(b"d".to_vec()));
     assert_eq!(now("j").await, Some(b"y".to_vec()));
+    let other = client.read(u, "k").await.unwrap().map(|(v, _)| v.to_vec());
+    assert_eq!(other, Some(b"u".to_vec()), "written to its own table");
 }
