@@ -23,7 +23,9 @@ pub mod store;
 
 pub use io::{FsIo, Io};
 pub use service::{BackupService, Outcome};
-pub use store::{BackupConfig, BackupStore, OpenReport, RECORD_SLICE_BYTES, ReplicaInfo, SyncMode};
+pub use store::{
+    AppendMode, BackupConfig, BackupStore, OpenReport, RECORD_SLICE_BYTES, ReplicaInfo, SyncMode,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -25,7 +25,7 @@ use insitu_protocol::{
 };
 
 use crate::io::Io;
-use crate::store::{BackupStore, SyncMode};
+use crate::store::{AppendMode, BackupStore, SyncMode};
 use crate::{BackupError, Digest, ReplicaId, Tablet};
 
 /// Most bytes one `BackupRead` answers with, whatever it asks for: 2 MiB is
@@ -35,7 +35,7 @@ use crate::{BackupError, Digest, ReplicaId, Tablet};
 pub const MAX_READ_BYTES: u32 = 2 << 20;
 
 /// Appends of at least this many bytes are written at once from the
-/// received frame (`BackupStore::append_now`), smaller ones buffered until
+/// received frame (`AppendMode::Now`), smaller ones buffered until
 /// the group is written. Why: copying a large append into a buffer costs
 /// more than its own write call (a recovery's re-replication, 1 MiB ops);
 /// many small appends to one replica (point writes from many connections)
@@ -301,11 +301,12 @@ impl<I: Io> BackupService<I> {
                     // are anyway, see `handle_group`); small ones are
                     // buffered, so a group's appends to one replica share
                     // one write.
-                    if bytes.len() >= DIRECT_MIN_BYTES {
-                        self.store.append_now(id, tablet, offset, bytes, close)
+                    let mode = if bytes.len() >= DIRECT_MIN_BYTES {
+                        AppendMode::Now
                     } else {
-                        self.store.append_buffered(id, tablet, offset, bytes, close)
-                    }
+                        AppendMode::Buffered
+                    };
+                    self.store.append(id, tablet, offset, bytes, close, mode)
                 }
                 BackupOp::Free { log, segment } => {
                     self.store.free(replica(log, segment));

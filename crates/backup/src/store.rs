@@ -3,11 +3,12 @@
 //! and syncing are in `store/flush.rs`).
 //!
 //! When an append is durable (what the master may acknowledge after):
-//! - `SyncMode::Always`: `append` returns after the record is written and
-//!   fsynced. The backup service uses `append_buffered` instead for every op
-//!   of a group of requests and then ONE `flush` before answering any of
-//!   them (group commit: one fsync per file touched, not per op, and the
-//!   files' fsyncs run concurrently so the journal commits them together).
+//! - `SyncMode::Always`: `append` with `AppendMode::Synced` returns after
+//!   the record is written and fsynced. The backup service uses
+//!   `AppendMode::Buffered` (or `Now`) instead for every op of a group
+//!   of requests and then ONE `flush` before answering any of them (group
+//!   commit: one fsync per file touched, not per op, and the files' fsyncs
+//!   run concurrently so the journal commits them together).
 //! - `SyncMode::Interval`: `append` returns once the record is in this
 //!   process's memory; `flush` (called by the server on a timer, 1 s by
 //!   default) writes and fsyncs it. A crash of this process alone loses what
@@ -54,17 +55,37 @@ pub struct BackupConfig {
     /// no flush is due, so a burst cannot grow memory without bound.
     pub buffer_budget_bytes: usize,
     pub sync: SyncMode,
-    /// Most payload bytes per record `append_now` writes: `RECORD_SLICE_BYTES`
+    /// Most payload bytes per record `AppendMode::Now` writes: `RECORD_SLICE_BYTES`
     /// (tests make it small so that every append is cut into several).
     pub record_slice_bytes: usize,
 }
 
-/// Most payload bytes of one record `append_now` writes: an append is cut
+/// Most payload bytes of one record `AppendMode::Now` writes: an append is cut
 /// into records of at most this. Why: each record is checksummed and then
 /// handed to the kernel straight from the received bytes while they are
 /// still in the CPU's cache, so a large append is not read from memory
 /// twice; the 24-byte record head costs 0.04 % at this size.
 pub const RECORD_SLICE_BYTES: usize = 64 * 1024;
+
+/// How `BackupStore::append` takes its bytes, so one call serves the
+/// master-facing store and the backup service's group commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppendMode {
+    /// Durable on return under `SyncMode::Always` (written and fsynced);
+    /// under `SyncMode::Interval` as `Buffered`.
+    Synced,
+    /// Never synced: under either mode the bytes are durable only after the
+    /// next `flush` (they are written early, unsynced, when the buffer
+    /// budget is exceeded). For group commit: buffer every op of several
+    /// requests, `flush` once, then answer them all.
+    Buffered,
+    /// As `Buffered`, but written to the file (unsynced) before `append`
+    /// returns, in records of at most `record_slice_bytes`, without copying
+    /// the bytes into a buffer first. The backup service answers nothing
+    /// before its appends are written (`handle_group`), so it has no use
+    /// for the buffer: a copy of every replicated byte saved.
+    Now,
+}
 
 /// What `open` found on disk.
 #[derive(Clone, Debug, Default)]
@@ -240,8 +261,8 @@ impl<I: Io> BackupStore<I> {
     /// Accept `bytes` at segment `offset` of replica `id` (created by its first
     /// append, which must be at offset 0, of a segment of `tablet`'s log), and
     /// mark the segment complete when `close`. A resend of bytes already held
-    /// is accepted again (a master retrying after a lost reply). Durable on
-    /// return under `SyncMode::Always`; see the module comment.
+    /// is accepted again (a master retrying after a lost reply). When it is
+    /// durable is as `mode` says (see `AppendMode` and the module comment).
     pub fn append(
         &mut self,
         id: ReplicaId,
@@ -249,56 +270,9 @@ impl<I: Io> BackupStore<I> {
         offset: u64,
         bytes: &[u8],
         close: bool,
+        mode: AppendMode,
     ) -> Result<(), BackupError> {
-        self.append_buffered(id, tablet, offset, bytes, close)?;
-        match self.config.sync {
-            SyncMode::Always => self.write_out(id, true),
-            SyncMode::Interval => Ok(()),
-        }
-    }
-
-    /// `append` without its sync: under either mode the bytes are durable
-    /// only after the next `flush` (they are written early, unsynced, when
-    /// the buffer budget is exceeded). For group commit: buffer every op of
-    /// several requests, `flush` once, then answer them all.
-    pub fn append_buffered(
-        &mut self,
-        id: ReplicaId,
-        tablet: Tablet,
-        offset: u64,
-        bytes: &[u8],
-        close: bool,
-    ) -> Result<(), BackupError> {
-        self.accept(id, tablet, offset, bytes, close, false)
-    }
-
-    /// `append_buffered`, but written to the file (unsynced) before this
-    /// returns, in records of at most `record_slice_bytes`, without copying
-    /// the bytes into a buffer first. The backup service answers nothing
-    /// before its appends are written (`handle_group`), so it has no use
-    /// for the buffer: a copy of every replicated byte saved. Durable after
-    /// the next `flush`, as `append_buffered`.
-    pub fn append_now(
-        &mut self,
-        id: ReplicaId,
-        tablet: Tablet,
-        offset: u64,
-        bytes: &[u8],
-        close: bool,
-    ) -> Result<(), BackupError> {
-        self.accept(id, tablet, offset, bytes, close, true)
-    }
-
-    /// Check and take an append (see `append_buffered`, `append_now`).
-    fn accept(
-        &mut self,
-        id: ReplicaId,
-        tablet: Tablet,
-        offset: u64,
-        bytes: &[u8],
-        close: bool,
-        now: bool,
-    ) -> Result<(), BackupError> {
+        let now = mode == AppendMode::Now;
         if bytes.len() > MAX_RECORD_PAYLOAD_BYTES {
             return Err(BackupError::TooLarge {
                 bytes: bytes.len() as u64,
@@ -336,7 +310,7 @@ impl<I: Io> BackupStore<I> {
         let new = bytes.get(skip..).unwrap_or(&[]);
         if closed {
             return if new.is_empty() {
-                Ok(())
+                self.sync_if_owed(id, mode)
             } else {
                 Err(BackupError::Closed(id))
             };
@@ -402,7 +376,16 @@ impl<I: Io> BackupStore<I> {
         if self.pending_bytes > self.config.buffer_budget_bytes {
             self.write_out(id, false)?;
         }
-        Ok(())
+        self.sync_if_owed(id, mode)
+    }
+
+    /// The sync an `AppendMode::Synced` append owes before it returns under
+    /// `SyncMode::Always` (kept apart so an accepted resend owes it too).
+    fn sync_if_owed(&mut self, id: ReplicaId, mode: AppendMode) -> Result<(), BackupError> {
+        match (mode, self.config.sync) {
+            (AppendMode::Synced, SyncMode::Always) => self.write_out(id, true),
+            _ => Ok(()),
+        }
     }
 
     /// `DiskFull` if `growth` more bytes would pass the disk budget.

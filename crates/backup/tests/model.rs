@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use insitu_backup::AppendMode::{Buffered, Now, Synced};
 use insitu_backup::io::sim::SimIo;
 use insitu_backup::{
     BackupConfig, BackupError, BackupStore, FsIo, OpenReport, ReplicaId, SyncMode, Tablet,
@@ -55,7 +56,7 @@ fn open_sim(sync: SyncMode, budget: u64, io: SimIo) -> (BackupStore<SimIo>, Open
 fn holding_abc(sync: SyncMode) -> BackupStore<SimIo> {
     let (mut store, _) = open_sim(sync, ROOMY, SimIo::default());
     store
-        .append(rid(1), tablet(rid(1)), 0, b"abc", false)
+        .append(rid(1), tablet(rid(1)), 0, b"abc", false, Synced)
         .expect("a roomy store takes the append");
     store
 }
@@ -150,10 +151,10 @@ fn a_replica_of_another_cluster_refuses_to_open() {
 fn a_flipped_bit_on_disk_is_reported_by_read_and_cut_at_reopen() {
     let (mut store, _) = open_sim(SyncMode::Always, ROOMY, SimIo::default());
     store
-        .append(rid(1), tablet(rid(1)), 0, &[7u8; 100], false)
+        .append(rid(1), tablet(rid(1)), 0, &[7u8; 100], false, Synced)
         .unwrap();
     store
-        .append(rid(1), tablet(rid(1)), 100, &[8u8; 100], true)
+        .append(rid(1), tablet(rid(1)), 100, &[8u8; 100], true, Synced)
         .unwrap();
     let path = store.io_mut().paths()[0].clone();
     // A bit in the second record's payload.
@@ -176,19 +177,19 @@ fn real_files_round_trip_and_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, _) = open_fs(&dir);
     store
-        .append(rid(2), tablet(rid(2)), 0, b"hello ", false)
+        .append(rid(2), tablet(rid(2)), 0, b"hello ", false, Synced)
         .unwrap();
     store
-        .append(rid(2), tablet(rid(2)), 6, b"world", true)
+        .append(rid(2), tablet(rid(2)), 6, b"world", true, Synced)
         .unwrap();
     // Written at once in records of 100 bytes (vectored writes), a new
     // replica's header first.
     let long: Vec<u8> = (0..1234u32).map(|i| (i % 199) as u8).collect();
     store
-        .append_now(rid(3), tablet(rid(3)), 0, &long[..1000], false)
+        .append(rid(3), tablet(rid(3)), 0, &long[..1000], false, Now)
         .unwrap();
     store
-        .append_now(rid(3), tablet(rid(3)), 1000, &long[1000..], true)
+        .append(rid(3), tablet(rid(3)), 1000, &long[1000..], true, Now)
         .unwrap();
     store.flush().unwrap();
     drop(store);
@@ -206,9 +207,9 @@ fn real_files_round_trip_and_survive_reopen() {
 fn a_full_disk_budget_refuses_the_append_and_keeps_the_rest() {
     let (mut store, _) = open_sim(SyncMode::Always, 200, SimIo::default());
     store
-        .append(rid(1), tablet(rid(1)), 0, &[1u8; 50], false)
+        .append(rid(1), tablet(rid(1)), 0, &[1u8; 50], false, Synced)
         .unwrap();
-    match store.append(rid(1), tablet(rid(1)), 50, &[1u8; 200], false) {
+    match store.append(rid(1), tablet(rid(1)), 50, &[1u8; 200], false, Synced) {
         Err(e @ BackupError::DiskFull { .. }) => assert!(e.to_string().contains("budget full")),
         other => panic!("{other:?}"),
     }
@@ -242,7 +243,7 @@ fn an_append_naming_another_tablet_is_refused() {
         table: 999,
         start_hash: 0,
     };
-    match store.append(rid(1), other, 3, b"def", false) {
+    match store.append(rid(1), other, 3, b"def", false, Synced) {
         Err(e @ BackupError::WrongTablet { .. }) => assert!(e.to_string().contains("999")),
         r => panic!("{r:?}"),
     }
@@ -255,7 +256,7 @@ fn a_flush_of_many_real_files_syncs_them_all_and_they_survive_reopen() {
     for i in 0..5u8 {
         let id = rid(i);
         store
-            .append_buffered(id, tablet(id), 0, &[i; 10], false)
+            .append(id, tablet(id), 0, &[i; 10], false, Buffered)
             .unwrap();
     }
     assert!(store.needs_flush());
@@ -274,7 +275,7 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
     let open = |io| open_sim(SyncMode::Interval, ROOMY, io);
     let (mut store, _) = open(SimIo::default());
     store
-        .append(rid(3), tablet(rid(3)), 0, &[5u8; 300], false)
+        .append(rid(3), tablet(rid(3)), 0, &[5u8; 300], false, Synced)
         .unwrap();
     store.write_pending();
     let mut io = store.into_io();
@@ -284,7 +285,7 @@ fn a_replica_recreated_over_a_torn_file_survives_the_next_crash() {
     assert_eq!(report.replicas, 0, "{:?}", report.problems);
     // The master re-sends the segment from 0; a flush makes it durable.
     store
-        .append(rid(3), tablet(rid(3)), 0, &[6u8; 1], false)
+        .append(rid(3), tablet(rid(3)), 0, &[6u8; 1], false, Synced)
         .unwrap();
     store.flush().unwrap();
     let mut io = store.into_io();
@@ -307,9 +308,13 @@ fn a_log_lists_its_newest_digest_across_carriers_and_reopens() {
         store.digest(a, digest(1, &[0])),
         Err(BackupError::Unknown(_))
     ));
-    store.append(a, tablet(a), 0, b"head", true).unwrap();
+    store
+        .append(a, tablet(a), 0, b"head", true, Synced)
+        .unwrap();
     store.digest(a, digest(1, &[0])).unwrap();
-    store.append(b, tablet(b), 0, b"next", false).unwrap();
+    store
+        .append(b, tablet(b), 0, b"next", false, Synced)
+        .unwrap();
     store.digest(b, digest(2, &[0, 4])).unwrap();
     // A resend of an older digest changes nothing.
     store.digest(a, digest(1, &[0])).unwrap();

@@ -18,8 +18,8 @@ use insitu_rows::RowLayout;
 use super::{column, refuse};
 use crate::QueryError;
 use crate::filter::{
-    ExactCol, ExactRead, FALSE, Filter, FloatCol, InList, Op, Operand, STACK_CAP, UNKNOWN,
-    fixed_offset,
+    Exact64Col, ExactCol, ExactRead, FALSE, Filter, FloatCol, InList, Op, Operand, STACK_CAP,
+    UNKNOWN, fixed_offset,
 };
 use crate::like;
 use crate::value::{Kind, describe, pow10_i128};
@@ -141,9 +141,11 @@ fn compile_cmp(
                 // common case (`l_discount between 0.05 and 0.07`), compared
                 // without i128 arithmetic.
                 Ok(lit) if c.mul == 1 => Op::Exact64 {
-                    col: i,
-                    offset: c.offset,
-                    read: c.read,
+                    c: Exact64Col {
+                        col: i,
+                        offset: c.offset,
+                        read: c.read,
+                    },
                     op,
                     lit,
                 },

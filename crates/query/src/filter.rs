@@ -99,6 +99,26 @@ impl ExactCol {
     }
 }
 
+/// A fixed exact column read as i64 at its own scale: what `Op::Exact64`
+/// and the merged range checks share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exact64Col {
+    /// For the null bit.
+    pub col: usize,
+    /// The column's byte offset in every row.
+    pub offset: usize,
+    /// Width and kind of the stored value.
+    pub read: ExactRead,
+}
+
+impl Exact64Col {
+    /// The value in `row` (the caller checks the null bit first).
+    #[inline(always)]
+    pub fn get(&self, row: &RowRef<'_>) -> i64 {
+        read_i64(row, self.offset, self.read)
+    }
+}
+
 /// A numeric column read as f64.
 #[derive(Clone, Copy, Debug)]
 pub struct FloatCol {
@@ -168,9 +188,7 @@ pub enum Op {
     /// `column OP literal`, exact, when the column needs no rescaling and
     /// the literal fits i64: compared in i64.
     Exact64 {
-        col: usize,
-        offset: usize,
-        read: ExactRead,
+        c: Exact64Col,
         op: CmpOp,
         lit: i64,
     },
@@ -251,10 +269,7 @@ pub struct Filter {
 /// `lo <= column <= hi` on a fixed exact column, NULL rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RangeCheck {
-    /// The column (its null bit).
-    col: usize,
-    offset: usize,
-    read: ExactRead,
+    c: Exact64Col,
     lo: i64,
     hi: i64,
 }
@@ -276,11 +291,11 @@ impl RangeCheck {
 
     #[inline(always)]
     fn holds(&self, row: &RowRef<'_>) -> bool {
-        if row.is_null(self.col) {
+        if row.is_null(self.c.col) {
             return false;
         }
         // lo <= v <= hi in one unsigned compare (lo <= hi: `Filter::new`).
-        let v = read_i64(row, self.offset, self.read);
+        let v = self.c.get(row);
         (v.wrapping_sub(self.lo) as u64) <= (self.hi.wrapping_sub(self.lo) as u64)
     }
 }
@@ -302,16 +317,7 @@ impl Filter {
         let mut ranges: Vec<RangeCheck> = Vec::new();
         let mut empty = false;
         conjuncts.retain(|&(start, end)| {
-            let [
-                Op::Exact64 {
-                    col,
-                    offset,
-                    read,
-                    op,
-                    lit,
-                },
-            ] = &ops[start..end]
-            else {
+            let [Op::Exact64 { c, op, lit }] = &ops[start..end] else {
                 return true;
             };
             if *op == CmpOp::Ne {
@@ -321,19 +327,13 @@ impl Filter {
                 empty = true;
                 return false;
             };
-            match ranges.iter_mut().find(|r| r.col == *col) {
+            match ranges.iter_mut().find(|r| r.c.col == c.col) {
                 Some(r) => {
                     r.lo = r.lo.max(lo);
                     r.hi = r.hi.min(hi);
                     empty |= r.lo > r.hi;
                 }
-                None => ranges.push(RangeCheck {
-                    col: *col,
-                    offset: *offset,
-                    read: *read,
-                    lo,
-                    hi,
-                }),
+                None => ranges.push(RangeCheck { c: *c, lo, hi }),
             }
             false
         });
@@ -491,17 +491,11 @@ fn leaf(op: &Op, row: &RowRef<'_>) -> u8 {
             }
             truth(holds(*op, c.get(row).cmp(lit)))
         }
-        Op::Exact64 {
-            col,
-            offset,
-            read,
-            op,
-            lit,
-        } => {
-            if row.is_null(*col) {
+        Op::Exact64 { c, op, lit } => {
+            if row.is_null(c.col) {
                 return UNKNOWN;
             }
-            truth(holds(*op, read_i64(row, *offset, *read).cmp(lit)))
+            truth(holds(*op, c.get(row).cmp(lit)))
         }
         Op::Float { c, op, lit } => {
             if row.is_null(c.col) {

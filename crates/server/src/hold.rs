@@ -44,31 +44,24 @@ pub struct Hold<'a> {
     cleaner: bool,
 }
 
-impl<'a> Hold<'a> {
+/// Which hold `Hold::take` takes, so one call serves scans and updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldKind {
     /// A read-only scan's hold: waits while an update holds the tablet.
-    pub async fn scan(
-        state: &'a ShardState,
-        table: u64,
-        start_hash: u64,
-    ) -> Result<Hold<'a>, Refusal> {
-        Self::take(state, table, start_hash, false).await
-    }
-
+    Scan,
     /// An update's hold: waits until no other scan or update holds the tablet.
-    pub async fn update(
-        state: &'a ShardState,
-        table: u64,
-        start_hash: u64,
-    ) -> Result<Hold<'a>, Refusal> {
-        Self::take(state, table, start_hash, true).await
-    }
+    Update,
+}
 
-    async fn take(
+impl<'a> Hold<'a> {
+    /// Hold the tablet as `kind` says, waiting at most `HOLD_WAIT`.
+    pub async fn take(
         state: &'a ShardState,
         table: u64,
         start_hash: u64,
-        update: bool,
+        kind: HoldKind,
     ) -> Result<Hold<'a>, Refusal> {
+        let update = kind == HoldKind::Update;
         let deadline = tokio::time::Instant::now() + HOLD_WAIT;
         loop {
             // Registered before the check, so a release in between is not missed.

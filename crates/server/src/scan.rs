@@ -32,7 +32,7 @@ use insitu_protocol::plan::{Op, Partial, ScanPlan, ScanResult};
 use insitu_protocol::{Response, Status};
 use insitu_query::{Compiled, RowUpdate, compile_filter};
 
-use crate::hold::Hold;
+use crate::hold::{Hold, HoldKind};
 use crate::scan_run::{Refusal, Run, show_key};
 use crate::shard::ShardState;
 use crate::snapshot::{self, Overlay, Snap};
@@ -141,7 +141,7 @@ async fn execute(
     if plan.op.is_update() {
         // Checked first so a moving tablet is refused at once, not waited for.
         run.check()?;
-        run.hold = Some(Hold::update(state, table, start_hash).await?);
+        run.hold = Some(Hold::take(state, table, start_hash, HoldKind::Update).await?);
     }
     let snap = match snapshot_ts {
         0 => None,

@@ -9,7 +9,7 @@ use insitu_protocol::Status;
 use insitu_protocol::plan::{self, Source};
 
 use crate::handler::engine_status;
-use crate::hold::Hold;
+use crate::hold::{Hold, HoldKind};
 use crate::shard::ShardState;
 
 /// Work between two yields to the event loop.
@@ -202,7 +202,8 @@ impl Run<'_> {
             ));
         }
         if self.hold.is_none() {
-            self.hold = Some(Hold::scan(self.state, self.table, self.start_hash).await?);
+            self.hold =
+                Some(Hold::take(self.state, self.table, self.start_hash, HoldKind::Scan).await?);
         }
         if let Some(hold) = self.hold.as_mut() {
             hold.hold_cleaner()?;

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use insitu_backup::io::sim::SimIo;
-use insitu_backup::{BackupError, BackupStore, ReplicaId, SyncMode};
+use insitu_backup::{AppendMode, BackupError, BackupStore, ReplicaId, SyncMode};
 use proptest::prelude::*;
 
 use crate::{open_sim, rid, tablet};
@@ -24,8 +24,8 @@ pub(crate) enum Op {
         len: usize,
         close: bool,
         fill: u8,
-        /// `append` (0); `append_buffered` (1) or `append_now` (2), both
-        /// durable only after a flush, in either mode.
+        /// `AppendMode::Synced` (0); `Buffered` (1) or `Now` (2), both
+        /// durable only after a flush, in either sync mode.
         way: u8,
     },
     /// Resend bytes the store already holds, from `back` bytes before its end.
@@ -187,17 +187,18 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                 let m = model.entry(id).or_default();
                 let bytes: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
                 let offset = m.data.len() as u64;
-                let r = match way {
-                    0 => store.append(id, tablet(id), offset, &bytes, close),
-                    1 => store.append_buffered(id, tablet(id), offset, &bytes, close),
-                    _ => store.append_now(id, tablet(id), offset, &bytes, close),
+                let mode = match way {
+                    0 => AppendMode::Synced,
+                    1 => AppendMode::Buffered,
+                    _ => AppendMode::Now,
                 };
+                let r = store.append(id, tablet(id), offset, &bytes, close, mode);
                 match r {
                     Ok(()) if m.closed => assert!(bytes.is_empty(), "a closed replica took data"),
                     Ok(()) => {
                         m.data.extend_from_slice(&bytes);
                         m.closed |= close;
-                        if sync == SyncMode::Always && way == 0 {
+                        if sync == SyncMode::Always && mode == AppendMode::Synced {
                             sync_replica(m, &mut digests, id);
                         }
                     }
@@ -219,7 +220,14 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                 let id = rid(replica);
                 let Some(m) = model.get(&id) else { continue };
                 let from = m.data.len().saturating_sub(back);
-                let r = store.append(id, tablet(id), from as u64, &m.data[from..], false);
+                let r = store.append(
+                    id,
+                    tablet(id),
+                    from as u64,
+                    &m.data[from..],
+                    false,
+                    AppendMode::Synced,
+                );
                 match r {
                     Ok(()) => {
                         if sync == SyncMode::Always {

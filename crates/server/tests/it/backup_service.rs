@@ -305,7 +305,14 @@ async fn a_replica_store_of_another_cluster_stops_the_server_from_starting() {
         segment: 1,
     };
     store
-        .append(id, insitu_backup::Tablet::default(), 0, b"x", false)
+        .append(
+            id,
+            insitu_backup::Tablet::default(),
+            0,
+            b"x",
+            false,
+            insitu_backup::AppendMode::Synced,
+        )
         .unwrap();
     drop(store);
 
