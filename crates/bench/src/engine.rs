@@ -145,7 +145,7 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         memory_budget_bytes: budget_bytes,
         max_value_bytes: vb,
     };
-    let mut engine = Engine::with_max_key_bytes(config, kb)
+    let mut engine = Engine::with_max_key_bytes(config.clone(), kb)
         .map_err(|e| anyhow::anyhow!("engine config: {e}"))?;
     engine
         .create_tablet(TABLE, HashRange::FULL)
@@ -245,6 +245,40 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
     let scan_ns_per_object = ns_per(scan_time, n);
     let scan_bandwidth_fraction = scan_gbps / flat_gbps;
 
+    // ---- replay: the loaded log rebuilt in a fresh engine ------------------------------
+    // What a recovery master's core does with a tablet's segments once they
+    // have arrived (ARCHITECTURE.md, "Replay"): verify every entry, keep the
+    // newest of each key, append the winners and index them. The peer is a
+    // plain copy of the same bytes into fresh memory, the least a rebuild
+    // must do. Fresh engines each time, so every run faults its memory in,
+    // as a recovery master does.
+    let log: Vec<Vec<u8>> = engine
+        .segments(TABLE, 0)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect();
+    let mut replay_time = Duration::MAX;
+    for _ in 0..3 {
+        let mut fresh = Engine::with_max_key_bytes(config.clone(), kb)
+            .map_err(|e| anyhow::anyhow!("engine config: {e}"))?;
+        let t = Instant::now();
+        let report = fresh
+            .replay(TABLE, HashRange::FULL, log.iter().map(Vec::as_slice))
+            .map_err(|e| anyhow::anyhow!("replay: {e}"))?;
+        replay_time = replay_time.min(t.elapsed());
+        if report.objects_loaded != n as u64 || !report.corrupt.is_empty() {
+            bail!("replay rebuilt {} of {n} objects", report.objects_loaded);
+        }
+    }
+    let (copy_time, _) = best_of(3, || {
+        let copies: Vec<Vec<u8>> = log.iter().map(|s| s.to_vec()).collect();
+        black_box(copies.len())
+    });
+    drop(log);
+    let replay_gbps = scan_bytes as f64 / replay_time.as_secs_f64() / 1e9;
+    let copy_gbps = scan_bytes as f64 / copy_time.as_secs_f64() / 1e9;
+
     // ---- steady-state overwrites under the tight budget ------------------------------
     let overwrites = 3 * n;
     let new_vals = values(n, vb, 3);
@@ -324,6 +358,10 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         "scan_gb_per_s": scan_gbps,
         "flat_sum_gb_per_s": flat_gbps,
         "scan_bandwidth_fraction": scan_bandwidth_fraction,
+        "replay_gb_per_s": replay_gbps,
+        "replay_ns_per_object": ns_per(replay_time, n),
+        "copy_gb_per_s": copy_gbps,
+        "replay_fraction_of_copy": replay_gbps / copy_gbps,
         "overwrites": overwrites,
         "overwrite_ns": overwrite_ns,
         "overwrite_call_us_p99": call_us_p99,
@@ -379,6 +417,13 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<serde_json::Value> {
         "scan, GB/s (peer: flat Vec<u64> sum)", scan_gbps, flat_gbps, scan_bandwidth_fraction
     );
     println!("  {:<40} {:>12.1}", "scan, ns/object", scan_ns_per_object);
+    println!(
+        "  {:<40} {:>12.2} {:>14.2} {:>8.2}",
+        "replay, GB/s (peer: copy of the log)",
+        replay_gbps,
+        copy_gbps,
+        replay_gbps / copy_gbps
+    );
     println!(
         "  {:<40} {:>12.1}",
         "bytes per object beyond key + value", overhead_bytes_per_object
@@ -456,6 +501,8 @@ mod tests {
             "std_hashmap_get_ns",
             "scan_ns_per_object",
             "scan_bandwidth_fraction",
+            "replay_gb_per_s",
+            "replay_fraction_of_copy",
             "memory_utilization",
             "overwrite_call_us_p99",
             "max_write_stall_us",

@@ -440,6 +440,14 @@ pub(crate) fn set_dead(buf: &mut [u8], at: usize) {
     buf[at + OFF_FLAGS] |= DEAD_BIT;
 }
 
+/// Take back the dead bit of the entry at `at` (a verbatim copy of an entry
+/// that was superseded where it came from is live where it lands). The
+/// bit is outside the CRC, so the checksum stays valid.
+#[inline(always)]
+pub(crate) fn clear_dead(buf: &mut [u8], at: usize) {
+    buf[at + OFF_FLAGS] &= !DEAD_BIT;
+}
+
 #[inline(always)]
 pub(crate) fn version(buf: &[u8], at: usize) -> u64 {
     header(buf, at).version

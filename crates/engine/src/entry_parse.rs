@@ -44,6 +44,12 @@ pub(crate) struct Parsed<'a> {
     pub expires_at_ms: u64,
     pub key: &'a [u8],
     pub value: &'a [u8],
+    /// The whole entry, header to value, as verified: a replay re-appends
+    /// it verbatim (`Segment::append_verified`) instead of encoding and
+    /// checksumming it again. Its header is canonical (the checks above
+    /// refuse wider-than-needed versions and lengths), so these are the
+    /// bytes `append_parts` would write for the same fields.
+    pub entry: &'a [u8],
     /// Offset of the next entry.
     pub next: usize,
 }
@@ -163,6 +169,7 @@ pub(crate) fn parse(
         expires_at_ms,
         key,
         value,
+        entry: &rest[..total],
         next,
     })
 }

@@ -39,7 +39,9 @@ pub(crate) struct Winner<'s> {
     /// (segment index, offset): log order, for a deterministic rebuild.
     pub position: (usize, usize),
     pub key: &'s [u8],
-    pub value: &'s [u8],
+    /// The whole verified entry (`Parsed::entry`): an object winner is
+    /// re-appended verbatim, not encoded and checksummed again.
+    pub entry: &'s [u8],
     /// An object's deadline (Unix ms; 0: none). An expired winner is still
     /// rebuilt: replay does not read the clock (the shard's expiry sweep
     /// removes it, with a tombstone, as it would have before the crash).
@@ -231,7 +233,7 @@ impl<'s> Resolver<'s> {
                 kind: p.kind,
                 position,
                 key: p.key,
-                value: p.value,
+                entry: p.entry,
                 expires_at_ms: p.expires_at_ms,
             };
             let newest = &mut self.newest;

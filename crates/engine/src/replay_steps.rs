@@ -120,7 +120,7 @@ impl ReplayBuild<'_> {
         while budget_left > 0 && self.objects_done < self.resolved.objects.len() {
             let w = &self.resolved.objects[self.objects_done];
             engine.with_room_retry(|budget| {
-                t.push_new(budget, w.hash, w.key, w.value, w.version, w.expires_at_ms)
+                t.push_verified(budget, w.hash, w.key.len(), w.entry, w.expires_at_ms)
             })?;
             self.objects_done += 1;
             budget_left -= 1;

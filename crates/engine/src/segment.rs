@@ -177,6 +177,21 @@ impl Segment {
         self.expiry_deadline_sum_ms -= u128::from(expires_at_ms);
     }
 
+    /// Append an object entry that replay verified (`entry_parse::parse`),
+    /// verbatim, live, with its deadline counted: what `append_object`
+    /// would write for the same fields, without encoding or checksumming
+    /// it again (the CRC covers the same table, header, key and value).
+    #[inline]
+    pub fn append_verified(&mut self, entry: &[u8], expires_at_ms: u64, clock: u64) -> u32 {
+        if expires_at_ms != 0 {
+            self.note_expiring(expires_at_ms);
+        }
+        let at = self.append_raw(entry);
+        entry::clear_dead(&mut self.buf, at as usize);
+        self.stamp = clock;
+        at
+    }
+
     /// Append an already encoded entry verbatim (the cleaner's copy: the CRC stays valid).
     #[inline]
     pub fn append_raw(&mut self, bytes: &[u8]) -> u32 {

@@ -394,8 +394,38 @@ impl Tablet {
         let seg = &mut self.segs[h as usize];
         debug_assert!(seg.room(budget.segment_bytes) >= len);
         let at = seg.append_object(self.table, version, expires_at_ms, key, value, budget.clock);
-        seg.live_bytes += len as u64;
-        let new_loc = loc(h, at);
+        self.placed(hash, key.len(), len, loc(h, at), old);
+    }
+
+    /// Append a new object while building a tablet off-line, as `push_new`,
+    /// from an entry replay verified, verbatim (`Segment::append_verified`):
+    /// no second encoding or checksum of it.
+    pub fn push_verified(
+        &mut self,
+        budget: &mut Budget,
+        hash: u64,
+        key_len: usize,
+        entry: &[u8],
+        expires_at_ms: u64,
+    ) -> Result<(), EngineError> {
+        debug_assert_eq!(entry::kind(entry, 0), entry::KIND_OBJECT);
+        self.make_room_offline(budget, entry.len(), self.tombstone_slack_with(key_len))?;
+        self.reserve_index(budget, 1)?;
+        let h = self.head.expect("put needs a head");
+        let len = entry.len();
+        budget.clock += len as u64;
+        let seg = &mut self.segs[h as usize];
+        debug_assert!(seg.room(budget.segment_bytes) >= len);
+        let at = seg.append_verified(entry, expires_at_ms, budget.clock);
+        self.placed(hash, key_len, len, loc(h, at), None);
+        Ok(())
+    }
+
+    /// Account and index an object entry of `len` bytes just appended at
+    /// `new_loc` to the head, replacing the live one at `old` if any.
+    #[inline]
+    fn placed(&mut self, hash: u64, key_len: usize, len: usize, new_loc: u64, old: Option<u64>) {
+        self.segs[slot_of(new_loc)].live_bytes += len as u64;
         if let Some(c) = &mut self.changes {
             c.record(hash);
         }
@@ -420,7 +450,7 @@ impl Tablet {
                     index::rehash,
                 );
                 self.object_count += 1;
-                self.key_classes.add(key.len());
+                self.key_classes.add(key_len);
             }
         }
         self.live_bytes += len as u64;
