@@ -6,6 +6,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::sync_job::{Applied, JobKind};
+pub use crate::sync_job::{SyncDone, SyncJob};
+
 /// What a backup does to its directory. Appends are not durable until
 /// `sync`; a crash may keep any prefix of what was appended since.
 pub trait Io {
@@ -30,14 +33,19 @@ pub trait Io {
     fn sync_many(&mut self, paths: &[PathBuf]) -> Vec<io::Result<()>> {
         paths.iter().map(|p| self.sync(p)).collect()
     }
+    /// `sync_many` split in three so that the fsyncs run on another thread
+    /// while this `Io` goes on appending: this opens what the job needs,
+    /// `SyncJob::run` syncs (anywhere), `sync_job_done` records what it made
+    /// durable. Appends made while the job runs may or may not be covered;
+    /// the caller syncs them again. `None`: this `Io` cannot sync elsewhere
+    /// (the simulated disk), the caller uses `sync_many`.
+    fn sync_job(&mut self, _paths: &[PathBuf]) -> Option<SyncJob> {
+        None
+    }
+    /// Record what a finished `sync_job` made durable.
+    fn sync_job_done(&mut self, _done: &SyncDone) {}
     fn remove(&mut self, path: &Path) -> io::Result<()>;
 }
-
-/// Most fsyncs a group commit runs at once. Concurrent fsyncs on one file
-/// system share journal commits (ext4, xfs), so a group touching many
-/// replica files costs about one commit, not one per file; 16 threads keep
-/// that while bounding the threads a flush starts.
-const MAX_PARALLEL_SYNCS: usize = 16;
 
 /// Most append handles kept open at once. A backup holds replicas of many
 /// segments; reopening a file per append would cost a syscall pair, keeping
@@ -52,6 +60,10 @@ pub struct FsIo {
     /// Files created since their directory was last synced: their directory
     /// entry must be made durable too, or a crash could lose the whole file.
     unsynced_dirents: HashSet<PathBuf>,
+    /// Files removed so far. A detached sync (`sync_job`) marks directory
+    /// entries durable only if none was removed while it ran: a file
+    /// removed and created again meanwhile has a new entry it may not cover.
+    removals: u64,
 }
 
 impl FsIo {
@@ -69,6 +81,35 @@ impl FsIo {
         self.open
             .get_mut(path)
             .ok_or_else(|| io::Error::other("append handle vanished"))
+    }
+
+    /// A job syncing `paths` (see `Io::sync_job`).
+    fn open_sync_job(&mut self, paths: &[PathBuf]) -> SyncJob {
+        // Open (or find) every handle first; a path that cannot be opened
+        // fails alone.
+        let files: Vec<io::Result<File>> = paths
+            .iter()
+            .map(|p| self.handle(p).and_then(|f| f.try_clone()))
+            .collect();
+        let mut dirs: Vec<(PathBuf, Vec<usize>)> = Vec::new();
+        for (i, p) in paths.iter().enumerate() {
+            if !self.unsynced_dirents.contains(p) {
+                continue;
+            }
+            let Some(dir) = p.parent() else { continue };
+            match dirs.iter_mut().find(|(d, _)| d == dir) {
+                Some((_, members)) => members.push(i),
+                None => dirs.push((dir.to_path_buf(), vec![i])),
+            }
+        }
+        SyncJob {
+            paths: paths.to_vec(),
+            kind: JobKind::Fs {
+                files,
+                dirs,
+                removals: self.removals,
+            },
+        }
     }
 }
 
@@ -134,71 +175,36 @@ impl Io for FsIo {
         if paths.len() <= 1 {
             return paths.iter().map(|p| self.sync(p)).collect();
         }
-        // Open (or find) every handle first; a path that cannot be opened
-        // fails alone.
-        let mut files: Vec<io::Result<File>> = Vec::with_capacity(paths.len());
-        for p in paths {
-            files.push(self.handle(p).and_then(|f| f.try_clone()));
-        }
-        let mut results: Vec<io::Result<()>> = Vec::with_capacity(paths.len());
-        let chunk = paths.len().div_ceil(MAX_PARALLEL_SYNCS);
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = files
-                .chunks(chunk)
-                .map(|files| {
-                    scope.spawn(move || {
-                        files
-                            .iter()
-                            .map(|f| match f {
-                                Ok(f) => f.sync_data(),
-                                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            for (w, n) in workers
-                .into_iter()
-                .zip(files.chunks(chunk).map(|c| c.len()))
-            {
-                match w.join() {
-                    Ok(r) => results.extend(r),
-                    Err(_) => results
-                        .extend((0..n).map(|_| Err(io::Error::other("sync thread panicked")))),
-                }
-            }
-        });
-        debug_assert_eq!(results.len(), paths.len());
-        // New files' directory entries: one fsync per directory covers all.
-        let mut dirs: Vec<&Path> = Vec::new();
-        for (p, r) in paths.iter().zip(&results) {
-            if r.is_ok()
-                && self.unsynced_dirents.contains(p)
-                && let Some(dir) = p.parent()
-                && !dirs.contains(&dir)
-            {
-                dirs.push(dir);
+        let done = self.open_sync_job(paths).run();
+        self.sync_job_done(&done);
+        done.results
+    }
+
+    fn sync_job(&mut self, paths: &[PathBuf]) -> Option<SyncJob> {
+        Some(self.open_sync_job(paths))
+    }
+
+    fn sync_job_done(&mut self, done: &SyncDone) {
+        let Applied::Fs {
+            dirents_synced,
+            removals,
+        } = &done.applied
+        else {
+            return;
+        };
+        // Conservative when a file was removed meanwhile (see `removals`):
+        // those entries are synced again by the next flush.
+        if *removals == self.removals {
+            for p in dirents_synced {
+                self.unsynced_dirents.remove(p);
             }
         }
-        for dir in dirs {
-            let synced = File::open(dir).and_then(|d| d.sync_all());
-            for (p, r) in paths.iter().zip(results.iter_mut()) {
-                if r.is_ok() && p.parent() == Some(dir) && self.unsynced_dirents.contains(p) {
-                    match &synced {
-                        Ok(()) => {
-                            self.unsynced_dirents.remove(p);
-                        }
-                        Err(e) => *r = Err(io::Error::new(e.kind(), e.to_string())),
-                    }
-                }
-            }
-        }
-        results
     }
 
     fn remove(&mut self, path: &Path) -> io::Result<()> {
         self.open.remove(path);
         self.unsynced_dirents.remove(path);
+        self.removals += 1;
         match std::fs::remove_file(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
@@ -212,6 +218,9 @@ pub mod sim {
 
     #[derive(Clone, Debug, Default)]
     struct SimFile {
+        /// Unique per file created: a detached sync of a file removed and
+        /// created again meanwhile must not touch the new one.
+        id: u64,
         /// What a reader sees now (the page cache).
         now: Vec<u8>,
         /// What survives a crash for certain: the contents at the last sync.
@@ -233,6 +242,8 @@ pub mod sim {
         pub fail_sync: bool,
         /// Successful syncs so far (tests count fsyncs to check group commit).
         pub syncs: u64,
+        /// Files created so far (their ids).
+        created: u64,
     }
 
     impl SimIo {
@@ -257,6 +268,7 @@ pub mod sim {
                 kept.insert(
                     path,
                     SimFile {
+                        id: f.id,
                         durable: now.clone(),
                         now,
                         durable_entry: true,
@@ -324,7 +336,13 @@ pub mod sim {
             }
             self.files
                 .entry(path.to_path_buf())
-                .or_default()
+                .or_insert_with(|| {
+                    self.created += 1;
+                    SimFile {
+                        id: self.created,
+                        ..SimFile::default()
+                    }
+                })
                 .now
                 .extend_from_slice(bytes);
             Ok(())
@@ -354,6 +372,47 @@ pub mod sim {
             f.durable_entry = true;
             self.syncs += 1;
             Ok(())
+        }
+
+        /// A job that makes durable what each file held when it was made
+        /// (the least a real fsync covers); `fail_sync` fails it.
+        fn sync_job(&mut self, paths: &[PathBuf]) -> Option<SyncJob> {
+            let snapshots = paths
+                .iter()
+                .map(|p| {
+                    if self.fail_sync {
+                        return Err(io::Error::other("injected sync failure"));
+                    }
+                    let f = self.files.get(p).ok_or_else(|| Self::missing(p))?;
+                    Ok((f.id, f.now.clone()))
+                })
+                .collect();
+            Some(SyncJob {
+                paths: paths.to_vec(),
+                kind: JobKind::Sim(snapshots),
+            })
+        }
+
+        fn sync_job_done(&mut self, done: &SyncDone) {
+            let Applied::Sim(snapshots) = &done.applied else {
+                return;
+            };
+            for (path, snapshot) in done.paths().iter().zip(snapshots) {
+                let Some((id, bytes)) = snapshot else {
+                    continue;
+                };
+                // Only the same file, and only what it still starts with
+                // (appends only grow a file; a truncation is a reopen's).
+                if let Some(f) = self.files.get_mut(path)
+                    && f.id == *id
+                    && f.now.starts_with(bytes)
+                    && bytes.len() >= f.durable.len()
+                {
+                    f.durable = bytes.clone();
+                    f.durable_entry = true;
+                    self.syncs += 1;
+                }
+            }
         }
 
         fn remove(&mut self, path: &Path) -> io::Result<()> {

@@ -13,6 +13,8 @@
 //! - `replica_file`: the file's byte layout and a reader that trusts nothing;
 //! - `io`: the file operations, with a simulated disk for fault injection;
 //! - `store`: the replicas of one backup: append, flush, read, list, free;
+//! - `sync_job`: fsyncs detached from the store, run on another thread while
+//!   it takes appends (a timer flush's, so a slow disk stalls nothing);
 //! - `service`: the backup requests answered over a store, with group commit
 //!   and fencing (the server puts it behind its backup port).
 
@@ -20,8 +22,9 @@ pub mod io;
 pub mod replica_file;
 pub mod service;
 pub mod store;
+pub mod sync_job;
 
-pub use io::{FsIo, Io};
+pub use io::{FsIo, Io, SyncDone, SyncJob};
 pub use service::{BackupService, Outcome};
 pub use store::{
     AppendMode, BackupConfig, BackupStore, OpenReport, RECORD_SLICE_BYTES, ReplicaInfo, SyncMode,

@@ -31,6 +31,7 @@ use crate::{BackupError, Digest, ReplicaId, Tablet};
 
 mod digest;
 mod flush;
+pub use flush::Flush;
 
 use digest::keep_newest_digests;
 
@@ -121,6 +122,9 @@ struct Replica {
     file_bytes: u64,
     /// Written since the last sync.
     unsynced: bool,
+    /// `BackupStore::writes` at its last write: a detached sync (`flush`
+    /// started with `begin_flush`) vouches for it only if it is unchanged.
+    last_write: u64,
     /// The newest digest of its log this replica carries, while it is the
     /// newest this store holds of that log (an older one is forgotten in
     /// memory when a newer arrives; its record stays in the file, and a
@@ -143,6 +147,8 @@ pub struct BackupStore<I: Io> {
     dirty: BTreeSet<ReplicaId>,
     /// Masters declared dead (each has a durable fence file).
     fenced: BTreeSet<u64>,
+    /// Writes to replica files so far (each stamps `Replica::last_write`).
+    writes: u64,
 }
 
 const SUFFIX: &str = "replica";
@@ -239,6 +245,7 @@ impl<I: Io> BackupStore<I> {
                     pending: Vec::new(),
                     file_bytes: parsed.valid_file_bytes,
                     unsynced: false,
+                    last_write: 0,
                     digest: parsed.digest,
                 },
             );
@@ -254,6 +261,7 @@ impl<I: Io> BackupStore<I> {
             disk_bytes,
             dirty: BTreeSet::new(),
             fenced,
+            writes: 0,
         };
         Ok((store, report))
     }
@@ -341,6 +349,7 @@ impl<I: Io> BackupStore<I> {
             pending: replica_file::encode_header(cluster, id, tablet).to_vec(),
             file_bytes: 0,
             unsynced: false,
+            last_write: 0,
             digest: None,
         });
         if growth > 0 {

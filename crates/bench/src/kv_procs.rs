@@ -45,7 +45,13 @@ pub(crate) fn start_insitu(
 ) -> anyhow::Result<(Proc, String)> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let mut cmd = command(cpu, &exe, args);
-    cmd.env("INSITU_LOG", "warn");
+    // Warnings only, unless the operator asks for more (`INSITU_LOG=info
+    // insitu bench ...` shows e.g. each recovered tablet's fetch and replay
+    // times).
+    cmd.env(
+        "INSITU_LOG",
+        std::env::var("INSITU_LOG").unwrap_or_else(|_| "warn".into()),
+    );
     let ready = ready.to_string();
     Proc::spawn(cmd, &format!("insitu {name}"), move |l| {
         l.starts_with(&ready)

@@ -120,7 +120,9 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
     let _in_progress = InProgress { state, key };
     check_not_serving(state, req.table, req.start_hash)?;
     let cluster = cluster_id(state);
+    let list_started = std::time::Instant::now();
     let (conns, listed, digests) = list_all(state, &req.backups, cluster, req.master).await;
+    let list_ms = list_started.elapsed().as_millis() as u64;
     let mut plans = plan_segments(&listed, req.table, req.start_hash);
     // Every backup the coordinator names must answer. Nothing records which
     // segments a log should have (no log digest), so a recovery that went on
@@ -187,6 +189,7 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
                 ),
             )
         })?;
+    let fetch_started = std::time::Instant::now();
     let fetches = plans
         .segments
         .iter_mut()
@@ -197,6 +200,8 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
+    let fetch_ms = fetch_started.elapsed().as_millis() as u64;
+    let replay_started = std::time::Instant::now();
     // Replay; a segment with a corrupt entry is fetched again from its next
     // holder (each retry consumes a holder, so this ends).
     let report = loop {
@@ -246,6 +251,9 @@ pub async fn recover_tablet(state: &ShardState, req: RecoverTablet) -> Result<Re
         bytes,
         objects = report.objects_loaded,
         map_version = req.map_version,
+        list_ms,
+        fetch_ms,
+        replay_ms = replay_started.elapsed().as_millis() as u64,
         "tablet recovered from replicas; held Receiving until the coordinator activates it"
     );
     Ok(Recovered {

@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 
 use insitu_backup::io::sim::SimIo;
-use insitu_backup::{AppendMode, BackupError, BackupStore, ReplicaId, SyncMode};
+use insitu_backup::store::Flush;
+use insitu_backup::{AppendMode, BackupError, BackupStore, ReplicaId, SyncJob, SyncMode};
 use proptest::prelude::*;
 
 use crate::{open_sim, rid, tablet};
@@ -34,6 +35,11 @@ pub(crate) enum Op {
         back: usize,
     },
     Flush,
+    /// Start a flush whose fsyncs run later (`begin_flush`), as the server's
+    /// timer flush does while the store goes on taking appends.
+    BeginFlush,
+    /// Run the begun flush's fsyncs and finish it.
+    FinishFlush,
     Crash {
         seed: u64,
     },
@@ -57,6 +63,8 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
             }),
         1 => (0u8..5, 0usize..64).prop_map(|(replica, back)| Op::Resend { replica, back }),
         2 => Just(Op::Flush),
+        1 => Just(Op::BeginFlush),
+        1 => Just(Op::FinishFlush),
         2 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
         1 => (0u8..5).prop_map(|replica| Op::Free { replica }),
         1 => (0u64..3000).prop_map(|free| Op::DiskFills { free }),
@@ -112,11 +120,31 @@ fn sync_replica(m: &mut Model, digests: &mut [Dig], id: ReplicaId) {
         .for_each(synced);
 }
 
+/// A flush begun and not finished: the store's half, its fsyncs, and what
+/// the model held when it began (what it makes durable).
+struct InFlight {
+    flush: Flush,
+    job: Option<SyncJob>,
+    /// Per replica held then: its length and whether it was closed.
+    held: BTreeMap<ReplicaId, (usize, bool)>,
+    /// The digests accepted by then.
+    digests: Vec<u64>,
+}
+
 /// The store no longer holds replica `id` (freed, or dropped after an I/O
-/// error): the model forgets it and the digests it carried.
-fn forget(model: &mut BTreeMap<ReplicaId, Model>, digests: &mut Vec<Dig>, id: ReplicaId) {
+/// error): the model forgets it and the digests it carried, and a flush in
+/// flight no longer speaks for it (the id may be created anew).
+fn forget(
+    model: &mut BTreeMap<ReplicaId, Model>,
+    digests: &mut Vec<Dig>,
+    in_flight: &mut Option<InFlight>,
+    id: ReplicaId,
+) {
     model.remove(&id);
     digests.retain(|g| g.carrier != id);
+    if let Some(f) = in_flight {
+        f.held.remove(&id);
+    }
 }
 
 /// After a crash: per log, the store lists a digest it accepted whose
@@ -174,6 +202,7 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
     let mut model: BTreeMap<ReplicaId, Model> = BTreeMap::new();
     let mut digests: Vec<Dig> = Vec::new();
     let mut next_seq = 0u64;
+    let mut in_flight: Option<InFlight> = None;
     for op in ops {
         match op {
             Op::Append {
@@ -212,7 +241,9 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                         }
                     }
                     // The store dropped this replica (its state on disk is unknown).
-                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
+                    Err(BackupError::Io { .. }) => {
+                        forget(&mut model, &mut digests, &mut in_flight, id)
+                    }
                     Err(e) => panic!("unexpected {e}"),
                 }
             }
@@ -238,7 +269,9 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                     }
                     // Writing out what earlier buffered appends took failed:
                     // the store dropped the replica.
-                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
+                    Err(BackupError::Io { .. }) => {
+                        forget(&mut model, &mut digests, &mut in_flight, id)
+                    }
                     Err(e) => panic!("resend of held bytes refused: {e}"),
                 }
             }
@@ -252,11 +285,54 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                     let held: Vec<ReplicaId> = store.list(None).iter().map(|r| r.id).collect();
                     model.retain(|id, _| held.contains(id));
                     digests.retain(|g| held.contains(&g.carrier));
+                    if let Some(f) = &mut in_flight {
+                        f.held.retain(|id, _| held.contains(id));
+                    }
                     digests.iter_mut().for_each(synced);
                     model.values_mut().for_each(Model::synced);
                 }
             },
+            Op::BeginFlush => {
+                if in_flight.is_some() {
+                    continue; // the server runs one at a time
+                }
+                let (mut flush, failed) = store.begin_flush();
+                for (id, _) in failed {
+                    forget(&mut model, &mut digests, &mut in_flight, id);
+                }
+                let job = flush.take_job();
+                in_flight = Some(InFlight {
+                    flush,
+                    job,
+                    held: model
+                        .iter()
+                        .map(|(id, m)| (*id, (m.data.len(), m.closed)))
+                        .collect(),
+                    digests: digests.iter().map(|g| g.seq).collect(),
+                });
+            }
+            Op::FinishFlush => {
+                let Some(f) = in_flight.take() else { continue };
+                let done = f.job.map(SyncJob::run);
+                for (id, _) in store.finish_flush(f.flush, done) {
+                    forget(&mut model, &mut digests, &mut in_flight, id);
+                }
+                // What every replica still held had when the flush began is
+                // durable; what it took since is not (the next flush's).
+                for (id, (len, closed)) in f.held {
+                    if let Some(m) = model.get_mut(&id) {
+                        m.durable = m.durable.max(len);
+                        m.durable_closed |= closed;
+                    }
+                }
+                digests
+                    .iter_mut()
+                    .filter(|g| f.digests.contains(&g.seq))
+                    .for_each(synced);
+            }
             Op::Crash { seed } => {
+                // The begun flush's fsyncs never ran.
+                in_flight = None;
                 let mut io = store.into_io();
                 // The crash's own choices; proptest supplies the seed so it shrinks.
                 let mut rng = insitu_testkit::rng(seed);
@@ -301,7 +377,7 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
             }
             Op::Free { replica } => {
                 store.free(rid(replica));
-                forget(&mut model, &mut digests, rid(replica));
+                forget(&mut model, &mut digests, &mut in_flight, rid(replica));
             }
             Op::Digest { replica } => {
                 let id = rid(replica);
@@ -323,7 +399,9 @@ pub(crate) fn run(ops: Vec<Op>, sync: SyncMode) {
                     }
                     Err(BackupError::Unknown(_)) => assert!(!held),
                     Err(BackupError::DiskFull { .. }) => {}
-                    Err(BackupError::Io { .. }) => forget(&mut model, &mut digests, id),
+                    Err(BackupError::Io { .. }) => {
+                        forget(&mut model, &mut digests, &mut in_flight, id)
+                    }
                     Err(e) => panic!("unexpected {e}"),
                 }
             }

@@ -38,6 +38,7 @@ pub(super) async fn recover_tablet(
     (server, shard, addr): &(u64, u32, String),
     backups: &[String],
 ) -> Result<(u64, u64, u64), Failed> {
+    let started = std::time::Instant::now();
     // A version of its own for the shard's Receiving copy: never reused,
     // even if this coordinator restarts before committing anything else.
     let reserved = {
@@ -60,6 +61,7 @@ pub(super) async fn recover_tablet(
         // tablet is recorded in `data_lost`, so it is marked lost below.
         accept_missing: coord.model().data_lost.contains_key(&(table, index)),
     };
+    let reserve_ms = started.elapsed().as_millis() as u64;
     let recovered = match call_recover(coord, addr, &request).await {
         Ok(r) => r,
         Err(e) => {
@@ -69,9 +71,11 @@ pub(super) async fn recover_tablet(
             return Err(Failed::Shard(e));
         }
     };
+    let replied_ms = started.elapsed().as_millis() as u64;
     // Commit the new owner if the tablet is still lost from `dead` and the
     // shard's server still lives.
     let guard = coord.meta_lock.lock().await;
+    let locked_ms = started.elapsed().as_millis() as u64;
     let (current, version) = {
         let model = coord.model();
         let current = model
@@ -126,6 +130,10 @@ pub(super) async fn recover_tablet(
         objects = recovered.0,
         segments = recovered.1,
         bytes = recovered.2,
+        reserve_ms,
+        replied_ms,
+        locked_ms,
+        committed_ms = started.elapsed().as_millis() as u64,
         "tablet recovered"
     );
     // The owner is committed: a failed activation is retried by the next
