@@ -421,3 +421,37 @@ pub mod sim {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `FsIo::removals`: a detached sync that ran while its file was removed
+    /// and created again does not vouch for the new file's directory entry.
+    #[test]
+    fn a_detached_sync_leaves_a_recreated_files_entry_unsynced() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("a.replica");
+        let mut io = FsIo::default();
+        io.append(&path, b"first").expect("append");
+        assert!(io.unsynced_dirents.contains(&path), "a new file's entry");
+        let job = io.sync_job(std::slice::from_ref(&path)).expect("a job");
+        io.remove(&path).expect("remove");
+        io.append(&path, b"again").expect("append");
+        let done = job.run();
+        assert!(done.results[0].is_ok());
+        io.sync_job_done(&done);
+        assert!(
+            io.unsynced_dirents.contains(&path),
+            "the new file's entry was not covered"
+        );
+        // With nothing removed meanwhile, the job's directory sync counts.
+        let done = io
+            .sync_job(std::slice::from_ref(&path))
+            .expect("a job")
+            .run();
+        assert!(done.results[0].is_ok());
+        io.sync_job_done(&done);
+        assert!(!io.unsynced_dirents.contains(&path));
+    }
+}

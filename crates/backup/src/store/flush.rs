@@ -12,9 +12,9 @@ use super::BackupStore;
 /// A flush begun by `BackupStore::begin_flush`, to be finished by
 /// `finish_flush` on the same store.
 pub struct Flush {
-    /// The replicas whose files it syncs: id, path, `last_write` then.
-    synced: Vec<(ReplicaId, PathBuf, u64)>,
-    /// Their paths, in the same order.
+    /// The replicas whose files it syncs: id and `last_write` then.
+    synced: Vec<(ReplicaId, u64)>,
+    /// Their files, in the same order.
     paths: Vec<PathBuf>,
     /// The fsyncs, if the store's `Io` can run them elsewhere.
     job: Option<SyncJob>,
@@ -64,18 +64,19 @@ impl<I: Io> BackupStore<I> {
     /// Reports the replicas that could not be written (each was dropped).
     pub fn begin_flush(&mut self) -> (Flush, Vec<(ReplicaId, BackupError)>) {
         let mut failed = Vec::new();
-        let mut synced: Vec<(ReplicaId, PathBuf, u64)> = Vec::new();
+        let mut synced: Vec<(ReplicaId, u64)> = Vec::new();
+        let mut paths: Vec<PathBuf> = Vec::new();
         for id in std::mem::take(&mut self.dirty) {
             match self.write_out(id, false) {
                 Err(e) => failed.push((id, e)),
                 Ok(()) => {
                     if let Some(r) = self.replicas.get(&id).filter(|r| r.unsynced) {
-                        synced.push((id, r.path.clone(), r.last_write));
+                        synced.push((id, r.last_write));
+                        paths.push(r.path.clone());
                     }
                 }
             }
         }
-        let paths: Vec<PathBuf> = synced.iter().map(|(_, p, _)| p.clone()).collect();
         let job = self.io.sync_job(&paths);
         (Flush { synced, paths, job }, failed)
     }
@@ -99,7 +100,8 @@ impl<I: Io> BackupStore<I> {
         };
         debug_assert_eq!(results.len(), flush.synced.len());
         let mut failed = Vec::new();
-        for ((id, path, last_write), result) in flush.synced.into_iter().zip(results) {
+        let synced = flush.synced.into_iter().zip(&flush.paths);
+        for (((id, last_write), path), result) in synced.zip(results) {
             match result {
                 Ok(()) => {
                     if let Some(r) = self.replicas.get_mut(&id)
@@ -114,7 +116,7 @@ impl<I: Io> BackupStore<I> {
                 Err(e) => {
                     // Its state on disk is unknown: drop it (as `write_out` does).
                     self.drop_replica(id);
-                    failed.push((id, BackupError::io("sync", &path, e)));
+                    failed.push((id, BackupError::io("sync", path, e)));
                 }
             }
         }
