@@ -42,8 +42,8 @@ pub trait Io {
     fn sync_job(&mut self, _paths: &[PathBuf]) -> Option<SyncJob> {
         None
     }
-    /// Record what a finished `sync_job` made durable.
-    fn sync_job_done(&mut self, _done: &SyncDone) {}
+    /// Record what a finished `sync_job(paths)` made durable.
+    fn sync_job_done(&mut self, _paths: &[PathBuf], _done: &SyncDone) {}
     fn remove(&mut self, path: &Path) -> io::Result<()>;
 }
 
@@ -103,7 +103,6 @@ impl FsIo {
             }
         }
         SyncJob {
-            paths: paths.to_vec(),
             kind: JobKind::Fs {
                 files,
                 dirs,
@@ -176,7 +175,7 @@ impl Io for FsIo {
             return paths.iter().map(|p| self.sync(p)).collect();
         }
         let done = self.open_sync_job(paths).run();
-        self.sync_job_done(&done);
+        self.sync_job_done(paths, &done);
         done.results
     }
 
@@ -184,7 +183,7 @@ impl Io for FsIo {
         Some(self.open_sync_job(paths))
     }
 
-    fn sync_job_done(&mut self, done: &SyncDone) {
+    fn sync_job_done(&mut self, paths: &[PathBuf], done: &SyncDone) {
         let Applied::Fs {
             dirents_synced,
             removals,
@@ -195,8 +194,8 @@ impl Io for FsIo {
         // Conservative when a file was removed meanwhile (see `removals`):
         // those entries are synced again by the next flush.
         if *removals == self.removals {
-            for p in dirents_synced {
-                self.unsynced_dirents.remove(p);
+            for &i in dirents_synced {
+                self.unsynced_dirents.remove(&paths[i]);
             }
         }
     }
@@ -388,16 +387,15 @@ pub mod sim {
                 })
                 .collect();
             Some(SyncJob {
-                paths: paths.to_vec(),
                 kind: JobKind::Sim(snapshots),
             })
         }
 
-        fn sync_job_done(&mut self, done: &SyncDone) {
+        fn sync_job_done(&mut self, paths: &[PathBuf], done: &SyncDone) {
             let Applied::Sim(snapshots) = &done.applied else {
                 return;
             };
-            for (path, snapshot) in done.paths().iter().zip(snapshots) {
+            for (path, snapshot) in paths.iter().zip(snapshots) {
                 let Some((id, bytes)) = snapshot else {
                     continue;
                 };
@@ -440,7 +438,7 @@ mod tests {
         io.append(&path, b"again").expect("append");
         let done = job.run();
         assert!(done.results[0].is_ok());
-        io.sync_job_done(&done);
+        io.sync_job_done(std::slice::from_ref(&path), &done);
         assert!(
             io.unsynced_dirents.contains(&path),
             "the new file's entry was not covered"
@@ -451,7 +449,7 @@ mod tests {
             .expect("a job")
             .run();
         assert!(done.results[0].is_ok());
-        io.sync_job_done(&done);
+        io.sync_job_done(std::slice::from_ref(&path), &done);
         assert!(!io.unsynced_dirents.contains(&path));
     }
 }

@@ -22,10 +22,10 @@ use std::path::PathBuf;
 /// while bounding the threads a flush starts.
 const MAX_PARALLEL_SYNCS: usize = 16;
 
-/// The fsyncs of several files (see the module docs).
+/// The fsyncs of several files (see the module docs), in the order of the
+/// paths the job was made for; its results and `Io::sync_job_done` take
+/// that order too.
 pub struct SyncJob {
-    /// The files, in the order of the results.
-    pub(crate) paths: Vec<PathBuf>,
     pub(crate) kind: JobKind,
 }
 
@@ -48,16 +48,14 @@ pub(crate) enum JobKind {
 /// What a `SyncJob` did: one result per path, in order.
 pub struct SyncDone {
     pub results: Vec<io::Result<()>>,
-    /// The paths, in order.
-    paths: Vec<PathBuf>,
     pub(crate) applied: Applied,
 }
 
 /// What the `Io` records once the job is done.
 pub(crate) enum Applied {
     Fs {
-        /// Paths whose directory entries the job synced.
-        dirents_synced: Vec<PathBuf>,
+        /// Indices of the paths whose directory entries the job synced.
+        dirents_synced: Vec<usize>,
         /// `FsIo::removals` when the job was made.
         removals: u64,
     },
@@ -72,7 +70,6 @@ impl SyncJob {
     /// once, then the directories of the new files). Blocks for as long as
     /// the disk takes.
     pub fn run(self) -> SyncDone {
-        let paths = self.paths;
         match self.kind {
             JobKind::Fs {
                 files,
@@ -90,7 +87,7 @@ impl SyncJob {
                     for &i in members {
                         if results[i].is_ok() {
                             match &synced {
-                                Ok(()) => dirents_synced.push(paths[i].clone()),
+                                Ok(()) => dirents_synced.push(i),
                                 Err(e) => results[i] = Err(copy_error(e)),
                             }
                         }
@@ -98,7 +95,6 @@ impl SyncJob {
                 }
                 SyncDone {
                     results,
-                    paths,
                     applied: Applied::Fs {
                         dirents_synced,
                         removals,
@@ -111,29 +107,19 @@ impl SyncJob {
                     .map(|s| s.as_ref().map(|_| ()).map_err(copy_error))
                     .collect();
                 let applied = Applied::Sim(snapshots.into_iter().map(Result::ok).collect());
-                SyncDone {
-                    results,
-                    paths,
-                    applied,
-                }
+                SyncDone { results, applied }
             }
         }
     }
 }
 
 impl SyncDone {
-    /// A job that could not run: every path failed with `why`.
-    pub fn failed(paths: &[PathBuf], why: &str) -> SyncDone {
+    /// A job of `files` files that could not run: every one failed with `why`.
+    pub fn failed(files: usize, why: &str) -> SyncDone {
         SyncDone {
-            results: paths.iter().map(|_| Err(io::Error::other(why))).collect(),
-            paths: paths.to_vec(),
+            results: (0..files).map(|_| Err(io::Error::other(why))).collect(),
             applied: Applied::Nothing,
         }
-    }
-
-    /// The paths the job synced, in the order of `results`.
-    pub fn paths(&self) -> &[PathBuf] {
-        &self.paths
     }
 }
 

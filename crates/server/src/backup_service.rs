@@ -390,7 +390,7 @@ fn finish_timer_flush(
         Ok(done) => done,
         Err(e) => {
             tracing::error!("backup service: sync task failed: {e}");
-            SyncDone::failed(flush.paths(), &format!("sync task failed: {e}"))
+            SyncDone::failed(flush.files(), &format!("sync task failed: {e}"))
         }
     };
     let failed = svc.store_mut().finish_flush(flush, Some(done));
