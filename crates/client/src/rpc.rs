@@ -15,7 +15,7 @@ use futures::StreamExt;
 use insitu_auth::Credentials;
 use insitu_protocol::{
     FrameCodec, FrameKind, HEADER_BYTES, MAX_BODY_BYTES, ProtocolError, Request, Response, Status,
-    blob, decode_response, encode_request, encoded_len,
+    blob, decode_response, encode_request, encode_request_parts, encoded_len,
 };
 use insitu_tls::{ClientTls, Stream};
 use tokio::io::AsyncWriteExt;
@@ -26,6 +26,15 @@ use tokio_util::codec::FramedRead;
 /// Queued frames are coalesced into one write up to this many bytes: small
 /// pipelined requests share a syscall, large ones are written as they are.
 const COALESCE_BYTES: usize = 64 * 1024;
+
+/// A frame for the writer task.
+enum Outgoing {
+    /// Encoded whole (small ones are coalesced into one write).
+    Whole(BytesMut),
+    /// Encoded in parts that share the big byte strings of the caller
+    /// (`encode_request_parts`): written part by part, never copied here.
+    Parts(Vec<Bytes>),
+}
 
 /// A reply whose body is still encoded; `decode` borrows from it.
 #[derive(Debug, Clone)]
@@ -91,7 +100,7 @@ struct Inner {
     /// Callers waiting for a reply, by request id.
     pending: Pending,
     /// Encoded frames to the writer task.
-    tx: mpsc::UnboundedSender<BytesMut>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     /// Set by the reader or writer task when the socket is done.
     closed: Arc<AtomicBool>,
 }
@@ -143,36 +152,54 @@ impl RpcConn {
         let (read_half, mut write_half) = stream.into_split();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        let (tx, mut rx) = mpsc::unbounded_channel::<BytesMut>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
 
         let closed_w = closed.clone();
         tokio::spawn(async move {
-            // A frame taken from the queue that did not fit the last write.
-            let mut carried: Option<BytesMut> = None;
+            // A frame taken from the queue that did not join the last write.
+            let mut carried: Option<Outgoing> = None;
             loop {
-                let mut buf = match carried.take() {
-                    Some(buf) => buf,
+                let next = match carried.take() {
+                    Some(next) => next,
                     None => match rx.recv().await {
-                        Some(buf) => buf,
+                        Some(next) => next,
                         None => break,
                     },
                 };
-                // Coalesce small queued frames into one write; a big frame
-                // (a replication batch) goes out alone rather than copied.
-                while buf.len() < COALESCE_BYTES {
-                    match rx.try_recv() {
-                        Ok(more) if buf.len() + more.len() <= COALESCE_BYTES => {
-                            buf.extend_from_slice(&more)
+                let written = match next {
+                    Outgoing::Whole(mut buf) => {
+                        // Coalesce small queued frames into one write; a big
+                        // frame (a replication batch) goes out alone rather
+                        // than copied.
+                        while buf.len() < COALESCE_BYTES {
+                            match rx.try_recv() {
+                                Ok(Outgoing::Whole(more))
+                                    if buf.len() + more.len() <= COALESCE_BYTES =>
+                                {
+                                    buf.extend_from_slice(&more)
+                                }
+                                Ok(more) => {
+                                    carried = Some(more);
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
                         }
-                        Ok(more) => {
-                            carried = Some(more);
-                            break;
-                        }
-                        Err(_) => break,
+                        write_half.write_all(&buf).await
                     }
-                }
+                    Outgoing::Parts(parts) => {
+                        let mut result = Ok(());
+                        for part in &parts {
+                            result = write_half.write_all(part).await;
+                            if result.is_err() {
+                                break;
+                            }
+                        }
+                        result
+                    }
+                };
                 // Flush: TLS may hold records the socket did not take yet.
-                if write_half.write_all(&buf).await.is_err() || write_half.flush().await.is_err() {
+                if written.is_err() || write_half.flush().await.is_err() {
                     break;
                 }
             }
@@ -231,13 +258,32 @@ impl RpcConn {
             BytesMut::with_capacity(HEADER_BYTES + encoded_len(request).min(MAX_BODY_BYTES));
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         encode_request(&mut buf, id, request)?;
+        self.submit(id, Outgoing::Whole(buf)).await
+    }
+
+    /// `call`, where the big byte strings `request` borrows from `shared`
+    /// go to the socket from that memory, not copied into a frame first
+    /// (`encode_request_parts`): a replication round's segment bytes, sent
+    /// to several backups.
+    pub async fn call_sharing(
+        &self,
+        request: &Request<'_>,
+        shared: &[Bytes],
+    ) -> Result<Reply, RpcError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let parts = encode_request_parts(id, request, shared)?;
+        self.submit(id, Outgoing::Parts(parts)).await
+    }
+
+    /// Queue frame `id` for the writer and wait for its reply.
+    async fn submit(&self, id: u64, frame: Outgoing) -> Result<Reply, RpcError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         self.inner
             .pending
             .lock()
             .expect("pending map")
             .insert(id, reply_tx);
-        if self.is_closed() || self.inner.tx.send(buf).is_err() {
+        if self.is_closed() || self.inner.tx.send(frame).is_err() {
             self.inner.pending.lock().expect("pending map").remove(&id);
             return Err(RpcError::Closed(self.inner.addr.clone()));
         }

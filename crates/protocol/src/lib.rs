@@ -9,6 +9,7 @@ pub mod frame;
 pub mod json_path;
 pub mod limits;
 pub mod message;
+pub mod parts;
 pub mod plan;
 pub mod query;
 pub mod schema;
@@ -23,6 +24,7 @@ pub use limits::{
     MAX_SHARD_ADDRS,
 };
 pub use message::*;
+pub use parts::encode_request_parts;
 
 /// Outcome of a request (frame header) or of one object in a multi-operation.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -40,6 +40,8 @@ use insitu_protocol::{FrameKind, Response, Status, decode_request, encode_error,
 use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub(crate) use crate::backup_job::Job;
+use crate::backup_job::{JobBody, answer_group, malformed_request};
 pub use crate::backup_local::LocalBackup;
 use crate::conn::{Front, split_frame};
 use crate::inbox::{IdleList, Inbox, Port};
@@ -77,13 +79,6 @@ pub struct BackupSettings {
 }
 
 type Service = BackupService<FsIo>;
-
-/// One connection's complete backup requests (request id, body), and where
-/// their encoded replies go (also what `LocalBackup` hands over).
-pub(crate) struct Job {
-    pub frames: Vec<(u64, BytesMut)>,
-    pub reply: oneshot::Sender<BytesMut>,
-}
 
 /// Hands the opened store to the running service (once).
 pub struct Installer(oneshot::Sender<Service>);
@@ -451,50 +446,6 @@ async fn run_group(service: Option<Service>, group: Vec<Job>, sync: SyncMode) ->
     service
 }
 
-/// Decode every frame, handle them as one group, encode each job's replies.
-fn answer_group(svc: &mut Service, jobs: &[Vec<(u64, BytesMut)>]) -> Vec<BytesMut> {
-    let mut requests = Vec::new();
-    // Per frame: Ok(index into requests) or the refusal of an undecodable one.
-    let mut slots: Vec<Vec<(u64, Result<usize, Outcome>)>> = Vec::with_capacity(jobs.len());
-    for frames in jobs {
-        let mut job_slots = Vec::with_capacity(frames.len());
-        for (id, body) in frames {
-            let slot = match decode_request(body) {
-                Ok(r) => {
-                    requests.push(r);
-                    Ok(requests.len() - 1)
-                }
-                Err(e) => Err(malformed_request(e)),
-            };
-            job_slots.push((*id, slot));
-        }
-        slots.push(job_slots);
-    }
-    let outcomes = svc.handle_group(&requests);
-    slots
-        .iter()
-        .map(|job_slots| {
-            let mut out = BytesMut::new();
-            for (id, slot) in job_slots {
-                match slot {
-                    Ok(i) => outcomes[*i].encode(*id, &mut out),
-                    Err(refused) => refused.encode(*id, &mut out),
-                }
-            }
-            out
-        })
-        .collect()
-}
-
-/// The refusal of a request body that does not decode: one wording for the
-/// connections and the committer (which also takes `LocalBackup`'s frames).
-fn malformed_request(e: impl std::fmt::Display) -> Outcome {
-    Outcome::Refused {
-        status: Status::BadRequest,
-        message: format!("malformed request: {e}"),
-    }
-}
-
 /// One connection: answer `Ping` and refusals here, hand backup requests to
 /// the committer and wait for their replies, then read on.
 async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Closed>> {
@@ -552,7 +503,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
             };
             match local {
                 Some(outcome) => outcome.encode(header.request_id, &mut wbuf),
-                None => job.push((header.request_id, body)),
+                None => job.push((header.request_id, JobBody::Encoded(body))),
             }
         };
         if !job.is_empty() {

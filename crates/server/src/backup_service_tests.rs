@@ -2,7 +2,7 @@
 
 use super::*;
 use insitu_client::RpcConn;
-use insitu_protocol::{BackupOp, Request, Response, blob};
+use insitu_protocol::{Request, Response};
 
 /// A safety net for awaits that must end; not a performance assertion.
 const SAFETY: Duration = Duration::from_secs(20);
@@ -86,15 +86,36 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
         master: 9,
         fence: false,
     };
-    let door_call = |requests: Vec<Request<'static>>| {
+    // The door takes a connection's encoded bodies and the replicator's
+    // ops alike (`JobBody`); both kinds go through it here.
+    let encoded = |r: &Request| {
+        let mut body = BytesMut::new();
+        insitu_protocol::encode_request(&mut body, 0, r).unwrap();
+        body.advance(HEADER_BYTES);
+        JobBody::Encoded(body)
+    };
+    let write = || JobBody::Write {
+        cluster: 0,
+        master: 9,
+        ops: vec![crate::replicate::OwnedOp::Append {
+            log: 1,
+            table: 5,
+            start_hash: 0,
+            segment: 3,
+            offset: 0,
+            bytes: bytes::Bytes::from_static(b"seven b"),
+            close: false,
+        }],
+    };
+    let door_call = |bodies: Vec<JobBody>| {
         let door = door.clone();
         async move {
-            tokio::time::timeout(SAFETY, door.call(&requests))
+            tokio::time::timeout(SAFETY, door.call(bodies))
                 .await
                 .unwrap()
         }
     };
-    let early = door_call(vec![list.clone()]).await.unwrap();
+    let early = door_call(vec![encoded(&list)]).await.unwrap();
     assert_eq!(early.len(), 1);
     assert_eq!(
         early[0].status,
@@ -104,23 +125,10 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     );
     let service = open_store(&dir.path().join(REPLICA_DIR), 0, &settings).unwrap();
     installer.install(service).unwrap();
-    let write = Request::BackupWrite {
-        cluster: 0,
-        master: 9,
-        ops: vec![BackupOp::Append {
-            log: 1,
-            table: 5,
-            start_hash: 0,
-            segment: 3,
-            offset: 0,
-            bytes: blob(b"seven b"),
-            close: false,
-        }],
-    };
     // The install is asynchronous: retry as a master would (bounded).
     let mut replies = Vec::new();
     for _ in 0..2000 {
-        replies = door_call(vec![write.clone(), list.clone()]).await.unwrap();
+        replies = door_call(vec![write(), encoded(&list)]).await.unwrap();
         if replies[0].status != Status::Retry {
             break;
         }
@@ -153,7 +161,7 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     tokio::task::spawn_blocking(move || thread.join().unwrap())
         .await
         .unwrap();
-    let after = door_call(vec![list]).await;
+    let after = door_call(vec![encoded(&list)]).await;
     assert!(after.is_err(), "a stopped service cannot answer");
 }
 

@@ -4,6 +4,7 @@
 //! listens on its own port, so a request never crosses threads and the data
 //! path takes no lock (see ARCHITECTURE.md, "Storage server").
 
+mod backup_job;
 mod backup_local;
 mod backup_service;
 mod commit_bound;

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use insitu_protocol::{BackupOp, blob};
@@ -77,7 +78,7 @@ pub struct LogDigests {
     pub seq: u64,
     /// The segments it lists, ascending: the log's durable segments when it
     /// was made.
-    pub listed: Rc<[u64]>,
+    pub listed: Arc<[u64]>,
     /// Its carrier: an open segment of the log (the same one while it stays
     /// open), whose backups keep the digest.
     pub carrier: u64,
@@ -126,11 +127,32 @@ pub enum OwnedOp {
         log: u64,
         segment: u64,
         seq: u64,
-        segments: Rc<[u64]>,
+        /// Shared with the log's book entry (`listed`); `Arc`, not `Rc`:
+        /// the op may travel to this server's own backup thread.
+        segments: Arc<[u64]>,
     },
 }
 
 impl OwnedOp {
+    /// Segment bytes the op carries.
+    pub fn len(&self) -> usize {
+        match self {
+            OwnedOp::Append { bytes, .. } => bytes.len(),
+            OwnedOp::Free { .. } | OwnedOp::Digest { .. } => 0,
+        }
+    }
+
+    /// The bytes the Append ops of `ops` carry, to send them without a copy
+    /// (`RpcConn::call_sharing`).
+    pub fn shared(ops: &[OwnedOp]) -> Vec<Bytes> {
+        ops.iter()
+            .filter_map(|op| match op {
+                OwnedOp::Append { bytes, .. } => Some(bytes.clone()),
+                OwnedOp::Free { .. } | OwnedOp::Digest { .. } => None,
+            })
+            .collect()
+    }
+
     /// The wire form, borrowing the bytes.
     pub fn as_op(&self) -> BackupOp<'_> {
         match self {

@@ -31,8 +31,10 @@ use insitu_protocol::{Request, Response, Status};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::backup_job::JobBody;
 use crate::shard::ShardState;
 pub use book::Book;
+pub(crate) use book::OwnedOp;
 use book::{BackupBatch, request};
 
 /// Timing and limits of replication (one set per server).
@@ -470,14 +472,20 @@ async fn send_batch(
 ) -> Result<(), SendError> {
     let calls = async {
         let timeout = repl.shared.config.call_timeout;
-        let requests: Vec<Request<'_>> = batch
-            .frames
-            .iter()
-            .map(|f| request(identity.cluster_id, identity.server_id, f))
-            .collect();
         let replies: Vec<Result<_, String>> = match &identity.own_backup {
             Some(own) if *batch.addr == *identity.backup_addr => {
-                match tokio::time::timeout(timeout, own.call(&requests)).await {
+                // The ops as they are (they share their bytes with the
+                // other backups' sends): see `JobBody::Write`.
+                let writes = batch
+                    .frames
+                    .iter()
+                    .map(|ops| JobBody::Write {
+                        cluster: identity.cluster_id,
+                        master: identity.server_id,
+                        ops: ops.clone(),
+                    })
+                    .collect();
+                match tokio::time::timeout(timeout, own.call(writes)).await {
                     Ok(Ok(replies)) => replies.into_iter().map(Ok).collect(),
                     Ok(Err(why)) => return Err(SendError::Failed(why)),
                     Err(_) => {
@@ -489,12 +497,27 @@ async fn send_batch(
                 }
             }
             _ => {
+                let requests: Vec<Request<'_>> = batch
+                    .frames
+                    .iter()
+                    .map(|f| request(identity.cluster_id, identity.server_id, f))
+                    .collect();
+                // Each frame's segment bytes go to the socket from the
+                // round's buffers, shared with the other backups' sends
+                // (`RpcConn::call_sharing`), not copied into the frame.
+                let shared: Vec<Vec<bytes::Bytes>> = batch
+                    .frames
+                    .iter()
+                    .map(|ops| OwnedOp::shared(ops))
+                    .collect();
                 let conn = connect(repl, &batch.addr).await?;
-                futures::future::join_all(requests.iter().map(|r| conn.call_timeout(r, timeout)))
-                    .await
-                    .into_iter()
-                    .map(|r| r.map_err(|e| e.to_string()))
-                    .collect()
+                let calls = requests.iter().zip(&shared).map(|(r, shared)| async {
+                    match tokio::time::timeout(timeout, conn.call_sharing(r, shared)).await {
+                        Ok(reply) => reply.map_err(|e| e.to_string()),
+                        Err(_) => Err(insitu_client::rpc::RpcError::Timeout(timeout).to_string()),
+                    }
+                });
+                futures::future::join_all(calls).await
             }
         };
         for reply in replies {
