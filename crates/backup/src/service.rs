@@ -70,6 +70,17 @@ impl Outcome {
         }
     }
 
+    /// About the bytes `encode` appends: a job's replies are reserved at
+    /// once from these (grown one reply at a time, a job of several replica
+    /// reads copied the earlier replies again at each growth).
+    pub fn encoded_bytes_hint(&self) -> usize {
+        let body = match self {
+            Outcome::Bytes { bytes, .. } => bytes.len(),
+            _ => 0,
+        };
+        insitu_protocol::HEADER_BYTES + 64 + body
+    }
+
     /// Append the reply frame for request `request_id` to `out`.
     pub fn encode(&self, request_id: u64, out: &mut BytesMut) {
         let response = match self {

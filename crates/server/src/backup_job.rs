@@ -83,7 +83,11 @@ pub(crate) fn answer_group(
     slots
         .iter()
         .map(|job_slots| {
-            let mut out = BytesMut::new();
+            let hint = |slot: &Result<usize, Outcome>| match slot {
+                Ok(i) => outcomes[*i].encoded_bytes_hint(),
+                Err(refused) => refused.encoded_bytes_hint(),
+            };
+            let mut out = BytesMut::with_capacity(job_slots.iter().map(|(_, s)| hint(s)).sum());
             for (id, slot) in job_slots {
                 match slot {
                     Ok(i) => outcomes[*i].encode(*id, &mut out),

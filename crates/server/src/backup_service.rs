@@ -519,6 +519,9 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                 return Ok(None); // shutting down
             }
             match rx.await {
+                // Taken as it is when nothing else waits to be written
+                // (a replica read's reply is megabytes: not copied again).
+                Ok(out) if wbuf.is_empty() => wbuf = out,
                 Ok(out) => wbuf.extend_from_slice(&out),
                 Err(_) => return Ok(None),
             }
