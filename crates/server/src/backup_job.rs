@@ -26,7 +26,9 @@ pub(crate) enum JobBody {
     /// copied into a fresh frame on the shard thread (a recovery's rebuilt
     /// tablet is ~128 MB, and each new frame is page-faulted in) and parsed
     /// again here; the ops share the round's bytes with the other backups'
-    /// sends instead. Made by this process, so no decoder limit applies.
+    /// sends instead. Made by this process and split as any frame is
+    /// (`split_frames`: a frame's bytes, at most `MAX_BACKUP_OPS` ops), so
+    /// they are within the limits a decoder would have checked.
     Write {
         cluster: u64,
         master: u64,
