@@ -27,22 +27,33 @@ pub const SHARED_MIN_BYTES: usize = 4096;
 /// Encode `request` (id `request_id`) as a request frame in parts, in order:
 /// each byte string of at least `SHARED_MIN_BYTES` that is one of `shared`
 /// (same address, same length) is a clone of that `Bytes`; everything else
-/// is copied into small parts between them. Refused like `encode_request`
+/// is copied into small parts between them, the first led by the header (a
+/// frame with no shared string is one part). Refused like `encode_request`
 /// (a body over `MAX_BODY_BYTES`, or one that does not serialize).
 pub fn encode_request_parts(
     request_id: u64,
     request: &Request<'_>,
     shared: &[Bytes],
 ) -> Result<Vec<Bytes>, ProtocolError> {
+    // The header leads the first part (its length is written once known),
+    // so a frame with no shared string is one part: one write, as before.
+    let mut open = BytesMut::new();
+    let (kind, status) = (FrameKind::Request, Status::Ok);
+    let header = Header {
+        kind,
+        request_id,
+        status,
+    };
+    frame::put_header(&mut open, &header, 0);
     let parts = Parts {
-        // Slot 0 is the header, written once the body's length is known.
-        done: vec![Bytes::new()],
-        open: BytesMut::new(),
+        first: None,
+        done: Vec::new(),
+        open,
         shared,
         next: 0,
         body_len: 0,
     };
-    let (mut done, body_len) = postcard::serialize_with_flavor(request, parts)
+    let (first, done, body_len) = postcard::serialize_with_flavor(request, parts)
         .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     if body_len > MAX_BODY_BYTES {
         return Err(ProtocolError::FrameTooLarge {
@@ -50,34 +61,31 @@ pub fn encode_request_parts(
             max: MAX_BODY_BYTES,
         });
     }
-    let mut header = BytesMut::with_capacity(HEADER_BYTES);
-    let kind = FrameKind::Request;
-    let status = Status::Ok;
-    frame::put_header(
-        &mut header,
-        &Header {
-            kind,
-            request_id,
-            status,
-        },
-        body_len,
-    );
-    done[0] = header.freeze();
-    Ok(done)
+    let mut first = first.expect("finalize always closes the first part");
+    debug_assert!(first.len() >= HEADER_BYTES);
+    first[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    let mut out = Vec::with_capacity(1 + done.len());
+    out.push(first.freeze());
+    out.extend(done);
+    Ok(out)
 }
 
 /// The postcard output that builds the parts.
 struct Parts<'s> {
-    /// Finished parts, in order.
+    /// The first part, header first (kept mutable until the body's length
+    /// is known).
+    first: Option<BytesMut>,
+    /// Finished parts after the first, in order.
     done: Vec<Bytes>,
-    /// The small bytes since the last shared string.
+    /// The small bytes since the last shared string (the header too, until
+    /// the first part is closed).
     open: BytesMut,
     /// The strings that are referenced rather than copied.
     shared: &'s [Bytes],
     /// Where the search for the next shared string starts: a message names
     /// them in order, so the next one is almost always here.
     next: usize,
-    /// Body bytes so far (parts and open bytes).
+    /// Body bytes so far (parts and open bytes, the header not counted).
     body_len: usize,
 }
 
@@ -92,14 +100,16 @@ impl Parts<'_> {
     }
 
     fn close_open(&mut self) {
-        if !self.open.is_empty() {
+        if self.first.is_none() {
+            self.first = Some(self.open.split());
+        } else if !self.open.is_empty() {
             self.done.push(self.open.split().freeze());
         }
     }
 }
 
 impl Flavor for Parts<'_> {
-    type Output = (Vec<Bytes>, usize);
+    type Output = (Option<BytesMut>, Vec<Bytes>, usize);
 
     fn try_push(&mut self, data: u8) -> postcard::Result<()> {
         self.open.put_u8(data);
@@ -123,7 +133,7 @@ impl Flavor for Parts<'_> {
 
     fn finalize(mut self) -> postcard::Result<Self::Output> {
         self.close_open();
-        Ok((self.done, self.body_len))
+        Ok((self.first, self.done, self.body_len))
     }
 }
 
@@ -181,8 +191,29 @@ mod tests {
         }
         assert!(parts.iter().all(|p| p.as_ptr() != small.as_ptr()));
         assert!(parts.iter().all(|p| p.as_ptr() != unnamed.as_ptr()));
-        // Header, and small parts only around the three shared strings.
-        assert!(parts.len() <= 1 + 3 + 4, "{} parts", parts.len());
+        // Header with the first small bytes, then small parts only
+        // between and after the three shared strings.
+        assert!(parts.len() <= 3 + 4, "{} parts", parts.len());
+        assert!(
+            parts[0].len() > HEADER_BYTES,
+            "the header leads the first part"
+        );
+    }
+
+    /// With no shared string the frame is one part (one write).
+    #[test]
+    fn a_frame_without_shared_strings_is_one_part() {
+        let bytes = Bytes::from(vec![3u8; SHARED_MIN_BYTES * 2]);
+        let request = Request::BackupWrite {
+            cluster: 5,
+            master: 6,
+            ops: vec![append(&bytes, 1)],
+        };
+        let parts = encode_request_parts(9, &request, &[]).unwrap();
+        let mut whole = BytesMut::new();
+        encode_request(&mut whole, 9, &request).unwrap();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(&parts[0][..], &whole[..]);
     }
 
     /// Too big a body is refused as `encode_request` refuses it.
