@@ -37,7 +37,15 @@ pub fn encode_request_parts(
 ) -> Result<Vec<Bytes>, ProtocolError> {
     // The header leads the first part (its length is written once known),
     // so a frame with no shared string is one part: one write, as before.
-    let mut open = BytesMut::new();
+    // Sized for the bytes that will be copied (all but the shared strings),
+    // so a small frame is one allocation, not a few doublings.
+    let shared_bytes: usize = shared
+        .iter()
+        .filter(|b| b.len() >= SHARED_MIN_BYTES)
+        .map(Bytes::len)
+        .sum();
+    let copied = crate::encoded_len(request).saturating_sub(shared_bytes);
+    let mut open = BytesMut::with_capacity(HEADER_BYTES + copied.min(MAX_BODY_BYTES));
     let (kind, status) = (FrameKind::Request, Status::Ok);
     let header = Header {
         kind,
