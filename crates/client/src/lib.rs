@@ -20,6 +20,7 @@ pub mod routing;
 pub mod rpc;
 pub mod snapshot;
 pub mod txn;
+mod txn_decide;
 pub mod typed;
 
 pub use blocking::{BlockingClient, BlockingSnapshot, BlockingTableCursor, BlockingTransaction};

@@ -23,6 +23,7 @@ use crate::client::{Client, decode};
 use crate::error::ClientError;
 use crate::routing::{Endpoint, call_endpoint};
 use crate::rpc::Reply;
+use crate::txn_decide::{decide, direct_commit};
 
 /// A transaction in progress. Made by `Client::begin` (or for the body of
 /// `Client::transaction`); nothing reaches the store before `commit`.
@@ -43,14 +44,14 @@ pub struct Transaction {
 type KeyWrite = Option<Option<Vec<u8>>>;
 
 /// One participant shard of a commit: its endpoint and its items.
-struct Share {
-    ep: Arc<Endpoint>,
+pub(crate) struct Share {
+    pub(crate) ep: Arc<Endpoint>,
     /// (table, key, read version, write)
     items: Vec<(u64, Vec<u8>, Option<u64>, KeyWrite)>,
 }
 
 /// How a participant answered the prepare.
-enum Vote {
+pub(crate) enum Vote {
     /// `needs_ts`: the participant keeps versions for snapshot reads, so the
     /// commit needs a timestamp.
     Yes { needs_ts: bool },
@@ -389,16 +390,14 @@ impl Transaction {
             // unprepared), so every participant, the primary included, is
             // told at once. So is a read-only transaction's commit: nothing
             // is applied anywhere, so nothing needs a durable decision. A
-            // commit that writes goes to the primary first (below): its
-            // durable decision must exist before any participant applies,
-            // or a crash of the primary could leave a commit applied by some
-            // and aborted by a resolution.
+            // commit that writes is told to all at once too, but each
+            // participant keeps it durably (below).
             let shares = &shares;
             let tell = votes.iter().filter(|(_, v)| !matches!(v, Vote::No(_))).map(
                 |(addr, _)| async move {
                     (
                         addr.clone(),
-                        decide(&shares[addr].ep, txn, (commit, 0), deadline).await,
+                        decide(&shares[addr].ep, txn, (commit, 0), (false, true), deadline).await,
                     )
                 },
             );
@@ -426,11 +425,12 @@ impl Transaction {
             };
         }
 
-        // All yes, or a vote unknown (it may have been a yes): the primary
-        // decides first (durably, and it answers the decision that stands,
-        // a resolution's included), then the others learn it. With a vote
-        // unknown the client asks for an abort; the primary's answer may
-        // still be a commit that a resolution took.
+        // All yes in a transaction that writes: a commit, told to every
+        // participant at once (`direct_commit`). A vote unknown (it may have
+        // been a yes): the primary decides first (durably, and it answers
+        // the decision that stands, a resolution's included), then the
+        // others learn it; the client asks for an abort, and the primary's
+        // answer may still be a commit that a resolution took.
         //
         // A commit's timestamp is taken now, after every participant locked
         // its keys: a snapshot read that could miss the commit anywhere was
@@ -448,21 +448,39 @@ impl Transaction {
                 }
             }
         }
+        if commit {
+            return direct_commit(&shares, &votes, &primary, txn, commit_ts, deadline).await;
+        }
         let primary_ep = &shares[&primary].ep;
-        let (committed, commit_ts) =
-            match decide(primary_ep, txn, (commit, commit_ts), deadline).await {
-                Ok(c) => c,
-                Err(e) => {
-                    return Err(ClientError::TxnOutcomeUnknown {
-                        txn,
-                        why: format!("the deciding shard {primary} did not answer: {e}"),
-                    });
-                }
-            };
+        let (committed, commit_ts) = match decide(
+            primary_ep,
+            txn,
+            (commit, commit_ts),
+            (false, true),
+            deadline,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(ClientError::TxnOutcomeUnknown {
+                    txn,
+                    why: format!("the deciding shard {primary} did not answer: {e}"),
+                });
+            }
+        };
         let tell = votes
             .iter()
             .filter(|(addr, v)| *addr != primary && !matches!(v, Vote::No(_)))
-            .map(|(addr, _)| decide(&shares[addr].ep, txn, (committed, commit_ts), deadline));
+            .map(|(addr, _)| {
+                decide(
+                    &shares[addr].ep,
+                    txn,
+                    (committed, commit_ts),
+                    (false, true),
+                    deadline,
+                )
+            });
         // Waiting here makes the writes visible before commit returns. A
         // participant that does not hear it asks the primary after its
         // timeout, so a failed call here loses nothing.
@@ -523,34 +541,7 @@ impl Transaction {
     }
 }
 
-/// Send the decision to one participant; its answer is the outcome there.
-/// Answers the decision that stands there and its commit timestamp.
-async fn decide(
-    ep: &Endpoint,
-    txn: TxnId,
-    (commit, commit_ts): (bool, u64),
-    deadline: Instant,
-) -> Result<(bool, u64), ClientError> {
-    let request = Request::TxnDecide {
-        txn,
-        commit,
-        commit_ts,
-    };
-    let reply = call_endpoint(ep, &request, true, deadline).await?;
-    crate::client::check_ok(&reply)?;
-    match decode(&reply, &ep.addr)? {
-        Response::TxnDecided {
-            committed,
-            commit_ts,
-        } => Ok((committed, commit_ts)),
-        other => Err(ClientError::unexpected(
-            &ep.addr,
-            format!("{other:?} to TxnDecide"),
-        )),
-    }
-}
-
-fn aborted(txn: TxnId, why: &str) -> ClientError {
+pub(crate) fn aborted(txn: TxnId, why: &str) -> ClientError {
     let why = if why.is_empty() { "aborted" } else { why };
     ClientError::Status(Status::Conflict, format!("transaction {txn:#x}: {why}"))
 }

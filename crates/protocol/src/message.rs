@@ -345,10 +345,12 @@ pub enum Request<'a> {
         /// refused.
         writes: bool,
     },
-    /// The decision. A commit goes to the primary first, which makes it
-    /// durable (or answers the decision it already took for an orphan),
-    /// then to the others with the primary's answer; an abort after a no
-    /// vote goes to every participant at once. Idempotent.
+    /// The decision. After every vote was yes, the client's commit goes to
+    /// every participant at once (`direct`); with a vote unknown the client
+    /// asks the primary first, which makes its decision durable (or answers
+    /// the one it already took for an orphan), then tells the others the
+    /// primary's answer; an abort after a no vote goes to every participant
+    /// at once. Idempotent.
     TxnDecide {
         txn: crate::txn::TxnId,
         commit: bool,
@@ -356,6 +358,13 @@ pub enum Request<'a> {
         /// snapshots at or after it see the writes, earlier ones do not. 0
         /// with an abort. The primary answers the timestamp that stands.
         commit_ts: u64,
+        /// The client's own decision after every vote (not the primary's
+        /// answer relayed). A participant other than the primary refuses it
+        /// (`Retry`: ask the primary) once a primary deciding an orphan has
+        /// asked where it stands, or when its part came back from a
+        /// recovery or a move: the primary may be deciding it, perhaps at
+        /// another timestamp. ARCHITECTURE.md, "Transactions".
+        direct: bool,
     },
     /// A participant whose prepared transaction waited too long asks the
     /// primary for the outcome; the primary decides it if it has not.

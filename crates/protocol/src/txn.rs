@@ -58,7 +58,9 @@ pub struct TxnItem<'a> {
 pub enum TxnPhase {
     /// Validated and locked, waiting for the decision.
     Prepared,
-    Committed,
+    /// Committed here, at this timestamp (0: none): a primary deciding the
+    /// orphan commits at the same one.
+    Committed { commit_ts: u64 },
     /// Aborted, or never seen (the participant then records it aborted, so
     /// that a prepare arriving late is refused).
     Aborted,

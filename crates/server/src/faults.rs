@@ -13,6 +13,10 @@
 //! - `prepare-after-part-records`: a participant with several parts made
 //!   every part's record but its vote record durable (`txn.rs`, `prepare`),
 //!   and has not written the vote record.
+//! - `decide-after-decision-records`: a participant applying a decision made
+//!   the groups that keep it (its vote parts with their commit records, or
+//!   the primary's anchor part of an abort) durable, and has not applied its
+//!   other parts (`txn.rs`, `settle_and_apply`).
 //!
 //! `INSITU_FAULT_AT`, in the same form, injects a state instead of a crash:
 //! - `prepare-no-promise`: the prepare gives up the log room it promised

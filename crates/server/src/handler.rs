@@ -411,7 +411,8 @@ async fn dispatch(
             txn,
             commit,
             commit_ts,
-        } => crate::txn::decide(state, id, txn, (commit, commit_ts), out).await,
+            direct,
+        } => crate::txn::decide(state, id, txn, (commit, commit_ts), direct, out).await,
         Request::TxnResolve { txn, anchor } => {
             crate::txn_resolve::resolve(state, id, txn, anchor, out).await
         }

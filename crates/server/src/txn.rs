@@ -53,8 +53,19 @@ pub struct ShardTxns {
     /// one-phase commit in one tablet).
     pub(crate) records: RefCell<HashMap<TxnId, Vec<RecordAt>>>,
     /// Decision records kept here (table, anchor key, class), removed when
-    /// the participant forgets the decision.
-    pub(crate) decided_records: RefCell<HashMap<TxnId, DecisionAt>>,
+    /// the participant forgets the decision. Several for one transaction
+    /// when a recovery or a move brought the records of several of its
+    /// participants here (each participant that commits keeps one).
+    pub(crate) decided_records: RefCell<HashMap<TxnId, Vec<DecisionAt>>>,
+    /// Transactions this shard prepared for their client as a participant
+    /// other than the primary, whose *direct* decision (the client's own,
+    /// after every vote was yes, sent to all at once) is still taken. Why a
+    /// set of those allowed rather than those refused: a part taken back by
+    /// a recovery or a move is never in it, and neither is one a primary
+    /// deciding the orphan has asked about (`txn_resolve::inquire` takes it
+    /// out); those learn the decision from the primary, whose answer may be
+    /// a resolution's at another timestamp. Gone with the decision.
+    pub(crate) direct_ok: RefCell<HashSet<TxnId>>,
     /// Transactions whose decision is being applied (between the primary's
     /// anchor part and the rest, a durable wait): another caller waits for
     /// it instead of applying the rest out of order.
@@ -96,6 +107,7 @@ impl Default for ShardTxns {
             held: RefCell::new(HashMap::new()),
             records: RefCell::new(HashMap::new()),
             decided_records: RefCell::new(HashMap::new()),
+            direct_ok: RefCell::new(HashSet::new()),
             applying: RefCell::new(HashSet::new()),
             commit_ts: RefCell::new(HashMap::new()),
             stamping: RefCell::new(HashSet::new()),
@@ -224,6 +236,7 @@ pub async fn prepare(
         }
     }
     let one_phase = primary.is_none() && others.is_empty();
+    let is_primary = primary.is_none();
     let anchor = |a: &TxnAnchor<'_>| Anchor {
         table: a.table,
         key: a.key.to_vec(),
@@ -416,6 +429,9 @@ pub async fn prepare(
         let decided = settle_and_apply(state, txn, true, commit_ts).await;
         reply_decided(out, id, decided);
     } else {
+        if !is_primary {
+            state.txns.direct_ok.borrow_mut().insert(txn);
+        }
         reply(out, id, &Response::TxnPrepared { needs_ts });
     }
 }
@@ -423,6 +439,7 @@ pub async fn prepare(
 /// Drop a prepare refused after the participant took it (nothing applied).
 fn abort_here(state: &ShardState, txn: TxnId) {
     let now = state.txns.now_ms();
+    state.txns.direct_ok.borrow_mut().remove(&txn);
     state.txns.participant.borrow_mut().decide(txn, false, now);
     state.txns.held.borrow_mut().remove(&txn);
     state.txns.records.borrow_mut().remove(&txn);
@@ -443,17 +460,42 @@ async fn wait_durable(state: &ShardState) -> Result<(), String> {
 /// decision that stands here. A commit for a transaction neither prepared
 /// nor decided here is an abort: at the primary, no record means aborted
 /// (presumed abort); a participant that voted yes holds its part.
+///
+/// A `direct` decision (the client's own after every yes vote, sent to all
+/// participants at once) is refused with `Retry` by a participant other
+/// than the primary that has no decision yet and is not in `direct_ok`: a
+/// primary deciding the orphan asked it already, or its part came back from
+/// a recovery or a move. The client then relays the primary's answer. Why:
+/// the primary commits an orphan at a timestamp of its own unless a
+/// participant it asks has committed (then at that one); a participant
+/// that answered "prepared" must take the primary's, not the client's.
 pub async fn decide(
     state: &ShardState,
     id: u64,
     txn: TxnId,
     (commit, commit_ts): (bool, u64),
+    direct: bool,
     out: &mut BytesMut,
 ) {
-    let known = {
+    let (known, decided, primary_here) = {
         let p = state.txns.participant.borrow();
-        p.prepared(txn).is_some() || p.decision(txn).is_some()
+        let prepared = p.prepared(txn);
+        (
+            prepared.is_some() || p.decision(txn).is_some(),
+            p.decision(txn).is_some(),
+            prepared.is_some_and(|p| p.is_primary),
+        )
     };
+    if direct && !decided && !primary_here && !state.txns.direct_ok.borrow().contains(&txn) {
+        return encode_error(
+            out,
+            id,
+            Status::Retry,
+            format!(
+                "transaction {txn:#x}: this participant takes its decision from the primary (a resolution asked it, or its part was recovered); ask the primary"
+            ),
+        );
+    }
     let decided = settle_and_apply(state, txn, commit && known, commit_ts).await;
     reply_decided(out, id, decided);
 }
@@ -484,6 +526,7 @@ pub(crate) async fn settle_and_apply(
     commit_ts: u64,
 ) -> (bool, u64) {
     let now = state.txns.now_ms();
+    state.txns.direct_ok.borrow_mut().remove(&txn);
     let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
     let commit_ts = match committed {
         false => 0,
@@ -502,11 +545,11 @@ pub(crate) async fn settle_and_apply(
         }
         released.await;
     }
-    let parts = {
+    let (parts, voters) = {
         let engine = state.engine.borrow();
         let participant = state.txns.participant.borrow();
         match participant.prepared(txn) {
-            Some(p) => txn_durable::parts(&engine, p, None),
+            Some(p) => (txn_durable::parts(&engine, p, None), p.voters.clone()),
             None => return (committed, commit_ts), // nothing of it here, or applied already
         }
     };
@@ -514,6 +557,7 @@ pub(crate) async fn settle_and_apply(
     let mut parts = parts;
     if let Some(recorded) = &recorded {
         txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
+        txn_durable::mark_votes(&mut parts, &voters);
     }
     // A commit applies only where its writes have room: a part without
     // it (taken back by a recovery when the shard had none) would have its
@@ -529,22 +573,34 @@ pub(crate) async fn settle_and_apply(
     }
     let plan = |part: &txn_durable::Part| GroupPlan {
         commit: committed,
-        commit_record: committed && part.primary_anchor && recorded.is_some(),
+        commit_record: committed && part.keeps_decision() && recorded.is_some(),
         has_record: part.record,
         commit_ts,
     };
+    // The parts whose group records the decision go first: on a commit,
+    // every vote part (each participant's, the primary's anchor part among
+    // them) with its commit record; on an abort, the primary's anchor part.
+    let first_here = |part: &txn_durable::Part| match committed {
+        true => part.keeps_decision(),
+        false => part.primary_anchor,
+    };
+    parts.sort_by_key(|part| !first_here(part)); // stable: the rest keep their order
+    let firsts = parts.iter().take_while(|p| first_here(p)).count();
     let mut rest = &parts[..];
-    if let Some(first) = parts.first()
-        && first.primary_anchor
-        && parts.len() > 1
-        && recorded.is_some()
-    {
-        // The decision is durable at the anchor before any other part of
-        // it changes: a crash between leaves the others recorded, and they
-        // learn this decision from the anchor.
+    if firsts > 0 && firsts < parts.len() && recorded.is_some() {
+        // The decision is durable in the log of every vote part before any
+        // other part of it changes. A crash between leaves the others
+        // recorded, and they learn this decision (and its timestamp) from
+        // the decision kept here, or from the primary, which adopts the
+        // commit a participant kept. Why every participant keeps it: the
+        // client tells all of them at once, so one may apply before the
+        // primary has decided anything durably.
         state.txns.applying.borrow_mut().insert(txn);
-        txn_durable::apply_part(state, txn, first, plan(first));
+        for first in &parts[..firsts] {
+            txn_durable::apply_part(state, txn, first, plan(first));
+        }
         let waited = wait_durable(state).await;
+        crate::faults::crash_point("decide-after-decision-records", txn);
         state.txns.applying.borrow_mut().remove(&txn);
         if let Err(why) = waited {
             tracing::error!(
@@ -555,7 +611,7 @@ pub(crate) async fn settle_and_apply(
             state.holds_released.notify_waiters();
             return (committed, commit_ts);
         }
-        rest = &parts[1..];
+        rest = &parts[firsts..];
     }
     // From here one synchronous step: the locks go and the writes land with
     // no request in between.

@@ -22,7 +22,7 @@ use insitu_txn::{
 };
 
 use crate::shard::ShardState;
-use crate::txn::RecordAt;
+use crate::txn::{DecisionAt, RecordAt};
 
 /// One tablet's part of a prepared transaction.
 #[derive(Debug)]
@@ -34,12 +34,39 @@ pub(crate) struct Part {
     /// Whether this is the primary's anchor tablet (its record names the
     /// other participants; the commit record goes beside it).
     pub primary_anchor: bool,
+    /// Whether its record is a participant's vote record (`write_prepared`):
+    /// a commit leaves a commit record beside it too, so that participant
+    /// can say it committed, and at which timestamp, after a crash.
+    pub vote: bool,
     /// Its written items (reads need no record).
     pub items: Vec<Item>,
     /// Whether a prepared record of the transaction is kept in this tablet
     /// (at `anchor`): its removal joins the part's decision group. Set by
     /// `attach_records` from the records actually written or restored.
     pub record: bool,
+}
+
+impl Part {
+    /// Whether a commit keeps its decision beside this part's record (a
+    /// commit record in its group): the primary's anchor part and every
+    /// vote part. Why every participant's and not the primary's alone: the
+    /// client tells all participants a commit at once, so one may apply its
+    /// writes before the primary has anything durable; the commit record it
+    /// keeps is what a primary deciding the orphan, or its own recovery,
+    /// learns the commit and its timestamp from.
+    pub fn keeps_decision(&self) -> bool {
+        self.primary_anchor || self.vote
+    }
+}
+
+/// Mark the parts whose record is the vote record of one of `voters` (the
+/// participants whose yes vote this shard holds).
+pub(crate) fn mark_votes(parts: &mut [Part], voters: &[Anchor]) {
+    for part in parts.iter_mut().filter(|p| p.record) {
+        part.vote = voters
+            .iter()
+            .any(|v| v.table == part.table && v.key == part.anchor);
+    }
 }
 
 /// A prepared transaction's parts here, the primary's anchor part first.
@@ -70,6 +97,9 @@ pub(crate) fn parts(engine: &Engine, p: &Prepared, own: Option<&Anchor>) -> Vec<
                 table: anchor.table,
                 anchor: anchor.key.clone(),
                 primary_anchor,
+                // The participant's own anchor part (the primary's is its
+                // anchor part) holds its vote record.
+                vote: true,
                 items: Vec::new(),
                 record: false,
             },
@@ -85,6 +115,7 @@ pub(crate) fn parts(engine: &Engine, p: &Prepared, own: Option<&Anchor>) -> Vec<
                     table: item.table,
                     anchor: item.key.clone(),
                     primary_anchor: false,
+                    vote: false,
                     items: Vec::new(),
                     record: false,
                 }
@@ -125,6 +156,7 @@ pub(crate) fn attach_records(engine: &Engine, parts: &mut Vec<Part>, recorded: &
                 table: *table,
                 anchor: key.clone(),
                 primary_anchor: false,
+                vote: false,
                 items: Vec::new(),
                 record: true,
             }),
@@ -133,7 +165,7 @@ pub(crate) fn attach_records(engine: &Engine, parts: &mut Vec<Part>, recorded: &
 }
 
 /// Most bytes a part's decision appends in one group: the commit record
-/// (primary anchor only), every write, the record's removal.
+/// (a part that keeps the decision), every write, the record's removal.
 pub(crate) fn group_bytes(part: &Part) -> usize {
     let writes: usize = part
         .items
@@ -144,7 +176,7 @@ pub(crate) fn group_bytes(part: &Part) -> usize {
             None => max_entry_bytes(i.key.len(), 8),
         })
         .sum();
-    let commit = if part.primary_anchor {
+    let commit = if part.keeps_decision() {
         max_entry_bytes(part.anchor.len(), 9)
     } else {
         0
@@ -291,11 +323,11 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         let payload = insitu_txn::commit_payload(plan.commit_ts);
         match engine.put_record(part.table, &part.anchor, id, &payload) {
             Ok(()) => {
-                state
-                    .txns
-                    .decided_records
-                    .borrow_mut()
-                    .insert(txn, (part.table, part.anchor.clone(), CLASS_COMMITTED));
+                keep_decision_record(
+                    state,
+                    txn,
+                    (part.table, part.anchor.clone(), CLASS_COMMITTED),
+                );
             }
             Err(e) => tracing::error!(
                 shard = state.index,
@@ -363,6 +395,16 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
     }
 }
 
+/// Remember a decision record of `txn` kept here (removed when the
+/// decision is forgotten: `forget`); one already remembered is not doubled.
+fn keep_decision_record(state: &ShardState, txn: TxnId, at: DecisionAt) {
+    let mut records = state.txns.decided_records.borrow_mut();
+    let kept = records.entry(txn).or_default();
+    if !kept.contains(&at) {
+        kept.push(at);
+    }
+}
+
 /// Record at the primary's anchor that `txn` was aborted before its
 /// prepare arrived here (a participant's resolution asked first), so the
 /// prepare, if it comes after a crash of this server, is still refused.
@@ -377,11 +419,11 @@ pub(crate) fn record_abort(state: &ShardState, txn: TxnId, anchor: &Anchor) {
         .put_record(anchor.table, &anchor.key, id, &[])
     {
         Ok(()) => {
-            state
-                .txns
-                .decided_records
-                .borrow_mut()
-                .insert(txn, (anchor.table, anchor.key.clone(), CLASS_ABORTED));
+            keep_decision_record(
+                state,
+                txn,
+                (anchor.table, anchor.key.clone(), CLASS_ABORTED),
+            );
         }
         Err(e) => tracing::error!(
             shard = state.index,
@@ -402,7 +444,7 @@ pub(crate) fn forget(state: &ShardState, gone: &[TxnId]) {
     let mut stamps = state.txns.commit_ts.borrow_mut();
     for txn in gone {
         stamps.remove(txn);
-        if let Some((table, anchor, class)) = records.remove(txn) {
+        for (table, anchor, class) in records.remove(txn).unwrap_or_default() {
             // A tablet moved away took its records along: nothing here.
             let _ = engine.remove_record(table, &anchor, RecordId { class, id: *txn });
         }
@@ -477,6 +519,7 @@ pub(crate) fn restore_record(
             ) {
                 tracing::error!(shard = state.index, txn, "restoring a transaction: {why}");
             }
+            let vote_part = vote.is_some();
             if let Some(vote) = vote {
                 state.txns.participant.borrow_mut().voted(txn, vote);
             }
@@ -491,6 +534,7 @@ pub(crate) fn restore_record(
                 table,
                 anchor: anchor.to_vec(),
                 primary_anchor: is_primary,
+                vote: vote_part,
                 items: restored_items,
                 record: true,
             };
@@ -516,11 +560,7 @@ pub(crate) fn restore_record(
                 .participant
                 .borrow_mut()
                 .restore_decision(txn, committed, now);
-            state
-                .txns
-                .decided_records
-                .borrow_mut()
-                .insert(txn, (table, anchor.to_vec(), id.class));
+            keep_decision_record(state, txn, (table, anchor.to_vec(), id.class));
         }
         // An update's progress: read where it is needed (update_log.rs).
         crate::update_log::CLASS_UPDATE => {}

@@ -25,16 +25,29 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// `TxnInquire`: where the participant named by `anchor` stands on the
 /// transaction here. Its reply waits, like a write's, until the log is
 /// durable (`handler`'s `exposes`): a `Prepared` answer then speaks of a
-/// vote record the backups hold.
+/// vote record the backups hold, a `Committed` one of a commit record.
+///
+/// From this answer on, the client's direct decision is refused here
+/// (`direct_ok`): a primary told "prepared" may commit at a timestamp of
+/// its own, and this participant must then take that one.
 pub fn inquire(state: &ShardState, id: u64, txn: TxnId, anchor: TxnAnchor<'_>, out: &mut BytesMut) {
     let now = state.txns.now_ms();
+    state.txns.direct_ok.borrow_mut().remove(&txn);
     let anchor = Anchor {
         table: anchor.table,
         key: anchor.key.to_vec(),
     };
     let phase = match state.txns.participant.borrow_mut().phase(txn, &anchor, now) {
         Phase::Prepared => TxnPhase::Prepared,
-        Phase::Committed => TxnPhase::Committed,
+        Phase::Committed => TxnPhase::Committed {
+            commit_ts: state
+                .txns
+                .commit_ts
+                .borrow()
+                .get(&txn)
+                .copied()
+                .unwrap_or(0),
+        },
         Phase::Aborted => TxnPhase::Aborted,
     };
     reply(out, id, &Response::TxnPhase(phase));
@@ -78,8 +91,9 @@ pub async fn resolve(
 }
 
 /// Take the decision the primary must: commit if every participant is
-/// prepared (all voted yes), abort if any is not (asking it aborts it
-/// there). `anchor`: the primary's anchor, when a participant asked (then
+/// prepared (all voted yes) or one has committed (the client told it: all
+/// voted yes), at that one's timestamp; abort if any is not (asking it
+/// aborts it there). `anchor`: the primary's anchor, when a participant asked (then
 /// a transaction unknown here is aborted durably). Err: a participant could
 /// not be asked; nothing was decided.
 async fn resolve_as_primary(
@@ -124,6 +138,9 @@ async fn resolve_as_primary(
         }
     };
     let mut all_prepared = true;
+    // The timestamp of a commit a participant took from the client (every
+    // one it took is the same: the client sends one).
+    let mut committed_at: Option<u64> = None;
     for other in &others {
         let inquire = Request::TxnInquire {
             txn,
@@ -150,24 +167,40 @@ async fn resolve_as_primary(
         };
         match phase {
             TxnPhase::Prepared => {}
-            // Only the primary decides; a participant that committed learned
-            // it from here, so a decision is recorded already (checked below).
-            TxnPhase::Committed => {}
-            TxnPhase::Aborted => {
-                all_prepared = false;
-                break;
+            // The client told it the commit directly (every vote was yes):
+            // the outcome is that commit, at its timestamp.
+            TxnPhase::Committed { commit_ts } => {
+                committed_at.get_or_insert(commit_ts);
             }
+            TxnPhase::Aborted => all_prepared = false,
         }
     }
-    // A commit's timestamp is taken now, every participant holding its
-    // locks (as a client takes it after the votes). Unreachable oracle:
-    // nothing is decided, the next sweep tries again.
-    let commit_ts = match all_prepared {
-        true => crate::txn_peers::oracle_timestamp(state).await?,
-        false => 0,
+    let commit = match (committed_at, all_prepared) {
+        (Some(_), false) => {
+            // Cannot happen: a commit is taken only after every yes vote,
+            // and a participant that voted yes never answers aborted. The
+            // commit applied somewhere cannot be taken back, so it stands.
+            tracing::error!(
+                shard = state.index,
+                txn,
+                "a participant committed and another never voted yes: committing"
+            );
+            true
+        }
+        (Some(_), true) => true,
+        (None, all_prepared) => all_prepared,
+    };
+    // A commit's timestamp is the one a participant committed at, else one
+    // taken now, every participant holding its locks (as a client takes it
+    // after the votes). Unreachable oracle: nothing is decided, the next
+    // sweep tries again.
+    let commit_ts = match (commit, committed_at) {
+        (true, Some(ts)) => ts,
+        (true, None) => crate::txn_peers::oracle_timestamp(state).await?,
+        (false, _) => 0,
     };
     // The client's own decision may have come while we asked: it stands.
-    Ok(settle_and_apply(state, txn, all_prepared, commit_ts).await)
+    Ok(settle_and_apply(state, txn, commit, commit_ts).await)
 }
 
 /// The shard's resolver: transactions prepared here for longer than

@@ -28,8 +28,8 @@ pub(crate) fn group_size(part: &Part) -> GroupSize {
     GroupSize {
         bytes: group_bytes(part),
         new_keys: puts().count(),
-        // The commit record, at the primary's anchor.
-        new_records: usize::from(part.primary_anchor),
+        // The commit record, beside a vote record or the primary's anchor.
+        new_records: usize::from(part.keeps_decision()),
         longest_key: puts().map(|i| i.key.len()).max().unwrap_or(0),
     }
 }
@@ -147,7 +147,7 @@ pub(crate) fn room_for_commit(
 ) -> Result<(), String> {
     for part in parts {
         let writes = part.items.iter().any(|i| !matches!(i.write, Write::None));
-        if !(writes || part.primary_anchor) || promise_at(state, txn, part).is_some() {
+        if !(writes || part.keeps_decision()) || promise_at(state, txn, part).is_some() {
             continue;
         }
         let hash = key_hash(part.table, &part.anchor);

@@ -10,7 +10,9 @@
 //!    abort) and the client tells every participant at once (`decide`). With
 //!    a vote unknown, it asks the *primary* participant first, which records
 //!    the first decision it takes and answers it for ever (within
-//!    `Limits::decision_ttl_ms`); then it tells the others.
+//!    `Limits::decision_ttl_ms`); then it tells the others. Every
+//!    participant that applies a commit keeps it (the server makes it
+//!    durable), so a primary deciding an orphan learns it (`phase`).
 //! 3. A participant left prepared past a timeout (the client went silent)
 //!    asks the primary (`TxnResolve`). The primary, if undecided, asks every
 //!    other participant where it stands (`phase`): one that never saw the
@@ -395,24 +397,25 @@ impl Participant {
     /// never voted here, and nothing is recorded: its late prepare is
     /// refused anyway (the id is in use here for other keys, or decided by
     /// then), and the parts here follow the primary's decision.
+    ///
+    /// A decision taken here answers first, even while its part is still
+    /// prepared (being applied): a participant that has taken a client's
+    /// commit must say so, so that the primary commits it too, at the same
+    /// timestamp, rather than decide it again.
     pub fn phase(&mut self, txn: TxnId, anchor: &Anchor, now_ms: u64) -> Phase {
+        match self.decisions.get(&txn) {
+            Some(true) => return Phase::Committed,
+            Some(false) => return Phase::Aborted,
+            None => {}
+        }
         if let Some(p) = self.prepared.get(&txn) {
-            if p.voters.contains(anchor) {
-                return Phase::Prepared;
-            }
-            return match self.decisions.get(&txn) {
-                Some(true) => Phase::Committed,
-                _ => Phase::Aborted,
+            return match p.voters.contains(anchor) {
+                true => Phase::Prepared,
+                false => Phase::Aborted,
             };
         }
-        match self.decisions.get(&txn) {
-            Some(true) => Phase::Committed,
-            Some(false) => Phase::Aborted,
-            None => {
-                self.record(txn, false, now_ms);
-                Phase::Aborted
-            }
-        }
+        self.record(txn, false, now_ms);
+        Phase::Aborted
     }
 
     /// The prepared transaction `txn`, if it is prepared here.

@@ -503,3 +503,22 @@ fn a_participant_is_prepared_only_for_its_own_vote() {
     assert_eq!(p.phase(8, &anchor("c"), 3), Phase::Prepared);
     p.check();
 }
+
+#[test]
+fn a_commit_taken_but_not_yet_applied_answers_committed() {
+    // A participant took a client's commit (`settle`) and is still applying
+    // it (its part prepared, a durable wait between its parts): a primary
+    // deciding the orphan must hear "committed", not "prepared", or it would
+    // decide again, perhaps at another timestamp.
+    let mut p = Participant::new(Limits::default());
+    p.prepare(5, Some(anchor("z")), vec![], vec![put("a", None)], 0, none)
+        .unwrap();
+    p.voted(5, anchor("a"));
+    assert_eq!(p.phase(5, &anchor("a"), 1), Phase::Prepared);
+    assert!(p.settle(5, true, 1));
+    assert!(p.prepared(5).is_some(), "still held until finished");
+    assert_eq!(p.phase(5, &anchor("a"), 1), Phase::Committed);
+    assert_eq!(p.finish(5), Apply::Writes(vec![put("a", None)]));
+    assert_eq!(p.phase(5, &anchor("a"), 2), Phase::Committed);
+    p.check();
+}

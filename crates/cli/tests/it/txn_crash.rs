@@ -147,6 +147,7 @@ async fn decide(conn: &RpcConn, txn: u64, commit: bool) -> bool {
             txn,
             commit,
             commit_ts: 0, // no snapshot is read in these tests
+            direct: false,
         })
         .await
         .unwrap();

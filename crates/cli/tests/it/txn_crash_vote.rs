@@ -12,6 +12,17 @@
 //! resolution then finds a yes vote and commits: the primary's key and the
 //! vote part's key change, the other part's key does not (half a
 //! transaction; tried, this test then fails on the values).
+//!
+//! The second test is the other end of the commit: the client tells the
+//! secondary the commit directly (every vote was yes) and nobody else, and
+//! the secondary dies once its vote part's group, with the commit record it
+//! keeps, is durable and before its other part is applied
+//! (`decide-after-decision-records`). The recovered vote tablet has no vote
+//! record any more, only the commit record: the primary, deciding the
+//! orphan, must learn the commit from it and commit everywhere. Without that
+//! record the primary hears "never saw it", aborts, and the vote part's key
+//! keeps a write the other two never get (tried: the test then fails on the
+//! values).
 
 use crate::common;
 
@@ -45,104 +56,186 @@ fn anchor(table: u64, key: &str) -> TxnAnchor<'_> {
     }
 }
 
-#[test]
-fn a_secondary_dead_before_its_vote_record_aborts_everywhere() {
+/// Three servers of one shard each; keys `x` on one server (the primary)
+/// and `y1`, `y2` in two tablets of another server (the secondary, two
+/// parts: `y1`'s is its vote part), each written "old". Every server of
+/// `cluster` gets `INSITU_CRASH_AT={point}:{TXN}`.
+struct Setup {
+    cluster: Cluster,
+    client: Client,
+    t: u64,
+    x: String,
+    y1: String,
+    y2: String,
+    primary: RpcConn,
+    secondary: RpcConn,
+}
+
+async fn setup(cluster: Cluster) -> Setup {
+    ok(cluster.cli(&["table", "create", "votes", "--tablets", "6"]));
+    let config = ClientConfig {
+        op_timeout: SETTLE,
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
+    let info = client.open_table("votes").await.unwrap();
+    let t = info.id;
+    let tablet = |key: &str| common::tablet_of(&info, key);
+    let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+    let addr = |key: &str| info.tablets[tablet(key)].addr.clone();
+    let x = keys[0].clone();
+    let (y1, y2) = keys
+        .iter()
+        .flat_map(|a| keys.iter().map(move |b| (a, b)))
+        .find(|(a, b)| addr(a) != addr(&x) && addr(a) == addr(b) && tablet(a) != tablet(b))
+        .map(|(a, b)| (a.clone(), b.clone()))
+        .expect("two tablets of one server, not the primary's");
+    for key in [&x, &y1, &y2] {
+        client.write(t, key, "old").await.unwrap();
+    }
+    // Every server must know the others before the crash, or it keeps
+    // its replicas on its own disk (a one-server cluster's rule), which
+    // the crash takes with it: the server list is fetched every second.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let primary = RpcConn::connect(&addr(&x)).await.unwrap();
+    let secondary = RpcConn::connect(&addr(&y1)).await.unwrap();
+    Setup {
+        cluster,
+        client,
+        t,
+        x,
+        y1,
+        y2,
+        primary,
+        secondary,
+    }
+}
+
+fn armed(point: &str) -> Cluster {
     let mut cluster = Cluster::start(0, 1);
-    cluster.server_env = vec![(
-        "INSITU_CRASH_AT".into(),
-        format!("prepare-after-part-records:{TXN:x}"),
-    )];
+    cluster.server_env = vec![("INSITU_CRASH_AT".into(), format!("{point}:{TXN:x}"))];
     for _ in 0..3 {
         cluster.add_server(1);
     }
-    ok(cluster.cli(&["table", "create", "votes", "--tablets", "6"]));
-    rt().block_on(async {
-        let config = ClientConfig {
-            op_timeout: SETTLE,
-            ..ClientConfig::default()
-        };
-        let client = Client::connect_with(&cluster.addr(), config).await.unwrap();
-        let info = client.open_table("votes").await.unwrap();
-        let t = info.id;
-        // x on one server (the primary); y1 and y2 in two tablets of
-        // another server (the secondary, two parts: y1's is its vote part).
-        let tablet = |key: &str| common::tablet_of(&info, key);
-        let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
-        let addr = |key: &str| info.tablets[tablet(key)].addr.clone();
-        let x = keys[0].clone();
-        let (y1, y2) = keys
-            .iter()
-            .flat_map(|a| keys.iter().map(move |b| (a, b)))
-            .find(|(a, b)| addr(a) != addr(&x) && addr(a) == addr(b) && tablet(a) != tablet(b))
-            .map(|(a, b)| (a.clone(), b.clone()))
-            .expect("two tablets of one server, not the primary's");
-        for key in [&x, &y1, &y2] {
-            client.write(t, key, "old").await.unwrap();
-        }
-        // Every server must know the others before the crash, or it keeps
-        // its replicas on its own disk (a one-server cluster's rule), which
-        // the crash takes with it: the server list is fetched every second.
-        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    cluster
+}
 
-        let primary = RpcConn::connect(&addr(&x)).await.unwrap();
-        let r = primary
-            .call(&Request::TxnPrepare {
-                txn: TXN,
-                primary: None,
-                others: vec![anchor(t, &y1)],
-                items: vec![put(t, &x, "new")],
-                writes: true,
-            })
-            .await
-            .unwrap();
-        assert_eq!(r.status, Status::Ok, "{}", r.error_message());
-        assert!(matches!(r.decode().unwrap(), Response::TxnPrepared { .. }));
+/// The primary's prepare of `x` (a yes vote).
+async fn prepare_primary(s: &Setup) {
+    let r = s
+        .primary
+        .call(&Request::TxnPrepare {
+            txn: TXN,
+            primary: None,
+            others: vec![anchor(s.t, &s.y1)],
+            items: vec![put(s.t, &s.x, "new")],
+            writes: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    assert!(matches!(r.decode().unwrap(), Response::TxnPrepared { .. }));
+}
+
+/// The secondary's prepare of `y1` and `y2`.
+async fn prepare_secondary(s: &Setup) -> Result<insitu_client::Reply, insitu_client::RpcError> {
+    s.secondary
+        .call(&Request::TxnPrepare {
+            txn: TXN,
+            primary: Some(anchor(s.t, &s.x)),
+            others: vec![],
+            items: vec![put(s.t, &s.y1, "new"), put(s.t, &s.y2, "new")],
+            writes: true,
+        })
+        .await
+}
+
+/// Once no lock is left, read the three keys in one transaction (it
+/// commits only then, and reads them at one point).
+async fn read_all(s: &Setup) -> (Option<String>, Option<String>, Option<String>) {
+    let (t, x, y1, y2) = (s.t, s.x.clone(), s.y1.clone(), s.y2.clone());
+    let started = Instant::now();
+    let values = s
+        .client
+        .transaction(|mut tx| {
+            let (x, y1, y2) = (x.clone(), y1.clone(), y2.clone());
+            async move {
+                let read =
+                    |v: Option<bytes::Bytes>| v.map(|b| String::from_utf8_lossy(&b).into_owned());
+                let vx = read(tx.read(t, &x).await?);
+                let v1 = read(tx.read(t, &y1).await?);
+                let v2 = read(tx.read(t, &y2).await?);
+                tx.write(t, "audit", "done");
+                Ok((tx, (vx, v1, v2)))
+            }
+        })
+        .await
+        .unwrap();
+    eprintln!("resolved in {:?}", started.elapsed());
+    values
+}
+
+#[test]
+fn a_secondary_dead_before_its_vote_record_aborts_everywhere() {
+    let cluster = armed("prepare-after-part-records");
+    rt().block_on(async {
+        let s = setup(cluster).await;
+        prepare_primary(&s).await;
         // The secondary dies at the armed point: no vote comes back.
-        let secondary = RpcConn::connect(&addr(&y1)).await.unwrap();
-        let vote = secondary
-            .call(&Request::TxnPrepare {
-                txn: TXN,
-                primary: Some(anchor(t, &x)),
-                others: vec![],
-                items: vec![put(t, &y1, "new"), put(t, &y2, "new")],
-                writes: true,
-            })
-            .await;
+        let vote = prepare_secondary(&s).await;
         assert!(
             !matches!(&vote, Ok(r) if r.status == Status::Ok),
             "the secondary voted although it was armed to crash first"
         );
         // The client is gone too: nobody decides. The primary's part and
-        // the recovered secondary part resolve on their own. A transaction
-        // reading all three keys commits only once no lock is left, and
-        // reads them at one point.
-        let started = Instant::now();
-        let (vx, v1, v2) = client
-            .transaction(|mut tx| {
-                let (x, y1, y2) = (x.clone(), y1.clone(), y2.clone());
-                async move {
-                    let read = |v: Option<bytes::Bytes>| {
-                        v.map(|b| String::from_utf8_lossy(&b).into_owned())
-                    };
-                    let vx = read(tx.read(t, &x).await?);
-                    let v1 = read(tx.read(t, &y1).await?);
-                    let v2 = read(tx.read(t, &y2).await?);
-                    tx.write(t, "audit", "done");
-                    Ok((tx, (vx, v1, v2)))
-                }
-            })
-            .await
-            .unwrap();
-        eprintln!("resolved in {:?}", started.elapsed());
+        // the recovered secondary part resolve on their own.
         let old = Some("old".to_string());
         assert_eq!(
-            (vx, v1, v2),
+            read_all(&s).await,
             (old.clone(), old.clone(), old),
             "the secondary's vote was not whole: the transaction must abort on every key"
         );
         // No lock is left on the keys: plain writes go through.
-        for key in [&x, &y1, &y2] {
-            client.write(t, key, "after").await.unwrap();
+        for key in [&s.x, &s.y1, &s.y2] {
+            s.client.write(s.t, key, "after").await.unwrap();
         }
+        drop(s.cluster);
+    });
+}
+
+#[test]
+fn a_secondary_dead_after_keeping_a_direct_commit_commits_everywhere() {
+    let cluster = armed("decide-after-decision-records");
+    rt().block_on(async {
+        let s = setup(cluster).await;
+        prepare_primary(&s).await;
+        let vote = prepare_secondary(&s).await.unwrap();
+        assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
+        // Every vote was yes: the client tells the secondary the commit
+        // directly, and dies before telling the primary. The secondary keeps
+        // the commit with its vote part, then dies before its other part.
+        let told = s
+            .secondary
+            .call(&Request::TxnDecide {
+                txn: TXN,
+                commit: true,
+                commit_ts: 0,
+                direct: true,
+            })
+            .await;
+        assert!(
+            !matches!(&told, Ok(r) if r.status == Status::Ok),
+            "the secondary answered although it was armed to crash first"
+        );
+        let new = Some("new".to_string());
+        assert_eq!(
+            read_all(&s).await,
+            (new.clone(), new.clone(), new),
+            "a participant applied the commit: it must commit on every key"
+        );
+        for key in [&s.x, &s.y1, &s.y2] {
+            s.client.write(s.t, key, "after").await.unwrap();
+        }
+        drop(s.cluster);
     });
 }

@@ -46,6 +46,7 @@ pub async fn decide_at(conn: &RpcConn, txn: u64, commit: bool, commit_ts: u64) -
             txn,
             commit,
             commit_ts,
+            direct: false,
         })
         .await
         .unwrap();

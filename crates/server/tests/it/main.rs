@@ -38,6 +38,7 @@ mod snapshot_move;
 mod snapshot_plain;
 mod stamped_batch;
 mod txn;
+mod txn_direct;
 mod txn_full_budget;
 mod txn_gone_table;
 mod typed_snapshot;

@@ -407,6 +407,7 @@ pub fn seeds(
             txn: 0xABCD_0001,
             commit: true,
             commit_ts: 0,
+            direct: true,
         },
         Request::TxnResolve {
             txn: 0xABCD_0002,
