@@ -376,15 +376,23 @@ pub enum Request<'a> {
         #[serde(borrow)]
         anchor: crate::txn::TxnAnchor<'a>,
     },
-    /// The primary, deciding an orphan, asks a participant where it stands.
+    /// The primary, deciding an orphan, asks a participant where it stands;
+    /// or (`part`) a shard proving a recovered vote asks whether one of the
+    /// vote's sibling records is held.
     TxnInquire {
         txn: crate::txn::TxnId,
         /// The participant asked about (its anchor, by which the request
         /// was routed). Why it is named: one shard may hold parts of several
         /// participants of a transaction (a recovery or a move merged them),
-        /// and only this participant's own vote answers `Prepared`.
+        /// and only this participant's own vote answers `Prepared`. With
+        /// `part`: the key a sibling record was written at.
         #[serde(borrow)]
         anchor: crate::txn::TxnAnchor<'a>,
+        /// Ask about the part recorded at `anchor`, not a vote: `Prepared`
+        /// if its record is held, `Committed` if the transaction committed
+        /// here, else `Aborted` (nothing is recorded by the question). Only
+        /// the owner of the anchor's tablet answers (else `UnknownTablet`).
+        part: bool,
     },
 
     // ---- timestamps: client -> coordinator (ARCHITECTURE.md, "Timestamp oracle") ----

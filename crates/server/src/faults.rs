@@ -10,15 +10,18 @@
 //! servers go on normally, so the crash lands on one known step.
 //!
 //! Points:
-//! - `prepare-after-part-records`: a participant with several parts made
-//!   every part's record but its vote record durable (`txn.rs`, `prepare`),
-//!   and has not written the vote record.
-//! - `decide-after-decision-records`: a participant applying a decision made
-//!   the groups that keep it (its vote parts with their commit records, or
-//!   the primary's anchor part of an abort) durable, and has not applied its
-//!   other parts (`txn.rs`, `settle_and_apply`).
+//! - `prepare-after-records`: a participant with several parts wrote every
+//!   part's prepared record and made them durable (`txn.rs`, `prepare`),
+//!   and its vote has not left.
+//! - `decide-after-apply`: a participant applied a decision to every part
+//!   and made it durable (`txn.rs`, `settle_and_apply`), and has not
+//!   answered.
 //!
 //! `INSITU_FAULT_AT`, in the same form, injects a state instead of a crash:
+//! - `prepare-lose-part-records`: a participant with several parts writes
+//!   its vote record and not its other parts' records, as a crash that
+//!   kept the vote record's log and lost the others would leave them
+//!   (`txn_durable::write_prepared`; `txn_proof` must then find no vote).
 //! - `prepare-no-promise`: the prepare gives up the log room it promised
 //!   its decision, as a part taken back from its record by a recovery on a
 //!   shard without room has none (`txn_room::room_for_commit`).
@@ -56,6 +59,12 @@ pub(crate) fn crash_point(point: &str, txn: u64) {
         eprintln!("INSITU_CRASH_AT={point}:{txn:#x} reached: the server aborts");
         std::process::abort();
     }
+}
+
+/// Whether `INSITU_CRASH_AT` names `point` and `txn` (a caller first makes
+/// the step's effects durable, so the crash lands after them).
+pub(crate) fn crash_armed(point: &str, txn: u64) -> bool {
+    is_armed(armed(&CRASH, "INSITU_CRASH_AT"), point, txn)
 }
 
 /// Whether `INSITU_FAULT_AT` names `point` and `txn`.

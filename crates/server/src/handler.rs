@@ -416,8 +416,8 @@ async fn dispatch(
         Request::TxnResolve { txn, anchor } => {
             crate::txn_resolve::resolve(state, id, txn, anchor, out).await
         }
-        Request::TxnInquire { txn, anchor } => {
-            crate::txn_resolve::inquire(state, id, txn, anchor, out)
+        Request::TxnInquire { txn, anchor, part } => {
+            crate::txn_resolve::inquire(state, id, txn, anchor, part, out).await
         }
         Request::RecoverTablet {
             table,

@@ -5,7 +5,7 @@
 //! protocol and its crash cases.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -17,7 +17,8 @@ use insitu_txn::{Anchor, Item, Participant, Refusal, Write};
 
 use crate::handler::reply;
 use crate::shard::ShardState;
-use crate::txn_durable::{self, GroupPlan};
+pub(crate) use crate::txn_apply::settle_and_apply;
+use crate::txn_durable;
 
 /// How long a transaction may stay prepared before this participant stops
 /// waiting for its client and resolves it with the primary. Why 2 s: a
@@ -40,6 +41,9 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 pub(crate) type RecordAt = (u64, Vec<u8>);
 /// Where a decision record is: (table, anchor key, record class).
 pub(crate) type DecisionAt = (u64, Vec<u8>, u8);
+/// A recovered vote waiting for its proof: the participant's anchor and
+/// the anchors of its sibling records (`txn_proof`).
+pub(crate) type Unproven = (Anchor, Vec<Anchor>);
 
 /// A shard's transactions: the participant state and what it holds.
 pub struct ShardTxns {
@@ -66,10 +70,19 @@ pub struct ShardTxns {
     /// out); those learn the decision from the primary, whose answer may be
     /// a resolution's at another timestamp. Gone with the decision.
     pub(crate) direct_ok: RefCell<HashSet<TxnId>>,
+    /// Votes a recovery or a move brought back in vote records that name
+    /// siblings (participant's anchor, sibling anchors): no vote until
+    /// `txn_proof::prove` finds every sibling. Gone with the decision.
+    pub(crate) unproven: RefCell<HashMap<TxnId, Vec<Unproven>>>,
+    /// Commit records beside parts that are not vote parts, to remove once
+    /// the log holding them is durable (`log_changes` then): they keep a
+    /// commit only for the moment its other groups may not be durable yet
+    /// (`settle_and_apply`). Oldest first; the sweep removes them.
+    pub(crate) passing_records: RefCell<VecDeque<(u64, TxnId, Vec<DecisionAt>)>>,
     /// Transactions whose decision is being applied (between the primary's
     /// anchor part and the rest, a durable wait): another caller waits for
     /// it instead of applying the rest out of order.
-    applying: RefCell<HashSet<TxnId>>,
+    pub(crate) applying: RefCell<HashSet<TxnId>>,
     /// The timestamp of each commit decided or learned here (none: aborted,
     /// or committed without one), answered to a resend or a resolution so
     /// every participant applies the commit at the same timestamp;
@@ -108,6 +121,8 @@ impl Default for ShardTxns {
             records: RefCell::new(HashMap::new()),
             decided_records: RefCell::new(HashMap::new()),
             direct_ok: RefCell::new(HashSet::new()),
+            unproven: RefCell::new(HashMap::new()),
+            passing_records: RefCell::new(VecDeque::new()),
             applying: RefCell::new(HashSet::new()),
             commit_ts: RefCell::new(HashMap::new()),
             stamping: RefCell::new(HashSet::new()),
@@ -344,40 +359,19 @@ pub async fn prepare(
     // A read-only transaction records nothing: nothing is applied anywhere,
     // so neither a vote nor the decision has anything to keep.
     if writes && (!one_phase || parts > 1) {
-        // Every part's record but the vote record first; once those are
-        // durable, the vote record, at the anchor. Why this order: a tablet
-        // is recovered from its own log, so a crash may keep some records of
-        // a vote and lose others; a recovered vote record must prove that
-        // every other part survived (`txn_durable::write_prepared`). With one
-        // part (the common case) there is nothing to wait for.
-        match txn_durable::write_prepared(state, txn, &own, false) {
-            Err((status, why)) => {
-                abort_here(state, txn);
-                return encode_error(out, id, status, why);
-            }
-            Ok(0) => {}
-            Ok(_) => {
-                if let Err(why) = wait_durable(state).await {
-                    return encode_error(out, id, Status::Internal, why);
-                }
-                crate::faults::crash_point("prepare-after-part-records", txn);
-                // A primary's resolution may have aborted it meanwhile (it
-                // was asked about before its vote was whole): nothing more
-                // is written, and the vote is a no.
-                if state.txns.participant.borrow().prepared(txn).is_none() {
-                    return encode_error(
-                        out,
-                        id,
-                        Status::Conflict,
-                        format!("transaction {txn:#x}: aborted while its prepare was recorded"),
-                    );
-                }
-            }
-        }
-        if let Err((status, why)) = txn_durable::write_prepared(state, txn, &own, true) {
-            // The other parts' records are in the log: an abort removes them.
-            settle_and_apply(state, txn, false, 0).await;
+        // Every part's record in one step, the vote record (at the anchor)
+        // naming the others: one replication wait (the conn's, before the
+        // vote leaves). A tablet is recovered from its own log, so a crash
+        // before the vote left may keep some of these records and lose
+        // others; a recovered vote record then counts only once its
+        // siblings are found (`txn_proof`).
+        if let Err((status, why)) = txn_durable::write_prepared(state, txn, &own) {
+            abort_here(state, txn);
             return encode_error(out, id, status, why);
+        }
+        if parts > 1 && crate::faults::crash_armed("prepare-after-records", txn) {
+            let _ = wait_durable(state).await;
+            crate::faults::crash_point("prepare-after-records", txn);
         }
     }
     // The log room of each part's decision, held from now on: once the vote
@@ -440,6 +434,7 @@ pub async fn prepare(
 fn abort_here(state: &ShardState, txn: TxnId) {
     let now = state.txns.now_ms();
     state.txns.direct_ok.borrow_mut().remove(&txn);
+    state.txns.unproven.borrow_mut().remove(&txn);
     state.txns.participant.borrow_mut().decide(txn, false, now);
     state.txns.held.borrow_mut().remove(&txn);
     state.txns.records.borrow_mut().remove(&txn);
@@ -447,7 +442,7 @@ fn abort_here(state: &ShardState, txn: TxnId) {
 }
 
 /// Wait until everything the engine holds now is held by the backups.
-async fn wait_durable(state: &ShardState) -> Result<(), String> {
+pub(crate) async fn wait_durable(state: &ShardState) -> Result<(), String> {
     let changes = state.engine.borrow().log_changes();
     state
         .repl
@@ -510,123 +505,4 @@ pub(crate) fn reply_decided(out: &mut BytesMut, id: u64, (committed, commit_ts):
             commit_ts,
         },
     );
-}
-
-/// Record the decision (the one already recorded wins) and apply it to the
-/// parts prepared here, durably and in order: at the primary, its anchor
-/// part (with the commit record) first, held by the backups before any
-/// other part changes; then every other part, each as one group (the
-/// writes on a commit, the record's removal). `commit_ts`: the commit's
-/// timestamp if this call decides it (the first one known here stands).
-/// Returns the decision that stands and its timestamp.
-pub(crate) async fn settle_and_apply(
-    state: &ShardState,
-    txn: TxnId,
-    commit: bool,
-    commit_ts: u64,
-) -> (bool, u64) {
-    let now = state.txns.now_ms();
-    state.txns.direct_ok.borrow_mut().remove(&txn);
-    let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
-    let commit_ts = match committed {
-        false => 0,
-        true => *state
-            .txns
-            .commit_ts
-            .borrow_mut()
-            .entry(txn)
-            .or_insert(commit_ts),
-    };
-    // One application at a time: a second caller waits for the first.
-    loop {
-        let released = state.holds_released.notified();
-        if !state.txns.applying.borrow().contains(&txn) {
-            break;
-        }
-        released.await;
-    }
-    let (parts, voters) = {
-        let engine = state.engine.borrow();
-        let participant = state.txns.participant.borrow();
-        match participant.prepared(txn) {
-            Some(p) => (txn_durable::parts(&engine, p, None), p.voters.clone()),
-            None => return (committed, commit_ts), // nothing of it here, or applied already
-        }
-    };
-    let recorded = state.txns.records.borrow_mut().remove(&txn);
-    let mut parts = parts;
-    if let Some(recorded) = &recorded {
-        txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
-        txn_durable::mark_votes(&mut parts, &voters);
-    }
-    // A commit applies only where its writes have room: a part without
-    // it (taken back by a recovery when the shard had none) would have its
-    // writes refused and lost. It stays prepared, its keys locked, and the
-    // sweep applies it once room is made.
-    if committed && let Err(why) = crate::txn_room::room_for_commit(state, txn, &parts) {
-        tracing::warn!(
-            shard = state.index,
-            txn,
-            "a committed transaction waits for log room (its keys stay locked; retried by the sweep): {why}"
-        );
-        return (committed, commit_ts);
-    }
-    let plan = |part: &txn_durable::Part| GroupPlan {
-        commit: committed,
-        commit_record: committed && part.keeps_decision() && recorded.is_some(),
-        has_record: part.record,
-        commit_ts,
-    };
-    // The parts whose group records the decision go first: on a commit,
-    // every vote part (each participant's, the primary's anchor part among
-    // them) with its commit record; on an abort, the primary's anchor part.
-    let first_here = |part: &txn_durable::Part| match committed {
-        true => part.keeps_decision(),
-        false => part.primary_anchor,
-    };
-    parts.sort_by_key(|part| !first_here(part)); // stable: the rest keep their order
-    let firsts = parts.iter().take_while(|p| first_here(p)).count();
-    let mut rest = &parts[..];
-    if firsts > 0 && firsts < parts.len() && recorded.is_some() {
-        // The decision is durable in the log of every vote part before any
-        // other part of it changes. A crash between leaves the others
-        // recorded, and they learn this decision (and its timestamp) from
-        // the decision kept here, or from the primary, which adopts the
-        // commit a participant kept. Why every participant keeps it: the
-        // client tells all of them at once, so one may apply before the
-        // primary has decided anything durably.
-        state.txns.applying.borrow_mut().insert(txn);
-        for first in &parts[..firsts] {
-            txn_durable::apply_part(state, txn, first, plan(first));
-        }
-        let waited = wait_durable(state).await;
-        crate::faults::crash_point("decide-after-decision-records", txn);
-        state.txns.applying.borrow_mut().remove(&txn);
-        if let Err(why) = waited {
-            tracing::error!(
-                shard = state.index,
-                txn,
-                "{why}: the decision is not applied"
-            );
-            state.holds_released.notify_waiters();
-            return (committed, commit_ts);
-        }
-        rest = &parts[firsts..];
-    }
-    // From here one synchronous step: the locks go and the writes land with
-    // no request in between.
-    let _ = state.txns.participant.borrow_mut().finish(txn);
-    for part in rest {
-        let plan = plan(part);
-        let writes = plan.commit && !part.items.is_empty();
-        if !writes && !plan.has_record && !plan.commit_record {
-            continue; // nothing to append: reads only, or an abort with no record
-        }
-        txn_durable::apply_part(state, txn, part, plan);
-    }
-    state.txns.held.borrow_mut().remove(&txn);
-    // Moves and updates waiting for this tablet's locks re-check; so does
-    // a caller waiting for this application.
-    state.holds_released.notify_waiters();
-    (committed, commit_ts)
 }

@@ -165,7 +165,7 @@ pub(crate) fn attach_records(engine: &Engine, parts: &mut Vec<Part>, recorded: &
 }
 
 /// Most bytes a part's decision appends in one group: the commit record
-/// (a part that keeps the decision), every write, the record's removal.
+/// (every part of a commit has one), every write, the record's removal.
 pub(crate) fn group_bytes(part: &Part) -> usize {
     let writes: usize = part
         .items
@@ -176,11 +176,7 @@ pub(crate) fn group_bytes(part: &Part) -> usize {
             None => max_entry_bytes(i.key.len(), 8),
         })
         .sum();
-    let commit = if part.keeps_decision() {
-        max_entry_bytes(part.anchor.len(), 9)
-    } else {
-        0
-    };
+    let commit = max_entry_bytes(part.anchor.len(), 9);
     commit + writes + max_entry_bytes(part.anchor.len(), 17)
 }
 
@@ -196,24 +192,23 @@ fn status_of(e: &EngineError) -> Status {
 }
 
 /// Write the prepared records of `txn` (prepared in the participant whose
-/// anchor is `own`): one per part; with `vote` false every part's but the
-/// vote part's, with `vote` true the vote part's alone. Returns how many it
-/// wrote. Refused (and nothing of this call left written) if a part's
-/// decision would not fit one log segment or the engine refuses a record.
+/// anchor is `own`), one per part, all in one step: the vote part's record
+/// (the *vote record*, at `own`, or at the primary's anchor for the
+/// primary) names the others as its siblings. Returns how many it wrote.
+/// Refused (and nothing of this call left written) if a part's decision
+/// would not fit one log segment or the engine refuses a record.
 ///
-/// Why two calls: each tablet's log is replicated and recovered on its own,
-/// so a crash may keep some of one vote's records and lose others. The
-/// caller writes the vote record only once the others are durable; then a
-/// recovered vote record proves the whole vote survived (`restore_record`),
-/// and only a proven vote makes a participant `Prepared` to a primary
-/// deciding an orphan, or lets a recovered primary commit one. The caller
-/// makes the vote record durable before the vote leaves (the conn's ack
-/// rule).
+/// Why the siblings: each tablet's log is replicated and recovered on its
+/// own, so a crash before the vote left may keep some of its records and
+/// lose others. A recovered vote record counts as a vote only once every
+/// sibling is found (`txn_proof`); only a counted vote makes a participant
+/// `Prepared` to a primary deciding an orphan, or lets a recovered primary
+/// commit one. The caller makes every record durable before the vote
+/// leaves (the conn's ack rule).
 pub(crate) fn write_prepared(
     state: &ShardState,
     txn: TxnId,
     own: &Anchor,
-    vote: bool,
 ) -> Result<usize, (Status, String)> {
     let mut engine = state.engine.borrow_mut();
     let participant = state.txns.participant.borrow();
@@ -225,12 +220,25 @@ pub(crate) fn write_prepared(
         crate::txn_room::check_fits(&engine, txn, part)?;
     }
     let mut written: Vec<(u64, Vec<u8>)> = Vec::with_capacity(parts.len());
-    // The vote part is the first (`parts`).
-    let chosen = parts.iter().enumerate().filter(|(i, _)| (*i == 0) == vote);
-    for (_, part) in chosen {
+    // The vote part is the first (`parts`); the others are its siblings.
+    let siblings: Vec<Anchor> = parts[1..]
+        .iter()
+        .map(|part| Anchor {
+            table: part.table,
+            key: part.anchor.clone(),
+        })
+        .collect();
+    // Injected for tests: the siblings' records are not written, as if a
+    // crash had kept the vote record alone (`faults.rs`).
+    let lose_siblings = crate::faults::fault_at("prepare-lose-part-records", txn);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 && lose_siblings {
+            continue;
+        }
         let record = PreparedRecord {
             primary: p.primary.clone(),
             participant: Some(own.clone()),
+            siblings: (i == 0).then(|| siblings.clone()),
             others: if part.primary_anchor {
                 p.others.clone()
             } else {
@@ -298,7 +306,14 @@ pub(crate) struct GroupPlan {
 /// made before a commit is applied (a part a recovery took back without
 /// room waits for it). So a commit's writes are never refused for room; a
 /// refusal left (an abort's record removal without a promise) is logged.
-pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: GroupPlan) {
+/// Returns where the commit record was written, for the caller to keep
+/// (`keep_decision_record`) or remove once durable.
+pub(crate) fn apply_part(
+    state: &ShardState,
+    txn: TxnId,
+    part: &Part,
+    plan: GroupPlan,
+) -> Option<DecisionAt> {
     let promise = crate::txn_room::take_promise(state, txn, part);
     let mut engine = state.engine.borrow_mut();
     let hash = key_hash(part.table, &part.anchor);
@@ -315,6 +330,7 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
             "a transaction's decision may span two log segments: {e}"
         );
     }
+    let mut kept = None;
     if plan.commit_record {
         let id = RecordId {
             class: CLASS_COMMITTED,
@@ -322,13 +338,7 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
         };
         let payload = insitu_txn::commit_payload(plan.commit_ts);
         match engine.put_record(part.table, &part.anchor, id, &payload) {
-            Ok(()) => {
-                keep_decision_record(
-                    state,
-                    txn,
-                    (part.table, part.anchor.clone(), CLASS_COMMITTED),
-                );
-            }
+            Ok(()) => kept = Some((part.table, part.anchor.clone(), CLASS_COMMITTED)),
             Err(e) => tracing::error!(
                 shard = state.index,
                 txn,
@@ -393,11 +403,12 @@ pub(crate) fn apply_part(state: &ShardState, txn: TxnId, part: &Part, plan: Grou
             "cannot remove a decided transaction's record: {e}"
         );
     }
+    kept
 }
 
 /// Remember a decision record of `txn` kept here (removed when the
 /// decision is forgotten: `forget`); one already remembered is not doubled.
-fn keep_decision_record(state: &ShardState, txn: TxnId, at: DecisionAt) {
+pub(crate) fn keep_decision_record(state: &ShardState, txn: TxnId, at: DecisionAt) {
     let mut records = state.txns.decided_records.borrow_mut();
     let kept = records.entry(txn).or_default();
     if !kept.contains(&at) {
@@ -490,8 +501,8 @@ pub(crate) fn restore_record(
             };
             let is_primary = record.primary.table == table && record.primary.key == anchor;
             // The record kept at the participant's own anchor is its vote
-            // record, written after every other part's was durable: finding
-            // it proves the whole vote survived (`write_prepared`).
+            // record: finding it with every sibling it names proves the
+            // whole vote survived (`write_prepared`, `txn_proof`).
             let vote = record
                 .participant
                 .clone()
@@ -520,8 +531,19 @@ pub(crate) fn restore_record(
                 tracing::error!(shard = state.index, txn, "restoring a transaction: {why}");
             }
             let vote_part = vote.is_some();
-            if let Some(vote) = vote {
-                state.txns.participant.borrow_mut().voted(txn, vote);
+            match (vote, record.siblings) {
+                // A vote record naming siblings counts once they are found.
+                (Some(vote), Some(siblings)) if !siblings.is_empty() => {
+                    let mut unproven = state.txns.unproven.borrow_mut();
+                    let votes = unproven.entry(txn).or_default();
+                    if !votes.iter().any(|(a, _)| *a == vote) {
+                        votes.push((vote, siblings));
+                    }
+                }
+                // One with none is the whole vote; a format-2 one was
+                // written after its siblings were durable.
+                (Some(vote), _) => state.txns.participant.borrow_mut().voted(txn, vote),
+                (None, _) => {}
             }
             note_records(state, txn, [(table, anchor.to_vec())]);
             // Charged and given its decision's room when they fit; a

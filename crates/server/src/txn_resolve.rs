@@ -18,6 +18,7 @@ use crate::shard::ShardState;
 use crate::txn::{PREPARED_TIMEOUT, settle_and_apply};
 use crate::txn_durable;
 use crate::txn_peers::{Unrouted, routed_call};
+use crate::txn_proof::{self, Proof};
 
 /// How often overdue transactions and expired decisions are looked for.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -30,13 +31,59 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// From this answer on, the client's direct decision is refused here
 /// (`direct_ok`): a primary told "prepared" may commit at a timestamp of
 /// its own, and this participant must then take that one.
-pub fn inquire(state: &ShardState, id: u64, txn: TxnId, anchor: TxnAnchor<'_>, out: &mut BytesMut) {
-    let now = state.txns.now_ms();
-    state.txns.direct_ok.borrow_mut().remove(&txn);
+///
+/// A vote a recovery brought back waits for its proof first (`txn_proof`):
+/// a sibling that committed answers `Committed`, one missing makes it no
+/// vote. With `part`, the question is about the part recorded at `anchor`
+/// (`txn_proof::part_phase`), asked by a shard proving such a vote.
+pub async fn inquire(
+    state: &ShardState,
+    id: u64,
+    txn: TxnId,
+    anchor: TxnAnchor<'_>,
+    part: bool,
+    out: &mut BytesMut,
+) {
     let anchor = Anchor {
         table: anchor.table,
         key: anchor.key.to_vec(),
     };
+    if part {
+        // A question about a recovered vote's sibling: the part here is a
+        // recovered one too (never in `direct_ok`), or this shard's own
+        // vote is asked about on its own, which locks it out below.
+        if !txn_proof::owned_here(state, &anchor) {
+            let s = txn_proof::NOT_OWNED;
+            return encode_error(
+                out,
+                id,
+                s,
+                format!("transaction {txn:#x}: the part's anchor is not served here ({s})"),
+            );
+        }
+        let phase = txn_proof::part_phase(state, txn, &anchor);
+        return reply(out, id, &Response::TxnPhase(phase));
+    }
+    state.txns.direct_ok.borrow_mut().remove(&txn);
+    match txn_proof::prove(state, txn, &anchor).await {
+        Err(why) => {
+            return encode_error(
+                out,
+                id,
+                Status::Retry,
+                format!("transaction {txn:#x}: its recovered vote cannot be proven yet: {why}"),
+            );
+        }
+        Ok(Some(Proof::Committed(commit_ts))) => {
+            return reply(
+                out,
+                id,
+                &Response::TxnPhase(TxnPhase::Committed { commit_ts }),
+            );
+        }
+        Ok(_) => {}
+    }
+    let now = state.txns.now_ms();
     let phase = match state.txns.participant.borrow_mut().phase(txn, &anchor, now) {
         Phase::Prepared => TxnPhase::Prepared,
         Phase::Committed => TxnPhase::Committed {
@@ -101,13 +148,29 @@ async fn resolve_as_primary(
     txn: TxnId,
     anchor: Option<&Anchor>,
 ) -> Result<(bool, u64), String> {
+    // A primary's vote a recovery brought back is whole only once proven.
+    let primary_anchor = {
+        let p = state.txns.participant.borrow();
+        p.prepared(txn)
+            .filter(|p| p.is_primary)
+            .map(|p| p.primary.clone())
+    };
+    if let Some(primary_anchor) = primary_anchor {
+        match txn_proof::prove(state, txn, &primary_anchor).await? {
+            Some(Proof::Committed(commit_ts)) => {
+                return Ok(settle_and_apply(state, txn, true, commit_ts).await);
+            }
+            Some(Proof::Whole | Proof::NotWhole) | None => {}
+        }
+    }
     let (decided, prepared) = {
         let p = state.txns.participant.borrow();
         (
             p.decision(txn),
             p.prepared(txn).map(|p| {
                 // The primary's own vote: whole (every part recorded) only
-                // once its vote record is written or was recovered.
+                // once its prepare wrote every record, or a recovered vote
+                // record was proven (above).
                 let own_vote = p.voters.contains(&p.primary);
                 (p.is_primary && own_vote, p.is_primary, p.others.clone())
             }),
@@ -148,6 +211,7 @@ async fn resolve_as_primary(
                 table: other.table,
                 key: blob(&other.key),
             },
+            part: false,
         };
         let phase = match routed_call(state, other, &inquire).await {
             Ok(Response::TxnPhase(p)) => p,
@@ -203,6 +267,39 @@ async fn resolve_as_primary(
     Ok(settle_and_apply(state, txn, commit, commit_ts).await)
 }
 
+/// Remove the commit records that kept a commit only until every group of
+/// it was durable (`ShardTxns::passing_records`), oldest first, once the
+/// log that held them is. Why wait: removed while another part's group may
+/// still be lost, a crash could leave that part applied with nothing saying
+/// so in its log (`settle_and_apply`).
+async fn remove_passing_records(state: &ShardState) {
+    loop {
+        let Some(changes) = state.txns.passing_records.borrow().front().map(|e| e.0) else {
+            return;
+        };
+        if state.repl.wait_durable(changes).await.is_err() {
+            return; // declared dead: nothing is removed any more
+        }
+        // Everything queued by then is durable too: drained at once.
+        let done: Vec<_> = {
+            let mut queue = state.txns.passing_records.borrow_mut();
+            let n = queue.iter().take_while(|e| e.0 <= changes).count().max(1);
+            queue.drain(..n).collect()
+        };
+        let mut engine = state.engine.borrow_mut();
+        for (_, txn, records) in done {
+            for (table, anchor, class) in records {
+                // A tablet moved away took its records along: nothing here.
+                let _ = engine.remove_record(
+                    table,
+                    &anchor,
+                    insitu_engine::RecordId { class, id: txn },
+                );
+            }
+        }
+    }
+}
+
 /// The shard's resolver: transactions prepared here for longer than
 /// `PREPARED_TIMEOUT` are resolved (as primary: decided; else: the
 /// primary's decision is asked and applied), and old decisions forgotten
@@ -217,6 +314,7 @@ pub async fn sweep(state: Rc<ShardState>) {
             (p.overdue(now, PREPARED_TIMEOUT.as_millis() as u64), gone)
         };
         txn_durable::forget(&state, &gone);
+        remove_passing_records(&state).await;
         // Kept versions past their time go; keeping stops when snapshots do.
         // A step at a time, yielding between: a reset may leave 64 MiB.
         while state

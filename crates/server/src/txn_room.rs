@@ -28,8 +28,8 @@ pub(crate) fn group_size(part: &Part) -> GroupSize {
     GroupSize {
         bytes: group_bytes(part),
         new_keys: puts().count(),
-        // The commit record, beside a vote record or the primary's anchor.
-        new_records: usize::from(part.keeps_decision()),
+        // The commit record a commit leaves in every part's group.
+        new_records: 1,
         longest_key: puts().map(|i| i.key.len()).max().unwrap_or(0),
     }
 }
@@ -132,7 +132,7 @@ pub(crate) fn take_promise(state: &ShardState, txn: TxnId, part: &Part) -> Optio
 }
 
 /// Room for every part of a commit that changes data or records the
-/// decision: the part's promise, or one made now (and held until the
+/// decision (every part with a record): the part's promise, or one made now (and held until the
 /// decision is applied). Err names the first part with neither: the
 /// caller must not apply the commit yet. Why: a part taken back by a
 /// recovery on a shard without room has no promise, and its writes,
@@ -147,7 +147,9 @@ pub(crate) fn room_for_commit(
 ) -> Result<(), String> {
     for part in parts {
         let writes = part.items.iter().any(|i| !matches!(i.write, Write::None));
-        if !(writes || part.keeps_decision()) || promise_at(state, txn, part).is_some() {
+        if !(writes || part.record || part.keeps_decision())
+            || promise_at(state, txn, part).is_some()
+        {
             continue;
         }
         let hash = key_hash(part.table, &part.anchor);

@@ -4,19 +4,21 @@
 //! yes vote nor a decision (ARCHITECTURE.md, "Transactions", "Durable
 //! records").
 //!
-//! Two classes:
+//! Three classes:
 //! - `CLASS_PREPARED`, id = the transaction id, one per tablet that a
 //!   participant prepared writes in (and always one in the tablet of the
 //!   primary's anchor, at the primary): the primary's anchor, the other
-//!   participants' anchors (in the primary's anchor record only) and this
+//!   participants' anchors (in the primary's anchor record only), the
+//!   participant's other records (in its vote record only) and this
 //!   tablet's writes. Written before the yes vote leaves; removed in the
 //!   same log segment as the commit's writes (or at an abort).
-//! - `CLASS_COMMITTED`, id = the transaction id, anchored at the primary's
-//!   anchor, empty payload: the primary decided commit. Written in the same
-//!   segment as the removal of the primary's anchor record; kept for the
-//!   decision's time to live. An abort writes no record: at the primary's
-//!   anchor, no prepared record and no commit record means aborted
-//!   (presumed abort).
+//! - `CLASS_COMMITTED`, id = the transaction id, beside each prepared
+//!   record of a commit, payload the commit timestamp: this part committed.
+//!   Written first in the group of the part's commit; kept for the
+//!   decision's time to live beside the primary's anchor and each vote
+//!   record, removed once durable beside the other parts. An abort writes
+//!   no record: at the primary's anchor, no prepared record and no commit
+//!   record means aborted (presumed abort).
 //! - `CLASS_ABORTED`, id = the transaction id, at the primary's anchor,
 //!   empty payload: the one abort that needs a record (see the constant).
 //!
@@ -24,9 +26,10 @@
 //! u32 length then the bytes):
 //!
 //! ```text
-//! u8     format (2; 1 lacks the participant field)
+//! u8     format (3; 2 lacks the siblings, 1 the participant too)
 //! u64    primary anchor's table     bytes  primary anchor's key
-//! u64    participant's anchor table bytes  participant's anchor key   (format 2)
+//! u64    participant's anchor table bytes  participant's anchor key   (format 2, 3)
+//! u32    siblings count, then per sibling: u64 table, bytes key       (format 3)
 //! u32    others count, then per other: u64 table, bytes key
 //! u32    item count, then per item: u64 table, u8 kind (1 put, 2 remove,
 //!        3 put with a deadline), bytes key, for a put: bytes value, and
@@ -68,8 +71,13 @@ pub fn decode_commit_payload(payload: &[u8]) -> Result<u64, String> {
     }
 }
 
-/// Format byte of a prepared record's payload (with the participant).
-const FORMAT: u8 = 2;
+/// Format byte of a prepared record's payload (with the participant and
+/// the siblings).
+const FORMAT: u8 = 3;
+/// The format without the siblings, whose vote record was written only once
+/// every other part's record was durable: still read, and such a vote
+/// record still proves its vote by itself.
+const FORMAT_2: u8 = 2;
 /// The first format, without the participant's anchor: still read.
 const FORMAT_1: u8 = 1;
 
@@ -95,11 +103,17 @@ pub struct PreparedRecord {
     /// a primary recovered onto another server is still found).
     pub primary: Anchor,
     /// The anchor of the participant that wrote it (its first item). The
-    /// record kept at that very key is the participant's *vote record*: it
-    /// is written only once every other part's record is durable, so a
-    /// recovery that finds it knows the whole vote survived (`voted`).
+    /// record kept at that very key is the participant's *vote record*.
     /// None in a format-1 record: its vote is never taken as proven.
     pub participant: Option<Anchor>,
+    /// In a vote record: the anchors of the participant's other part
+    /// records (one per other tablet it writes in), written in the same
+    /// step. Each tablet's log is recovered on its own, so a recovery that
+    /// finds the vote record proves the vote whole only by finding every
+    /// sibling too (or a decision in its place); until then it is no vote.
+    /// None in a format-2 or -1 record (a format-2 vote record was written
+    /// after its siblings were durable, so it proves itself).
+    pub siblings: Option<Vec<Anchor>>,
     /// The other participants' anchors; only in the primary's anchor
     /// record (the primary asks them before deciding an orphan).
     pub others: Vec<Anchor>,
@@ -109,14 +123,16 @@ pub struct PreparedRecord {
 impl PreparedRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
-        out.push(if self.participant.is_some() {
-            FORMAT
-        } else {
-            FORMAT_1
-        });
+        out.push(self.format());
         put_anchor(&mut out, &self.primary);
         if let Some(a) = &self.participant {
             put_anchor(&mut out, a);
+        }
+        if let Some(siblings) = &self.siblings {
+            out.extend_from_slice(&(siblings.len() as u32).to_le_bytes());
+            for a in siblings {
+                put_anchor(&mut out, a);
+            }
         }
         out.extend_from_slice(&(self.others.len() as u32).to_le_bytes());
         for a in &self.others {
@@ -148,11 +164,26 @@ impl PreparedRecord {
         out
     }
 
+    /// The format `encode` writes: what the fields present allow (siblings
+    /// need a participant).
+    fn format(&self) -> u8 {
+        match (&self.participant, &self.siblings) {
+            (Some(_), Some(_)) => FORMAT,
+            (Some(_), None) => FORMAT_2,
+            (None, _) => FORMAT_1,
+        }
+    }
+
     /// Bytes `encode` makes.
     pub fn encoded_len(&self) -> usize {
         let anchor = |a: &Anchor| 8 + 4 + a.key.len();
+        let siblings = match (&self.participant, &self.siblings) {
+            (Some(_), Some(s)) => 4 + s.iter().map(anchor).sum::<usize>(),
+            _ => 0,
+        };
         1 + anchor(&self.primary)
             + self.participant.as_ref().map_or(0, anchor)
+            + siblings
             + 4
             + self.others.iter().map(anchor).sum::<usize>()
             + 4
@@ -175,12 +206,23 @@ impl PreparedRecord {
     pub fn decode(bytes: &[u8]) -> Result<PreparedRecord, String> {
         let mut r = Reader { bytes, at: 0 };
         let format = r.u8()?;
-        if format != FORMAT && format != FORMAT_1 {
+        if ![FORMAT, FORMAT_2, FORMAT_1].contains(&format) {
             return Err(format!("unknown prepared-record format {format}"));
         }
         let primary = r.anchor()?;
         let participant = match format {
-            FORMAT => Some(r.anchor()?),
+            FORMAT | FORMAT_2 => Some(r.anchor()?),
+            _ => None,
+        };
+        let siblings = match format {
+            FORMAT => {
+                let n = r.count()?;
+                let mut siblings = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    siblings.push(r.anchor()?);
+                }
+                Some(siblings)
+            }
             _ => None,
         };
         let n = r.count()?;
@@ -217,6 +259,7 @@ impl PreparedRecord {
         Ok(PreparedRecord {
             primary,
             participant,
+            siblings,
             others,
             items,
         })
@@ -305,6 +348,10 @@ mod tests {
                 table: 3,
                 key: b"acct-0".to_vec(),
             }),
+            siblings: Some(vec![Anchor {
+                table: 3,
+                key: b"acct-7".to_vec(),
+            }]),
             others: vec![Anchor {
                 table: 4,
                 key: vec![],
@@ -363,9 +410,19 @@ mod tests {
         let bytes = r.encode();
         assert_eq!(bytes.len(), r.encoded_len());
         assert_eq!(PreparedRecord::decode(&bytes), Ok(r.clone()));
+        // A format-2 record (no siblings) is still read.
+        let two = PreparedRecord {
+            siblings: None,
+            ..r.clone()
+        };
+        let bytes = two.encode();
+        assert_eq!(bytes[0], FORMAT_2);
+        assert_eq!(bytes.len(), two.encoded_len());
+        assert_eq!(PreparedRecord::decode(&bytes), Ok(two));
         // A format-1 record (no participant) is still read.
         let old = PreparedRecord {
             participant: None,
+            siblings: None,
             ..r
         };
         let bytes = old.encode();
@@ -384,7 +441,7 @@ mod tests {
         longer.push(0);
         assert!(PreparedRecord::decode(&longer).is_err());
         let mut future = bytes;
-        future[0] = 3;
+        future[0] = 4;
         assert!(PreparedRecord::decode(&future).is_err());
     }
 
@@ -395,7 +452,7 @@ mod tests {
         bytes.extend_from_slice(&0u32.to_le_bytes()); // empty primary key
         bytes.extend_from_slice(&3u64.to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes()); // empty participant key
-        bytes.extend_from_slice(&u32::MAX.to_le_bytes()); // others
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes()); // siblings
         let e = PreparedRecord::decode(&bytes).unwrap_err();
         assert!(e.contains("passes"), "{e}");
     }

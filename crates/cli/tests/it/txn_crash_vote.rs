@@ -1,28 +1,25 @@
-//! A participant's vote record is written last (separate processes, R = 2,
-//! a crash injected at one step): a secondary with parts in two tablets of
-//! its server makes every part's record durable but the vote record, and
-//! its server dies right there (`INSITU_CRASH_AT`, before the vote leaves).
-//! Its tablets are recovered from their replicas, each from its own log:
-//! the recovered part without a vote record must not count as a yes vote,
-//! so the transaction aborts everywhere and every lock goes.
-//!
-//! Why this order matters, and what the test catches: with the vote record
-//! written first, the same crash point (after the first durable wait) keeps
-//! the vote record and loses the other part's record. The primary's
-//! resolution then finds a yes vote and commits: the primary's key and the
-//! vote part's key change, the other part's key does not (half a
-//! transaction; tried, this test then fails on the values).
+//! A participant's vote counts after a crash only if every record of it
+//! survived (separate processes, R = 2, faults injected at named steps). A
+//! secondary with parts in two tablets of its server writes every part's
+//! record in one step, its vote record (at its anchor) naming the other as
+//! its sibling. Each tablet is recovered from its own log, so a crash
+//! before the vote left can keep the vote record and lose the sibling. The
+//! first test makes that happen for certain: the sibling's record is not
+//! written (`INSITU_FAULT_AT=prepare-lose-part-records`) and the server
+//! dies once the vote record is durable (`prepare-after-records`). The
+//! recovered vote record must not count as a yes vote: the primary, asking
+//! it, finds no sibling (`txn_proof`), so the transaction aborts everywhere
+//! and every lock goes. With the vote record taken as proof by itself
+//! (tried) the primary commits: the keys end `new`, `new`, `old`.
 //!
 //! The second test is the other end of the commit: the client tells the
 //! secondary the commit directly (every vote was yes) and nobody else, and
-//! the secondary dies once its vote part's group, with the commit record it
-//! keeps, is durable and before its other part is applied
-//! (`decide-after-decision-records`). The recovered vote tablet has no vote
-//! record any more, only the commit record: the primary, deciding the
-//! orphan, must learn the commit from it and commit everywhere. Without that
-//! record the primary hears "never saw it", aborts, and the vote part's key
-//! keeps a write the other two never get (tried: the test then fails on the
-//! values).
+//! the secondary dies once it has applied it durably, before answering
+//! (`decide-after-apply`). The recovered vote tablet has no vote record any
+//! more, only the commit record kept beside it: the primary, deciding the
+//! orphan, must learn the commit from it and commit everywhere. Without
+//! that record the primary hears "never saw it", aborts, and the secondary's
+//! keys keep a write the primary's never gets.
 
 use crate::common;
 
@@ -56,10 +53,9 @@ fn anchor(table: u64, key: &str) -> TxnAnchor<'_> {
     }
 }
 
-/// Three servers of one shard each; keys `x` on one server (the primary)
-/// and `y1`, `y2` in two tablets of another server (the secondary, two
-/// parts: `y1`'s is its vote part), each written "old". Every server of
-/// `cluster` gets `INSITU_CRASH_AT={point}:{TXN}`.
+/// Keys `x` on one server (the primary) and `y1`, `y2` in two tablets of
+/// another server (the secondary, two parts: `y1`'s is its vote part),
+/// each written "old", and a connection to each of the two servers.
 struct Setup {
     cluster: Cluster,
     client: Client,
@@ -111,9 +107,15 @@ async fn setup(cluster: Cluster) -> Setup {
     }
 }
 
-fn armed(point: &str) -> Cluster {
+/// Three servers of one shard each, crashing at `point` for `TXN`, with
+/// `fault` (if any) injected for it too.
+fn armed(point: &str, fault: Option<&str>) -> Cluster {
     let mut cluster = Cluster::start(0, 1);
     cluster.server_env = vec![("INSITU_CRASH_AT".into(), format!("{point}:{TXN:x}"))];
+    if let Some(fault) = fault {
+        let armed = format!("{fault}:{TXN:x}");
+        cluster.server_env.push(("INSITU_FAULT_AT".into(), armed));
+    }
     for _ in 0..3 {
         cluster.add_server(1);
     }
@@ -176,8 +178,8 @@ async fn read_all(s: &Setup) -> (Option<String>, Option<String>, Option<String>)
 }
 
 #[test]
-fn a_secondary_dead_before_its_vote_record_aborts_everywhere() {
-    let cluster = armed("prepare-after-part-records");
+fn a_secondary_whose_vote_lost_a_sibling_record_aborts_everywhere() {
+    let cluster = armed("prepare-after-records", Some("prepare-lose-part-records"));
     rt().block_on(async {
         let s = setup(cluster).await;
         prepare_primary(&s).await;
@@ -205,15 +207,16 @@ fn a_secondary_dead_before_its_vote_record_aborts_everywhere() {
 
 #[test]
 fn a_secondary_dead_after_keeping_a_direct_commit_commits_everywhere() {
-    let cluster = armed("decide-after-decision-records");
+    let cluster = armed("decide-after-apply", None);
     rt().block_on(async {
         let s = setup(cluster).await;
         prepare_primary(&s).await;
         let vote = prepare_secondary(&s).await.unwrap();
         assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
         // Every vote was yes: the client tells the secondary the commit
-        // directly, and dies before telling the primary. The secondary keeps
-        // the commit with its vote part, then dies before its other part.
+        // directly, and dies before telling the primary. The secondary
+        // applies it, keeping it beside its vote record, and dies before
+        // answering.
         let told = s
             .secondary
             .call(&Request::TxnDecide {

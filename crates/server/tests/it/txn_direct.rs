@@ -46,6 +46,18 @@ async fn decide(
 
 /// Where the participant anchored at `key` stands on `txn`.
 async fn inquire(conn: &RpcConn, txn: u64, table: u64, key: &str) -> TxnPhase {
+    ask(conn, txn, table, key, false).await.unwrap()
+}
+
+/// `TxnInquire` about the participant (or with `part`, the part recorded)
+/// at `key`: its answer, or the refusal's status.
+async fn ask(
+    conn: &RpcConn,
+    txn: u64,
+    table: u64,
+    key: &str,
+    part: bool,
+) -> Result<TxnPhase, Status> {
     let r = conn
         .call(&Request::TxnInquire {
             txn,
@@ -53,12 +65,15 @@ async fn inquire(conn: &RpcConn, txn: u64, table: u64, key: &str) -> TxnPhase {
                 table,
                 key: blob(key.as_bytes()),
             },
+            part,
         })
         .await
         .unwrap();
-    assert_eq!(r.status, Status::Ok, "{}", r.error_message());
+    if r.status != Status::Ok {
+        return Err(r.status);
+    }
     match r.decode().unwrap() {
-        Response::TxnPhase(p) => p,
+        Response::TxnPhase(p) => Ok(p),
         other => panic!("{other:?} to TxnInquire"),
     }
 }
@@ -169,5 +184,38 @@ async fn a_client_commits_with_every_participant_told_at_once() {
         assert_eq!(read(&client, t, &k1).await, Some(value.clone()));
         assert_eq!(read(&client, t, &k2).await, Some(value));
     }
+    drop(node);
+}
+
+#[tokio::test]
+async fn a_part_question_answers_for_the_record_held_and_records_nothing() {
+    // What a shard proving a recovered vote asks a sibling's owner: is the
+    // record written at this key held here, or the transaction committed?
+    let (node, client) = retrying_client(2).await;
+    let info = client.create_table("parts", 4).await.unwrap();
+    let t = info.id;
+    let ((k1, s1), (k2, s2)) = participants(&info).await;
+    let txn = 0x9a27;
+    // Never seen: aborted, and nothing recorded (its prepare still counts).
+    assert_eq!(ask(&s2, txn, t, &k2, true).await, Ok(TxnPhase::Aborted));
+    prepare_both(t, (&k1, &s1), (&k2, &s2), txn).await;
+    assert_eq!(ask(&s2, txn, t, &k2, true).await, Ok(TxnPhase::Prepared));
+    // A key of a tablet the shard does not own: the asker refreshes its map.
+    assert_eq!(
+        ask(&s2, txn, t, &k1, true).await,
+        Err(Status::UnknownTablet)
+    );
+    assert_eq!(
+        decide(&s2, txn, (true, 99), true).await,
+        (Status::Ok, Some((true, 99)))
+    );
+    assert_eq!(
+        ask(&s2, txn, t, &k2, true).await,
+        Ok(TxnPhase::Committed { commit_ts: 99 })
+    );
+    assert_eq!(
+        decide(&s1, txn, (true, 99), true).await,
+        (Status::Ok, Some((true, 99)))
+    );
     drop(node);
 }

@@ -416,6 +416,12 @@ pub fn seeds(
         Request::TxnInquire {
             txn: 0xABCD_0001,
             anchor: anchor(b"a7"),
+            part: false,
+        },
+        Request::TxnInquire {
+            txn: 0xABCD_0003,
+            anchor: anchor(b"a8"),
+            part: true,
         },
         Request::SnapshotRead {
             table: t,
