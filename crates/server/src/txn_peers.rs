@@ -5,7 +5,8 @@
 
 use insitu_client::rpc::RpcConn;
 use insitu_client::{Client, ClientConfig};
-use insitu_protocol::{Request, Response, Status};
+use insitu_protocol::txn::{TxnAnchor, TxnId, TxnPhase};
+use insitu_protocol::{Request, Response, Status, blob};
 use insitu_txn::Anchor;
 
 use crate::shard::ShardState;
@@ -62,6 +63,30 @@ pub(crate) async fn routed_call(
             Err((_, why)) => return Err(Unrouted::Failed(why)),
             Ok(r) => return Ok(r),
         }
+    }
+}
+
+/// Ask the owner of `anchor` where `txn` stands (`TxnInquire`): the
+/// participant anchored there, or with `part` the part recorded there.
+pub(crate) async fn inquire(
+    state: &ShardState,
+    txn: TxnId,
+    anchor: &Anchor,
+    part: bool,
+) -> Result<TxnPhase, Unrouted> {
+    let request = Request::TxnInquire {
+        txn,
+        anchor: TxnAnchor {
+            table: anchor.table,
+            key: blob(&anchor.key),
+        },
+        part,
+    };
+    match routed_call(state, anchor, &request).await? {
+        Response::TxnPhase(p) => Ok(p),
+        other => Err(Unrouted::Failed(format!(
+            "answered {other:?} to TxnInquire"
+        ))),
     }
 }
 

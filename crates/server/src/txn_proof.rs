@@ -17,12 +17,12 @@
 //! answers wait (the ack rule) until the backups hold them.
 
 use insitu_engine::key_hash;
-use insitu_protocol::txn::{TxnAnchor, TxnId, TxnPhase};
-use insitu_protocol::{Request, Response, Status, blob};
+use insitu_protocol::Status;
+use insitu_protocol::txn::{TxnId, TxnPhase};
 use insitu_txn::Anchor;
 
 use crate::shard::ShardState;
-use crate::txn_peers::{Unrouted, routed_call};
+use crate::txn_peers::{Unrouted, inquire};
 
 /// What proving a recovered vote found.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,24 +60,13 @@ pub(crate) async fn prove(
     for sibling in &siblings {
         let phase = match owned_here(state, sibling) {
             true => part_phase(state, txn, sibling),
-            false => {
-                let ask = Request::TxnInquire {
-                    txn,
-                    anchor: TxnAnchor {
-                        table: sibling.table,
-                        key: blob(&sibling.key),
-                    },
-                    part: true,
-                };
-                match routed_call(state, sibling, &ask).await {
-                    Ok(Response::TxnPhase(p)) => p,
-                    Ok(other) => return Err(format!("answered {other:?} to TxnInquire")),
-                    // The sibling's table is gone, and its part with it:
-                    // no commit can be applied whole any more.
-                    Err(Unrouted::TableGone(_)) => TxnPhase::Aborted,
-                    Err(Unrouted::Failed(why)) => return Err(why),
-                }
-            }
+            false => match inquire(state, txn, sibling, true).await {
+                Ok(p) => p,
+                // The sibling's table is gone, and its part with it: no
+                // commit can be applied whole any more.
+                Err(Unrouted::TableGone(_)) => TxnPhase::Aborted,
+                Err(Unrouted::Failed(why)) => return Err(why),
+            },
         };
         match phase {
             TxnPhase::Prepared => {}

@@ -148,6 +148,11 @@ async fn resolve_as_primary(
     txn: TxnId,
     anchor: Option<&Anchor>,
 ) -> Result<(bool, u64), String> {
+    let decided = state.txns.participant.borrow().decision(txn);
+    if let Some(d) = decided {
+        // A part restored beside its decision is applied now.
+        return Ok(settle_and_apply(state, txn, d, 0).await);
+    }
     // A primary's vote a recovery brought back is whole only once proven.
     let primary_anchor = {
         let p = state.txns.participant.borrow();
@@ -177,7 +182,7 @@ async fn resolve_as_primary(
         )
     };
     if let Some(d) = decided {
-        // A part restored beside its decision is applied now.
+        // Decided while the vote was being proven.
         return Ok(settle_and_apply(state, txn, d, 0).await);
     }
     let others = match prepared {
@@ -205,17 +210,8 @@ async fn resolve_as_primary(
     // one it took is the same: the client sends one).
     let mut committed_at: Option<u64> = None;
     for other in &others {
-        let inquire = Request::TxnInquire {
-            txn,
-            anchor: TxnAnchor {
-                table: other.table,
-                key: blob(&other.key),
-            },
-            part: false,
-        };
-        let phase = match routed_call(state, other, &inquire).await {
-            Ok(Response::TxnPhase(p)) => p,
-            Ok(other) => return Err(format!("answered {other:?} to TxnInquire")),
+        let phase = match crate::txn_peers::inquire(state, txn, other, false).await {
+            Ok(p) => p,
             // The participant's table is gone, and its vote with it: it
             // never voted yes as far as anyone can learn now, and nothing
             // was decided yet (checked above), so aborting is safe.
