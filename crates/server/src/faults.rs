@@ -13,8 +13,8 @@
 //! - `prepare-after-records`: a participant with several parts wrote every
 //!   part's prepared record and made them durable (`txn.rs`, `prepare`),
 //!   and its vote has not left.
-//! - `decide-after-apply`: a participant applied a decision to every part
-//!   and made it durable (`txn.rs`, `settle_and_apply`), and has not
+//! - `decide-after-apply`: a participant applied a client's direct commit
+//!   to every part and made it durable (`txn.rs`, `decide`), and has not
 //!   answered.
 //!
 //! `INSITU_FAULT_AT`, in the same form, injects a state instead of a crash:
@@ -22,6 +22,13 @@
 //!   its vote record and not its other parts' records, as a crash that
 //!   kept the vote record's log and lost the others would leave them
 //!   (`txn_durable::write_prepared`; `txn_proof` must then find no vote).
+//! - `decide-lose-vote-part`: a participant that took the prepare from the
+//!   client (not one a recovery brought back) applying a commit skips its
+//!   vote part's group (its vote record stays, its
+//!   writes there are not made), as a crash that kept its other parts'
+//!   groups and lost that one would leave them (`txn_apply.rs`; a recovered
+//!   vote record must then be proven `Committed` by a sibling's commit
+//!   record, `txn_proof`).
 //! - `prepare-no-promise`: the prepare gives up the log room it promised
 //!   its decision, as a part taken back from its record by a recovery on a
 //!   shard without room has none (`txn_room::room_for_commit`).

@@ -492,6 +492,10 @@ pub async fn decide(
         );
     }
     let decided = settle_and_apply(state, txn, commit && known, commit_ts).await;
+    if direct && crate::faults::crash_armed("decide-after-apply", txn) {
+        let _ = wait_durable(state).await;
+        crate::faults::crash_point("decide-after-apply", txn);
+    }
     reply_decided(out, id, decided);
 }
 

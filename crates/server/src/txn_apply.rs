@@ -22,7 +22,9 @@ pub(crate) async fn settle_and_apply(
     commit_ts: u64,
 ) -> (bool, u64) {
     let now = state.txns.now_ms();
-    state.txns.direct_ok.borrow_mut().remove(&txn);
+    // Whether this shard took the prepare from the client and nobody asked
+    // it since (only the test fault below cares now).
+    let took_prepare = state.txns.direct_ok.borrow_mut().remove(&txn);
     let committed = state.txns.participant.borrow_mut().settle(txn, commit, now);
     let commit_ts = match committed {
         false => 0,
@@ -117,6 +119,13 @@ pub(crate) async fn settle_and_apply(
         if !writes && !plan.has_record && !plan.commit_record {
             continue; // nothing to append: reads only, or an abort with no record
         }
+        if took_prepare
+            && committed
+            && part.vote
+            && crate::faults::fault_at("decide-lose-vote-part", txn)
+        {
+            continue; // injected for tests: as if a crash lost this group
+        }
         let kept = txn_durable::apply_part(state, txn, part, plan);
         match (kept, part.keeps_decision()) {
             (Some(at), true) => txn_durable::keep_decision_record(state, txn, at),
@@ -128,10 +137,6 @@ pub(crate) async fn settle_and_apply(
         let changes = state.engine.borrow().log_changes();
         let mut queue = state.txns.passing_records.borrow_mut();
         queue.push_back((changes, txn, passing));
-    }
-    if crate::faults::crash_armed("decide-after-apply", txn) {
-        let _ = wait_durable(state).await;
-        crate::faults::crash_point("decide-after-apply", txn);
     }
     state.txns.held.borrow_mut().remove(&txn);
     // Moves and updates waiting for this tablet's locks re-check; so does

@@ -20,6 +20,14 @@
 //! orphan, must learn the commit from it and commit everywhere. Without
 //! that record the primary hears "never saw it", aborts, and the secondary's
 //! keys keep a write the primary's never gets.
+//!
+//! The third is the same commit with the secondary's vote part lost and its
+//! other part applied (`INSITU_FAULT_AT=decide-lose-vote-part` skips the
+//! vote part's group): the recovered vote record must be proven
+//! `Committed` by the commit record beside its sibling, and the commit
+//! reaches every key. With a commit record beside vote parts alone (tried)
+//! the sibling looks never written, the vote is no vote, and the primary
+//! aborts: `old`, `old`, `new`.
 
 use crate::common;
 
@@ -235,6 +243,44 @@ fn a_secondary_dead_after_keeping_a_direct_commit_commits_everywhere() {
             read_all(&s).await,
             (new.clone(), new.clone(), new),
             "a participant applied the commit: it must commit on every key"
+        );
+        for key in [&s.x, &s.y1, &s.y2] {
+            s.client.write(s.t, key, "after").await.unwrap();
+        }
+        drop(s.cluster);
+    });
+}
+
+#[test]
+fn a_secondary_dead_with_only_its_other_part_applied_commits_everywhere() {
+    let cluster = armed("decide-after-apply", Some("decide-lose-vote-part"));
+    rt().block_on(async {
+        let s = setup(cluster).await;
+        prepare_primary(&s).await;
+        let vote = prepare_secondary(&s).await.unwrap();
+        assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
+        // The client tells the secondary alone; the secondary applies y2's
+        // part and not y1's (its vote part, as if that group were lost),
+        // then dies. Its recovered vote record is proven by y2's commit
+        // record: the transaction committed.
+        let told = s
+            .secondary
+            .call(&Request::TxnDecide {
+                txn: TXN,
+                commit: true,
+                commit_ts: 0,
+                direct: true,
+            })
+            .await;
+        assert!(
+            !matches!(&told, Ok(r) if r.status == Status::Ok),
+            "the secondary answered although it was armed to crash first"
+        );
+        let new = Some("new".to_string());
+        assert_eq!(
+            read_all(&s).await,
+            (new.clone(), new.clone(), new),
+            "a part of the commit was applied: it must commit on every key"
         );
         for key in [&s.x, &s.y1, &s.y2] {
             s.client.write(s.t, key, "after").await.unwrap();
