@@ -12,9 +12,10 @@ use crate::txn_durable::{self, GroupPlan};
 /// Record the decision (the one already recorded wins) and apply it to the
 /// parts prepared here, each as one group (on a commit: a commit record,
 /// the writes; the record's removal). An abort at the primary applies its
-/// anchor part first, held by the backups before any other part changes. `commit_ts`: the commit's
-/// timestamp if this call decides it (the first one known here stands).
-/// Returns the decision that stands and its timestamp.
+/// anchor part first, held by the backups before any other part changes.
+/// `commit_ts`: the commit's timestamp if this call decides it (the first
+/// one known here stands). Returns the decision that stands and its
+/// timestamp.
 pub(crate) async fn settle_and_apply(
     state: &ShardState,
     txn: TxnId,
@@ -51,7 +52,9 @@ pub(crate) async fn settle_and_apply(
             None => return (committed, commit_ts), // nothing of it here, or applied already
         }
     };
-    let recorded = state.txns.records.borrow_mut().remove(&txn);
+    // Taken out of `records` only once the decision is applied: a commit
+    // that waits for room (below) keeps them for the sweep's next try.
+    let recorded = state.txns.records.borrow().get(&txn).cloned();
     let mut parts = parts;
     if let Some(recorded) = &recorded {
         txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
@@ -69,6 +72,7 @@ pub(crate) async fn settle_and_apply(
         );
         return (committed, commit_ts);
     }
+    state.txns.records.borrow_mut().remove(&txn);
     // On a commit every part with a record keeps the decision in its group
     // (a commit record first): a crash that keeps some of the groups and
     // loses others leaves each applied part saying "committed, at this
