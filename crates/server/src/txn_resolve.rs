@@ -140,9 +140,9 @@ pub async fn resolve(
 /// Take the decision the primary must: commit if every participant is
 /// prepared (all voted yes) or one has committed (the client told it: all
 /// voted yes), at that one's timestamp; abort if any is not (asking it
-/// aborts it there). `anchor`: the primary's anchor, when a participant asked (then
-/// a transaction unknown here is aborted durably). Err: a participant could
-/// not be asked; nothing was decided.
+/// aborts it there). `anchor`: the primary's anchor, when a participant
+/// asked (then a transaction unknown here is aborted durably). Err: a
+/// participant could not be asked; nothing was decided.
 async fn resolve_as_primary(
     state: &ShardState,
     txn: TxnId,

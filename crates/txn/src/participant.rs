@@ -18,7 +18,8 @@
 //!    other participant where it stands (`phase`): one that never saw the
 //!    transaction records it aborted (so the prepare still in flight is
 //!    refused when it arrives), which makes the primary abort; if all are
-//!    prepared, every vote was yes, and it commits.
+//!    prepared, every vote was yes, and it commits; if one committed (the
+//!    client told it directly), it commits at that one's timestamp.
 //!
 //! Why this is atomic: a participant applies writes only on a commit
 //! decision; a commit is decided only when every participant voted yes
