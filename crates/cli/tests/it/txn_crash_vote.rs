@@ -185,6 +185,42 @@ async fn read_all(s: &Setup) -> (Option<String>, Option<String>, Option<String>)
     values
 }
 
+/// Every key ends `want` once the transaction is resolved, and no lock is
+/// left on them: plain writes go through.
+async fn every_key_ends(s: &Setup, want: &str, why: &str) {
+    let want = Some(want.to_string());
+    assert_eq!(
+        read_all(s).await,
+        (want.clone(), want.clone(), want),
+        "{why}"
+    );
+    for key in [&s.x, &s.y1, &s.y2] {
+        s.client.write(s.t, key, "after").await.unwrap();
+    }
+}
+
+/// Both participants vote yes; the client tells the secondary alone the
+/// commit directly (every vote was yes) and dies before telling the
+/// primary; the secondary, armed to crash in its decision, never answers.
+async fn told_the_secondary_alone(s: &Setup) {
+    prepare_primary(s).await;
+    let vote = prepare_secondary(s).await.unwrap();
+    assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
+    let told = s
+        .secondary
+        .call(&Request::TxnDecide {
+            txn: TXN,
+            commit: true,
+            commit_ts: 0,
+            direct: true,
+        })
+        .await;
+    assert!(
+        !matches!(&told, Ok(r) if r.status == Status::Ok),
+        "the secondary answered although it was armed to crash first"
+    );
+}
+
 #[test]
 fn a_secondary_whose_vote_lost_a_sibling_record_aborts_everywhere() {
     let cluster = armed("prepare-after-records", Some("prepare-lose-part-records"));
@@ -199,16 +235,8 @@ fn a_secondary_whose_vote_lost_a_sibling_record_aborts_everywhere() {
         );
         // The client is gone too: nobody decides. The primary's part and
         // the recovered secondary part resolve on their own.
-        let old = Some("old".to_string());
-        assert_eq!(
-            read_all(&s).await,
-            (old.clone(), old.clone(), old),
-            "the secondary's vote was not whole: the transaction must abort on every key"
-        );
-        // No lock is left on the keys: plain writes go through.
-        for key in [&s.x, &s.y1, &s.y2] {
-            s.client.write(s.t, key, "after").await.unwrap();
-        }
+        let why = "the secondary's vote was not whole: the transaction must abort on every key";
+        every_key_ends(&s, "old", why).await;
         drop(s.cluster);
     });
 }
@@ -218,35 +246,11 @@ fn a_secondary_dead_after_keeping_a_direct_commit_commits_everywhere() {
     let cluster = armed("decide-after-apply", None);
     rt().block_on(async {
         let s = setup(cluster).await;
-        prepare_primary(&s).await;
-        let vote = prepare_secondary(&s).await.unwrap();
-        assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
-        // Every vote was yes: the client tells the secondary the commit
-        // directly, and dies before telling the primary. The secondary
-        // applies it, keeping it beside its vote record, and dies before
-        // answering.
-        let told = s
-            .secondary
-            .call(&Request::TxnDecide {
-                txn: TXN,
-                commit: true,
-                commit_ts: 0,
-                direct: true,
-            })
-            .await;
-        assert!(
-            !matches!(&told, Ok(r) if r.status == Status::Ok),
-            "the secondary answered although it was armed to crash first"
-        );
-        let new = Some("new".to_string());
-        assert_eq!(
-            read_all(&s).await,
-            (new.clone(), new.clone(), new),
-            "a participant applied the commit: it must commit on every key"
-        );
-        for key in [&s.x, &s.y1, &s.y2] {
-            s.client.write(s.t, key, "after").await.unwrap();
-        }
+        // The secondary applies the commit, keeping it beside its vote
+        // record, and dies before answering.
+        told_the_secondary_alone(&s).await;
+        let why = "a participant applied the commit: it must commit on every key";
+        every_key_ends(&s, "new", why).await;
         drop(s.cluster);
     });
 }
@@ -256,35 +260,12 @@ fn a_secondary_dead_with_only_its_other_part_applied_commits_everywhere() {
     let cluster = armed("decide-after-apply", Some("decide-lose-vote-part"));
     rt().block_on(async {
         let s = setup(cluster).await;
-        prepare_primary(&s).await;
-        let vote = prepare_secondary(&s).await.unwrap();
-        assert_eq!(vote.status, Status::Ok, "{}", vote.error_message());
-        // The client tells the secondary alone; the secondary applies y2's
-        // part and not y1's (its vote part, as if that group were lost),
-        // then dies. Its recovered vote record is proven by y2's commit
-        // record: the transaction committed.
-        let told = s
-            .secondary
-            .call(&Request::TxnDecide {
-                txn: TXN,
-                commit: true,
-                commit_ts: 0,
-                direct: true,
-            })
-            .await;
-        assert!(
-            !matches!(&told, Ok(r) if r.status == Status::Ok),
-            "the secondary answered although it was armed to crash first"
-        );
-        let new = Some("new".to_string());
-        assert_eq!(
-            read_all(&s).await,
-            (new.clone(), new.clone(), new),
-            "a part of the commit was applied: it must commit on every key"
-        );
-        for key in [&s.x, &s.y1, &s.y2] {
-            s.client.write(s.t, key, "after").await.unwrap();
-        }
+        // The secondary applies y2's part and not y1's (its vote part, as
+        // if that group were lost), then dies. Its recovered vote record is
+        // proven by y2's commit record: the transaction committed.
+        told_the_secondary_alone(&s).await;
+        let why = "a part of the commit was applied: it must commit on every key";
+        every_key_ends(&s, "new", why).await;
         drop(s.cluster);
     });
 }
