@@ -54,12 +54,15 @@ pub(crate) async fn settle_and_apply(
     };
     // Taken out of `records` only once the decision is applied: a commit
     // that waits for room (below) keeps them for the sweep's next try.
-    let recorded = state.txns.records.borrow().get(&txn).cloned();
     let mut parts = parts;
-    if let Some(recorded) = &recorded {
-        txn_durable::attach_records(&state.engine.borrow(), &mut parts, recorded);
-        txn_durable::mark_votes(&mut parts, &voters);
-    }
+    let recorded = match state.txns.records.borrow().get(&txn) {
+        Some(at) => {
+            txn_durable::attach_records(&state.engine.borrow(), &mut parts, at);
+            txn_durable::mark_votes(&mut parts, &voters);
+            true
+        }
+        None => false,
+    };
     // A commit applies only where its writes have room: a part without
     // it (taken back by a recovery when the shard had none) would have its
     // writes refused and lost. It stays prepared, its keys locked, and the
@@ -95,7 +98,7 @@ pub(crate) async fn settle_and_apply(
         && let Some(first) = parts.first()
         && first.primary_anchor
         && parts.len() > 1
-        && recorded.is_some()
+        && recorded
     {
         state.txns.applying.borrow_mut().insert(txn);
         txn_durable::apply_part(state, txn, first, plan(first));
