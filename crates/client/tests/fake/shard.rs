@@ -357,6 +357,8 @@ fn shard_handle(
                     // The fake keeps no deadlines.
                     expiring_objects: 0,
                     expiring_deadline_sum_ms: 0,
+                    // Nor any side record.
+                    records: 0,
                 })
                 .collect();
             ok(

@@ -181,6 +181,10 @@ pub struct TabletStat {
     /// The sum of their deadlines (Unix ms): with the count, their mean,
     /// from which `INFO` derives `avg_ttl`. A sum, not a mean, so tablets add up.
     pub expiring_deadline_sum_ms: u128,
+    /// Side records the tablet holds (transactions' votes and decisions, the
+    /// update log's entries): each is log bytes until removed, so an operator
+    /// sees a count that only grows, and tests see records removed on time.
+    pub records: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -41,5 +41,6 @@ mod txn;
 mod txn_direct;
 mod txn_full_budget;
 mod txn_gone_table;
+mod txn_records;
 mod typed_snapshot;
 mod update_memory;
