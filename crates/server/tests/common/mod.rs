@@ -118,3 +118,21 @@ pub fn key_in(info: &TableInfo, index: usize, prefix: &str) -> String {
         .find(|k| tablet_of(info, k) == index)
         .expect("some key hashes into every tablet")
 }
+
+/// The sum of one figure (`field` of each `TabletStat`) over `table`'s
+/// tablets on the shard at `addr`: objects held, expiring objects, side
+/// records, as a test waits for a sweep.
+pub async fn tablet_sum(
+    client: &insitu_client::Client,
+    addr: &str,
+    table: u64,
+    field: impl Fn(&insitu_protocol::TabletStat) -> u64,
+) -> u64 {
+    let stats = client.shard_stats(addr).await.unwrap();
+    stats
+        .tablets
+        .iter()
+        .filter(|t| t.table == table)
+        .map(field)
+        .sum()
+}

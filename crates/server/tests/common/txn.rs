@@ -211,11 +211,5 @@ pub async fn transfer(
 /// The side records (`TabletStat::records`: transactions' votes and kept
 /// decisions) the shard at `addr` holds in `table`'s tablets.
 pub async fn side_records(client: &insitu_client::Client, addr: &str, table: u64) -> u64 {
-    let stats = client.shard_stats(addr).await.unwrap();
-    stats
-        .tablets
-        .iter()
-        .filter(|t| t.table == table)
-        .map(|t| t.records)
-        .sum()
+    super::tablet_sum(client, addr, table, |t| t.records).await
 }

@@ -34,13 +34,7 @@ fn assert_ttl(reply: &str, set_secs: i64, key: &str) {
 /// Objects the shard at `shard` holds in `table`'s tablets (expired ones
 /// included until the sweep removes them).
 async fn held_objects(client: &Client, shard: &str, table: u64) -> u64 {
-    let stats = client.shard_stats(shard).await.unwrap();
-    stats
-        .tablets
-        .iter()
-        .filter(|t| t.table == table)
-        .map(|t| t.objects)
-        .sum()
+    common::tablet_sum(client, shard, table, |t| t.objects).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,13 +26,7 @@ fn now_ms() -> u64 {
 /// Objects with a deadline the shard still holds in `table` (an expired
 /// one counts until the sweep removes it).
 async fn expiring_held(client: &Client, shard: &str, table: u64) -> u64 {
-    let stats = client.shard_stats(shard).await.unwrap();
-    stats
-        .tablets
-        .iter()
-        .filter(|t| t.table == table)
-        .map(|t| t.expiring_objects)
-        .sum()
+    common::tablet_sum(client, shard, table, |t| t.expiring_objects).await
 }
 
 /// `gone` expires and is removed by the sweep; `over` expires and is
