@@ -88,7 +88,7 @@ impl<'s> ReplayResolver<'s> {
         let resolved = self.resolver.finish()?;
         let mut t = Tablet::new(table, range, resolved.next_version);
         let started = t
-            .reserve_index(&mut engine.budget, resolved.objects.len())
+            .reserve_index(&mut engine.budget, resolved.objects())
             .and_then(|()| {
                 if t.next_version > 1 {
                     engine.with_room_retry(|budget| t.open_head(budget, Purpose::Object))
@@ -117,15 +117,15 @@ impl ReplayBuild<'_> {
     pub fn step(&mut self, engine: &mut Engine, max_entries: usize) -> Result<bool, EngineError> {
         let t = self.tablet.as_mut().expect("a build in progress");
         let mut budget_left = max_entries;
-        while budget_left > 0 && self.objects_done < self.resolved.objects.len() {
-            let w = &self.resolved.objects[self.objects_done];
+        while budget_left > 0 && self.objects_done < self.resolved.objects() {
+            let w = self.resolved.object(self.objects_done);
             engine.with_room_retry(|budget| {
                 t.push_verified(budget, w.hash, w.key.len(), w.entry, w.expires_at_ms)
             })?;
             self.objects_done += 1;
             budget_left -= 1;
         }
-        if self.objects_done < self.resolved.objects.len() {
+        if self.objects_done < self.resolved.objects() {
             return Ok(false);
         }
         if !self.records_reserved {
@@ -148,7 +148,7 @@ impl ReplayBuild<'_> {
     pub fn progress(&self) -> (usize, usize) {
         (
             self.objects_done + self.records_done,
-            self.resolved.objects.len() + self.resolved.records.len(),
+            self.resolved.objects() + self.resolved.records.len(),
         )
     }
 
@@ -157,7 +157,7 @@ impl ReplayBuild<'_> {
     /// tablet now covers part of its range.
     pub fn finish(mut self, engine: &mut Engine) -> Result<ReplayReport, EngineError> {
         let t = self.tablet.take().expect("a build in progress");
-        let (objects, records) = (self.resolved.objects.len(), self.resolved.records.len());
+        let (objects, records) = (self.resolved.objects(), self.resolved.records.len());
         assert!(
             self.objects_done == objects && self.records_done == records,
             "finish before every winner was appended"

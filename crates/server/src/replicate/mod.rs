@@ -51,6 +51,10 @@ pub struct ReplicationConfig {
     pub retry_max: Duration,
     /// Most segment bytes one round copies out of the engine (bounds the
     /// memory of a resend after a failure; the rest follows in later rounds).
+    /// The copy runs under one engine borrow, so this also bounds how long a
+    /// round's plan holds the shard: 4 MiB of fresh buffers took 3-6 ms in a
+    /// recovery (64 MiB took up to 25 ms, the longest hold of a recovery
+    /// master's shard after the replay's sort; BENCHMARKS.md).
     pub max_round_bytes: usize,
     /// On `Fenced`, exit the process (code 70) as a dead server must. False
     /// only for in-process servers (`insitu up`, tests): the server stops
@@ -71,7 +75,7 @@ impl Default for ReplicationConfig {
             refresh_interval: Duration::from_secs(1),
             retry_min: Duration::from_millis(50),
             retry_max: Duration::from_secs(2),
-            max_round_bytes: 64 << 20,
+            max_round_bytes: 4 << 20,
             exit_on_fence: true,
             own_backup: true,
         }
