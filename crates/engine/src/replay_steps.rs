@@ -7,9 +7,10 @@
 //!    returns a `ReplayResolver`, which needs no engine: `feed` resolves one
 //!    segment at a time (newest version wins), and `report` tells whether a
 //!    corrupt entry was found, before anything is built.
-//! 2. `ReplayResolver::build` takes the winners in log order and starts a
-//!    tablet off the engine's routes (its segments and index are charged to
-//!    the budget at once, as they are allocated): a `ReplayBuild`.
+//! 2. `ReplayResolver::build` groups the winners by segment (each group is
+//!    put in log order when a step reaches it) and starts a tablet off the
+//!    engine's routes (its segments and index are charged to the budget at
+//!    once, as they are allocated): a `ReplayBuild`.
 //! 3. `ReplayBuild::step` appends at most `max_entries` winners; `finish`
 //!    adds the tablet (checking the range again: something may have taken
 //!    it between steps) or releases it; `abandon` releases it.
