@@ -38,10 +38,23 @@ use crate::cleaner::{self, Candidate, Goal, INCREMENTAL_MAX_SOURCES};
 use crate::segment::Budget;
 use crate::tablet::Tablet;
 
-/// Most bytes of source segments one slice reads (live entries are copied,
-/// dead ones skipped): what a slice reads when the cleaner is behind, and
-/// the bound on one slice's time (a few tens of microseconds).
+/// Bytes of source segments a slice reads (live entries are copied, dead
+/// ones skipped) when the cleaner is behind, at the least.
 pub(crate) const SLICE_SCAN_BYTES: usize = 8 * 1024;
+/// Most bytes one slice reads, whatever was written: with
+/// `SLICE_MAX_MOVED`, the bound on one slice's time.
+///
+/// Why more than `SLICE_SCAN_BYTES`: the pace asks ~17 bytes read per byte
+/// written at 0.88 utilisation, so a 1 KB write needs ~17 KB. Capped at
+/// 8 KiB, slices behind 1 KB writes freed less than was written, the
+/// budget filled, and the write that found it full cleaned a whole segment
+/// inline (`Goal::Room`: 1,740 entries, 0.6-2.5 ms in `insitu bench engine
+/// --value-bytes 1000`). 64 KiB of kilobyte entries is ~64 moves.
+pub(crate) const SLICE_MAX_SCAN_BYTES: usize = 64 * 1024;
+/// Most entries one slice copies: the bound on its time when the bytes it
+/// reads hold many small entries (each move is a few cache misses: the
+/// entry, its index slot, the survivor's tail), ~0.3-1.4 us each.
+pub(crate) const SLICE_MAX_MOVED: u64 = 256;
 /// Fewest bytes a slice reads, so that a pass behind a run of tiny writes
 /// still ends.
 pub(crate) const SLICE_MIN_SCAN_BYTES: usize = 512;
@@ -63,7 +76,7 @@ pub(crate) const SLICE_MIN_SCAN_BYTES: usize = 512;
 pub(crate) const SLICE_PACE: f64 = 2.0;
 /// A pass whose segments keep more than this fraction is paced as if they
 /// kept this much (a bound on the bytes one write may ask a slice to read
-/// is `SLICE_SCAN_BYTES` anyway).
+/// is `SLICE_MAX_SCAN_BYTES` anyway).
 const PACE_MAX_KEPT: f64 = 0.95;
 
 /// A pass in progress.
@@ -136,16 +149,18 @@ impl Pass {
 
     /// Bytes the next slice should read: `SLICE_PACE` times what frees the
     /// bytes written since the last one, within [`SLICE_MIN_SCAN_BYTES`,
-    /// `SLICE_SCAN_BYTES`]; the most while `behind`.
+    /// `SLICE_MAX_SCAN_BYTES`]; at least `SLICE_SCAN_BYTES` while `behind`.
     pub(crate) fn paced_scan_bytes(&mut self, budget: &Budget) -> usize {
         let written = budget.clock.saturating_sub(self.paced_clock);
         self.paced_clock = budget.clock;
-        if self.behind {
-            return SLICE_SCAN_BYTES;
-        }
         let per_byte_freed = 1.0 / (1.0 - self.kept_fraction.min(PACE_MAX_KEPT));
-        let want = SLICE_PACE * written as f64 * per_byte_freed;
-        (want.ceil() as usize).clamp(SLICE_MIN_SCAN_BYTES, SLICE_SCAN_BYTES)
+        let want = (SLICE_PACE * written as f64 * per_byte_freed).ceil() as usize;
+        let least = if self.behind {
+            SLICE_SCAN_BYTES
+        } else {
+            SLICE_MIN_SCAN_BYTES
+        };
+        want.clamp(least, SLICE_MAX_SCAN_BYTES)
     }
 
     /// Bytes the pass has freed so far (survivors it opened deducted).
@@ -160,7 +175,8 @@ impl Pass {
     }
 
     /// Read at most about `max_scan` bytes of sources (to the next entry
-    /// boundary), copying what they keep; free each source finished.
+    /// boundary) and move at most `SLICE_MAX_MOVED` entries, copying what
+    /// they keep; free each source finished.
     pub(crate) fn slice(
         &mut self,
         tablets: &mut [Option<Tablet>],
@@ -168,19 +184,28 @@ impl Pass {
         max_scan: usize,
     ) -> Sliced {
         let mut left = max_scan;
-        while left > 0 {
+        let moved_at_start = self.stats.entries_moved;
+        loop {
+            let moves_left =
+                SLICE_MAX_MOVED.saturating_sub(self.stats.entries_moved - moved_at_start);
+            if left == 0 || moves_left == 0 {
+                return Sliced::More;
+            }
             let Some(&c) = self.sources.get(self.next) else {
                 return Sliced::Done;
             };
             if self.at == 0 {
-                // Between sources: stop as soon as utilisation is back up,
-                // and note whether the writes outran the pace.
+                // Between sources: stop once the budget has headroom and
+                // utilisation is back up, and note whether the writes
+                // outran the pace.
                 let kept = cleaner::kept_bytes_total(tablets) as f64;
                 let allocated = budget.allocated_bytes as f64;
                 let pressure = budget.pressure();
                 let gap = cleaner::INCREMENTAL_HIGH - cleaner::INCREMENTAL_LOW;
                 self.behind = kept < (cleaner::incremental_low(pressure) - 2.0 * gap) * allocated;
-                if kept >= cleaner::incremental_high(pressure) * allocated {
+                if !cleaner::pressed(budget)
+                    && kept >= cleaner::incremental_high(pressure) * allocated
+                {
                     return Sliced::Done;
                 }
             }
@@ -210,7 +235,7 @@ impl Pass {
                 t,
                 c.slot,
                 &mut src,
-                (from, left),
+                (from, left, moves_left),
                 min_other,
                 budget,
                 &mut self.stats,
@@ -229,7 +254,7 @@ impl Pass {
                     debug_assert!(end > from, "a slice makes progress");
                     t.segs[c.slot as usize] = src;
                     self.at = end;
-                    Some(Sliced::More) // `left` is used up
+                    Some(Sliced::More) // `left` or `moves_left` is used up
                 }
                 Err(_) => {
                     // No room even for a survivor: what was copied is
@@ -243,7 +268,6 @@ impl Pass {
                 return outcome;
             }
         }
-        Sliced::More
     }
 }
 

@@ -25,8 +25,9 @@ impl Engine {
         let allocated = self.budget.allocated_bytes;
         allocated >= cleaner::INCREMENTAL_MIN_SEGMENTS * self.config.segment_bytes as u64
             && self.budget.clock >= self.incremental_backoff_clock
-            && (self.kept_bytes_total() as f64)
-                < cleaner::incremental_low(self.budget.pressure()) * allocated as f64
+            && (cleaner::pressed(&self.budget)
+                || (self.kept_bytes_total() as f64)
+                    < cleaner::incremental_low(self.budget.pressure()) * allocated as f64)
     }
 
     /// One slice of the incremental pass in progress, if any (after a
