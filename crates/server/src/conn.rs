@@ -47,7 +47,13 @@ pub async fn serve(mut stream: Stream, state: &ShardState) -> std::io::Result<Op
     loop {
         // Answer every complete frame; learn the size of an incomplete one.
         let mut consumed = false;
+        // Frames left before the next hint (`pipeline.rs`).
+        let mut hinted = 0usize;
         let pending = loop {
+            if hinted == 0 {
+                hinted = crate::pipeline::hint_point_keys(state, &inbox.buf);
+            }
+            hinted = hinted.saturating_sub(1);
             let replied = wbuf.len();
             let (header, frame) = match split_frame(&mut inbox.buf, &mut wbuf) {
                 Front::Frame(header, frame) => (header, frame),

@@ -22,6 +22,7 @@ mod lost;
 mod metrics;
 mod migrate;
 mod multi;
+mod pipeline;
 mod point;
 mod query;
 mod recover;
