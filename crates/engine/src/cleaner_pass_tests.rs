@@ -142,6 +142,38 @@ fn kilobyte_writes_under_a_tight_budget_never_clean_a_segment_inline() {
     assert!(m.utilization >= 0.85, "utilisation holds: {m:?}");
 }
 
+/// However many bytes a slice may read, it moves at most `SLICE_MAX_MOVED`
+/// entries: 64 KiB of ~30-byte entries kept at about a half would be
+/// ~1,000 moves in one call.
+#[test]
+fn a_slice_moves_at_most_its_entry_cap() {
+    // A tight budget, so that the pass's target is the 0.88 one.
+    let mut e = engine(16);
+    let any = RejectRules::default();
+    let keys = 4_000u64;
+    // Held from cleaning while written: the loaded segments keep half.
+    e.hold_cleaner(TABLE, 0, true).expect("hold");
+    for i in 0..keys {
+        e.write(TABLE, &key(i), &[0; 8], &any).expect("load");
+    }
+    for i in (1..keys).step_by(2) {
+        e.write(TABLE, &key(i), &[1; 8], &any).expect("overwrite");
+    }
+    e.hold_cleaner(TABLE, 0, false).expect("release");
+    e.clean_pass = None;
+    let mut pass = Pass::start(&e.tablets, &e.budget).expect("segments worth cleaning");
+    let before = pass.stats.entries_moved;
+    let sliced = pass.slice(&mut e.tablets, &mut e.budget, SLICE_MAX_SCAN_BYTES);
+    let moved = pass.stats.entries_moved - before;
+    assert_eq!(
+        sliced,
+        Sliced::More,
+        "the cap, not the sources, ended the slice"
+    );
+    assert_eq!(moved, SLICE_MAX_MOVED, "one slice moved {moved} entries");
+    e.check_invariants();
+}
+
 /// A slice reads in proportion to what was written since the last one (so
 /// a pass's copying is spread over its writes, not done in a burst), within
 /// its bounds, and reads the most when utilisation says the cleaner is
