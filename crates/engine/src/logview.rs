@@ -15,7 +15,7 @@
 //! server enlists under a new server id, so (server id, log, segment) never
 //! names two different segments.
 
-use crate::{Engine, TableId};
+use crate::{Engine, EngineError, TableId};
 
 /// One segment as a replicator sees it.
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +67,24 @@ impl Engine {
         }
     }
 
+    /// Take every entry now in tablet (`table`, `start_hash`) as durable
+    /// already: each segment's walk pair becomes (its length, mark 0), so a
+    /// read of such an entry waits for no replication round (`read_held`).
+    /// For a recovery's replay: its entries are on the dead master's
+    /// replicas, which the coordinator keeps (and recovers from again, should
+    /// this shard die) until this shard's backups hold the replay. Entries
+    /// appended later are held by the walks that see them, as anywhere.
+    pub fn note_held_elsewhere(&self, table: TableId, start_hash: u64) -> Result<(), EngineError> {
+        let t = self.tablet_at(table, start_hash)?;
+        for &slot in &t.order {
+            let seg = &t.segs[slot as usize];
+            debug_assert!(seg.buf.len() <= u32::MAX as usize);
+            let len = seg.buf.len() as u32;
+            seg.walked.set([(len, 0), (len, 0)]);
+        }
+        Ok(())
+    }
+
     /// Visit every segment of every tablet, oldest first within a tablet.
     pub fn for_each_segment(&self, mut f: impl FnMut(SegmentView<'_>)) {
         for t in self.tablets.iter().flatten() {
@@ -115,7 +133,7 @@ impl Engine {
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::{Engine, EngineConfig, HashRange, RejectRules};
+    use crate::{Engine, EngineConfig, EngineError, HashRange, RejectRules};
 
     fn engine() -> Engine {
         let config = EngineConfig {
@@ -247,5 +265,40 @@ mod tests {
         assert_eq!(held(&e, last_sealed), sealed_mark);
         assert_eq!(held(&e, 10_002), e.log_changes());
         assert!(e.read_held(1, b"absent").is_err());
+    }
+
+    #[test]
+    fn entries_held_elsewhere_wait_for_nothing_and_later_ones_for_their_walk() {
+        let mut e = engine();
+        e.create_tablet(1, HashRange::FULL).expect("tablet");
+        let rules = RejectRules::default();
+        let held = |e: &Engine, k: u32| e.read_held(1, &k.to_le_bytes()).expect("found").1;
+        let put = |e: &mut Engine, k: u32| {
+            e.write(1, &k.to_le_bytes(), &[k as u8; 600], &rules)
+                .expect("write");
+        };
+        // Enough to seal a segment or more: every segment is marked.
+        let mut k = 0u32;
+        let mut sealed = 0;
+        while sealed < 2 {
+            put(&mut e, k);
+            k += 1;
+            sealed = 0;
+            e.for_each_segment(|v| sealed += v.sealed as u32);
+        }
+        assert!(held(&e, 0) > 0, "never walked: waits for everything");
+        e.note_held_elsewhere(1, HashRange::FULL.start)
+            .expect("tablet");
+        for i in 0..k {
+            assert_eq!(held(&e, i), 0, "key {i} was there when marked");
+        }
+        // A later write waits for everything until a walk sees it, then for
+        // that walk; the marked entries keep mark 0 through that walk.
+        put(&mut e, k);
+        assert_eq!(held(&e, k), e.log_changes());
+        let walk = e.log_changes();
+        e.note_walk(walk);
+        assert_eq!((held(&e, 0), held(&e, k - 1), held(&e, k)), (0, 0, walk));
+        assert_eq!(e.note_held_elsewhere(2, 0), Err(EngineError::UnknownTablet));
     }
 }
