@@ -274,6 +274,8 @@ fn bench_recovery_smoke_reports_every_key_and_loses_nothing() {
         "recover_ms",
         "recovery_seconds_per_gb",
         "objects_lost",
+        "owners_ms",
+        "writable_ms",
     ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
