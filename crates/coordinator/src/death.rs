@@ -150,13 +150,15 @@ impl Coordinator {
     /// spread over all of the expected servers). Returns whether a recovery
     /// failed (to be retried after a back-off).
     pub(crate) async fn recover_dead_servers(&self) -> bool {
+        // Recovered tablets a stopped coordinator left refusing writes.
+        let mut failed = recovery::finish_held(self).await;
         let (dead, live) = {
             let model = self.model();
             let dead: Vec<u64> = model.dead.iter().copied().collect();
             (dead, model.live_servers().len())
         };
         if dead.is_empty() {
-            return false;
+            return failed;
         }
         if live == 0 || live < self.rehome_after_servers {
             info!(
@@ -165,9 +167,8 @@ impl Coordinator {
                 waiting_for = self.rehome_after_servers.max(1),
                 "recovery waits for more live servers"
             );
-            return false;
+            return failed;
         }
-        let mut failed = false;
         // Passes until one recovers nothing more: a server recovered (and
         // forgotten) may be what another one was waiting for.
         let mut dead = dead;

@@ -200,6 +200,9 @@ impl Coordinator {
                 .lost_from
                 .range((id, 0)..=(id, u32::MAX))
                 .filter(|(key, _)| !model.data_lost.contains_key(key))
+                // A row naming a live server: recovered, held by its owner's
+                // replicas, awaiting writes (`recovery/finish.rs`).
+                .filter(|(_, master)| !model.is_live(**master))
                 .map(|(&(table, index), &master)| Op::PutDataLost {
                     table,
                     index,

@@ -144,9 +144,12 @@ pub enum Op {
     /// The move of tablet `index` of `table` is finished or undone.
     DeleteMove { table: u64, index: u32 },
     /// Tablet `index` of `table` was lost with dead server `master` and is to
-    /// be recovered from that master's replicas (`recovery.rs`).
+    /// be recovered from that master's replicas (`recovery.rs`); or, with
+    /// `master` its live owner, was recovered and its replay is held by that
+    /// owner's backups, writes not yet activated (`recovery/finish.rs`).
     PutLostFrom { table: u64, index: u32, master: u64 },
-    /// The recovery of tablet `index` of `table` is committed and activated.
+    /// The recovery of tablet `index` of `table` is committed and activated
+    /// for reads and writes.
     DeleteLostFrom { table: u64, index: u32 },
     /// Tablet `index` of `table` was re-created empty: its objects died
     /// with server `master`, which held them in memory only (`lost.rs`).
@@ -172,7 +175,9 @@ pub struct Model {
     /// Tablets being recovered, by (table id, tablet index): the dead master
     /// whose replicas hold them. Such a tablet is orphaned (clients get
     /// `Retry`, never an empty re-creation) until its new owner is committed,
-    /// and keeps its entry until that owner is activated (`recovery.rs`).
+    /// and keeps its entry until that owner is activated for writes; from
+    /// when the owner's backups hold the replay the entry names the owner
+    /// (`recovery/finish.rs`).
     pub lost_from: BTreeMap<(u64, u32), u64>,
     /// Tablets re-created empty whose objects were lost, by (table id,
     /// tablet index): the dead server that held them in memory only. Kept
@@ -354,22 +359,34 @@ impl Model {
     /// client is ever sent to the dead address after that commit. With R = 0
     /// nothing holds the objects: each tablet is also recorded in
     /// `data_lost`, before anything is re-created (`lost.rs`).
+    ///
+    /// A tablet `dead` was recovering from an earlier dead master, whose row
+    /// still names that master (its replay may not be held by `dead`'s
+    /// backups, and no write was taken: `recovery/finish.rs`), keeps that
+    /// row: it is recovered from that master's replicas again.
     pub fn lose_tablets_ops(&self, dead: u64, version: u64) -> Vec<Op> {
         let mut ops = Vec::new();
         for table in self.tables.values() {
             for (i, t) in table.tablets.iter().enumerate() {
                 if t.server_id == dead && !t.is_orphaned() {
-                    ops.push(orphan_op(table.id, i as u32, t, version));
-                    ops.push(Op::PutLostFrom {
-                        table: table.id,
-                        index: i as u32,
-                        master: dead,
-                    });
+                    let index = i as u32;
+                    ops.push(orphan_op(table.id, index, t, version));
+                    let master = match self.lost_from.get(&(table.id, index)) {
+                        Some(&earlier) => earlier,
+                        None => dead,
+                    };
+                    if master == dead {
+                        ops.push(Op::PutLostFrom {
+                            table: table.id,
+                            index,
+                            master,
+                        });
+                    }
                     if self.replicas == 0 {
                         ops.push(Op::PutDataLost {
                             table: table.id,
-                            index: i as u32,
-                            master: dead,
+                            index,
+                            master,
                         });
                     }
                 }

@@ -141,6 +141,7 @@ impl Coordinator {
                 table,
                 start_hash: record.old.start_hash,
                 map_version: record.committed_version,
+                writes: true,
             };
             match self
                 .call_with_retries(dest, &activate, CONTROL_TIMEOUT)

@@ -12,8 +12,9 @@
 //!    server first; one tablet at a time per shard, all shards in parallel): reserves a map version, sends
 //!    `RecoverTablet` (the shard reads the replicas, replays them and holds
 //!    the tablet `Receiving`), and on success commits the new owner under a
-//!    new map version; then `ActivateTablet`, and only once that is
-//!    confirmed deletes the tablet's `lost_from` row. A shard that fails is
+//!    new map version; then activates it for reads, and for writes once its
+//!    replay is held by the new owner's backups (`recovery/finish.rs`), and
+//!    only then deletes the tablet's `lost_from` row. A shard that fails is
 //!    left for the next one;
 //! 3. once no tablet is lost from `dead` any more, sends
 //!    `BackupForget{master: dead}` to every live backup and removes the
@@ -30,12 +31,14 @@
 //! recovered), and the reconciler must not act on a tablet half-recovered.
 //!
 //! Step 2 for one tablet on one shard (the `RecoverTablet` call, the owner's
-//! commit, its activation) is `recovery/tablet.rs`.
+//! commit) is `recovery/tablet.rs`, its activations `recovery/finish.rs`.
 
 use std::collections::HashMap;
 
 use anyhow::bail;
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use insitu_protocol::{Request, ServerState, Status};
 use tracing::{info, warn};
 
@@ -43,8 +46,11 @@ use crate::model::{MAP_VERSION, Op, Tablet};
 use crate::service::{Coordinator, Reject};
 use crate::shards::CONTROL_TIMEOUT;
 
+mod finish;
 mod tablet;
-use tablet::{Failed, activate, recover_tablet};
+use finish::finish;
+pub(crate) use finish::finish_held;
+use tablet::{Failed, recover_tablet};
 
 /// What one `recover_server` call did.
 #[cfg_attr(not(test), allow(dead_code))]
@@ -56,7 +62,7 @@ pub(crate) struct RecoverySummary {
     pub objects: u64,
     pub segments: u64,
     pub bytes: u64,
-    /// Tablets recovered by an earlier call whose activation this call confirmed.
+    /// Tablets recovered by an earlier call whose activations this call confirmed.
     pub activated: usize,
     /// Live backups that did not confirm `BackupForget` (they keep the dead
     /// master's replicas: disk space only, never read again).
@@ -192,6 +198,12 @@ pub(crate) async fn recover_server(
 
 /// Recover `tablets` one after another, each first on slot `first`, then
 /// on the following slots. Returns what was done and what is left (why).
+///
+/// A tablet's activations (`finish.rs`) run beside the next tablet's
+/// recovery: the reads-only activation waits for the replay's replication,
+/// and the next replay need not wait for that. So every tablet serves reads
+/// as soon as it is replayed and committed; a shard's tablets are still
+/// replayed one at a time (the segment bytes it holds at once stay bounded).
 async fn recover_queue(
     coord: &Coordinator,
     dead: u64,
@@ -201,18 +213,40 @@ async fn recover_queue(
 ) -> (RecoverySummary, Vec<String>) {
     let mut summary = RecoverySummary::default();
     let mut left = Vec::new();
+    // (table, index, what its replay installed: None for one committed by
+    // an earlier call) and how finishing it ended.
+    let mut finishing = FuturesUnordered::new();
+    let finish_one = |table: u64, index: u32, owned: Tablet, replayed: Option<(u64, u64, u64)>| async move {
+        let done = finish(coord, dead, table, index, &owned).await;
+        (table, index, replayed, done)
+    };
+    let mut finished = |(table, index, replayed, done): Finished| match done {
+        Ok(()) => match replayed {
+            Some((objects, segments, bytes)) => {
+                summary.tablets += 1;
+                summary.objects += objects;
+                summary.segments += segments;
+                summary.bytes += bytes;
+            }
+            None => summary.activated += 1,
+        },
+        Err((_, e)) => {
+            coord.recovery_notes().insert((table, index), e.clone());
+            left.push(format!("table {table} tablet {index}: {e}"));
+        }
+    };
     for (table, index, tablet) in tablets {
         if !tablet.is_orphaned() {
-            // Committed by an earlier call; its activation was not confirmed.
-            match activate(coord, dead, table, index, &tablet).await {
-                Ok(()) => summary.activated += 1,
-                Err((_, e)) => left.push(format!("table {table} tablet {index}: {e}")),
-            }
+            // Committed by an earlier call; its activations were not confirmed.
+            finishing.push(finish_one(table, index, tablet, None));
             continue;
         }
         if targets.slots.is_empty() {
-            left.push(format!(
-                "table {table} tablet {index}: no live shard to recover it on"
+            finished((
+                table,
+                index,
+                None,
+                Err((false, "no live shard to recover it on".into())),
             ));
             continue;
         }
@@ -220,21 +254,16 @@ async fn recover_queue(
         let mut done = false;
         for attempt in 0..targets.slots.len() {
             let slot = &targets.slots[(first + attempt) % targets.slots.len()];
-            match recover_tablet(coord, dead, table, index, &tablet, slot, &targets.backups).await {
-                Ok(r) => {
-                    summary.tablets += 1;
-                    summary.objects += r.0;
-                    summary.segments += r.1;
-                    summary.bytes += r.2;
+            let recovering =
+                recover_tablet(coord, dead, table, index, &tablet, slot, &targets.backups);
+            match beside(recovering, &mut finishing, &mut finished).await {
+                Ok((replayed, owned)) => {
+                    finishing.push(finish_one(table, index, owned, Some(replayed)));
                     done = true;
                     break;
                 }
                 Err(Failed::Gone) => {
                     done = true;
-                    break;
-                }
-                Err(Failed::NotActivated(e)) => {
-                    errors.push(format!("{}: {e}", slot.2));
                     break;
                 }
                 Err(Failed::Shard(e)) => {
@@ -247,16 +276,38 @@ async fn recover_queue(
         if done {
             coord.recovery_notes().remove(&(table, index));
         } else {
-            coord
-                .recovery_notes()
-                .insert((table, index), errors.join("; "));
-            left.push(format!(
-                "table {table} tablet {index}: every live shard failed ({})",
-                errors.join("; ")
-            ));
+            let e = format!("every live shard failed ({})", errors.join("; "));
+            finished((table, index, None, Err((false, e))));
         }
     }
+    while let Some(f) = finishing.next().await {
+        finished(f);
+    }
     (summary, left)
+}
+
+/// A tablet's finishing: (table, index, what its replay installed, how it ended).
+type Finished = (
+    u64,
+    u32,
+    Option<(u64, u64, u64)>,
+    Result<(), finish::Unfinished>,
+);
+
+/// Await `work` while the tablets in `finishing` go on finishing (each
+/// that ends is handed to `finished`).
+async fn beside<T, F: Future<Output = Finished>>(
+    work: impl Future<Output = T>,
+    finishing: &mut FuturesUnordered<F>,
+    finished: &mut impl FnMut(Finished),
+) -> T {
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            Some(f) = finishing.next(), if !finishing.is_empty() => finished(f),
+        }
+    }
 }
 
 /// Step 1: orphan every tablet `dead` owns and record it in `lost_from`, in
@@ -335,7 +386,22 @@ impl Coordinator {
     /// coordinator that starts must call `recover_server` for.
     #[allow(dead_code)] // called by failure handling once it lands
     pub(crate) fn masters_being_recovered(&self) -> Vec<u64> {
-        let mut masters: Vec<u64> = self.model().lost_from.values().copied().collect();
+        let model = self.model();
+        // A row naming the tablet's own owner is a recovered tablet whose
+        // owner's replicas hold it, awaiting its writes
+        // (`recovery/finish.rs`), not a master to recover from.
+        let mut masters: Vec<u64> = model
+            .lost_from
+            .iter()
+            .filter(|&(&(table, index), &master)| {
+                let owner = model
+                    .tables
+                    .get(&table)
+                    .and_then(|t| t.tablets.get(index as usize));
+                !owner.is_some_and(|t| !t.is_orphaned() && t.server_id == master)
+            })
+            .map(|(_, &master)| master)
+            .collect();
         masters.sort_unstable();
         masters.dedup();
         masters

@@ -69,8 +69,11 @@ async fn fake_shard() -> Fake {
                 table,
                 start_hash,
                 map_version,
+                writes,
             } => {
-                let line = format!("Activate t{table} s{start_hash} v{map_version}");
+                // Reads only: the first of a recovered tablet's two activations.
+                let reads = if writes { "" } else { " reads" };
+                let line = format!("Activate t{table} s{start_hash} v{map_version}{reads}");
                 (line, Ok(Response::Done))
             }
             Request::MarkLost {
@@ -250,8 +253,10 @@ async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
     sorted.sort();
     let mut expected = vec![
         format!("Recover t1 s{} m1", STARTS[0]),
+        format!("Activate t1 s{} v{v0} reads", STARTS[0]),
         format!("Activate t1 s{} v{v0}", STARTS[0]),
         format!("Recover t1 s{} m1", STARTS[2]),
+        format!("Activate t1 s{} v{v2} reads", STARTS[2]),
         format!("Activate t1 s{} v{v2}", STARTS[2]),
     ];
     expected.sort();
@@ -546,3 +551,6 @@ async fn accept_loss_records_waiting_tablets_as_lost_from_their_master() {
     assert_eq!(e.status, Status::UnknownTable);
     coord.close().await;
 }
+
+#[path = "recovery_finish_tests.rs"]
+mod finish_tests;

@@ -14,7 +14,7 @@
 //! | `server_backup_addrs` | `u64` server id | `&str`: its backup service's `host:port` (no row: none) |
 //! | `dead_servers` | `u64` server id        | `()`: the server was declared dead (kept until its tablets are recovered) |
 //! | `moves`    | `(u64 table id, u32 index)`  | `(u64 start_hash, u64 end_hash, u64 old server_id, u32 old shard, u64 old map_version, u64 dest server_id, u32 dest shard, u64 committed_version)` |
-//! | `lost_from` | `(u64 table id, u32 index)` | `u64`: the dead master whose replicas hold the tablet (being recovered) |
+//! | `lost_from` | `(u64 table id, u32 index)` | `u64`: the server whose replicas hold the tablet while it is recovered: the dead master, then its new owner until writes are activated |
 //! | `data_lost` | `(u64 table id, u32 index)` | `u64`: the dead server that held the tablet's objects in memory only (R = 0); kept until an operator acknowledges the loss |
 //!
 //! Counters:
@@ -50,7 +50,7 @@
 //! move is finished or undone. A coordinator that starts with rows there
 //! reconciles them (see `reconcile.rs`). A `lost_from` row exists from the
 //! transaction that orphans a dead server's tablet until its recovered copy
-//! is activated on its new owner (see `recovery.rs`). `server_identities`,
+//! is activated for writes on its new owner (see `recovery/finish.rs`). `server_identities`,
 //! `moves`, `server_backup_addrs`, `dead_servers`, `lost_from`, `data_lost`, `table_schemas` and `table_indexes` were added
 //! without changing the layout version: an older database simply has none,
 //! and they are created empty on open (likewise the `cluster_id` and

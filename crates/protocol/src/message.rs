@@ -146,10 +146,16 @@ pub enum Request<'a> {
         #[serde(borrow, deserialize_with = "crate::limits::multi_items")]
         records: Vec<SideRecord<'a>>,
     },
+    /// The tablet (held `Receiving`, or frozen) serves under `map_version`.
+    /// `writes` false: reads only, writes answered `Retry` (a recovered
+    /// tablet whose replay the new owner's backups may not hold yet; the
+    /// reply then leaves only once they do, so it tells the coordinator the
+    /// replay is held). `writes` true: reads and writes, answered at once.
     ActivateTablet {
         table: u64,
         start_hash: u64,
         map_version: u64,
+        writes: bool,
     },
     /// Recover a dead master's tablet into this shard: read the replicas of
     /// the tablet's log from `backups`, replay them, hold the tablet

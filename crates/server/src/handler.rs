@@ -196,13 +196,18 @@ pub async fn handle(
         }
     }
     // `TxnInquire` exposes too: its `Prepared` answer must speak of a vote
-    // record the backups already hold.
+    // record the backups already hold. A recovery's replies are the other
+    // way round: `RecoverTablet` answers as soon as the replay is installed
+    // (it exposes nothing: the tablet serves nothing yet), and the reads-only
+    // `ActivateTablet` that follows waits for the whole log, replay
+    // included: its reply tells the coordinator the replay is held here.
     let exposes = !matches!(
         request,
         Request::Ping
             | Request::TakeTablet { .. }
             | Request::DropTablet { .. }
-            | Request::ActivateTablet { .. }
+            | Request::ActivateTablet { writes: true, .. }
+            | Request::RecoverTablet { .. }
             | Request::MarkLost { .. }
             | Request::ServerDown { .. }
     );
@@ -342,7 +347,11 @@ async fn dispatch(
             table,
             start_hash,
             map_version,
-        } => crate::tablet_control::activate(state, id, (table, start_hash), map_version, out),
+            writes,
+        } => {
+            let tablet = (table, start_hash);
+            crate::tablet_control::activate(state, id, tablet, map_version, writes, out)
+        }
         Request::MigrateTablet {
             table,
             start_hash,

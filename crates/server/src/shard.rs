@@ -20,7 +20,9 @@ pub struct TabletMeta {
     /// Map version of the assignment; requests naming another are refused (pushdown ops).
     pub map_version: u64,
     pub state: TabletState,
-    /// Writes are refused with Retry while the tablet is being copied away.
+    /// Writes are refused with Retry while the tablet is being copied away,
+    /// and while a recovered tablet serves reads only (`ActivateTablet`
+    /// with `writes` false).
     pub frozen: bool,
     /// A migration out of this shard completed: the destination holds every
     /// object and may accept writes as soon as the coordinator activates it,

@@ -91,12 +91,16 @@ pub(crate) fn drop_tablet(
     reply(out, id, &Response::Done)
 }
 
-/// `ActivateTablet`: the tablet serves, under `map_version`.
+/// `ActivateTablet`: the tablet serves, under `map_version`: reads and
+/// writes, or (`writes` false) reads only, writes answered `Retry` as while
+/// frozen for a move (a recovered tablet until the coordinator has recorded
+/// that this shard's backups hold its replay; see `Request::ActivateTablet`).
 pub(crate) fn activate(
     state: &ShardState,
     id: u64,
     (table, start_hash): (u64, u64),
     map_version: u64,
+    writes: bool,
     out: &mut BytesMut,
 ) {
     let found = match state.tablets.borrow_mut().get_mut(&(table, start_hash)) {
@@ -117,7 +121,7 @@ pub(crate) fn activate(
                 }
             }
             m.state = TabletState::Active;
-            m.frozen = false;
+            m.frozen = !writes;
             m.map_version = map_version;
             true
         }

@@ -107,6 +107,7 @@ fn control_requests(table: u64, attacker: &str) -> Vec<Request<'_>> {
             table,
             start_hash: 0,
             map_version: u64::MAX,
+            writes: true,
         },
     ]
 }

@@ -1,6 +1,7 @@
 //! Step 2 of a dead server's recovery for one tablet on one shard: the
-//! `RecoverTablet` call, the new owner committed, its activation confirmed.
-//! Apart from the driver (`recovery.rs`), which deals tablets to shards.
+//! `RecoverTablet` call and the new owner committed. Its two activations
+//! (reads, then writes) are `finish.rs`; the driver (`recovery.rs`) deals
+//! tablets to shards.
 
 use std::time::Duration;
 
@@ -8,12 +9,13 @@ use insitu_client::rpc::RpcConn;
 use insitu_protocol::{Request, Response};
 use tracing::{info, warn};
 
-use crate::model::{MAP_VERSION, Op, Tablet, orphan_op};
+use crate::model::{MAP_VERSION, Op, Tablet};
 use crate::service::Coordinator;
-use crate::shards::{CONNECT_TIMEOUT, CONTROL_TIMEOUT, CallError};
+use crate::shards::{CONNECT_TIMEOUT, CONTROL_TIMEOUT};
 
-/// A recovery reads and replays a whole tablet: give it time.
-const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
+/// A recovery reads and replays a whole tablet, and the reads-only
+/// activation waits for the replay's replication: give them time.
+pub(super) const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How recovering one tablet on one shard ended, short of success.
 pub(super) enum Failed {
@@ -22,13 +24,11 @@ pub(super) enum Failed {
     /// The tablet is no longer lost from this master (its table was dropped,
     /// or another change took it): nothing left to do for it.
     Gone,
-    /// The new owner is committed but its activation is not confirmed: the
-    /// next call retries it (never on another shard).
-    NotActivated(String),
 }
 
-/// Recover one orphaned tablet on one shard, commit the owner, activate it.
-/// Ok: (objects, segments, bytes).
+/// Recover one orphaned tablet on one shard and commit the owner (its
+/// activations follow, `finish.rs`). Ok: (objects, segments, bytes) and the
+/// committed tablet.
 pub(super) async fn recover_tablet(
     coord: &Coordinator,
     dead: u64,
@@ -37,7 +37,7 @@ pub(super) async fn recover_tablet(
     tablet: &Tablet,
     (server, shard, addr): &(u64, u32, String),
     backups: &[String],
-) -> Result<(u64, u64, u64), Failed> {
+) -> Result<((u64, u64, u64), Tablet), Failed> {
     let started = std::time::Instant::now();
     // A version of its own for the shard's Receiving copy: never reused,
     // even if this coordinator restarts before committing anything else.
@@ -134,19 +134,9 @@ pub(super) async fn recover_tablet(
         replied_ms,
         locked_ms,
         committed_ms = started.elapsed().as_millis() as u64,
-        "tablet recovered"
+        "tablet replayed and its new owner committed"
     );
-    // The owner is committed: a failed activation is retried by the next
-    // call (the tablet stays in `lost_from`), never recovered elsewhere.
-    match activate(coord, dead, table, index, &owned).await {
-        Ok(()) => Ok(recovered),
-        Err((true, e)) => Err(Failed::Shard(format!(
-            "activating the recovered tablet: {e}"
-        ))),
-        Err((false, e)) => Err(Failed::NotActivated(format!(
-            "activating the recovered tablet: {e}"
-        ))),
-    }
+    Ok((recovered, owned))
 }
 
 /// `RecoverTablet` on a connection of its own (it takes long, and a shard
@@ -197,93 +187,5 @@ async fn drop_leftover(coord: &Coordinator, table: u64, start_hash: u64, addr: &
             table,
             start_hash, addr, "dropping a failed recovery's copy failed: {e}"
         );
-    }
-}
-
-/// `ActivateTablet` on the committed owner, then delete the `lost_from` row.
-/// A refusal (the shard does not hold the tablet) orphans it again, to be
-/// recovered anew (error `(true, why)`); no reply leaves it committed for
-/// the next call (`(false, why)`).
-pub(super) async fn activate(
-    coord: &Coordinator,
-    dead: u64,
-    table: u64,
-    index: u32,
-    owned: &Tablet,
-) -> Result<(), (bool, String)> {
-    let addr = coord
-        .model()
-        .shard_addr(owned.server_id, owned.shard)
-        .map(str::to_string);
-    let Some(addr) = addr else {
-        // Its new owner is gone too; that server's own recovery takes it over.
-        return Err((
-            false,
-            format!(
-                "its new owner, server {} shard {}, is no longer registered",
-                owned.server_id, owned.shard
-            ),
-        ));
-    };
-    let request = Request::ActivateTablet {
-        table,
-        start_hash: owned.start_hash,
-        map_version: owned.map_version,
-    };
-    // A tablet re-created empty (R = 0) is marked lost, with its version
-    // floor, before it serves (`lost.rs`).
-    let lost = coord.model().data_lost.get(&(table, index)).copied();
-    let mut result = match lost {
-        Some(master) => {
-            coord
-                .mark_lost_on(&addr, table, owned.start_hash, master)
-                .await
-        }
-        None => Ok(()),
-    };
-    if result.is_ok() {
-        result = coord
-            .call_with_retries(&addr, &request, CONTROL_TIMEOUT)
-            .await;
-    }
-    let guard = coord.meta_lock.lock().await;
-    let (unchanged, version) = {
-        let model = coord.model();
-        let current = model
-            .tables
-            .get(&table)
-            .and_then(|t| t.tablets.get(index as usize));
-        (
-            current == Some(owned) && model.lost_from.get(&(table, index)) == Some(&dead),
-            model.map_version + 1,
-        )
-    };
-    if !unchanged {
-        return Ok(()); // dropped, or taken over by another change: nothing left here
-    }
-    match result {
-        Ok(()) => coord
-            .commit(&guard, vec![Op::DeleteLostFrom { table, index }])
-            .await
-            .map_err(|e| (false, format!("recording the activation: {}", e.message))),
-        Err(CallError::Rejected(status, message)) => {
-            coord
-                .commit(
-                    &guard,
-                    vec![
-                        orphan_op(table, index, owned, version),
-                        Op::Counter(MAP_VERSION, version),
-                    ],
-                )
-                .await
-                .map_err(|e| (false, format!("orphaning it again: {}", e.message)))?;
-            Err((
-                true,
-                format!(
-                    "{addr} refused to activate it ({status}: {message}); it is orphaned again, to be recovered anew"
-                ),
-            ))
-        }
-        Err(CallError::Transport(e)) => Err((false, format!("no reply from {addr}: {e}"))),
     }
 }

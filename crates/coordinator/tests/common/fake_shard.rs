@@ -205,6 +205,7 @@ pub async fn fake_shard(log: Log) -> FakeShard {
                             table,
                             start_hash,
                             map_version,
+                            ..
                         }) => Some(Ctl::Activate {
                             table,
                             start: start_hash,

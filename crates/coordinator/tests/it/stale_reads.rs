@@ -135,6 +135,7 @@ async fn a_reader_with_a_stale_map_never_sees_an_older_value_than_an_acknowledge
                 table,
                 start_hash: 0,
                 map_version: 2,
+                writes: true,
             },
         )
         .await,
@@ -276,6 +277,7 @@ async fn a_late_batch_of_an_aborted_move_never_brings_back_a_deleted_object() {
         table,
         start_hash: 0,
         map_version: 2,
+        writes: true,
     };
     expect_ok(&call(&dest, activate).await);
     assert_eq!(value_of(&dest, table).await, b"kept");

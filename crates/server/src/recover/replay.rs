@@ -107,6 +107,18 @@ pub(super) async fn install(
             ),
         )
     })?;
+    // Its entries are on the dead master's replicas, which the coordinator
+    // keeps until this shard's backups hold the replay: a read of one need
+    // not wait for them (the tablet serves reads before they do, see
+    // `Request::ActivateTablet`).
+    if let Err(e) = state
+        .engine
+        .borrow()
+        .note_held_elsewhere(req.table, req.start_hash)
+    {
+        // Not reached: the tablet was added just above, on this thread.
+        tracing::error!(shard = state.index, "marking a replay held: {e}");
+    }
     state.recount_unusual();
     debug_assert!(report.corrupt.is_empty());
     state.tablets.borrow_mut().insert(

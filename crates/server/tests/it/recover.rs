@@ -323,6 +323,7 @@ async fn recovers_the_newest_log_past_a_corrupt_replica_and_a_failing_holder() {
         table: TABLE,
         start_hash: 0,
         map_version: 6,
+        writes: true,
     };
     assert_eq!(conn.call(&activate).await.unwrap().status, Status::Ok);
     let mut absent = HashSet::new();

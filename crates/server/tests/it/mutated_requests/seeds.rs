@@ -295,6 +295,7 @@ pub fn seeds(
             table: t,
             start_hash: tab.start_hash,
             map_version: tab.map_version + 1,
+            writes: true,
         },
         Request::RecoverTablet {
             table: t + 2000,
