@@ -36,9 +36,7 @@
 use std::collections::HashMap;
 
 use anyhow::bail;
-use futures::StreamExt;
 use futures::future::join_all;
-use futures::stream::FuturesUnordered;
 use insitu_protocol::{Request, ServerState, Status};
 use tracing::{info, warn};
 
@@ -199,11 +197,13 @@ pub(crate) async fn recover_server(
 /// Recover `tablets` one after another, each first on slot `first`, then
 /// on the following slots. Returns what was done and what is left (why).
 ///
-/// A tablet's activations (`finish.rs`) run beside the next tablet's
-/// recovery: the reads-only activation waits for the replay's replication,
-/// and the next replay need not wait for that. So every tablet serves reads
-/// as soon as it is replayed and committed; a shard's tablets are still
-/// replayed one at a time (the segment bytes it holds at once stay bounded).
+/// A tablet is finished (`finish.rs`: reads, then writes once its replay is
+/// held) before the next one is replayed on the queue's shards, so every
+/// tablet serves reads from its commit on, not from when its replay is
+/// held. Why not replay the next tablet meanwhile: measured on 2 cores
+/// (BENCHMARKS.md, "Reads before the replay is held"), the next replay then
+/// competes with the replication of the last one for the same cores: reads
+/// came back later than this way, writes later still.
 async fn recover_queue(
     coord: &Coordinator,
     dead: u64,
@@ -213,101 +213,62 @@ async fn recover_queue(
 ) -> (RecoverySummary, Vec<String>) {
     let mut summary = RecoverySummary::default();
     let mut left = Vec::new();
-    // (table, index, what its replay installed: None for one committed by
-    // an earlier call) and how finishing it ended.
-    let mut finishing = FuturesUnordered::new();
-    let finish_one = |table: u64, index: u32, owned: Tablet, replayed: Option<(u64, u64, u64)>| async move {
-        let done = finish(coord, dead, table, index, &owned).await;
-        (table, index, replayed, done)
-    };
-    let mut finished = |(table, index, replayed, done): Finished| match done {
-        Ok(()) => match replayed {
-            Some((objects, segments, bytes)) => {
-                summary.tablets += 1;
-                summary.objects += objects;
-                summary.segments += segments;
-                summary.bytes += bytes;
-            }
-            None => summary.activated += 1,
-        },
-        Err((_, e)) => {
-            coord.recovery_notes().insert((table, index), e.clone());
-            left.push(format!("table {table} tablet {index}: {e}"));
-        }
-    };
     for (table, index, tablet) in tablets {
         if !tablet.is_orphaned() {
             // Committed by an earlier call; its activations were not confirmed.
-            finishing.push(finish_one(table, index, tablet, None));
-            continue;
-        }
-        if targets.slots.is_empty() {
-            finished((
-                table,
-                index,
-                None,
-                Err((false, "no live shard to recover it on".into())),
-            ));
+            match finish(coord, dead, table, index, &tablet).await {
+                Ok(()) => summary.activated += 1,
+                Err((_, e)) => {
+                    coord.recovery_notes().insert((table, index), e.clone());
+                    left.push(format!("table {table} tablet {index}: {e}"));
+                }
+            }
             continue;
         }
         let mut errors = Vec::new();
-        let mut done = false;
+        // None: recovered and finished, or taken by another change.
+        let mut failed = Some(String::from("no live shard to recover it on"));
         for attempt in 0..targets.slots.len() {
             let slot = &targets.slots[(first + attempt) % targets.slots.len()];
-            let recovering =
-                recover_tablet(coord, dead, table, index, &tablet, slot, &targets.backups);
-            match beside(recovering, &mut finishing, &mut finished).await {
-                Ok((replayed, owned)) => {
-                    finishing.push(finish_one(table, index, owned, Some(replayed)));
-                    done = true;
+            match recover_tablet(coord, dead, table, index, &tablet, slot, &targets.backups).await {
+                Ok(((objects, segments, bytes), owned)) => {
+                    // Committed: a failure to finish is left to the next
+                    // round, which resumes from the tablet's row.
+                    failed = match finish(coord, dead, table, index, &owned).await {
+                        Ok(()) => {
+                            summary.tablets += 1;
+                            summary.objects += objects;
+                            summary.segments += segments;
+                            summary.bytes += bytes;
+                            None
+                        }
+                        Err((_, e)) => Some(e),
+                    };
                     break;
                 }
                 Err(Failed::Gone) => {
-                    done = true;
+                    failed = None;
                     break;
                 }
                 Err(Failed::Shard(e)) => {
                     warn!(server_id = dead, table, index, shard = %slot.2,
                         "recovering a tablet failed on this shard; trying another: {e}");
                     errors.push(format!("{}: {e}", slot.2));
+                    failed = Some(format!("every live shard failed ({})", errors.join("; ")));
                 }
             }
         }
-        if done {
-            coord.recovery_notes().remove(&(table, index));
-        } else {
-            let e = format!("every live shard failed ({})", errors.join("; "));
-            finished((table, index, None, Err((false, e))));
+        match failed {
+            None => {
+                coord.recovery_notes().remove(&(table, index));
+            }
+            Some(e) => {
+                coord.recovery_notes().insert((table, index), e.clone());
+                left.push(format!("table {table} tablet {index}: {e}"));
+            }
         }
-    }
-    while let Some(f) = finishing.next().await {
-        finished(f);
     }
     (summary, left)
-}
-
-/// A tablet's finishing: (table, index, what its replay installed, how it ended).
-type Finished = (
-    u64,
-    u32,
-    Option<(u64, u64, u64)>,
-    Result<(), finish::Unfinished>,
-);
-
-/// Await `work` while the tablets in `finishing` go on finishing (each
-/// that ends is handed to `finished`).
-async fn beside<T, F: Future<Output = Finished>>(
-    work: impl Future<Output = T>,
-    finishing: &mut FuturesUnordered<F>,
-    finished: &mut impl FnMut(Finished),
-) -> T {
-    let mut work = std::pin::pin!(work);
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            Some(f) = finishing.next(), if !finishing.is_empty() => finished(f),
-        }
-    }
 }
 
 /// Step 1: orphan every tablet `dead` owns and record it in `lost_from`, in
