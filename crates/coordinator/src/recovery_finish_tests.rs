@@ -150,3 +150,19 @@ async fn a_row_naming_the_dead_master_resumes_with_the_reads_activation() {
     assert!(coord.model().lost_from.is_empty());
     coord.close().await;
 }
+
+#[tokio::test]
+async fn accept_loss_leaves_a_held_tablet_alone() {
+    let dir = Dir::new("recovery");
+    let (a, b) = (fake_shard().await, fake_shard().await);
+    let coord = open(&dir);
+    setup(&coord, &a, &b).await;
+    // Tablet 0 recovered onto live server 2 and held by its backups (the
+    // row names its owner): nothing of it is missing.
+    recovered_to_a(&coord, 2).await;
+    let reply = coord.accept_loss("t".into()).await.unwrap();
+    assert_eq!(reply, Response::LossAcknowledged { tablets: 0 });
+    assert!(coord.model().data_lost.is_empty());
+    assert_eq!(coord.model().lost_from.get(&(TABLE, 0)), Some(&2));
+    coord.close().await;
+}
