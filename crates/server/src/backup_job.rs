@@ -20,7 +20,15 @@ pub(crate) struct Job {
 /// One request of a job.
 pub(crate) enum JobBody {
     /// A request's body as it came off a connection: decoded by the committer.
-    Encoded(BytesMut),
+    Encoded {
+        body: BytesMut,
+        /// It is a `BackupWrite`: its work is copying its own bytes into
+        /// the page cache. Any other request may read or delete whole
+        /// replica files (`BackupRead` reads and verifies a file of
+        /// megabytes from a frame of a few bytes), so its group never runs
+        /// on the service thread, where it would hold up the pings.
+        append: bool,
+    },
     /// A `BackupWrite` of this server's own replicator (`LocalBackup`),
     /// handed over as it is. Why not encoded: a round's bytes would be
     /// copied into a fresh frame on the shard thread (a recovery's rebuilt
@@ -40,15 +48,23 @@ impl JobBody {
     /// Bytes the request carries (what decides where its group runs).
     pub fn len(&self) -> usize {
         match self {
-            JobBody::Encoded(body) => body.len(),
+            JobBody::Encoded { body, .. } => body.len(),
             JobBody::Write { ops, .. } => ops.iter().map(OwnedOp::len).sum(),
+        }
+    }
+
+    /// Whether the request only appends (its work is bounded by `len`).
+    pub fn is_append(&self) -> bool {
+        match self {
+            JobBody::Encoded { append, .. } => *append,
+            JobBody::Write { .. } => true,
         }
     }
 
     /// The request, borrowing from the body.
     fn request(&self) -> Result<Request<'_>, Outcome> {
         match self {
-            JobBody::Encoded(body) => decode_request(body).map_err(malformed_request),
+            JobBody::Encoded { body, .. } => decode_request(body).map_err(malformed_request),
             JobBody::Write {
                 cluster,
                 master,

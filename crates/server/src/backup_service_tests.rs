@@ -88,25 +88,7 @@ async fn the_in_process_door_reaches_the_same_store_as_the_port() {
     };
     // The door takes a connection's encoded bodies and the replicator's
     // ops alike (`JobBody`); both kinds go through it here.
-    let encoded = |r: &Request| {
-        let mut body = BytesMut::new();
-        insitu_protocol::encode_request(&mut body, 0, r).unwrap();
-        body.advance(HEADER_BYTES);
-        JobBody::Encoded(body)
-    };
-    let write = || JobBody::Write {
-        cluster: 0,
-        master: 9,
-        ops: vec![crate::replicate::OwnedOp::Append {
-            log: 1,
-            table: 5,
-            start_hash: 0,
-            segment: 3,
-            offset: 0,
-            bytes: bytes::Bytes::from_static(b"seven b"),
-            close: false,
-        }],
-    };
+    let write = || append_of(b"seven b".to_vec());
     let door_call = |bodies: Vec<JobBody>| {
         let door = door.clone();
         async move {
@@ -181,4 +163,101 @@ async fn the_backup_port_closes_stalled_and_idle_connections() {
     tokio::task::spawn_blocking(move || thread.join().unwrap())
         .await
         .unwrap();
+}
+
+/// `r` as a connection hands it to the committer.
+fn encoded(r: &Request) -> JobBody {
+    let mut body = BytesMut::new();
+    insitu_protocol::encode_request(&mut body, 0, r).unwrap();
+    body.advance(HEADER_BYTES);
+    let append = matches!(r, Request::BackupWrite { .. });
+    JobBody::Encoded { body, append }
+}
+
+/// A replicator's append of `bytes` to segment 3 of master 9's log 1.
+fn append_of(bytes: Vec<u8>) -> JobBody {
+    JobBody::Write {
+        cluster: 0,
+        master: 9,
+        ops: vec![crate::replicate::OwnedOp::Append {
+            log: 1,
+            table: 5,
+            start_hash: 0,
+            segment: 3,
+            offset: 0,
+            bytes: bytes::Bytes::from(bytes),
+            close: false,
+        }],
+    }
+}
+
+/// Only small groups of appends run on the service thread: a `BackupRead`,
+/// `BackupList` or `BackupForget` is a few bytes that can read, verify or
+/// delete whole replica files, and a ping waiting behind that work on a
+/// loaded machine can go unanswered past the failure timeout.
+#[test]
+fn only_small_groups_of_appends_run_on_the_service_thread() {
+    let append = |n: usize| append_of(vec![7u8; n]);
+    let read = || {
+        encoded(&Request::BackupRead {
+            cluster: 0,
+            master: 9,
+            log: 1,
+            segment: 3,
+            offset: 0,
+            max_bytes: 2 << 20,
+        })
+    };
+    let list = || {
+        encoded(&Request::BackupList {
+            cluster: 0,
+            master: 9,
+            fence: false,
+        })
+    };
+    let forget = || {
+        encoded(&Request::BackupForget {
+            cluster: 0,
+            master: 9,
+        })
+    };
+    let write = || {
+        encoded(&Request::BackupWrite {
+            cluster: 0,
+            master: 9,
+            ops: Vec::new(),
+        })
+    };
+    let group = |jobs: Vec<Vec<JobBody>>| -> Vec<Vec<(u64, JobBody)>> {
+        jobs.into_iter()
+            .map(|j| {
+                j.into_iter()
+                    .enumerate()
+                    .map(|(i, b)| (i as u64, b))
+                    .collect()
+            })
+            .collect()
+    };
+    let interval = SyncMode::Interval;
+    assert!(runs_inline(
+        interval,
+        &group(vec![vec![append(100), write()], vec![append(100)]])
+    ));
+    // Anything but appends goes to the blocking pool, however small.
+    for other in [read(), list(), forget()] {
+        assert!(!runs_inline(interval, &group(vec![vec![other]])));
+    }
+    assert!(!runs_inline(
+        interval,
+        &group(vec![vec![append(100)], vec![read()]])
+    ));
+    // Appends too big for the thread, or any group that fsyncs.
+    assert!(!runs_inline(
+        interval,
+        &group(vec![vec![append(INLINE_GROUP_BYTES + 1)]])
+    ));
+    assert!(!runs_inline(
+        SyncMode::Always,
+        &group(vec![vec![append(100)]])
+    ));
 }
