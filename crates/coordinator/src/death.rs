@@ -161,6 +161,13 @@ impl Coordinator {
             return failed;
         }
         if live == 0 || live < self.rehome_after_servers {
+            let why = format!(
+                "it waits for live servers to recover it on ({live} live, {} needed)",
+                self.rehome_after_servers.max(1)
+            );
+            for &id in &dead {
+                recovery::note_waiting(self, id, &why);
+            }
             info!(
                 dead = ?dead,
                 live,
@@ -178,6 +185,12 @@ impl Coordinator {
                 let waiting_for = self.replicas_elsewhere(id);
                 if !waiting_for.is_empty() {
                     waiting = true;
+                    let why = format!(
+                        "it waits for the disks of dead servers {waiting_for:?}, which may hold \
+                         replicas no live backup holds: restart them on their --dir, or \
+                         `insitu server remove ID` to give them up"
+                    );
+                    recovery::note_waiting(self, id, &why);
                     warn!(
                         server_id = id,
                         waiting_for = ?waiting_for,

@@ -215,6 +215,9 @@ impl Coordinator {
             self.commit(&guard, ops).await?;
             warn!(table = %name, tablets,
                 "an operator gave up what no backup holds of a table's tablets waiting for recovery; they are recovered from what is held and marked lost");
+            // The driver may be sleeping out a back-off of up to seconds
+            // after the refusals this answers: start the recovery now.
+            self.recovery_wake.notify_one();
         }
         Ok(Response::LossAcknowledged {
             tablets: u32::try_from(tablets).unwrap_or(u32::MAX),

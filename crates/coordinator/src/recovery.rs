@@ -68,16 +68,15 @@ pub(crate) struct RecoverySummary {
 }
 
 /// The `Retry` reply for a table whose tablet `index` is being recovered;
-/// `note`: why its last attempt failed, if one did.
+/// `note`: why it is not recovered yet (its last attempt's failure, or
+/// what it waits for), if known.
 pub(crate) fn being_recovered(
     index: usize,
     table: &str,
     master: u64,
     note: Option<&str>,
 ) -> Reject {
-    let last = note
-        .map(|n| format!(" (the last attempt failed: {n})"))
-        .unwrap_or_default();
+    let last = note.map(|n| format!(" ({n})")).unwrap_or_default();
     Reject::new(
         Status::Retry,
         format!(
@@ -219,7 +218,8 @@ async fn recover_queue(
             match finish(coord, dead, table, index, &tablet).await {
                 Ok(()) => summary.activated += 1,
                 Err((_, e)) => {
-                    coord.recovery_notes().insert((table, index), e.clone());
+                    let note = format!("the last attempt failed: {e}");
+                    coord.recovery_notes().insert((table, index), note);
                     left.push(format!("table {table} tablet {index}: {e}"));
                 }
             }
@@ -263,12 +263,32 @@ async fn recover_queue(
                 coord.recovery_notes().remove(&(table, index));
             }
             Some(e) => {
-                coord.recovery_notes().insert((table, index), e.clone());
+                let note = format!("the last attempt failed: {e}");
+                coord.recovery_notes().insert((table, index), note);
                 left.push(format!("table {table} tablet {index}: {e}"));
             }
         }
     }
     (summary, left)
+}
+
+/// Say why the tablets lost from `dead` wait (the note their `Retry`
+/// carries) when no attempt is made: a note left by an earlier attempt
+/// would name a cause that no longer holds.
+pub(crate) fn note_waiting(coord: &Coordinator, dead: u64, why: &str) {
+    let waiting: Vec<(u64, u32)> = {
+        let model = coord.model();
+        model
+            .lost_from
+            .iter()
+            .filter(|&(_, &master)| master == dead)
+            .map(|(&key, _)| key)
+            .collect()
+    };
+    let mut notes = coord.recovery_notes();
+    for key in waiting {
+        notes.insert(key, why.to_string());
+    }
 }
 
 /// Step 1: orphan every tablet `dead` owns and record it in `lost_from`, in

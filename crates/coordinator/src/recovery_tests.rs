@@ -288,14 +288,21 @@ async fn recovers_round_robin_falls_back_to_another_shard_and_is_idempotent() {
     coord.close().await;
 }
 
-#[tokio::test]
-async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
+/// A coordinator on `setup`'s metadata whose two live shards refuse every
+/// recovery.
+async fn refusing_setup() -> (Dir, Fake, Fake, Coordinator) {
     let dir = Dir::new("recovery");
     let (a, b) = (fake_shard().await, fake_shard().await);
     let coord = open(&dir);
     setup(&coord, &a, &b).await;
     a.refuse_recover.store(true, Ordering::SeqCst);
     b.refuse_recover.store(true, Ordering::SeqCst);
+    (dir, a, b, coord)
+}
+
+#[tokio::test]
+async fn lost_tablets_answer_retry_until_recovered_even_across_a_restart() {
+    let (dir, a, b, coord) = refusing_setup().await;
 
     let e = recover_server(&coord, 1).await.unwrap_err().to_string();
     assert!(e.contains("2 tablets left"), "{e}");
@@ -549,6 +556,35 @@ async fn accept_loss_records_waiting_tablets_as_lost_from_their_master() {
     assert_eq!(reply, Response::LossAcknowledged { tablets: 0 });
     let e = coord.accept_loss("nope".into()).await.unwrap_err();
     assert_eq!(e.status, Status::UnknownTable);
+    coord.close().await;
+}
+
+/// While no attempt is made (here: no live server is left), the `Retry`
+/// says what the recovery waits for, not the cause of an earlier attempt,
+/// which no longer holds (a CI run once showed "its server is no longer
+/// registered" for a minute, the recovery master having been declared dead).
+#[tokio::test]
+async fn a_waiting_recovery_says_what_it_waits_for() {
+    let (_dir, _a, _b, coord) = refusing_setup().await;
+    recover_server(&coord, 1).await.unwrap_err();
+    let message = |coord: &Coordinator| {
+        usable_map(&coord.model(), TABLE, &coord.recovery_notes())
+            .unwrap()
+            .unwrap_err()
+            .message
+    };
+    let before = message(&coord);
+    assert!(before.contains("the last attempt failed"), "{before}");
+
+    coord.declare_dead(&[1, 2, 3], "test").await.unwrap();
+    assert!(!coord.recover_dead_servers().await, "waiting is no failure");
+    let after = message(&coord);
+    assert!(
+        after.contains("being recovered")
+            && after.contains("waits for live servers to recover it on (0 live")
+            && !after.contains("last attempt"),
+        "{after}"
+    );
     coord.close().await;
 }
 

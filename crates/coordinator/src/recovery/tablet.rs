@@ -76,7 +76,7 @@ pub(super) async fn recover_tablet(
     // shard's server still lives.
     let guard = coord.meta_lock.lock().await;
     let locked_ms = started.elapsed().as_millis() as u64;
-    let (current, version) = {
+    let (current, alive, version) = {
         let model = coord.model();
         let current = model
             .tables
@@ -90,14 +90,18 @@ pub(super) async fn recover_tablet(
             })
             .cloned();
         let alive = model.shard_addr(*server, *shard) == Some(addr.as_str());
-        (current.filter(|_| alive), model.map_version + 1)
+        (current, alive, model.map_version + 1)
     };
-    let Some(current) = current else {
+    let Some(current) = current.filter(|_| alive) else {
         drop(guard);
         drop_leftover(coord, table, tablet.start_hash, addr).await;
         let still_lost = coord.model().lost_from.get(&(table, index)) == Some(&dead);
-        return Err(if still_lost {
-            Failed::Shard("its server is no longer registered".into())
+        return Err(if still_lost && !alive {
+            Failed::Shard(format!(
+                "its server {server} was declared dead or removed during the recovery"
+            ))
+        } else if still_lost {
+            Failed::Shard("the tablet changed during the recovery".into())
         } else {
             Failed::Gone
         });
