@@ -276,9 +276,13 @@ fn bench_recovery_smoke_reports_every_key_and_loses_nothing() {
         "objects_lost",
         "owners_ms",
         "writable_ms",
+        "probe_ping_ms_max",
+        "backup_ping_ms_max",
     ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
+    // The probe reached the survivors' backup ports (a ping takes time).
+    assert!(v["backup_ping_ms_max"].as_f64().unwrap() > 0.0, "{v}");
     assert_eq!(v["objects_lost"], 0);
     assert!(v["objects"].as_u64().unwrap() > 1000);
 }
