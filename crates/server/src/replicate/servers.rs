@@ -1,11 +1,12 @@
 //! The server list a shard's replication chooses backups from: fetched
 //! from the coordinator at start, every `refresh_interval`, and whenever a
-//! round asks (`want_list`: a failed round, `ServerDown`).
+//! round asks (`want_list`: a failed round, `ServerDown`). A list that
+//! shows this server dead fences it.
 
 use std::rc::Rc;
 use std::sync::Arc;
 
-use insitu_protocol::{Request, Response};
+use insitu_protocol::{Request, Response, ServerState};
 
 use super::{ClusterIdentity, SendError, connect, with_book};
 use crate::shard::ShardState;
@@ -50,6 +51,18 @@ async fn refresh_list(state: &ShardState, identity: &ClusterIdentity) {
     };
     match fetched.await {
         Ok(list) => {
+            // Declared dead while it still runs (a stall past the failure
+            // timeout): its tablets are being recovered elsewhere, so it must
+            // stop serving now. A backup's `Fenced` stops it at its next
+            // write; without this, one that only serves reads went on
+            // answering clients that still had the old map, for as long as
+            // they did not write (seen: both survivors of a recovery declared
+            // dead went on answering). This bounds that to one refresh.
+            let own = list.iter().find(|s| s.id == identity.server_id);
+            if own.is_some_and(|s| s.state == ServerState::Dead) {
+                repl.shared.fence(state.index);
+                return;
+            }
             with_book(repl, |b| b.set_live(identity.server_id, &list));
             // A round in flight stops waiting for a backup that left the list.
             repl.down.notify_waiters();

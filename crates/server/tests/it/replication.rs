@@ -3,7 +3,8 @@
 //! hold it and a digest held by R backups lists its segment, the bytes they got replay to every acknowledged object (after
 //! overwrites, removes and cleaning, also at the moment of every free), a
 //! failing or silent backup is replaced, `ServerDown` re-replicates,
-//! `Fenced` stops the server, and R = 0 sends nothing; a read waits only for
+//! `Fenced` stops the server, so does a server list that shows it dead, and
+//! R = 0 sends nothing; a read waits only for
 //! the replication of what it shows.
 //!
 //! Orders are asserted, never durations.
@@ -564,18 +565,49 @@ async fn fenced_stops_the_server() {
     assert!(refused, "a fenced server answered");
     assert!(s.server.fenced());
     // And it serves no one any more (once its event loop saw the fence).
-    let mut stopped = false;
+    assert!(
+        stops_answering(&s.shard).await,
+        "a fenced shard still answers"
+    );
+    s.server.shutdown();
+}
+
+/// Poll the shard until it answers no ping (up to 1 s); whether it stopped.
+async fn stops_answering(shard: &str) -> bool {
     for _ in 0..100 {
-        stopped = match RpcConn::connect(&s.shard).await {
+        let stopped = match RpcConn::connect(shard).await {
             Err(_) => true,
             Ok(c) => c.call(&Request::Ping).await.is_err(),
         };
         if stopped {
-            break;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(stopped, "a fenced shard still answers");
+    false
+}
+
+/// A server the coordinator lists as dead stops serving at its next list
+/// refresh, though it writes nothing (no backup can refuse it).
+#[tokio::test]
+async fn a_server_listed_dead_stops_serving_without_a_write() {
+    let s = setup(1, 1, 1, |c| {
+        c.replication.refresh_interval = Duration::from_millis(20);
+    })
+    .await;
+    let conn = RpcConn::connect(&s.shard).await.unwrap();
+    assert!(conn.call(&Request::Ping).await.unwrap().status.is_ok());
+    s.servers.lock().unwrap().push(ServerInfo {
+        id: SERVER_ID,
+        shard_addrs: vec![s.shard.clone()],
+        backup_addr: String::new(),
+        state: ServerState::Dead,
+    });
+    eventually("the server sees itself listed dead", || s.server.fenced()).await;
+    assert!(
+        stops_answering(&s.shard).await,
+        "a server listed dead still answers"
+    );
     s.server.shutdown();
 }
 
