@@ -22,11 +22,12 @@ pub(crate) enum JobBody {
     /// A request's body as it came off a connection: decoded by the committer.
     Encoded {
         body: BytesMut,
-        /// It is a `BackupWrite`: its work is copying its own bytes into
-        /// the page cache. Any other request may read or delete whole
-        /// replica files (`BackupRead` reads and verifies a file of
-        /// megabytes from a frame of a few bytes), so its group never runs
-        /// on the service thread, where it would hold up the pings.
+        /// It is a `BackupWrite` without a `FreeLog`: its work is copying
+        /// its own bytes into the page cache. Any other request may read or
+        /// delete whole replica files (`BackupRead` reads and verifies a
+        /// file of megabytes from a frame of a few bytes), so its group
+        /// never runs on the service thread, where it would hold up the
+        /// pings (`backup_service::is_append`).
         append: bool,
     },
     /// A `BackupWrite` of this server's own replicator (`LocalBackup`),

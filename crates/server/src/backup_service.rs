@@ -37,7 +37,7 @@ use insitu_backup::store::Flush;
 use insitu_backup::{BackupConfig, BackupService, BackupStore, FsIo, SyncDone, SyncMode};
 use insitu_protocol::frame::HEADER_BYTES;
 use insitu_protocol::{
-    FrameKind, Request, Response, Status, decode_request, encode_error, encode_response,
+    BackupOp, FrameKind, Request, Response, Status, decode_request, encode_error, encode_response,
 };
 use insitu_tls::{ServerTls, Stream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -452,6 +452,14 @@ async fn run_group(service: Option<Service>, group: Vec<Job>, sync: SyncMode) ->
     service
 }
 
+/// A `BackupWrite` that deletes no whole log: its work is bounded by its
+/// bytes (and a `Free` is one file). A `FreeLog` deletes every replica
+/// file of a log, hundreds for a large tablet moved away.
+fn is_append(r: &Request) -> bool {
+    let is_free_log = |op: &BackupOp| matches!(op, BackupOp::FreeLog { .. });
+    matches!(r, Request::BackupWrite { ops, .. } if !ops.iter().any(is_free_log))
+}
+
 /// Whether a group runs on this thread (`run_group` says why): interval
 /// mode, appends only, at most `INLINE_GROUP_BYTES`.
 fn runs_inline(sync: SyncMode, frames: &[Vec<(u64, JobBody)>]) -> bool {
@@ -492,7 +500,7 @@ async fn serve(mut stream: Stream, shared: &Shared) -> std::io::Result<Option<Cl
                 match decode_request(&body) {
                     Ok(r) => match shared.gate.admit(&mut session, &r) {
                         Admission::Proceed => {
-                            append = matches!(r, Request::BackupWrite { .. });
+                            append = is_append(&r);
                             answer_without_store(&r)
                         }
                         Admission::Welcome { member } => {

@@ -170,8 +170,10 @@ fn encoded(r: &Request) -> JobBody {
     let mut body = BytesMut::new();
     insitu_protocol::encode_request(&mut body, 0, r).unwrap();
     body.advance(HEADER_BYTES);
-    let append = matches!(r, Request::BackupWrite { .. });
-    JobBody::Encoded { body, append }
+    JobBody::Encoded {
+        body,
+        append: is_append(r),
+    }
 }
 
 /// A replicator's append of `bytes` to segment 3 of master 9's log 1.
@@ -221,6 +223,13 @@ fn only_small_groups_of_appends_run_on_the_service_thread() {
             master: 9,
         })
     };
+    let free_log = || {
+        encoded(&Request::BackupWrite {
+            cluster: 0,
+            master: 9,
+            ops: vec![insitu_protocol::BackupOp::FreeLog { log: 1 }],
+        })
+    };
     let write = || {
         encoded(&Request::BackupWrite {
             cluster: 0,
@@ -244,7 +253,7 @@ fn only_small_groups_of_appends_run_on_the_service_thread() {
         &group(vec![vec![append(100), write()], vec![append(100)]])
     ));
     // Anything but appends goes to the blocking pool, however small.
-    for other in [read(), list(), forget()] {
+    for other in [read(), list(), forget(), free_log()] {
         assert!(!runs_inline(interval, &group(vec![vec![other]])));
     }
     assert!(!runs_inline(
